@@ -1,0 +1,3 @@
+from idmctl.cli import main
+
+main()

@@ -1,0 +1,138 @@
+"""``idmctl exp list|show|validate|register|diff``: the experiment specs."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+import yaml
+
+from idmctl.output import console, emit_json, flatten, make_table
+from idmctl.spec import ResolvedSpec, list_experiments, load_spec
+from idmctl.spec.registry import derived_values, register_specs
+
+app = typer.Typer(help="Experiment specs: list, show, validate, register, diff.", no_args_is_help=True)
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
+
+
+def _summary(resolved: ResolvedSpec) -> dict[str, Any]:
+    spec = resolved.spec
+    return {
+        "name": resolved.name,
+        "hash": resolved.short_hash,
+        "routing_n": spec.data.routing_n,
+        "depth": spec.model.depth,
+        "gpus": spec.resources.gpus_per_node * spec.resources.nodes,
+        "qos": spec.resources.qos,
+        "steps": spec.train.steps,
+        "effective_batch": spec.train.effective_batch,
+        "goal": spec.goal,
+        "description": spec.description,
+    }
+
+
+@app.command("list")
+def list_cmd(as_json: JsonOpt = False) -> None:
+    """Every runnable experiment in experiments/ (bases excluded), validated."""
+    rows = [_summary(load_spec(str(path))) for path in list_experiments()]
+    if as_json:
+        emit_json(rows)
+        return
+    table = make_table("experiment", "N", "depth", "GPUs", "QoS", "steps", "eff. batch", "goal", "hash")
+    for row in rows:
+        table.add_row(row["name"], str(row["routing_n"]), str(row["depth"]), str(row["gpus"]), row["qos"],
+                      f"{row['steps']:,}", f"{row['effective_batch']:,}", row["goal"] or "—", row["hash"])
+    console.print(table)
+
+
+@app.command("show")
+def show_cmd(experiment: Annotated[str, typer.Argument(help="Experiment name or YAML path.")], as_json: JsonOpt = False) -> None:
+    """The resolved spec (bases merged, defaults filled) and the values derived from it."""
+    resolved = load_spec(experiment)
+    document = {
+        "name": resolved.name,
+        "hash": resolved.hash,
+        "extends": [str(p.name) for p in resolved.chain[:-1]],
+        "spec": resolved.canonical,
+        "derived": derived_values(resolved.spec),
+    }
+    if as_json:
+        emit_json(document)
+        return
+    console.print(f"# {resolved.name}  hash {resolved.hash}")
+    if document["extends"]:
+        console.print(f"# extends: {' → '.join(document['extends'])}")
+    console.print(yaml.safe_dump(document["spec"], sort_keys=False).rstrip(), markup=False)
+    console.print("# derived (computed, never configured):")
+    console.print(yaml.safe_dump(document["derived"], sort_keys=False).rstrip(), markup=False)
+
+
+@app.command("validate")
+def validate_cmd(
+    experiments: Annotated[list[str] | None, typer.Argument(help="Names or paths; default: every shipped experiment.")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Validate specs strictly; exit 2 on the first bad one with a one-line error."""
+    names = experiments or [str(p) for p in list_experiments(include_bases=True)]
+    results = [load_spec(name) for name in names]
+    if as_json:
+        emit_json([{"name": r.name, "hash": r.hash, "valid": True} for r in results])
+        return
+    for resolved in results:
+        console.print(f"ok  {resolved.name}  {resolved.short_hash}")
+
+
+@app.command("register")
+def register_cmd(
+    experiments: Annotated[list[str] | None, typer.Argument(help="Names or paths; default: every shipped experiment.")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Validate all given specs, then record their versions in the store (nothing is written if any is bad)."""
+    names = experiments or [str(p) for p in list_experiments()]
+    results = [load_spec(name) for name in names]
+    new = register_specs(results)
+    if as_json:
+        emit_json([{"name": r.name, "hash": r.hash, "new": r.hash in new} for r in results])
+        return
+    for resolved in results:
+        marker = "new" if resolved.hash in new else "known"
+        console.print(f"{marker:5s} {resolved.name}  {resolved.short_hash}")
+
+
+@app.command("diff")
+def diff_cmd(
+    a: Annotated[str, typer.Argument(help="First experiment.")],
+    b: Annotated[str, typer.Argument(help="Second experiment.")],
+    as_json: JsonOpt = False,
+) -> None:
+    """Fields (and derived values) that differ between two resolved specs."""
+    left, right = load_spec(a), load_spec(b)
+    flat_left = {**flatten(left.canonical), **flatten({"derived": derived_values(left.spec)})}
+    flat_right = {**flatten(right.canonical), **flatten({"derived": derived_values(right.spec)})}
+    keys = sorted(set(flat_left) | set(flat_right))
+    changes = [
+        {"field": key, left.name: flat_left.get(key), right.name: flat_right.get(key)}
+        for key in keys
+        if flat_left.get(key) != flat_right.get(key)
+    ]
+    if as_json:
+        emit_json(changes)
+        return
+    if not changes:
+        console.print(f"{left.name} and {right.name} resolve to the same spec ({left.short_hash})")
+        return
+    table = make_table("field", left.name, right.name)
+    for change in changes:
+        table.add_row(change["field"], _show(change[left.name]), _show(change[right.name]))
+    console.print(table)
+
+
+def _show(value: Any) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, list):
+        return ",".join(str(v) for v in value)
+    return str(value)
+
+

@@ -1,0 +1,46 @@
+"""How commands report: rich tables for people, ``--json`` for programs, errors on stderr."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+def _width() -> int | None:
+    """Terminal width on a TTY; wide enough for every table when piped (tests, logs, CI)."""
+    if os.environ.get("COLUMNS"):
+        return int(os.environ["COLUMNS"])
+    return None if sys.stdout.isatty() else 200
+
+
+console = Console(highlight=False, soft_wrap=False, width=_width())
+err_console = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def emit_json(data: Any) -> None:
+    """One JSON document on stdout (no rich markup, no wrapping)."""
+    sys.stdout.write(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def make_table(*columns: str, title: str | None = None) -> Table:
+    table = Table(title=title, show_lines=False, header_style="bold")
+    for column in columns:
+        table.add_column(column, overflow="fold")
+    return table
+
+
+def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"data": {"frames": 24}}`` → ``{"data.frames": 24}``; lists stay values."""
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(flatten(value, f"{dotted}."))
+        else:
+            flat[dotted] = value
+    return flat

@@ -1,0 +1,158 @@
+"""Cluster profiles: QoS tiers and node/storage facts, declared once in ``clusters/*.yaml``.
+
+Preflight reads its limits from here (shm, scratch, bandwidth, preempt cycles, GPU caps), so the
+numbers a check uses are the cluster's, not guesses in code. ``$IDMCTL_CLUSTER`` picks the profile
+(a shipped name or a path); the default is ``local``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import os
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from idmctl.errors import UserError
+from idmctl.paths import clusters_dir
+from idmctl.units import parse_bandwidth, parse_bytes, parse_duration
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class QosTier(_Strict):
+    """One QoS tier."""
+
+    preemptible: bool = False
+    """Jobs here can be preempted (and requeued) by higher tiers."""
+    preempt_cycle: str | None = None
+    """Typical time before a preemptible job is preempted (card: sub ≈ 1 h)."""
+    max_wall: str = "UNLIMITED"
+    """Longest time limit a job may ask for."""
+    max_gpus: int | None = Field(default=None, ge=0)
+    """Most GPUs one job may hold in this tier."""
+    partition: str | None = None
+    """Partition jobs of this tier go to, when the cluster pairs them."""
+
+    @field_validator("preempt_cycle", "max_wall")
+    @classmethod
+    def _duration(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_duration(value)
+        return value
+
+    @property
+    def preempt_cycle_seconds(self) -> float | None:
+        return parse_duration(self.preempt_cycle) if self.preempt_cycle else None
+
+    @property
+    def max_wall_seconds(self) -> float:
+        return parse_duration(self.max_wall)
+
+
+class NodeFacts(_Strict):
+    """What one compute node has."""
+
+    gpus: int = Field(ge=0)
+    cpus: int = Field(ge=1)
+    mem: str
+    shm: str
+    """Size of /dev/shm (DataLoader worker batches pass through it)."""
+    scratch: str
+    """Node-local staging space (NVMe /tmp)."""
+
+    @field_validator("mem", "shm", "scratch")
+    @classmethod
+    def _size(cls, value: str) -> str:
+        parse_bytes(value)
+        return value
+
+    @property
+    def shm_bytes(self) -> int:
+        return parse_bytes(self.shm)
+
+    @property
+    def scratch_bytes(self) -> int:
+        return parse_bytes(self.scratch)
+
+    @property
+    def mem_bytes(self) -> int:
+        return parse_bytes(self.mem)
+
+
+class StorageFacts(_Strict):
+    """Read bandwidths of the tiers a job reads from."""
+
+    nas_read: str
+    """Shared storage read bandwidth (also the stage-in copy rate), e.g. 0.9GB/s."""
+    nvme_read: str
+    """Node-local NVMe read bandwidth, e.g. 8GB/s."""
+
+    @field_validator("nas_read", "nvme_read")
+    @classmethod
+    def _bandwidth(cls, value: str) -> str:
+        parse_bandwidth(value)
+        return value
+
+    @property
+    def nas_read_bps(self) -> float:
+        return parse_bandwidth(self.nas_read)
+
+    @property
+    def nvme_read_bps(self) -> float:
+        return parse_bandwidth(self.nvme_read)
+
+
+class ClusterProfile(_Strict):
+    """A cluster: scheduler kind, QoS tiers, node and storage facts."""
+
+    name: str
+    description: str = ""
+    scheduler: str = "slurm"
+    """``slurm`` submits with sbatch; ``local`` runs the job script as a subprocess."""
+    qos: dict[str, QosTier]
+    node: NodeFacts
+    storage: StorageFacts
+
+    def tier(self, qos: str, *, file: str = "spec", field: str = "resources.qos") -> QosTier:
+        if qos not in self.qos:
+            close = difflib.get_close_matches(qos, list(self.qos), n=1)
+            hint = f"did you mean {close[0]!r}?" if close else f"this cluster ({self.name}) has: {', '.join(self.qos)}"
+            raise UserError(f"unknown QoS {qos!r}", file=file, field=field, hint=hint)
+        return self.qos[qos]
+
+
+def profile_path(name_or_path: str | None = None) -> Path:
+    chosen = name_or_path or os.environ.get("IDMCTL_CLUSTER") or "local"
+    candidate = Path(chosen)
+    if candidate.suffix in (".yaml", ".yml"):
+        if not candidate.exists():
+            raise UserError("cluster profile not found", file=chosen, hint="check IDMCTL_CLUSTER")
+        return candidate.resolve()
+    path = clusters_dir() / f"{chosen}.yaml"
+    if not path.exists():
+        known = [p.stem for p in clusters_dir().glob("*.yaml")]
+        raise UserError(f"no cluster profile named {chosen!r}", file="IDMCTL_CLUSTER",
+                        hint=f"shipped: {', '.join(sorted(known))}")
+    return path
+
+
+def load_profile(name_or_path: str | None = None) -> tuple[ClusterProfile, str]:
+    """The profile and its content hash (part of a preflight's identity)."""
+    path = profile_path(name_or_path)
+    text = path.read_text(encoding="utf-8")
+    try:
+        data = yaml.safe_load(text)
+        profile = ClusterProfile.model_validate(data)
+    except yaml.YAMLError as exc:
+        raise UserError(f"invalid YAML: {exc}".splitlines()[0], file=str(path)) from exc
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        dotted = ".".join(str(p) for p in first["loc"])
+        raise UserError(first["msg"], file=str(path), field=dotted, hint="fix the cluster profile") from exc
+    digest = hashlib.sha256(profile.model_dump_json().encode()).hexdigest()
+    return profile, digest

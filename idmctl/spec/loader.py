@@ -1,0 +1,191 @@
+"""Load a spec: resolve ``extends:`` bases, deep-merge, validate strictly, hash canonically.
+
+Every problem becomes a :class:`~idmctl.errors.UserError` naming the file and the dotted field.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from idmctl.errors import UserError
+from idmctl.paths import experiments_dir
+from idmctl.spec.schema import ExperimentSpec
+
+BASE_PREFIX = "base_"
+"""Files named ``base_*.yaml`` are bases: they are extended, never run on their own."""
+BASELINES_FILE = "baselines.yaml"
+
+
+@dataclass(frozen=True)
+class ResolvedSpec:
+    """A validated experiment with where it came from and its content hash."""
+
+    name: str
+    path: Path
+    spec: ExperimentSpec
+    chain: list[Path] = field(default_factory=list)
+    """The files merged, base first."""
+
+    @property
+    def canonical(self) -> dict[str, Any]:
+        return self.spec.model_dump(mode="json")
+
+    @property
+    def canonical_json(self) -> str:
+        return canonical_json(self.canonical)
+
+    @property
+    def hash(self) -> str:
+        """sha256 of the canonical JSON of the resolved spec: names this exact version."""
+        return hashlib.sha256(self.canonical_json.encode()).hexdigest()
+
+    @property
+    def short_hash(self) -> str:
+        return self.hash[:12]
+
+
+def canonical_json(data: Any) -> str:
+    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+
+def resolve_spec_path(name_or_path: str, relative_to: Path | None = None) -> Path:
+    """An experiment name (``latent_c_n4``) or a path to a YAML file → the file's path."""
+    candidate = Path(name_or_path)
+    if candidate.suffix in (".yaml", ".yml") and candidate.exists():
+        return candidate.resolve()
+    search = [d for d in (relative_to, experiments_dir()) if d is not None]
+    for directory in search:
+        for suffix in (".yaml", ".yml"):
+            path = directory / f"{name_or_path}{suffix}"
+            if path.exists():
+                return path.resolve()
+    known = [p.stem for p in _spec_files()]
+    close = difflib.get_close_matches(name_or_path, known, n=1)
+    hint = f"did you mean {close[0]!r}?" if close else f"see `idmctl exp list`; looked in {experiments_dir()}"
+    raise UserError(f"no experiment named {name_or_path!r}", file=name_or_path, hint=hint)
+
+
+def _spec_files() -> list[Path]:
+    directory = experiments_dir()
+    if not directory.is_dir():
+        return []
+    return sorted(p for p in directory.glob("*.yaml") if p.name != BASELINES_FILE)
+
+
+def list_experiments(include_bases: bool = False) -> list[Path]:
+    return [p for p in _spec_files() if include_bases or not p.stem.startswith(BASE_PREFIX)]
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UserError(f"cannot read: {exc.strerror}", file=str(path)) from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise UserError(f"invalid YAML: {problem}", file=str(path), field=where or None,
+                        hint="fix the YAML syntax") from exc
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise UserError("a spec must be a mapping of sections", file=str(path), hint="start with `data:`, `model:`, ...")
+    return data
+
+
+def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """Mappings merge key by key; everything else (lists included) is replaced by the override."""
+    merged = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _load_merged(path: Path, seen: tuple[Path, ...]) -> tuple[dict[str, Any], list[Path]]:
+    if path in seen:
+        cycle = " -> ".join(p.stem for p in (*seen, path))
+        raise UserError(f"extends cycle: {cycle}", file=str(seen[-1]), field="extends",
+                        hint="remove one of the extends links")
+    raw = _read_yaml(path)
+    parents = raw.pop("extends", None)
+    if parents is None:
+        return raw, [path]
+    if isinstance(parents, str):
+        parents = [parents]
+    if not isinstance(parents, list) or not all(isinstance(p, str) for p in parents):
+        raise UserError("extends must be a spec name or a list of names", file=str(path), field="extends",
+                        hint="e.g. extends: base_latent_c")
+    merged: dict[str, Any] = {}
+    chain: list[Path] = []
+    for parent in parents:
+        try:
+            parent_path = resolve_spec_path(parent, relative_to=path.parent)
+        except UserError as exc:
+            raise UserError(f"base {parent!r} not found", file=str(path), field="extends", hint=exc.hint) from exc
+        parent_data, parent_chain = _load_merged(parent_path, (*seen, path))
+        merged = deep_merge(merged, parent_data)
+        chain += [p for p in parent_chain if p not in chain]
+    return deep_merge(merged, raw), [*chain, path]
+
+
+def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The pydantic model that owns the field at ``loc`` (for did-you-mean on unknown keys)."""
+    model: type[BaseModel] = ExperimentSpec
+    for part in loc[:-1]:
+        info = model.model_fields.get(str(part))
+        annotation = getattr(info, "annotation", None)
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return None
+        model = annotation
+    return model
+
+
+def _error_from_validation(exc: ValidationError, file: Path) -> UserError:
+    first = exc.errors()[0]
+    loc = tuple(first["loc"])
+    dotted = ".".join(str(p) for p in loc)
+    message = first["msg"]
+    if first["type"] == "extra_forbidden":
+        model = _model_at(loc)
+        options = list(model.model_fields) if model else []
+        close = difflib.get_close_matches(str(loc[-1]), options, n=1)
+        hint = f"did you mean {close[0]!r}?" if close else f"allowed: {', '.join(options)}"
+        return UserError("unknown key", file=str(file), field=dotted, hint=hint)
+    if first["type"] == "missing":
+        return UserError("required field is missing", file=str(file), field=dotted, hint="add it here or in a base spec")
+    if first["type"] == "value_error":
+        # Cross-field validators name their own field as "field: message".
+        text = message.removeprefix("Value error, ")
+        head, sep, rest = text.partition(": ")
+        if sep and " " not in head:
+            dotted = ".".join([*(str(p) for p in loc if str(p) != head), head]) if loc else head
+            text = rest
+        return UserError(text, file=str(file), field=dotted or None, hint="fix the value")
+    value = first.get("input")
+    shown = repr(value) if not isinstance(value, dict) else "a mapping"
+    return UserError(f"{message}, got {shown}", file=str(file), field=dotted or None, hint="fix the value")
+
+
+def load_spec(name_or_path: str) -> ResolvedSpec:
+    """Resolve, merge and validate one experiment; raises UserError on any problem."""
+    path = resolve_spec_path(name_or_path)
+    merged, chain = _load_merged(path, ())
+    try:
+        spec = ExperimentSpec.model_validate(merged)
+    except ValidationError as exc:
+        raise _error_from_validation(exc, path) from exc
+    return ResolvedSpec(name=path.stem, path=path, spec=spec, chain=chain)

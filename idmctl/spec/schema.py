@@ -1,0 +1,319 @@
+"""The typed experiment spec. Unknown keys are errors; values that can be derived are not fields.
+
+Derived values live as properties here (``routing_n``, ``persistent_workers``, ``grad_accum``...),
+so the trainer, preflight and the sbatch renderer all compute them the same way.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from idmctl.units import parse_bytes, parse_duration
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DataSpec(Strict):
+    """Episodes, the multi-layer hidden-state cache, and what one sample reads from it."""
+
+    episodes: str
+    """Path of the robomimic/RoboCasa HDF5 file (``$VARS`` and ``~`` expand at use time)."""
+    train_split: str = "train"
+    """Name of the ``mask/<split>`` list of demos used for training; ``all`` uses every demo."""
+    eval_split: str = "valid"
+    """Name of the ``mask/<split>`` list of held-out demos used for evaluation."""
+    cache_root: str
+    """Directory of the hidden-state cache (one file per episode)."""
+    cache_format: Literal["safetensors", "legacy_pt"] = "safetensors"
+    """``safetensors``: idmctl's per-layer format; ``legacy_pt``: the card's bf16 ``.pt`` dict."""
+    cache_files: int | None = Field(default=None, ge=1)
+    """Expected number of cache files, for sizing stage-in when the cache is not on this machine."""
+    dataset: str = "hidden_multilayer"
+    """Registry name of the dataset class the trainer builds (see ``cache/registry``)."""
+    cached_layers: list[int] = Field(min_length=1)
+    """Cosmos transformer block ids stored in each cache file, in file order."""
+    frames: int = Field(ge=1)
+    """Frames cached per file (T)."""
+    token_grid: tuple[int, int]
+    """Spatial token grid per frame (H, W)."""
+    channels: int = Field(ge=1)
+    """Hidden size of the cached model (C)."""
+    dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    """Element type of the cached hidden states."""
+    selected_layer_indices: list[int] = Field(min_length=1)
+    """Indices into ``cached_layers`` that the routed model reads (N = len)."""
+    frame_window: int = Field(ge=1)
+    """Consecutive frames read per sample (T_w)."""
+    action_horizon: int = Field(ge=1)
+    """Actions predicted per sample (the action chunk)."""
+    action_dim: int = Field(default=12, ge=1)
+    """Action size; RoboCasa's is 12 (eef_pos 0:3, eef_rot 3:6, gripper 6, base 7:11, mode 11)."""
+
+    @field_validator("token_grid")
+    @classmethod
+    def _positive_grid(cls, grid: tuple[int, int]) -> tuple[int, int]:
+        if min(grid) < 1:
+            raise ValueError("token_grid entries must be >= 1")
+        return grid
+
+    @model_validator(mode="after")
+    def _selection_within_cache(self) -> "DataSpec":
+        n_cached = len(self.cached_layers)
+        for index in self.selected_layer_indices:
+            if not 0 <= index < n_cached:
+                raise ValueError(
+                    f"selected_layer_indices: index {index} is outside the {n_cached} cached layers "
+                    f"(valid 0..{n_cached - 1})"
+                )
+        if len(set(self.selected_layer_indices)) != len(self.selected_layer_indices):
+            raise ValueError("selected_layer_indices: an index appears twice")
+        if len(set(self.cached_layers)) != len(self.cached_layers):
+            raise ValueError("cached_layers: a block id appears twice")
+        if self.frame_window > self.frames:
+            raise ValueError(f"frame_window: {self.frame_window} is more than the {self.frames} cached frames")
+        return self
+
+    @property
+    def routing_n(self) -> int:
+        """N, the number of Cosmos layers the model is routed to."""
+        return len(self.selected_layer_indices)
+
+    @property
+    def selected_blocks(self) -> list[int]:
+        """Cosmos block ids behind the selection (card: indices 1,4,7,10 → blocks 5,14,23,32)."""
+        return [self.cached_layers[i] for i in self.selected_layer_indices]
+
+    @property
+    def dtype_bytes(self) -> int:
+        return {"bfloat16": 2, "float16": 2, "float32": 4}[self.dtype]
+
+
+class ModelSpec(Strict):
+    """The layer-routed action DiT and its flow-matching head."""
+
+    name: str = "layer_routed_dit"
+    """Registry name of the model class (see ``trainers/registry``)."""
+    depth: int = Field(ge=1)
+    """Number of DiT blocks (D); block i cross-attends to one routed layer."""
+    hidden_dim: int = Field(ge=1)
+    """Width of the DiT residual stream."""
+    num_heads: int = Field(ge=1)
+    """Attention heads; must divide ``hidden_dim`` and ``kv_dim``."""
+    kv_dim: int = Field(ge=1)
+    """Width each KV projector maps a Cosmos layer to (card: 5120 → 1024)."""
+    mlp_ratio: float = Field(default=4.0, gt=0)
+    """MLP hidden width as a multiple of ``hidden_dim``."""
+    action_hidden_dim: int = Field(ge=1)
+    """Width of the action encoder/decoder MLPs."""
+    timestep_dim: int = Field(default=256, ge=1)
+    """Sinusoidal timestep embedding size before its MLP."""
+    inference_steps: int = Field(default=4, ge=1)
+    """Euler steps of the flow at inference (K)."""
+    time_beta: tuple[float, float] = (1.5, 1.0)
+    """Beta(a, b) of the training time t; t=0 is pure noise, t=1 the clean action."""
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> "ModelSpec":
+        for field in ("hidden_dim", "kv_dim"):
+            if getattr(self, field) % self.num_heads:
+                raise ValueError(f"{field}: {getattr(self, field)} is not divisible by num_heads={self.num_heads}")
+        return self
+
+
+class LoaderSpec(Strict):
+    """DataLoader settings per rank."""
+
+    batch_size: int = Field(ge=1)
+    """Samples per rank per micro-step."""
+    num_workers: int = Field(default=0, ge=0)
+    """DataLoader worker processes per rank; each worker's batches pass through /dev/shm."""
+    prefetch_factor: int | None = Field(default=None, ge=1)
+    """Batches each worker prefetches; only meaningful with num_workers > 0 (torch default 2)."""
+    pin_memory: bool = False
+    """Pin host memory for faster H2D copies (GPU only)."""
+    mmap: bool = True
+    """Read cache files through mmap / byte ranges instead of loading them whole."""
+    persistent_workers: bool | None = None
+    """Do not set: derived as ``num_workers > 0``. Accepted only so preflight's loader check can
+    diagnose legacy configs (card job 6262); any value that disagrees with the derivation FAILs."""
+
+    @property
+    def effective_prefetch(self) -> int:
+        """Batches in flight per worker, torch's default when unset."""
+        if self.num_workers == 0:
+            return 0
+        return self.prefetch_factor if self.prefetch_factor is not None else 2
+
+    @property
+    def derived_persistent_workers(self) -> bool:
+        return self.num_workers > 0
+
+
+class TrainSpec(Strict):
+    """Optimisation."""
+
+    steps: int = Field(ge=1)
+    """Optimizer steps."""
+    lr: float = Field(gt=0)
+    """Peak learning rate (AdamW)."""
+    weight_decay: float = Field(default=0.0, ge=0)
+    """AdamW weight decay."""
+    warmup_steps: int = Field(default=0, ge=0)
+    """Linear warm-up steps before cosine decay."""
+    effective_batch: int = Field(ge=1)
+    """Samples per optimizer step over all ranks; gradient accumulation is derived from it."""
+    checkpoint_every: int = Field(ge=1)
+    """Steps between checkpoints (also written on SIGUSR1/SIGTERM)."""
+    log_every: int = Field(default=10, ge=1)
+    """Steps between metric logs."""
+    seed: int = 0
+    """Seed for weights, data order and flow noise."""
+    precision: Literal["auto", "bf16-mixed", "32-true"] = "auto"
+    """``auto``: bf16-mixed on GPU, 32-true on CPU."""
+
+
+class ResourcesSpec(Strict):
+    """What the job asks Slurm for."""
+
+    nodes: int = Field(default=1, ge=1)
+    """Nodes."""
+    gpus_per_node: int = Field(default=0, ge=0)
+    """GPUs per node; 0 runs on CPU. Ranks per node = max(gpus_per_node, 1) unless ``cpu_ranks``."""
+    cpu_ranks: int = Field(default=1, ge=1)
+    """Ranks per node when ``gpus_per_node`` is 0 (CPU DDP over gloo)."""
+    cpus: int = Field(default=1, ge=1)
+    """CPUs per node (``-c``)."""
+    mem: str = "1GB"
+    """Memory per node (``--mem``), e.g. 1600GB."""
+    qos: str
+    """Quality-of-service tier, from the cluster profile."""
+    partition: str | None = None
+    """Partition, when the cluster wants one besides the QoS."""
+    exclude: list[str] = []
+    """Nodes to avoid (``--exclude``)."""
+    time_limit: str
+    """Wall-clock limit, Slurm format (e.g. 30-00:00:00)."""
+    job_name: str | None = None
+    """``-J``; defaults to the experiment name."""
+    retries: int = Field(default=0, ge=0)
+    """Resubmissions allowed for retryable causes (preemption, node failure), like ``sbmr N``."""
+
+    @field_validator("mem")
+    @classmethod
+    def _mem_is_size(cls, value: str) -> str:
+        parse_bytes(value)
+        return value
+
+    @field_validator("time_limit")
+    @classmethod
+    def _time_is_duration(cls, value: str) -> str:
+        parse_duration(value)
+        return value
+
+    @property
+    def ranks_per_node(self) -> int:
+        return self.gpus_per_node if self.gpus_per_node > 0 else self.cpu_ranks
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.ranks_per_node
+
+    @property
+    def mem_bytes(self) -> int:
+        return parse_bytes(self.mem)
+
+    @property
+    def time_limit_seconds(self) -> float:
+        return parse_duration(self.time_limit)
+
+
+class StageSpec(Strict):
+    """Stage-in: copy the cache to node-local disk before training."""
+
+    enabled: bool = False
+    """Copy ``data.cache_root`` to ``dest`` before training (skipped when already staged)."""
+    dest: str = "/tmp/idmctl_stage"
+    """Node-local directory the cache is copied to."""
+
+
+class EvalSpec(Strict):
+    """Evaluation on held-out episodes."""
+
+    metric: str = "eef_mm_24ep"
+    """The metric that ranks runs."""
+    episodes: list[int] = [5, 24]
+    """Episode counts evaluated; each logs ``eef_mm_<n>ep``."""
+    simulator: bool = False
+    """Also evaluate by replay in robosuite (``sim_eef_mm_<n>ep``)."""
+
+
+_GOAL = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(<=|<|>=|>)\s*(-?[0-9]*\.?[0-9]+)\s*$")
+
+
+class Goal(Strict):
+    """An adoption criterion such as ``eef_mm_24ep <= 125``."""
+
+    metric: str
+    op: Literal["<=", "<", ">=", ">"]
+    value: float
+
+    @classmethod
+    def parse(cls, text: str) -> "Goal":
+        match = _GOAL.match(text)
+        if not match:
+            raise ValueError(f"goal {text!r} is not '<metric> <op> <number>' (e.g. 'eef_mm_24ep <= 125')")
+        return cls(metric=match.group(1), op=match.group(2), value=float(match.group(3)))
+
+    def passes(self, observed: float) -> bool:
+        return {"<=": observed <= self.value, "<": observed < self.value,
+                ">=": observed >= self.value, ">": observed > self.value}[self.op]
+
+    def __str__(self) -> str:
+        return f"{self.metric} {self.op} {self.value:g}"
+
+
+class ExperimentSpec(Strict):
+    """A resolved experiment: every section present, every value typed."""
+
+    description: str = ""
+    """One line on what the run is for."""
+    data: DataSpec
+    model: ModelSpec
+    loader: LoaderSpec
+    train: TrainSpec
+    resources: ResourcesSpec
+    stage: StageSpec = StageSpec()
+    eval: EvalSpec = EvalSpec()
+    goal: str | None = None
+    """Adoption criterion, e.g. ``eef_mm_24ep <= 125``."""
+
+    @field_validator("goal")
+    @classmethod
+    def _goal_parses(cls, value: str | None) -> str | None:
+        if value is not None:
+            Goal.parse(value)
+        return value
+
+    @model_validator(mode="after")
+    def _batch_divides(self) -> "ExperimentSpec":
+        per_step = self.loader.batch_size * self.resources.world_size
+        if self.train.effective_batch % per_step:
+            raise ValueError(
+                f"train.effective_batch: {self.train.effective_batch} is not a multiple of "
+                f"batch_size {self.loader.batch_size} × world size {self.resources.world_size} = {per_step}"
+            )
+        return self
+
+    @property
+    def goal_parsed(self) -> Goal | None:
+        return Goal.parse(self.goal) if self.goal else None
+
+    @property
+    def grad_accum(self) -> int:
+        """Micro-steps per optimizer step to reach ``train.effective_batch``."""
+        return self.train.effective_batch // (self.loader.batch_size * self.resources.world_size)

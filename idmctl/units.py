@@ -1,0 +1,109 @@
+"""Byte sizes, bandwidths and durations: parsed from specs and profiles, printed with units.
+
+Decimal units (kB, MB, GB, TB) are powers of 1000 and binary ones (KiB, MiB, GiB, TiB) powers of
+1024, as the lab cards mix them ("264 MB", "3.56 GiB"). Durations accept Slurm's forms
+(``MM``, ``MM:SS``, ``HH:MM:SS``, ``D-HH``, ``D-HH:MM``, ``D-HH:MM:SS``) and ``90s``, ``2h``, ``18d``.
+"""
+
+from __future__ import annotations
+
+import re
+
+_BYTE_UNITS = {
+    "": 1, "b": 1,
+    "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
+    "t": 1000**4, "tb": 1000**4, "p": 1000**5, "pb": 1000**5,
+    "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4, "pib": 1024**5,
+}
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
+
+
+def parse_bytes(value: int | float | str) -> int:
+    """``"1600GB"`` → 1_600_000_000_000; ``"24GiB"`` → 25_769_803_776; plain numbers are bytes."""
+    if isinstance(value, bool):
+        raise ValueError(f"not a size: {value!r}")
+    if isinstance(value, (int, float)):
+        if value < 0:
+            raise ValueError(f"negative size: {value}")
+        return int(value)
+    match = _SIZE.match(value)
+    unit = match.group(2).lower() if match else None
+    if not match or unit not in _BYTE_UNITS:
+        raise ValueError(f"not a size: {value!r} (use e.g. 512MB, 24GiB, 6.6TB)")
+    return int(float(match.group(1)) * _BYTE_UNITS[unit])
+
+
+def parse_bandwidth(value: int | float | str) -> float:
+    """``"8GB/s"`` → 8e9 bytes per second."""
+    if isinstance(value, str):
+        text = value.strip()
+        if not text.lower().endswith("/s"):
+            raise ValueError(f"not a bandwidth: {value!r} (use e.g. 8GB/s)")
+        return float(parse_bytes(text[:-2]))
+    return float(parse_bytes(value))
+
+
+def format_bytes(n: float, binary: bool = False) -> str:
+    """1 decimal place, with unit: 265420800 → '265.4 MB' (or '253.1 MiB' when ``binary``)."""
+    base, units = (1024.0, ["B", "KiB", "MiB", "GiB", "TiB", "PiB"]) if binary else (1000.0, ["B", "kB", "MB", "GB", "TB", "PB"])
+    value = float(n)
+    for unit in units:
+        if abs(value) < base or unit == units[-1]:
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= base
+    raise AssertionError("unreachable")
+
+
+_SUFFIX = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([smhd])\s*$", re.IGNORECASE)
+_SUFFIX_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_SLURM = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
+
+
+def parse_duration(value: int | float | str) -> float:
+    """Seconds from Slurm's time formats or a suffixed number; a bare number is minutes, as in Slurm."""
+    if isinstance(value, bool):
+        raise ValueError(f"not a duration: {value!r}")
+    if isinstance(value, (int, float)):
+        if value < 0:
+            raise ValueError(f"negative duration: {value}")
+        return float(value) * 60
+    text = value.strip()
+    if text.upper() in ("UNLIMITED", "INFINITE"):
+        return float("inf")
+    suffixed = _SUFFIX.match(text)
+    if suffixed:
+        return float(suffixed.group(1)) * _SUFFIX_SECONDS[suffixed.group(2).lower()]
+    match = _SLURM.match(text)
+    if not match:
+        raise ValueError(f"not a duration: {value!r} (use Slurm's D-HH:MM:SS, or 90s / 2h / 18d)")
+    days, first, second, third = match.groups()
+    if days is not None:  # D-HH[:MM[:SS]]
+        hours, minutes, seconds = int(first), int(second or 0), int(third or 0)
+        return float(int(days) * 86400 + hours * 3600 + minutes * 60 + seconds)
+    if third is not None:  # HH:MM:SS
+        return float(int(first) * 3600 + int(second) * 60 + int(third))
+    if second is not None:  # MM:SS
+        return float(int(first) * 60 + int(second))
+    return float(int(first) * 60)  # MM
+
+
+def format_duration(seconds: float) -> str:
+    """Human scale: '34.0 s', '2.2 h', '70.4 d'."""
+    if seconds == float("inf"):
+        return "unlimited"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 2 * 3600:
+        return f"{seconds / 60:.1f} min"
+    if seconds < 2 * 86400:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} d"
+
+
+def slurm_time(seconds: float) -> str:
+    """Seconds → Slurm's D-HH:MM:SS for ``#SBATCH --time``."""
+    total = int(round(seconds))
+    days, rest = divmod(total, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{days}-{hours:02d}:{minutes:02d}:{secs:02d}"

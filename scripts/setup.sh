@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Create .venv and install idmctl with its pinned stack (idempotent; a no-op when up to date).
+# torch==2.13.0 is pinned exactly: a range would pull a multi-GB CUDA build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3.11}
+command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python3
+if [ ! -x .venv/bin/python ]; then
+  "$PYTHON" -m venv .venv
+fi
+stamp=.venv/.idmctl-installed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test]' 2>&1 \
+    | grep -v "^WARNING: Location" || true
+  .venv/bin/python -c "import idmctl, torch, lightning.fabric, mlflow, diffusers, robosuite" \
+    || { echo "setup: install incomplete" >&2; exit 1; }
+  touch "$stamp"
+fi

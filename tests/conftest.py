@@ -1,0 +1,33 @@
+"""Shared fixtures: every test gets its own ``$IDMCTL_HOME``; CLI tests drive typer's CliRunner."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def idmctl_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    home = tmp_path / "idmctl_home"
+    monkeypatch.setenv("IDMCTL_HOME", str(home))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("IDMCTL_CLUSTER", raising=False)
+    monkeypatch.delenv("IDMCTL_EXPERIMENTS", raising=False)
+    return home
+
+
+@pytest.fixture
+def cli():
+    """Invoke the real CLI in-process: ``cli("exp", "list")`` → click Result."""
+    from idmctl.cli import app
+
+    runner = CliRunner()
+
+    def invoke(*args: str):
+        return runner.invoke(app, list(args))
+
+    return invoke
