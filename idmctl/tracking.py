@@ -1,0 +1,39 @@
+"""MLflow naming contract shared by the trainer (writes) and compare/failures (read).
+
+Everything lives in one MLflow experiment so the compare page can line runs up column by column.
+No mlflow import here: this module only names things.
+"""
+
+from __future__ import annotations
+
+MLFLOW_EXPERIMENT = "idmctl"
+
+# Tags
+TAG_EXPERIMENT = "idmctl.experiment"
+TAG_SPEC_HASH = "idmctl.spec_hash"
+TAG_CODE_VERSION = "idmctl.code_version"
+TAG_CHAIN = "idmctl.chain_id"
+TAG_SLURM_JOB = "idmctl.slurm_job_id"
+TAG_ATTEMPT = "idmctl.attempt"
+TAG_QOS = "idmctl.qos"
+TAG_ROUTING_N = "idmctl.routing_n"
+TAG_FAILURE_CAUSE = "failure_cause"
+TAG_SLURM_STATE = "slurm_state"
+
+# Metrics (per step unless noted)
+M_LOSS = "loss"
+M_LR = "lr"
+M_STEP_TIME = "step_time_s"
+M_SAMPLES_PER_S = "samples_per_s"
+M_DATA_WAIT = "data_wait_frac"
+M_PEAK_MEM = "peak_mem_bytes"
+
+
+def eef_metric(episodes: int, simulator: bool = False) -> str:
+    """``eef_mm_24ep`` (offline) or ``sim_eef_mm_24ep`` (robosuite replay)."""
+    return f"{'sim_' if simulator else ''}eef_mm_{episodes}ep"
+
+
+def run_name(experiment: str, chain_id: int | None) -> str:
+    """``latent_c_n4#12``: experiment name + attempt chain; all attempts of a chain share the run."""
+    return experiment if chain_id is None else f"{experiment}#{chain_id}"
