@@ -4,4 +4,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
+scripts/system_deps.sh
 exec .venv/bin/python -m pytest "$@"
