@@ -1,0 +1,68 @@
+"""Shared benchmark plumbing: repeat a measurement, keep every sample, report median/min/max.
+
+Every figure is reported beside a reference measured in the same run (absolute times drift on
+shared machines), so ``BENCHMARKS.md`` states ratios, not just seconds.
+"""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Figure:
+    """One measured quantity and, optionally, the reference it is compared with."""
+
+    name: str
+    unit: str
+    samples: list[float]
+    reference_name: str | None = None
+    reference_samples: list[float] = field(default_factory=list)
+    target: str = ""
+    """What the issue asks for, in words (e.g. '< 0.5 s and ≥ 3× faster than the reference')."""
+    note: str = ""
+    higher_is_better: bool = False
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.samples)
+
+    @property
+    def reference_median(self) -> float | None:
+        return statistics.median(self.reference_samples) if self.reference_samples else None
+
+    @property
+    def ratio(self) -> float | None:
+        """figure ÷ reference (medians)."""
+        ref = self.reference_median
+        return self.median / ref if ref else None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name, "unit": self.unit, "median": self.median, "min": min(self.samples),
+            "max": max(self.samples), "n": len(self.samples), "reference": self.reference_name,
+            "reference_median": self.reference_median, "ratio": self.ratio, "target": self.target,
+            "note": self.note,
+        }
+
+
+def time_call(fn: Callable[[], Any], repeats: int) -> list[float]:
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - start)
+    return samples
+
+
+def time_command(argv: list[str], repeats: int, env: dict[str, str] | None = None) -> list[float]:
+    def run() -> None:
+        subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+
+    run()  # warm the page cache and .pyc files; the first run is not a sample
+    return time_call(run, repeats)

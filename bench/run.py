@@ -1,0 +1,99 @@
+"""Run every benchmark and write BENCHMARKS.md: ``python -m bench.run [--fast] [--out FILE]``.
+
+Each module in ``MODULES`` exposes ``run(fast: bool) -> list[Figure]``. A module that cannot run here
+(no GPU, no Slurm) contributes a "not measured: why" line instead of a guess. ``--fast`` runs in CI
+to keep the benchmarks from rotting; it asserts no timings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from bench.common import Figure
+
+MODULES = [
+    ("CLI latency", "bench.cli_latency"),
+    ("Preflight static checks", "bench.preflight_static"),
+    ("Hidden-cache reads", "bench.hidden_reads"),
+    ("Three-way latent cache", "bench.latent_parallel"),
+    ("Trainer overhead", "bench.trainer_overhead"),
+    ("Sync of many jobs", "bench.sync_jobs"),
+    ("Submit overhead", "bench.submit_overhead"),
+    ("GPU figures", "bench.gpu"),
+]
+
+
+def _machine() -> str:
+    cpus = os.cpu_count()
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1024**3
+    return f"{platform.platform()}, Python {platform.python_version()}, {cpus} CPUs, {mem:.0f} GiB RAM"
+
+
+def _fmt(value: float | None, unit: str) -> str:
+    if value is None:
+        return "—"
+    if unit == "s" and value < 1:
+        return f"{value * 1000:.1f} ms"
+    return f"{value:,.3g} {unit}"
+
+
+def _section(title: str, figures: list[Figure]) -> list[str]:
+    lines = [f"## {title}", "", "| figure | median | min | max | n | reference (median) | ratio | target | note |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for f in figures:
+        ratio = f"{f.ratio:.2f}×" if f.ratio is not None else "—"
+        ref = f"{f.reference_name}: {_fmt(f.reference_median, f.unit)}" if f.reference_name else "—"
+        lines.append(f"| {f.name} | {_fmt(f.median, f.unit)} | {_fmt(min(f.samples), f.unit)} | "
+                     f"{_fmt(max(f.samples), f.unit)} | {len(f.samples)} | {ref} | {ratio} | {f.target} | {f.note} |")
+    return lines + [""]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--fast", action="store_true", help="small sizes, few repeats (CI)")
+    parser.add_argument("--out", default="BENCHMARKS.md")
+    parser.add_argument("--only", nargs="*", help="module names to run")
+    args = parser.parse_args()
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    command = "python -m bench.run" + (" --fast" if args.fast else "")
+    out = ["# Benchmarks", "", f"- machine: {_machine()}", f"- commit: {commit or 'unknown'}",
+           f"- command: `{command}`", f"- date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
+           "- every figure: median of n runs with min and max, and the ratio to a reference measured in the same run", ""]
+    results: dict[str, object] = {}
+    for title, module_name in MODULES:
+        if args.only and module_name.split(".")[-1] not in args.only:
+            continue
+        started = time.perf_counter()
+        try:
+            module = importlib.import_module(module_name)
+            figures = module.run(args.fast)
+        except ModuleNotFoundError as exc:
+            out += [f"## {title}", "", f"not measured: `{module_name}` is not built yet ({exc.name})", ""]
+            continue
+        except Exception as exc:  # a broken benchmark must not hide the others
+            out += [f"## {title}", "", f"not measured: {type(exc).__name__}: {exc}", ""]
+            traceback.print_exc()
+            results[module_name] = {"error": repr(exc)}
+            continue
+        if isinstance(figures, str):  # a module that cannot run here says why
+            out += [f"## {title}", "", f"not measured: {figures}", ""]
+            continue
+        out += _section(title, figures)
+        results[module_name] = [f.as_dict() for f in figures]
+        print(f"{title}: {len(figures)} figures in {time.perf_counter() - started:.1f} s", file=sys.stderr)
+    Path(args.out).write_text("\n".join(out) + "\n")
+    Path(args.out).with_suffix(".json").write_text(json.dumps(results, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
