@@ -1,0 +1,1 @@
+"""Failure postmortems: classify every job that did not complete, keep its evidence and its fix."""

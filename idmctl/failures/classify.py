@@ -1,0 +1,266 @@
+"""Classify a job that did not complete: one documented cause, the evidence lines, and details.
+
+The causes and their patterns live in ``taxonomy.yaml`` (data, not code paths). :func:`classify`
+is a pure function of what Slurm and the job log say, so it is tested on real log texts.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from idmctl.errors import UserError
+from idmctl.paths import REPO_ROOT
+from idmctl.units import format_duration
+
+TAXONOMY_PATH = Path(__file__).resolve().parent / "taxonomy.yaml"
+MARKER = "IDMCTL_FAILURE"
+"""Prefix of the one line a job script or trainer prints before failing on purpose:
+``IDMCTL_FAILURE cause=<cause> key=value ...`` (see :func:`marker_line`)."""
+MAX_EVIDENCE_LINES = 4
+MAX_LINE_CHARS = 240
+_CONDITIONS = {"state", "started", "exit_code", "derived_exit_code", "reason", "restarts_at_least", "log"}
+_TERMINAL_OK = {"COMPLETED"}
+_NOT_FINISHED = {"PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "SUSPENDED", "RESIZING"}
+
+
+@dataclass(frozen=True)
+class Cause:
+    """One entry of the taxonomy."""
+
+    name: str
+    meaning: str
+    fix: str
+    caught_by: str
+    """The preflight check that now stops this cause before submit ("none" when none can)."""
+    retryable: bool
+    mlflow_status: str
+    rules: tuple[dict[str, Any], ...]
+
+
+@dataclass(frozen=True)
+class Classification:
+    cause: str
+    evidence: list[str]
+    """Slurm's record first, then the log lines that matched (trimmed)."""
+    detail: dict[str, Any] = field(default_factory=dict)
+    """python_exception/loader_config: type, message, frame (innermost project ``file:line``);
+    queue_cancelled: waited_seconds; marker causes: the marker's key=value fields."""
+
+    @property
+    def headline(self) -> str:
+        """The one line shown in tables."""
+        if "exception_type" in self.detail:
+            where = f" at {self.detail['frame']}" if self.detail.get("frame") else ""
+            return f"{self.detail['exception_type']}: {self.detail['message']}{where}"
+        if self.cause == "queue_cancelled" and self.detail.get("waited_seconds") is not None:
+            return f"cancelled after waiting {format_duration(self.detail['waited_seconds'])} in the queue, never started"
+        if len(self.evidence) > 1:
+            return self.evidence[1]
+        return self.evidence[0] if self.evidence else ""
+
+
+def load_taxonomy(path: Path = TAXONOMY_PATH) -> list[Cause]:
+    """The causes in match order; a malformed file is a UserError naming the entry."""
+    return list(_load_taxonomy(str(path)))
+
+
+@lru_cache(maxsize=4)
+def _load_taxonomy(path: str) -> tuple[Cause, ...]:
+    data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    causes: list[Cause] = []
+    for index, entry in enumerate(data.get("causes", [])):
+        where = f"causes[{index}]"
+        for rule in entry.get("rules", []):
+            unknown = set(rule) - _CONDITIONS
+            if unknown:
+                raise UserError(f"unknown condition {sorted(unknown)[0]!r}", file=path, field=f"{where}.rules",
+                                hint=f"allowed: {', '.join(sorted(_CONDITIONS))}")
+            for pattern in rule.get("log", []):
+                try:
+                    re.compile(pattern)
+                except re.error as exc:
+                    raise UserError(f"bad regex {pattern!r}: {exc}", file=path, field=f"{where}.rules.log",
+                                    hint="fix the regular expression") from exc
+        causes.append(Cause(name=entry["name"], meaning=entry["meaning"], fix=entry["fix"],
+                            caught_by=entry["caught_by"], retryable=bool(entry["retryable"]),
+                            mlflow_status=entry["mlflow_status"], rules=tuple(entry.get("rules", []))))
+    if not causes or causes[-1].rules:
+        raise UserError("the last cause must be the rule-less fallback", file=path, field="causes",
+                        hint="end the list with `name: unknown` and `rules: []`")
+    return tuple(causes)
+
+
+def cause_names() -> list[str]:
+    return [cause.name for cause in load_taxonomy()]
+
+
+def get_cause(name: str) -> Cause:
+    for cause in load_taxonomy():
+        if cause.name == name:
+            return cause
+    raise UserError(f"unknown cause {name!r}", field="--cause", hint=f"one of: {', '.join(cause_names())}")
+
+
+def is_failed_state(state: str | None) -> bool:
+    """A finished job that did not complete (what gets classified)."""
+    word = _state_word(state)
+    return bool(word) and word not in _TERMINAL_OK and word not in _NOT_FINISHED
+
+
+def marker_line(cause: str, **fields: object) -> str:
+    """The line a job prints before failing on purpose, e.g. ``IDMCTL_FAILURE cause=nan_loss step=12``."""
+    return " ".join([MARKER, f"cause={cause}", *(f"{key}={value}" for key, value in fields.items())])
+
+
+def classify(
+    state: str,
+    reason: str | None = None,
+    exit_code: str | None = None,
+    derived_exit_code: str | None = None,
+    log_tail: str = "",
+    waited_seconds: float | None = None,
+    restarts: int = 0,
+    started: bool | None = None,
+) -> Classification:
+    """The first taxonomy cause whose rules match this outcome, with its evidence."""
+    lines = [line.rstrip() for line in (log_tail or "").splitlines()]
+    record = _slurm_record(state, reason, exit_code, derived_exit_code, restarts, waited_seconds)
+    facts = {"state": _state_word(state), "started": started, "exit_code": exit_code or "",
+             "derived_exit_code": derived_exit_code or "", "reason": reason or "", "restarts": restarts}
+    for cause in load_taxonomy():
+        for rule in cause.rules:
+            matched = _rule_matches(rule, facts, lines)
+            if matched is None:
+                continue
+            if not matched:  # a state rule: still show the log lines this cause's patterns know
+                matched = _log_hits([p for r in cause.rules for p in r.get("log", [])], lines)
+            detail = _detail(cause.name, lines, matched, waited_seconds, restarts)
+            evidence = [record, *(_trim(line) for line in matched[:MAX_EVIDENCE_LINES])]
+            return Classification(cause=cause.name, evidence=evidence, detail=detail)
+    last_lines = [_trim(line) for line in lines if line.strip()][-2:]
+    return Classification(cause="unknown", evidence=[record, *last_lines])
+
+
+def _state_word(state: str | None) -> str:
+    return (state or "").strip().split(" ")[0].upper()
+
+
+def _rule_matches(rule: dict[str, Any], facts: dict[str, Any], lines: list[str]) -> list[str] | None:
+    """None when the rule fails; else the log lines that matched (empty for state-only rules)."""
+    if "state" in rule and facts["state"] not in {s.upper() for s in rule["state"]}:
+        return None
+    if "started" in rule and facts["started"] is not rule["started"]:
+        return None
+    if "exit_code" in rule and facts["exit_code"] not in rule["exit_code"]:
+        return None
+    if "derived_exit_code" in rule and facts["derived_exit_code"] not in rule["derived_exit_code"]:
+        return None
+    if "reason" in rule and not re.search(rule["reason"], facts["reason"]):
+        return None
+    if "restarts_at_least" in rule and facts["restarts"] < rule["restarts_at_least"]:
+        return None
+    if "log" not in rule:
+        return []
+    return _log_hits(rule["log"], lines) or None
+
+
+def _log_hits(patterns: list[str], lines: list[str]) -> list[str]:
+    compiled = [re.compile(p) for p in patterns]
+    return [line for line in lines if any(p.search(line) for p in compiled)]
+
+
+def _slurm_record(state: str, reason: str | None, exit_code: str | None, derived: str | None,
+                  restarts: int, waited_seconds: float | None) -> str:
+    parts = [f"State={state}"]
+    if exit_code:
+        parts.append(f"ExitCode={exit_code}")
+    if derived and derived != "0:0":
+        parts.append(f"DerivedExitCode={derived}")
+    if reason and reason != "None":
+        parts.append(f"Reason={reason}")
+    if restarts:
+        parts.append(f"Restarts={restarts}")
+    if waited_seconds is not None:
+        parts.append(f"waited {format_duration(waited_seconds)} ({waited_seconds:,.0f} s)")
+    return "Slurm: " + " ".join(parts)
+
+
+def _detail(cause: str, lines: list[str], matched: list[str], waited_seconds: float | None,
+            restarts: int) -> dict[str, Any]:
+    detail: dict[str, Any] = {}
+    for line in matched:
+        if MARKER in line:
+            detail.update(_marker_fields(line))
+    if cause == "queue_cancelled" and waited_seconds is not None:
+        detail["waited_seconds"] = waited_seconds
+    if cause == "preempted":
+        detail["restarts"] = restarts
+    if cause in ("python_exception", "loader_config", "oom_cuda", "shm_enospc"):
+        detail.update(parse_traceback(lines))
+    return detail
+
+
+def _marker_fields(line: str) -> dict[str, str]:
+    text = line[line.index(MARKER) + len(MARKER):]
+    return dict(pair.split("=", 1) for pair in text.split() if "=" in pair)
+
+
+_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)')
+_EXCEPTION = re.compile(r"^(?P<type>[A-Za-z_][\w.]*)(?::\s?(?P<message>.*))?$")
+_NOT_PROJECT = ("/site-packages/", "/dist-packages/", "<frozen ", "/lib/python3.")
+
+
+def parse_traceback(lines: list[str]) -> dict[str, Any]:
+    """Exception type, message and the innermost project frame of the last traceback in ``lines``.
+
+    When the last traceback is a re-raise from a DataLoader worker ("Original Traceback"), its
+    frames are the worker's; a frame is "project" unless it is in site-packages or the stdlib.
+    """
+    blocks: list[tuple[list[dict[str, str]], dict[str, str] | None]] = []
+    frames: list[dict[str, str]] | None = None
+    for line in lines:
+        stripped = line.strip()
+        if stripped.endswith("Traceback (most recent call last):"):
+            frames = []
+            continue
+        if frames is None:
+            continue
+        frame = _FRAME.match(line)
+        if frame:
+            frames.append(frame.groupdict())
+            continue
+        if line.startswith((" ", "\t")) or not stripped:
+            continue  # source line or caret markers under a frame
+        exception = _EXCEPTION.match(stripped)
+        blocks.append((frames, exception.groupdict() if exception else {"type": stripped, "message": ""}))
+        frames = None
+    if not blocks:
+        return {}
+    last_frames, exception = blocks[-1]
+    detail: dict[str, Any] = {"exception_type": exception["type"], "message": (exception.get("message") or "").strip()}
+    for block_frames, _ in reversed(blocks):
+        project = [f for f in block_frames if not any(marker in f["file"] for marker in _NOT_PROJECT)]
+        if project:
+            innermost = project[-1]
+            detail["frame"] = f"{_relative(innermost['file'])}:{innermost['line']}"
+            detail["function"] = innermost["func"]
+            break
+    return detail
+
+
+def _relative(path: str) -> str:
+    try:
+        return str(Path(path).relative_to(REPO_ROOT))
+    except ValueError:
+        return path
+
+
+def _trim(line: str) -> str:
+    line = line.strip()
+    return line if len(line) <= MAX_LINE_CHARS else line[: MAX_LINE_CHARS - 1] + "…"

@@ -1,0 +1,215 @@
+"""The classifier on real log texts: each failure is produced for real where this machine can
+(torch DataLoader errors, a real TypeError, a real full tmpfs); Slurm's own lines are copied from
+the local cluster's logs; only CUDA OOM is a quoted text (no GPU here)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from idmctl.errors import UserError
+from idmctl.failures.classify import (
+    classify, cause_names, is_failed_state, load_taxonomy, marker_line, parse_traceback,
+)
+
+PREFLIGHT_CHECKS = {"spec", "introspection", "loader", "shm", "io", "qos", "disk", "cache", "smoke", "none"}
+
+
+def run_python(script: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, env=env, timeout=120)
+
+
+def can_mount_tmpfs() -> bool:
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        return False
+    probe = subprocess.run(["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=1m tmpfs /mnt"], capture_output=True)
+    return probe.returncode == 0
+
+
+def test_taxonomy_is_complete_and_points_at_real_checks() -> None:
+    names = cause_names()
+    for required in ("queue_cancelled", "preempted", "timeout", "oom_host", "oom_cuda", "shm_enospc",
+                     "loader_config", "python_exception", "nan_loss", "node_fail", "stage_failed", "unknown"):
+        assert required in names
+    assert names[-1] == "unknown"
+    for cause in load_taxonomy():
+        assert cause.caught_by in PREFLIGHT_CHECKS, cause.name
+        assert cause.mlflow_status in ("FAILED", "KILLED"), cause.name
+        assert cause.meaning and cause.fix
+
+
+def test_loader_config_from_real_dataloader_valueerror(tmp_path: Path) -> None:
+    trainer = tmp_path / "idm_training.py"
+    trainer.write_text(textwrap.dedent("""\
+        import torch
+        from torch.utils.data import DataLoader
+
+        def build_loader(num_workers):
+            return DataLoader(list(range(4)), num_workers=num_workers,
+                              persistent_workers=True)
+
+        build_loader(0)
+        """))
+    result = run_python(trainer)
+    assert result.returncode == 1
+    found = classify("FAILED", exit_code="1:0", log_tail=result.stderr, started=True)
+    assert found.cause == "loader_config"
+    assert found.detail["exception_type"] == "ValueError"
+    assert found.detail["message"] == "persistent_workers option needs num_workers > 0"
+    assert found.detail["frame"] == f"{trainer}:5"
+    assert "ValueError: persistent_workers option needs num_workers > 0" in found.evidence
+    assert found.headline == f"ValueError: persistent_workers option needs num_workers > 0 at {trainer}:5"
+
+
+def test_python_exception_typeerror_names_the_class_and_the_calling_frame(tmp_path: Path) -> None:
+    # Card A 6321: the kwarg was added to the look-alike class, the other one is constructed.
+    (tmp_path / "dataset_latent_idm.py").write_text(textwrap.dedent("""\
+        class HiddenRawDataset:
+            def __init__(self, root, selected_layer_indices=None):
+                self.root = root
+
+        class HiddenMultiLayerDataset:
+            def __init__(self, root):
+                self.root = root
+        """))
+    entry = tmp_path / "train_entry.py"
+    entry.write_text(textwrap.dedent("""\
+        import sys
+        sys.path.insert(0, sys.argv[1])
+        from dataset_latent_idm import HiddenMultiLayerDataset
+
+        def build(root):
+            return HiddenMultiLayerDataset(root, selected_layer_indices=[1, 4, 7, 10])
+
+        build("/cache")
+        """))
+    result = run_python(entry, str(tmp_path))
+    log = "staging cache... done\n" + result.stderr
+    found = classify("FAILED", exit_code="1:0", log_tail=log, started=True)
+    assert found.cause == "python_exception"
+    assert found.detail["exception_type"] == "TypeError"
+    assert "HiddenMultiLayerDataset.__init__() got an unexpected keyword argument 'selected_layer_indices'" \
+        == found.detail["message"]
+    assert found.detail["frame"] == f"{entry}:6"
+    assert found.detail["function"] == "build"
+
+
+@pytest.mark.skipif(not can_mount_tmpfs(), reason="needs root and unshare to mount a private tmpfs")
+def test_shm_enospc_from_dataloader_workers_overflowing_a_small_dev_shm(tmp_path: Path) -> None:
+    script = tmp_path / "smoke_loader.py"
+    script.write_text(textwrap.dedent("""\
+        import torch
+        from torch.utils.data import DataLoader, Dataset
+        torch.set_num_threads(1)
+
+        class FourMegabyteSamples(Dataset):
+            def __len__(self):
+                return 8
+            def __getitem__(self, index):
+                return torch.zeros(1024 * 1024)
+
+        for batch in DataLoader(FourMegabyteSamples(), batch_size=2, num_workers=2):
+            pass
+        """))
+    # A 1 MB /dev/shm in a private mount namespace: each 8 MB batch must pass through it.
+    command = f"mount --make-rprivate / && mount -t tmpfs -o size=1m tmpfs /dev/shm && {sys.executable} {script}"
+    result = subprocess.run(["unshare", "-m", "sh", "-c", command], capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    found = classify("FAILED", exit_code="1:0", log_tail=result.stderr, started=True)
+    assert found.cause == "shm_enospc"
+    assert any("No space left on device" in line for line in found.evidence)
+    assert found.detail["frame"] == f"{script}:11"
+
+
+@pytest.mark.skipif(not can_mount_tmpfs(), reason="needs root and unshare to mount a private tmpfs")
+def test_stage_failed_from_a_real_cp_into_a_full_disk(tmp_path: Path) -> None:
+    source = tmp_path / "cache.bin"
+    source.write_bytes(b"\0" * 2_000_000)
+    dest = tmp_path / "stage"
+    dest.mkdir()
+    command = f"mount -t tmpfs -o size=1m tmpfs {dest} && cp {source} {dest}/"
+    result = subprocess.run(["unshare", "-m", "sh", "-c", command], capture_output=True, text=True)
+    assert result.returncode != 0
+    found = classify("FAILED", exit_code="1:0", log_tail=result.stderr, started=True)
+    assert found.cause == "stage_failed"
+    assert "No space left on device" in found.headline
+
+
+def test_marker_lines_carry_their_fields() -> None:
+    log = "step 11 loss 1.14\n" + marker_line("nan_loss", step=12, loss="nan") + "\n"
+    found = classify("FAILED", exit_code="3:0", log_tail=log, started=True)
+    assert found.cause == "nan_loss"
+    assert found.detail == {"cause": "nan_loss", "step": "12", "loss": "nan"}
+    staged = classify("FAILED", exit_code="1:0", started=True,
+                      log_tail=marker_line("stage_failed", dest="/tmp/idm_cache", need_bytes=6_600_000_000_000))
+    assert staged.cause == "stage_failed"
+    assert staged.detail["need_bytes"] == "6600000000000"
+
+
+def test_queue_cancelled_shows_the_wait() -> None:
+    found = classify("CANCELLED by 0", exit_code="0:0", waited_seconds=6 * 86400, started=False)
+    assert found.cause == "queue_cancelled"
+    assert found.detail["waited_seconds"] == 518400
+    assert found.evidence[0] == "Slurm: State=CANCELLED by 0 ExitCode=0:0 waited 6.0 d (518,400 s)"
+    assert found.headline == "cancelled after waiting 6.0 d in the queue, never started"
+    running = classify("CANCELLED by 0", exit_code="0:15", started=True)
+    assert running.cause == "cancelled"
+
+
+def test_scheduler_states_win_over_log_patterns() -> None:
+    # A preempted trainer may print a traceback while dying; the state is the cause.
+    log = ("Traceback (most recent call last):\n  File \"/x/train.py\", line 3, in <module>\nKeyboardInterrupt\n"
+           "slurmstepd: error: *** JOB 6054 ON n1 CANCELLED AT 2026-11-30T02:10:01 DUE TO PREEMPTION ***\n")
+    found = classify("PREEMPTED", exit_code="0:15", log_tail=log, restarts=2, started=True)
+    assert found.cause == "preempted"
+    assert found.detail["restarts"] == 2
+    assert classify("TIMEOUT", exit_code="0:0", started=True).cause == "timeout"
+    assert classify("NODE_FAIL", exit_code="0:0", started=True).cause == "node_fail"
+    oom = classify("OUT_OF_MEMORY", reason="OutOfMemory", exit_code="0:125", started=True,
+                   log_tail="slurmstepd: error: Detected 1 oom_kill event in StepId=12.batch. Some of the step tasks have been OOM Killed.")
+    assert oom.cause == "oom_host"
+    assert "Detected 1 oom_kill event" in oom.evidence[1]
+
+
+def test_cuda_oom_quoted_text() -> None:
+    # No GPU here: torch's CUDA OOM message as PyTorch prints it.
+    log = ("Traceback (most recent call last):\n  File \"/w/trainers/fit.py\", line 88, in fit\n    loss.backward()\n"
+           "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity "
+           "of 79.15 GiB of which 1.02 GiB is free.\n")
+    found = classify("FAILED", exit_code="1:0", log_tail=log, started=True)
+    assert found.cause == "oom_cuda"
+    assert found.detail["exception_type"] == "torch.OutOfMemoryError"
+    assert found.detail["frame"] == "/w/trainers/fit.py:88"
+
+
+def test_unknown_keeps_the_last_lines() -> None:
+    found = classify("FAILED", exit_code="7:0", log_tail="starting\nsomething odd happened\n", started=True)
+    assert found.cause == "unknown"
+    assert found.evidence == ["Slurm: State=FAILED ExitCode=7:0", "starting", "something odd happened"]
+
+
+def test_failed_states() -> None:
+    assert is_failed_state("CANCELLED by 0") and is_failed_state("OUT_OF_MEMORY") and is_failed_state("PREEMPTED")
+    assert not is_failed_state("COMPLETED") and not is_failed_state("RUNNING") and not is_failed_state(None)
+
+
+def test_parse_traceback_without_project_frames() -> None:
+    lines = ["Traceback (most recent call last):", '  File "/v/lib/python3.11/site-packages/a.py", line 1, in f',
+             "ZeroDivisionError: division by zero"]
+    assert parse_traceback(lines) == {"exception_type": "ZeroDivisionError", "message": "division by zero"}
+
+
+def test_bad_taxonomy_is_a_user_error(tmp_path: Path) -> None:
+    bad = tmp_path / "taxonomy.yaml"
+    bad.write_text("causes:\n  - {name: x, meaning: m, fix: f, caught_by: none, retryable: false,"
+                   " mlflow_status: FAILED, rules: [{stat: [FAILED]}]}\n")
+    with pytest.raises(UserError) as error:
+        load_taxonomy(bad)
+    assert error.value.line().startswith(f"error: {bad}:causes[0].rules: unknown condition 'stat'")
