@@ -1,0 +1,327 @@
+"""The multi-layer hidden-state cache: two formats behind one reader.
+
+``safetensors`` (ours): one contiguous tensor per cached Cosmos block, named ``layer_<blockid>``, of
+shape (T, H, W, C), stored in cache order, with the data section starting on a 4 KiB boundary.
+Metadata (strings, as safetensors requires; JSON-encoded): ``format``, ``layers`` (block ids),
+``frames``, ``token_grid``, ``channels``, ``dtype``, ``encoder``, ``encoder_version``, ``demo``,
+``frame_stride``. A selection of N layers × a window of frames is N exact ``preadv`` byte ranges,
+with ``POSIX_FADV_RANDOM`` so the kernel reads no more than asked (this disk's readahead is 8 MB).
+
+Cache frame ``f`` of a file shows episode timestep ``f × frame_stride`` (clamped to the episode's
+last step when the episode is shorter than ``frames × frame_stride``).
+
+``legacy_pt`` (card A): a ``torch.save`` dict ``{"hidden_multi": (L, T, H, W, C) bf16, "layers": [...]}``
+read with ``torch.load(mmap=True, weights_only=True)`` (never a full unpickle), sliced and cloned.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from cache.geometry import HiddenGeometry
+from idmctl.errors import UserError
+
+CacheFormat = Literal["safetensors", "legacy_pt"]
+FORMAT_TAG = "idmctl.hidden/1"
+DATA_ALIGNMENT = 4096
+"""Data section starts page-aligned, so whole-frame ranges start on page boundaries."""
+_MAX_HEADER = 100 * 1024 * 1024
+
+_ST_DTYPES: dict[str, torch.dtype] = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
+_SPEC_DTYPES: dict[str, torch.dtype] = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+_SPEC_NAME = {dtype: name for name, dtype in _SPEC_DTYPES.items()}
+_ST_NAME = {dtype: name for name, dtype in _ST_DTYPES.items()}
+
+
+@dataclass(frozen=True)
+class CacheFileInfo:
+    """What one cache file holds, validated against its own bytes."""
+
+    path: Path
+    format: CacheFormat
+    layers: list[int]
+    """Cached Cosmos block ids, in file order."""
+    frames: int
+    height: int
+    width: int
+    channels: int
+    dtype: str
+    """``bfloat16`` | ``float16`` | ``float32`` (spec spelling)."""
+    file_bytes: int
+    meta: dict[str, Any] = field(default_factory=dict)
+    data_start: int = 0
+    """safetensors only: byte offset of the data section."""
+    offsets: dict[int, int] = field(default_factory=dict)
+    """safetensors only: block id → absolute byte offset of its (T, H, W, C) tensor."""
+
+    @property
+    def geometry(self) -> HiddenGeometry:
+        return HiddenGeometry(len(self.layers), self.frames, self.height, self.width, self.channels,
+                              _SPEC_DTYPES[self.dtype].itemsize)
+
+    @property
+    def frame_stride(self) -> int:
+        return int(self.meta.get("frame_stride", 1))
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return _SPEC_DTYPES[self.dtype]
+
+
+def cache_file(cache_root: str | Path, demo: str, fmt: CacheFormat) -> Path:
+    """Where a demo's cache file lives: ``<cache_root>/<demo>.safetensors`` or ``<demo>.pt``."""
+    suffix = {"safetensors": ".safetensors", "legacy_pt": ".pt"}[fmt]
+    return Path(cache_root) / f"{demo}{suffix}"
+
+
+def _bad(path: Path, what: str, hint: str = "rebuild it with `idmctl cache build-hidden`") -> UserError:
+    return UserError(what, file=str(path), field="cache", hint=hint)
+
+
+# --- writing ---------------------------------------------------------------------------------------
+
+def _header_bytes(tensors: dict[str, dict[str, Any]], meta: dict[str, str]) -> bytes:
+    body = json.dumps({"__metadata__": meta, **tensors}, separators=(",", ":")).encode()
+    # safetensors allows trailing spaces in the header; pad so the data starts page-aligned.
+    padded = -(-(8 + len(body)) // DATA_ALIGNMENT) * DATA_ALIGNMENT - 8
+    return struct.pack("<Q", padded) + body + b" " * (padded - len(body))
+
+
+def write_hidden(path: str | Path, hidden: torch.Tensor, layers: list[int], meta: dict[str, Any]) -> None:
+    """Write ``hidden`` (L, T, H, W, C) as one tensor per layer, atomically.
+
+    The file is written beside its target under a temp name, fsynced and renamed over it: a crash
+    leaves no file at ``path``, and readers that mapped an older file keep their (unlinked) inode.
+    """
+    path = Path(path)
+    if hidden.ndim != 5:
+        raise _bad(path, f"hidden must be (L, T, H, W, C), got shape {tuple(hidden.shape)}", "fix the builder")
+    if hidden.shape[0] != len(layers):
+        raise _bad(path, f"{hidden.shape[0]} layers of hidden states but {len(layers)} block ids", "fix the builder")
+    if hidden.dtype not in _ST_NAME:
+        raise _bad(path, f"dtype {hidden.dtype} is not bf16/fp16/fp32", "cast before writing")
+    _, frames, height, width, channels = hidden.shape
+    layer_bytes = frames * height * width * channels * hidden.element_size()
+    tensors = {f"layer_{block}": {"dtype": _ST_NAME[hidden.dtype], "shape": [frames, height, width, channels],
+                                  "data_offsets": [i * layer_bytes, (i + 1) * layer_bytes]}
+               for i, block in enumerate(layers)}
+    full_meta = {"format": FORMAT_TAG, "layers": layers, "frames": frames, "token_grid": [height, width],
+                 "channels": channels, "dtype": _SPEC_NAME[hidden.dtype], **meta}
+    header = _header_bytes(tensors, {key: json.dumps(value) for key, value in full_meta.items()})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        with open(tmp, "wb") as handle:
+            handle.write(header)
+            for i in range(len(layers)):
+                # One layer at a time: the source may be a multi-GB mmap (convert_legacy).
+                handle.write(hidden[i].contiguous().view(torch.uint8).numpy().tobytes())
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+# --- inspecting ------------------------------------------------------------------------------------
+
+def _pread_exact(fd: int, length: int, offset: int, path: Path) -> bytes:
+    data = os.pread(fd, length, offset)
+    if len(data) != length:
+        raise _bad(path, f"truncated: wanted {length:,} B at offset {offset:,}, file ends first")
+    return data
+
+
+def _inspect_safetensors(path: Path, fd: int) -> CacheFileInfo:
+    size = os.fstat(fd).st_size
+    (header_len,) = struct.unpack("<Q", _pread_exact(fd, 8, 0, path))
+    if header_len > min(_MAX_HEADER, size - 8):
+        raise _bad(path, f"corrupt safetensors header: length {header_len:,} B in a {size:,} B file")
+    try:
+        header = json.loads(_pread_exact(fd, header_len, 8, path))
+        meta = {key: json.loads(value) for key, value in header.pop("__metadata__", {}).items()}
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise _bad(path, f"corrupt safetensors header: {exc}") from exc
+    if meta.get("format") != FORMAT_TAG:
+        raise _bad(path, f"not an idmctl hidden cache (format {meta.get('format')!r}, want {FORMAT_TAG!r})")
+    layers = [int(block) for block in meta["layers"]]
+    data_start = 8 + header_len
+    frames, (height, width), channels = int(meta["frames"]), meta["token_grid"], int(meta["channels"])
+    dtype = str(meta["dtype"])
+    if dtype not in _SPEC_DTYPES:
+        raise _bad(path, f"dtype {dtype!r} is not bfloat16/float16/float32")
+    itemsize = _SPEC_DTYPES[dtype].itemsize
+    want_shape = [frames, height, width, channels]
+    offsets: dict[int, int] = {}
+    for block in layers:
+        entry = header.get(f"layer_{block}")
+        if entry is None:
+            raise _bad(path, f"metadata lists block {block} but there is no tensor layer_{block}")
+        if entry["shape"] != want_shape or _ST_DTYPES.get(entry["dtype"]) != _SPEC_DTYPES[dtype]:
+            raise _bad(path, f"layer_{block} is {entry['dtype']} {entry['shape']}, metadata says {dtype} {want_shape}")
+        begin, end = entry["data_offsets"]
+        if end - begin != frames * height * width * channels * itemsize:
+            raise _bad(path, f"layer_{block} spans {end - begin:,} B, its shape needs "
+                             f"{frames * height * width * channels * itemsize:,} B")
+        if data_start + end > size:
+            raise _bad(path, f"truncated: layer_{block} ends at byte {data_start + end:,} but the file has {size:,} B")
+        offsets[block] = data_start + begin
+    return CacheFileInfo(path, "safetensors", layers, frames, int(height), int(width), channels, dtype, size,
+                         meta, data_start, offsets)
+
+
+def _load_legacy(path: Path, mmap: bool) -> dict[str, Any]:
+    try:
+        payload = torch.load(path, map_location="cpu", mmap=mmap, weights_only=True)
+    except Exception as exc:  # torch raises RuntimeError/UnpicklingError/EOFError for bad files
+        raise _bad(path, f"unreadable legacy .pt ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})") from exc
+    if not isinstance(payload, dict) or "hidden_multi" not in payload or "layers" not in payload:
+        raise _bad(path, "legacy .pt is not a dict with 'hidden_multi' and 'layers'")
+    return payload
+
+
+def _inspect_legacy(path: Path) -> CacheFileInfo:
+    payload = _load_legacy(path, mmap=True)
+    hidden, layers = payload["hidden_multi"], [int(b) for b in payload["layers"]]
+    if not isinstance(hidden, torch.Tensor) or hidden.ndim != 5:
+        raise _bad(path, f"hidden_multi must be a (L, T, H, W, C) tensor, got {getattr(hidden, 'shape', type(hidden))}")
+    if hidden.dtype not in _SPEC_NAME:
+        raise _bad(path, f"hidden_multi dtype {hidden.dtype} is not bf16/fp16/fp32")
+    if hidden.shape[0] != len(layers):
+        raise _bad(path, f"hidden_multi has {hidden.shape[0]} layers but 'layers' lists {len(layers)}")
+    meta = {key: value for key, value in payload.items() if key not in ("hidden_multi",)
+            and isinstance(value, (int, float, str, list))}
+    _, frames, height, width, channels = hidden.shape
+    return CacheFileInfo(path, "legacy_pt", layers, frames, height, width, channels, _SPEC_NAME[hidden.dtype],
+                         path.stat().st_size, meta)
+
+
+def inspect_file(path: str | Path) -> CacheFileInfo:
+    """Geometry of one cache file (format from its suffix), validated; bad files raise UserError."""
+    path = Path(path)
+    if not path.exists():
+        raise _bad(path, "cache file does not exist", "build the cache: `idmctl cache build-hidden EXP`")
+    if path.suffix == ".pt":
+        return _inspect_legacy(path)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return _inspect_safetensors(path, fd)
+    finally:
+        os.close(fd)
+
+
+def check_matches(info: CacheFileInfo, *, layers: list[int] | None = None, frames: int | None = None,
+                  token_grid: tuple[int, int] | None = None, channels: int | None = None,
+                  dtype: str | None = None) -> None:
+    """UserError naming the file when its geometry is not what the spec expects."""
+    expected = {"layers": layers, "frames": frames, "token_grid": tuple(token_grid) if token_grid else None,
+                "channels": channels, "dtype": dtype}
+    actual = {"layers": info.layers, "frames": info.frames, "token_grid": (info.height, info.width),
+              "channels": info.channels, "dtype": info.dtype}
+    for key, want in expected.items():
+        if want is not None and actual[key] != want:
+            raise UserError(f"file has {key} {actual[key]} but the spec says {want}", file=str(info.path),
+                            field=f"data.{'cached_layers' if key == 'layers' else key}",
+                            hint="fix the spec or rebuild the cache")
+
+
+# --- reading ---------------------------------------------------------------------------------------
+
+def _check_selection(info: CacheFileInfo, layer_indices: list[int], frame_start: int, frame_count: int) -> None:
+    for index in layer_indices:
+        if not 0 <= index < len(info.layers):
+            raise UserError(f"layer index {index} is outside the {len(info.layers)} cached layers {info.layers}",
+                            file=str(info.path), field="data.selected_layer_indices",
+                            hint=f"use indices 0..{len(info.layers) - 1}")
+    if frame_start < 0 or frame_count < 1 or frame_start + frame_count > info.frames:
+        raise UserError(f"frames {frame_start}..{frame_start + frame_count - 1} are outside the {info.frames} cached",
+                        file=str(info.path), field="data.frame_window", hint="shrink the window")
+
+
+def read_safetensors_slice(info: CacheFileInfo, layer_indices: list[int], frame_start: int,
+                           frame_count: int) -> torch.Tensor:
+    """N exact byte ranges (one per layer) straight into the output tensor; nothing else is read."""
+    _check_selection(info, layer_indices, frame_start, frame_count)
+    frame_bytes = info.geometry.frame_bytes
+    out = torch.empty((len(layer_indices), frame_count, info.height, info.width, info.channels),
+                      dtype=info.torch_dtype)
+    raw = out.view(torch.uint8).numpy().reshape(len(layer_indices), -1)
+    fd = os.open(info.path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+        for row, index in enumerate(layer_indices):
+            offset = info.offsets[info.layers[index]] + frame_start * frame_bytes
+            view = memoryview(raw[row])
+            done = 0
+            while done < len(view):
+                got = os.preadv(fd, [view[done:]], offset + done)
+                if got == 0:
+                    raise _bad(info.path, f"truncated while reading layer index {index}")
+                done += got
+    finally:
+        os.close(fd)
+    return out
+
+
+def read_legacy_slice(path: Path, layer_indices: list[int], frame_start: int, frame_count: int,
+                      mmap: bool = True) -> torch.Tensor:
+    """``torch.load(mmap=True)`` then slice + clone: only the touched pages are read (plus readahead)."""
+    payload = _load_legacy(path, mmap=mmap)
+    hidden = payload["hidden_multi"]
+    info = CacheFileInfo(path, "legacy_pt", [int(b) for b in payload["layers"]], hidden.shape[1], hidden.shape[2],
+                         hidden.shape[3], hidden.shape[4], _SPEC_NAME.get(hidden.dtype, "bfloat16"), 0)
+    _check_selection(info, layer_indices, frame_start, frame_count)
+    return torch.stack([hidden[i, frame_start:frame_start + frame_count].clone() for i in layer_indices])
+
+
+def read_hidden(path: str | Path, layer_indices: list[int], frame_start: int, frame_count: int,
+                *, mmap: bool = True, info: CacheFileInfo | None = None) -> torch.Tensor:
+    """(N, T_w, H, W, C) in the cache's dtype, for cache indices ``layer_indices`` and a frame window.
+
+    ``mmap=False`` reads the whole file first (what the card's N=12 runs did), for comparison.
+    ``info`` (from :func:`inspect_file`) skips re-parsing the header on hot paths.
+    """
+    path = Path(path)
+    if path.suffix == ".pt":
+        return read_legacy_slice(path, layer_indices, frame_start, frame_count, mmap=mmap)
+    info = info or inspect_file(path)
+    if mmap:
+        return read_safetensors_slice(info, layer_indices, frame_start, frame_count)
+    _check_selection(info, layer_indices, frame_start, frame_count)
+    whole = path.read_bytes()
+    geometry = info.geometry
+    layers = [torch.frombuffer(bytearray(whole[info.offsets[b]:info.offsets[b] + geometry.layer_bytes]),
+                               dtype=info.torch_dtype).view(info.frames, info.height, info.width, info.channels)
+              for b in (info.layers[i] for i in layer_indices)]
+    return torch.stack([layer[frame_start:frame_start + frame_count] for layer in layers])
+
+
+def convert_legacy(pt_path: str | Path, out_path: str | Path, *, demo: str | None = None,
+                   encoder: str = "cosmos", encoder_version: str = "legacy", frame_stride: int = 1) -> CacheFileInfo:
+    """Rewrite a card-format ``.pt`` in our format, streaming one layer at a time from the mmap."""
+    pt_path = Path(pt_path)
+    payload = _load_legacy(pt_path, mmap=True)
+    info = _inspect_legacy(pt_path)
+    meta = {"encoder": encoder, "encoder_version": encoder_version, "demo": demo or pt_path.stem,
+            "frame_stride": int(payload.get("frame_stride", frame_stride)), "converted_from": str(pt_path)}
+    write_hidden(out_path, payload["hidden_multi"], info.layers, meta)
+    return inspect_file(out_path)
+
+
+def write_legacy(path: str | Path, hidden: torch.Tensor, layers: list[int], **extra: Any) -> None:
+    """Write a card-format ``.pt`` dict (tests and converters; the lab's builder made these)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        torch.save({"hidden_multi": hidden, "layers": list(layers), **extra}, tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
