@@ -1,0 +1,142 @@
+"""The layer-routed DiT: routing maps, the flow-matching time convention, K/V reuse, parameter table."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from idmctl.spec.loader import load_spec
+from trainers.model import (LayerRoutedActionDiT, RoutedDiTConfig, euler_integrate, interpolate, masked_mse,
+                            routing_map, sample_time)
+from trainers.registry import build_model, parameter_table
+
+torch.set_num_threads(1)
+
+
+def tiny_config(**overrides: object) -> RoutedDiTConfig:
+    values = dict(n_layers=2, cosmos_channels=8, depth=4, hidden_dim=16, num_heads=2, kv_dim=8, mlp_ratio=2.0,
+                  action_dim=3, action_horizon=5, action_hidden_dim=16, timestep_dim=8, inference_steps=4)
+    values.update(overrides)
+    return RoutedDiTConfig(**values)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("n", "depth", "expected"), [
+    (4, 4, [0, 1, 2, 3]),
+    (4, 12, [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]),
+    (6, 12, [0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5]),
+    (12, 12, list(range(12))),
+])
+def test_routing_map_pins_card_variants(n: int, depth: int, expected: list[int]) -> None:
+    assert routing_map(n, depth) == expected
+
+
+def test_routing_refuses_layers_that_no_block_reads() -> None:
+    with pytest.raises(ValueError, match="depth 4 < N=12"):
+        routing_map(12, 4)
+
+
+def test_interpolation_runs_from_noise_at_t0_to_action_at_t1() -> None:
+    noise, action = torch.randn(3, 5, 2), torch.randn(3, 5, 2)
+    assert torch.equal(interpolate(noise, action, torch.zeros(3)), noise)
+    assert torch.equal(interpolate(noise, action, torch.ones(3)), action)
+    half = interpolate(noise, action, torch.full((3,), 0.25))
+    torch.testing.assert_close(half, 0.75 * noise + 0.25 * action)
+
+
+@pytest.mark.parametrize("steps", [1, 4])
+def test_euler_with_the_true_velocity_lands_on_the_action(steps: int) -> None:
+    # On the straight path the velocity action − noise is constant, so Euler is exact for any K.
+    noise, action = torch.randn(2, 5, 3), torch.randn(2, 5, 3)
+    times: list[float] = []
+
+    def oracle(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        times.append(float(t[0]))
+        torch.testing.assert_close(x, interpolate(noise, action, t))
+        return action - noise
+
+    torch.testing.assert_close(euler_integrate(oracle, noise, steps), action)
+    assert times == [k / steps for k in range(steps)]
+
+
+def test_training_time_is_skewed_to_the_noisy_end() -> None:
+    t = sample_time(20_000, 1.5, 1.0, torch.Generator().manual_seed(0))
+    assert 0.0 <= float(t.min()) and float(t.max()) <= 1.0
+    # t = 1 − Beta(1.5, 1): mean 1 − 1.5/2.5 = 0.4, P(t < 0.5) = 1 − 0.5**1.5 ≈ 0.646.
+    assert abs(float(t.mean()) - 0.4) < 0.01
+    assert abs(float((t < 0.5).float().mean()) - (1 - 0.5 ** 1.5)) < 0.015
+    again = sample_time(20_000, 1.5, 1.0, torch.Generator().manual_seed(0))
+    assert torch.equal(t, again)
+
+
+def test_masked_steps_do_not_count() -> None:
+    target = torch.zeros(1, 4, 2)
+    mask = torch.tensor([[True, True, False, False]])
+    predicted = torch.tensor([[[1.0, 1.0], [3.0, 3.0], [100.0, 100.0], [-50.0, 7.0]]])
+    assert float(masked_mse(predicted, target, mask)) == pytest.approx((1 + 1 + 9 + 9) / 4)
+
+
+def test_kv_is_projected_once_per_sample_across_denoising_steps() -> None:
+    cfg = tiny_config(n_layers=2, depth=4, inference_steps=4)
+    model = LayerRoutedActionDiT(cfg).eval()
+    projector_calls = [0] * cfg.n_layers
+    block_kv_calls = [0] * cfg.depth
+    velocity_calls = [0]
+    for j, proj in enumerate(model.kv_projectors):
+        proj.register_forward_hook(lambda *_, j=j: projector_calls.__setitem__(j, projector_calls[j] + 1))
+    for i, block in enumerate(model.blocks):
+        block.cross_attn.kv.register_forward_hook(lambda *_, i=i: block_kv_calls.__setitem__(i, block_kv_calls[i] + 1))
+    model.time_embedding.register_forward_hook(lambda *_: velocity_calls.__setitem__(0, velocity_calls[0] + 1))
+    hidden = torch.randn(3, cfg.n_layers, 2, 2, 2, cfg.cosmos_channels)
+    actions = model.sample(hidden, generator=torch.Generator().manual_seed(0))
+    assert actions.shape == (3, cfg.action_horizon, cfg.action_dim)
+    assert velocity_calls[0] == 4
+    assert projector_calls == [1, 1]
+    assert block_kv_calls == [1, 1, 1, 1]
+
+
+def test_block_reads_only_its_routed_layer() -> None:
+    cfg = tiny_config(n_layers=2, depth=4)
+    model = LayerRoutedActionDiT(cfg)
+    hidden = torch.randn(1, 2, 1, 2, 2, cfg.cosmos_channels)
+    context = model.encode_context(hidden)
+    changed = hidden.clone()
+    changed[:, 1] += 1.0  # layer 1 feeds blocks 2 and 3 only (routing [0, 0, 1, 1])
+    context_changed = model.encode_context(changed)
+    for block in range(4):
+        same = torch.equal(context[block][0], context_changed[block][0])
+        assert same == (model.routing[block] == 0)
+
+
+def test_tiny_model_learns_a_fixed_batch() -> None:
+    torch.manual_seed(0)
+    cfg = tiny_config()
+    model = LayerRoutedActionDiT(cfg)
+    hidden = torch.randn(4, cfg.n_layers, 1, 2, 2, cfg.cosmos_channels)
+    actions = torch.randn(4, cfg.action_horizon, cfg.action_dim)
+    mask = torch.ones(4, cfg.action_horizon, dtype=torch.bool)
+
+    def held_out_loss() -> float:
+        # The same noise and times before and after training, so only the weights differ.
+        with torch.no_grad():
+            return float(model(hidden.repeat(8, 1, 1, 1, 1, 1), actions.repeat(8, 1, 1), mask.repeat(8, 1),
+                               generator=torch.Generator().manual_seed(123)))
+
+    before = held_out_loss()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    generator = torch.Generator().manual_seed(1)
+    for _ in range(90):
+        loss = model(hidden, actions, mask, generator=generator)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    assert held_out_loss() < 0.9 * before
+
+
+def test_card_dimensions_match_the_card_on_the_meta_device() -> None:
+    model = build_model(load_spec("latent_c_n4").spec, device="meta")
+    assert all(p.device.type == "meta" for p in model.parameters())
+    table = parameter_table(model)
+    assert table["kv_projectors"] == 4 * (5120 * 1024 + 1024)
+    assert abs(table["total"] - 242.6e6) / 242.6e6 < 0.001
+    assert abs(table["dit"] - 84.2e6) / 84.2e6 < 0.01
+    assert table["total"] == sum(p.numel() for p in model.parameters())

@@ -1,0 +1,1 @@
+"""Data plane: the layer-routed DiT, its Fabric trainer, evaluation and the smoke run."""
