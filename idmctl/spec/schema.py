@@ -252,6 +252,87 @@ class EvalSpec(Strict):
     """Also evaluate by replay in robosuite (``sim_eef_mm_<n>ep``)."""
 
 
+class LatentCacheSpec(Strict):
+    """Card B's three-way video-latent cache: RGB rows, point-map (PT) rows and first frames (FF).
+
+    Slots live in ``<cache_root>/cache/video_latent/robocasa_hdf5/<F>x<H>x<W>_{rgb,pt__<hash16>,ff[__<hash16>]}/``
+    and are built and reused independently (see ``cache/latent``).
+    """
+
+    cache_root: str
+    """Root of the latent cache (``$VARS`` and ``~`` expand at use time)."""
+    pt_cache_root: str | None = None
+    """Root of the PT slot when it lives elsewhere; defaults to ``cache_root``. Part of the PT hash."""
+    cameras: list[str] = Field(min_length=1)
+    """Camera names: frames are ``obs/<camera>_image`` (uint8 HWC), depth ``obs/<camera>_depth`` (metres),
+    camera matrices ``obs/<camera>_intrinsics`` (3×3) and ``obs/<camera>_extrinsics`` (4×4 camera→world)."""
+    frames: int = Field(ge=1)
+    """Frames per sample (F); the Wan VAE compresses time 4×, so F must be 1 + 4k."""
+    height: int = Field(ge=16)
+    """Frame height in pixels (H); a multiple of 16, equal to the recorded images (never resized)."""
+    width: int = Field(ge=16)
+    """Frame width in pixels (W); a multiple of 16, equal to the recorded images (never resized)."""
+    frame_stride: int = Field(default=1, ge=1)
+    """Episode timesteps between consecutive sample frames."""
+    start_stride: int | None = Field(default=None, ge=1)
+    """Timesteps between sample starts within an episode; ``None``: one sample per episode, at start 0."""
+    split: str = "all"
+    """``mask/<split>`` of ``data.episodes`` whose demos are cached; ``all``: every demo."""
+    vae: str = "tiny"
+    """``tiny``: a seeded tiny AutoencoderKLWan with random weights (smoke tests); otherwise a local
+    directory holding real weights, loaded with ``from_pretrained(local_files_only=True)``."""
+    use_pointmap: bool = True
+    """Train with PT rows; also makes the FF slot carry the PT first frame (``_ff__<pt hash>``)."""
+    pt_norm_path: str | None = None
+    """Normalisation file the PT extractor writes (JSON mean/std of valid points); default
+    ``<pt_cache_root>/cache/video_latent/robocasa_hdf5/<F>x<H>x<W>_pt_norm.json``. Part of the PT hash."""
+    pt_norm_mean: list[float] | None = None
+    """Override of the per-axis (x, y, z) point mean in metres; part of the PT hash."""
+    pt_norm_std: list[float] | None = None
+    """Override of the per-axis (x, y, z) point std in metres; part of the PT hash."""
+    pt_max_depth: float = Field(default=10.0, gt=0)
+    """Depth (m) at or beyond which a pixel is invalid (far plane / missing return), like 0, NaN and inf."""
+    extractor_version: str = "pt-v2-valid-depth"
+    """Version of the PT extractor; bump it when the extractor changes so the PT hash does too."""
+    strict_rgb_must_exist: bool = False
+    """Fail instead of encoding when an RGB latent is missing."""
+    strict_pt_must_exist: bool = False
+    """Fail instead of encoding when a PT latent is missing."""
+    strict_ff_must_exist: bool = False
+    """Fail instead of encoding when a first-frame latent is missing."""
+    skip_ff: bool = False
+    """Neither load nor build first-frame latents."""
+    build_only_slot: Literal["rgb", "pt", "ff"] | None = None
+    """Build only this slot and return placeholders (standalone builds); ``None`` for training."""
+
+    @model_validator(mode="after")
+    def _video_geometry(self) -> "LatentCacheSpec":
+        if self.frames % 4 != 1:
+            raise ValueError(f"frames: {self.frames} is not 1+4k (the Wan VAE compresses time 4×; "
+                             f"use {self.frames - self.frames % 4 + 1} or {self.frames - self.frames % 4 + 5})")
+        for field in ("height", "width"):
+            size = getattr(self, field)
+            if size % 16:
+                raise ValueError(f"{field}: {size} px is not a multiple of 16 (it would silently become a "
+                                 f"{size // 16 * 16} px grid; use {size // 16 * 16} or {size // 16 * 16 + 16})")
+        for field in ("pt_norm_mean", "pt_norm_std"):
+            values = getattr(self, field)
+            if values is not None and len(values) != 3:
+                raise ValueError(f"{field}: needs 3 values (x, y, z), got {len(values)}")
+        if self.pt_norm_std is not None and min(self.pt_norm_std) <= 0:
+            raise ValueError("pt_norm_std: every std must be > 0")
+        if self.build_only_slot == "pt" and not self.use_pointmap:
+            raise ValueError("build_only_slot: 'pt' needs use_pointmap: true")
+        if self.build_only_slot == "ff" and self.skip_ff:
+            raise ValueError("build_only_slot: 'ff' contradicts skip_ff: true")
+        return self
+
+    @property
+    def slots(self) -> tuple[str, ...]:
+        """Slots a training run loads: RGB always, PT with point maps, FF unless skipped."""
+        return ("rgb",) + (("pt",) if self.use_pointmap else ()) + (() if self.skip_ff else ("ff",))
+
+
 _GOAL = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(<=|<|>=|>)\s*(-?[0-9]*\.?[0-9]+)\s*$")
 
 
@@ -289,6 +370,8 @@ class ExperimentSpec(Strict):
     resources: ResourcesSpec
     stage: StageSpec = StageSpec()
     eval: EvalSpec = EvalSpec()
+    latent: LatentCacheSpec | None = None
+    """Card B's RGB / PT / FF video-latent cache, for runs that train on Wan VAE latents."""
     goal: str | None = None
     """Adoption criterion, e.g. ``eef_mm_24ep <= 125``."""
 

@@ -1,0 +1,62 @@
+"""The video encoder of every slot: diffusers' ``AutoencoderKLWan``.
+
+``vae: tiny`` builds a tiny config with weights drawn from a fixed seed (identical in every
+process, so parallel and sequential builds agree byte for byte); anything else is a local
+directory of real weights loaded with ``local_files_only=True``. Latents are the posterior mode
+(deterministic), float32, shaped (views, z, 1 + (F-1)/4, H/8, W/8).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from idmctl.errors import UserError
+from idmctl.paths import expand_path
+
+TINY_SEED = 0
+TINY_CONFIG = {
+    "base_dim": 8, "z_dim": 4, "dim_mult": [1, 2, 2, 2], "num_res_blocks": 1, "attn_scales": [],
+    "temperal_downsample": [False, True, True], "latents_mean": [0.0] * 4, "latents_std": [1.0] * 4,
+}
+
+
+class VideoEncoder:
+    """Encodes (views, 3, F, H, W) clips in [-1, 1] to latents; one instance per process."""
+
+    def __init__(self, vae: torch.nn.Module, name: str):
+        self.vae = vae.eval().requires_grad_(False)
+        self.name = name
+
+    @torch.no_grad()
+    def encode(self, clips: torch.Tensor) -> torch.Tensor:
+        if clips.ndim != 5 or clips.shape[1] != 3:
+            raise ValueError(f"expected (views, 3, F, H, W), got {tuple(clips.shape)}")
+        return self.vae.encode(clips.float()).latent_dist.mode().float().contiguous()
+
+
+def load_encoder(vae: str) -> VideoEncoder:
+    """``tiny`` → seeded random tiny VAE; a path → real weights from that local directory only."""
+    from diffusers import AutoencoderKLWan
+
+    if vae == "tiny":
+        state = torch.random.get_rng_state()
+        torch.manual_seed(TINY_SEED)
+        try:
+            model = AutoencoderKLWan(**TINY_CONFIG)
+        finally:
+            torch.random.set_rng_state(state)
+        return VideoEncoder(model, "AutoencoderKLWan-tiny-seed0")
+    directory = expand_path(vae)
+    if not directory.is_dir():
+        raise UserError("VAE weights directory does not exist", file=str(directory), field="latent.vae",
+                        hint="point it at a local diffusers model dir, or use 'tiny' for smoke tests")
+    subfolder = "vae" if (Path(directory) / "vae" / "config.json").exists() else None
+    try:
+        model = AutoencoderKLWan.from_pretrained(str(directory), subfolder=subfolder, local_files_only=True,
+                                                 torch_dtype=torch.float32)
+    except (OSError, ValueError) as exc:
+        raise UserError(f"cannot load AutoencoderKLWan ({exc})", file=str(directory), field="latent.vae",
+                        hint="the directory needs config.json and the weights") from exc
+    return VideoEncoder(model, f"AutoencoderKLWan:{directory.name}")

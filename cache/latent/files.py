@@ -1,0 +1,72 @@
+"""Latent files: safetensors written through a temp file and ``os.replace``, so a name is a promise.
+
+A file under its final name was written completely (fsync before the rename); a writer killed at
+any point leaves at most a hidden ``.<name>.tmp<pid>`` that no reader counts as cached. Metadata
+holds only deterministic values (no timestamps), so two builds of the same inputs are
+byte-identical.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save
+
+from cache.latent.layout import temp_files
+from idmctl.errors import UserError
+
+
+def write_latent(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
+    """Atomically write one sample's tensors; creates the slot directory on this first write."""
+    payload = save({name: t.contiguous() for name, t in tensors.items()}, metadata=metadata)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        with open(tmp, "wb") as handle:
+            handle.write(payload)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def read_latent(path: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a cached sample; a damaged file is a one-line error naming it."""
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise UserError(f"unreadable latent file ({exc})", file=str(path), field="latent",
+                        hint="delete it; the next build re-encodes it") from exc
+
+
+def read_metadata(path: Path) -> dict[str, str]:
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as handle:
+        return dict(handle.metadata() or {})
+
+
+def remove_dead_temp_files(directory: Path) -> int:
+    """Delete temp files whose writer process is gone (a live writer's are left alone)."""
+    removed = 0
+    for tmp in temp_files(directory):
+        pid_text = tmp.name.rpartition(".tmp")[2]
+        if pid_text.isdigit() and _alive(int(pid_text)):
+            continue
+        tmp.unlink(missing_ok=True)
+        removed += 1
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

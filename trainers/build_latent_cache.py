@@ -1,0 +1,168 @@
+"""Standalone builder of card B's latent cache: ``--mode rgb|pt|ff|all``, resumable, shardable.
+
+Single process::
+
+    python -m trainers.build_latent_cache --spec latent_rgbpt_smoke --mode rgb
+
+Sharded by process index under ``accelerate launch`` (on CPU: ``ACCELERATE_USE_CPU=true`` and
+``--multi_gpu --num_processes N``; without ``--multi_gpu`` accelerate silently runs one process)::
+
+    accelerate launch --multi_gpu --num_processes 2 --num_machines 1 --mixed_precision no \
+        --dynamo_backend no -m trainers.build_latent_cache --spec EXP --mode pt
+
+Only the slot being built is touched (no empty ``_rgb/`` in a PT build). The PT norm file is
+computed by rank 0 alone when missing (or with ``--recompute-norm``, the "PT extractor re-run"),
+and rank 0's PT hash is broadcast so every rank writes into the same ``_pt__<hash>/``. Existing
+files are skipped; every write is atomic, so a killed build is finished by running it again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+MODES = ("rgb", "pt", "ff", "all")
+
+
+def mode_slots(mode: str, slots: tuple[str, ...]) -> tuple[str, ...]:
+    return slots if mode == "all" else (mode,)
+
+
+def build(spec_name: str, mode: str, *, rank: int = 0, world_size: int = 1, recompute_norm: bool = False,
+          progress: bool = True, barrier: Callable[[], None] = lambda: None,
+          share: Callable[[Any], Any] = lambda value: value) -> dict[str, Any]:
+    """Build this rank's share of ``mode``'s slots; returns a JSON-able report.
+
+    ``barrier`` and ``share`` (rank 0's value to every rank) come from accelerate when sharded.
+    """
+    import torch
+
+    from cache.latent.dataset import LatentCacheDataset, latent_section, needs_pt_hash, prepare_pt_norm
+    from cache.latent.files import remove_dead_temp_files
+    from cache.latent.pt_hash import pt_meta_for
+    from idmctl.errors import UserError
+    from idmctl.spec import load_spec
+
+    torch.set_num_threads(1)
+    if mode not in MODES:
+        raise UserError(f"unknown mode {mode!r}", field="--mode", hint=f"one of {', '.join(MODES)}")
+    resolved = load_spec(spec_name)
+    latent = latent_section(resolved.spec)
+    if mode == "pt" and not latent.use_pointmap:
+        raise UserError("mode pt but the spec has use_pointmap: false", file=str(resolved.path),
+                        field="latent.use_pointmap", hint="set it to true or build rgb/ff only")
+    if mode == "ff" and latent.skip_ff:
+        raise UserError("mode ff but the spec has skip_ff: true", file=str(resolved.path), field="latent.skip_ff",
+                        hint="set skip_ff: false to build first frames")
+    slots = mode_slots(mode, latent.slots)
+    pt_meta = None
+    if needs_pt_hash(latent, slots):
+        # Only PT builds run the extractor; FF waits for PT's norm file (card B: ff after pt).
+        if rank == 0 and mode in ("pt", "all"):
+            prepare_pt_norm(resolved.spec, recompute=recompute_norm)
+        barrier()
+        pt_meta = share(pt_meta_for(latent) if rank == 0 else None)
+    dataset = LatentCacheDataset(resolved.spec, build_only_slot=None if mode == "all" else mode, pt_meta=pt_meta)
+    for slot in slots:
+        remove_dead_temp_files(dataset.layout.slot_dir(slot))
+    mine = dataset.samples[rank::world_size]
+    events: list[dict[str, Any]] = []
+    skipped = {slot: 0 for slot in slots}
+    with _progress_bar(progress and rank == 0, f"{mode} ({len(dataset.samples)} samples, {world_size} ranks)",
+                       len(mine)) as advance:
+        for key, start in mine:
+            for slot in slots:
+                began = time.time()
+                if dataset.ensure(slot, key, start):
+                    events.append({"slot": slot, "key": key, "start": start, "began": began, "ended": time.time()})
+                else:
+                    skipped[slot] += 1
+            advance()
+    barrier()
+    return {
+        "spec": resolved.name, "mode": mode, "rank": rank, "world_size": world_size,
+        "pt_hash": pt_meta.short if pt_meta else None,
+        "samples": len(dataset.samples), "my_samples": len(mine),
+        "slots": {slot: {"dir": str(dataset.layout.slot_dir(slot)), "encoded": dataset.encoded[slot],
+                         "skipped": skipped[slot]} for slot in slots},
+        "events": events,
+    }
+
+
+class _progress_bar:
+    """A rich progress bar on stderr for rank 0; a no-op elsewhere."""
+
+    def __init__(self, enabled: bool, title: str, total: int):
+        self.enabled, self.title, self.total = enabled, title, total
+
+    def __enter__(self) -> Callable[[], None]:
+        if not self.enabled:
+            return lambda: None
+        from rich.console import Console
+        from rich.progress import Progress
+
+        self._progress = Progress(console=Console(stderr=True), transient=False)
+        self._progress.start()
+        task = self._progress.add_task(self.title, total=self.total)
+        return lambda: self._progress.advance(task)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.enabled:
+            self._progress.stop()
+
+
+def _accelerate_context() -> tuple[int, int, Callable[[], None], Callable[[Any], Any]]:
+    """Rank, world size, barrier and broadcast under ``accelerate launch``; a plain process otherwise."""
+    expected = int(os.environ.get("WORLD_SIZE", "1"))
+    if expected == 1:
+        return 0, 1, lambda: None, lambda value: value
+    from accelerate import Accelerator
+    from accelerate.utils import broadcast_object_list
+
+    accelerator = Accelerator(cpu=os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true"))
+    # accelerate without --multi_gpu makes every process rank 0 of 1, each doing all the work.
+    if accelerator.num_processes != expected:
+        raise SystemExit(f"error: accelerate sees {accelerator.num_processes} process(es) but WORLD_SIZE is "
+                         f"{expected} (launch with --multi_gpu --num_processes {expected}; on CPU set "
+                         "ACCELERATE_USE_CPU=true)")
+
+    def share(value: Any) -> Any:
+        box = [value]
+        broadcast_object_list(box, from_process=0)
+        return box[0]
+
+    return accelerator.process_index, accelerator.num_processes, accelerator.wait_for_everyone, share
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--spec", required=True, help="experiment name or YAML path")
+    parser.add_argument("--mode", required=True, choices=MODES)
+    parser.add_argument("--recompute-norm", action="store_true", help="re-run the PT statistics pass")
+    parser.add_argument("--report", type=Path, help="write the JSON report here (rank N appends .rankN)")
+    parser.add_argument("--no-progress", action="store_true")
+    args = parser.parse_args(argv)
+    from idmctl.errors import UserError
+    from idmctl.paths import atomic_write_text
+
+    rank, world_size, barrier, share = _accelerate_context()
+    try:
+        report = build(args.spec, args.mode, rank=rank, world_size=world_size, recompute_norm=args.recompute_norm,
+                       progress=not args.no_progress, barrier=barrier, share=share)
+    except UserError as exc:
+        print(exc.line(), file=sys.stderr)
+        return 2
+    if args.report:
+        path = args.report if world_size == 1 else args.report.with_name(f"{args.report.name}.rank{rank}")
+        atomic_write_text(path, json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
