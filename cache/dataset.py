@@ -1,0 +1,158 @@
+"""Datasets over (episode file, hidden-state cache): what the routed IDM trains on.
+
+A sample is a window of ``frame_window`` consecutive cache frames starting at frame ``s`` of one
+demo, plus the action chunk that starts at the window's first timestep. Cache frame ``f`` shows
+episode timestep ``f × frame_stride`` (``frame_stride`` is in each cache file's metadata), so the
+chunk starts at ``t0 = s × frame_stride``:
+
+- ``hidden``      (N, T_w, H, W, C) float32, cache indices ``selected_layer_indices``
+- ``actions``     (action_horizon, A) float32, actions ``t0 .. t0 + action_horizon - 1``, zero past the end
+- ``action_mask`` (action_horizon,) bool, False past the episode's last action
+- ``eef_pos``     (action_horizon + 1, 3) float32, recorded ``robot0_eef_pos`` at ``t0 .. t0 + action_horizon``;
+  past the end the last recorded position repeats (the robot holds still)
+- ``demo`` str, ``start`` int (the window's first cache frame)
+
+Files are opened lazily inside the process that reads them (each DataLoader worker its own).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from cache.episodes import EpisodeFile
+from cache.hidden import CacheFileInfo, CacheFormat, cache_file, check_matches, inspect_file, read_hidden
+from idmctl.errors import UserError
+
+EEF_KEY = "robot0_eef_pos"
+
+
+@dataclass(frozen=True)
+class _EpisodeCache:
+    demo: str
+    steps: int
+    info: CacheFileInfo
+
+
+class _CacheIndex:
+    """Pairs every demo of a split with its validated cache file and enumerates sample windows."""
+
+    def __init__(self, episodes: str | Path, cache_root: str | Path, split: str, frame_window: int,
+                 cache_format: CacheFormat, expected: dict[str, Any], action_dim: int | None):
+        self.episodes = EpisodeFile(episodes)
+        self.frame_window = frame_window
+        try:
+            demos = self.episodes.demos(split)
+            if not demos:
+                raise UserError(f"split {split!r} lists no demos", file=str(self.episodes.path),
+                                field=f"mask/{split}", hint="pick a split with demos")
+            self.entries: list[_EpisodeCache] = []
+            for demo in demos:
+                path = cache_file(cache_root, demo, cache_format)
+                if not path.exists():
+                    raise UserError(f"episode {demo} has no cache file", file=str(path), field="data.cache_root",
+                                    hint="build it: `idmctl cache build-hidden EXP`")
+                info = inspect_file(path)
+                check_matches(info, **expected)
+                if frame_window > info.frames:
+                    raise UserError(f"frame_window {frame_window} is more than the {info.frames} cached frames",
+                                    file=str(path), field="data.frame_window", hint="shrink the window")
+                self.entries.append(_EpisodeCache(demo, self.episodes.num_samples(demo), info))
+            if action_dim is not None:
+                got = self.episodes.actions(demos[0], 0, 1).shape[1]
+                if got != action_dim:
+                    raise UserError(f"actions are {got}-D but the spec says {action_dim}",
+                                    file=str(self.episodes.path), field="data.action_dim",
+                                    hint=f"set data.action_dim: {got}")
+        finally:
+            self.episodes.close()  # never carry an open HDF5 handle into forked workers
+        self.windows = [(e, start) for e in self.entries for start in range(e.info.frames - frame_window + 1)]
+
+    def check_layer_indices(self, indices: list[int]) -> None:
+        for entry in self.entries:
+            cached = entry.info.layers
+            for index in indices:
+                if not 0 <= index < len(cached):
+                    raise UserError(f"selected layer index {index} is outside the {len(cached)} cached layers "
+                                    f"{cached}", file=str(entry.info.path), field="data.selected_layer_indices",
+                                    hint=f"use indices 0..{len(cached) - 1}")
+
+    def targets(self, entry: _EpisodeCache, start: int, horizon: int) -> dict[str, torch.Tensor]:
+        t0 = min(start * entry.info.frame_stride, entry.steps - 1)
+        stop = min(t0 + horizon, entry.steps)
+        recorded = self.episodes.actions(entry.demo, t0, stop).astype(np.float32)
+        actions = np.zeros((horizon, recorded.shape[1]), dtype=np.float32)
+        actions[: len(recorded)] = recorded
+        mask = np.zeros(horizon, dtype=bool)
+        mask[: len(recorded)] = True
+        eef = self.episodes.obs(entry.demo, EEF_KEY, t0, min(t0 + horizon + 1, entry.steps)).astype(np.float32)
+        eef = np.concatenate([eef, np.repeat(eef[-1:], horizon + 1 - len(eef), axis=0)])
+        return {"actions": torch.from_numpy(actions), "action_mask": torch.from_numpy(mask),
+                "eef_pos": torch.from_numpy(eef)}
+
+
+class HiddenMultiLayerDataset(Dataset):
+    """N routed Cosmos layers per sample, read as N exact byte ranges (card A's N=4 sparse routing)."""
+
+    def __init__(self, episodes: str | Path, cache_root: str | Path, split: str, selected_layer_indices: list[int],
+                 frame_window: int, action_horizon: int, *, cache_format: CacheFormat = "safetensors",
+                 mmap: bool = True, expected_layers: list[int] | None = None, frames: int | None = None,
+                 token_grid: tuple[int, int] | None = None, channels: int | None = None,
+                 dtype: str | None = None, action_dim: int | None = None):
+        expected = {"layers": expected_layers, "frames": frames, "token_grid": token_grid, "channels": channels,
+                    "dtype": dtype}
+        self.index = _CacheIndex(episodes, cache_root, split, frame_window, cache_format, expected, action_dim)
+        self.index.check_layer_indices(selected_layer_indices)
+        self.selected_layer_indices = list(selected_layer_indices)
+        self.frame_window = frame_window
+        self.action_horizon = action_horizon
+        self.mmap = mmap
+
+    def __len__(self) -> int:
+        return len(self.index.windows)
+
+    def __getitem__(self, item: int) -> dict[str, Any]:
+        entry, start = self.index.windows[item]
+        hidden = read_hidden(entry.info.path, self.selected_layer_indices, start, self.frame_window,
+                             mmap=self.mmap, info=entry.info if entry.info.format == "safetensors" else None)
+        return {"hidden": hidden.float(), **self.index.targets(entry, start, self.action_horizon),
+                "demo": entry.demo, "start": start}
+
+
+class HiddenSingleLayerDataset(Dataset):
+    """Latent-A style: ONE cached layer (``layer_index``, default the deepest), ``hidden`` (T_w, H, W, C).
+
+    Deliberately not a drop-in for :class:`HiddenMultiLayerDataset` (no ``selected_layer_indices``):
+    a spec that names it with a routed model fails at construction, as card A's job 6321 did.
+    """
+
+    def __init__(self, episodes: str | Path, cache_root: str | Path, split: str, frame_window: int,
+                 action_horizon: int, layer_index: int | None = None, *, cache_format: CacheFormat = "safetensors",
+                 mmap: bool = True, expected_layers: list[int] | None = None, frames: int | None = None,
+                 token_grid: tuple[int, int] | None = None, channels: int | None = None,
+                 dtype: str | None = None, action_dim: int | None = None):
+        expected = {"layers": expected_layers, "frames": frames, "token_grid": token_grid, "channels": channels,
+                    "dtype": dtype}
+        self.index = _CacheIndex(episodes, cache_root, split, frame_window, cache_format, expected, action_dim)
+        if layer_index is None:  # Latent-A v1 read the deepest cached layer ("L27 sliced")
+            layer_index = len(self.index.entries[0].info.layers) - 1
+        self.index.check_layer_indices([layer_index])
+        self.layer_index = layer_index
+        self.frame_window = frame_window
+        self.action_horizon = action_horizon
+        self.mmap = mmap
+
+    def __len__(self) -> int:
+        return len(self.index.windows)
+
+    def __getitem__(self, item: int) -> dict[str, Any]:
+        entry, start = self.index.windows[item]
+        hidden = read_hidden(entry.info.path, [self.layer_index], start, self.frame_window, mmap=self.mmap,
+                             info=entry.info if entry.info.format == "safetensors" else None)
+        return {"hidden": hidden[0].float(), **self.index.targets(entry, start, self.action_horizon),
+                "demo": entry.demo, "start": start}

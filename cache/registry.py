@@ -1,0 +1,94 @@
+"""The one dataset factory: the trainer and preflight's introspection both build datasets through here.
+
+``dataset_kwargs`` is exactly what the factory passes, so a check can bind it to the class's
+signature (``inspect.signature(cls).bind(**kwargs)``) and see the TypeError the job would hit.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+from cache.dataset import HiddenMultiLayerDataset, HiddenSingleLayerDataset
+from idmctl.errors import UserError
+from idmctl.paths import expand_path
+from idmctl.spec.schema import ExperimentSpec
+
+DATASETS: dict[str, type[Dataset]] = {
+    "hidden_multilayer": HiddenMultiLayerDataset,
+    "hidden_single_layer": HiddenSingleLayerDataset,
+}
+SPLIT_ROLES = ("train", "eval")
+"""``split`` arguments naming a role; the spec maps them to ``data.train_split`` / ``data.eval_split``."""
+
+
+def dataset_class(spec: ExperimentSpec) -> type[Dataset]:
+    try:
+        return DATASETS[spec.data.dataset]
+    except KeyError:
+        raise UserError(f"unknown dataset {spec.data.dataset!r}", field="data.dataset",
+                        hint=f"registered: {', '.join(DATASETS)}") from None
+
+
+def split_name(spec: ExperimentSpec, split: str) -> str:
+    """``train``/``eval`` → the spec's mask name; anything else is taken as a mask name itself."""
+    return {"train": spec.data.train_split, "eval": spec.data.eval_split}.get(split, split)
+
+
+def dataset_kwargs(spec: ExperimentSpec, split: str, cache_root: str | None = None) -> dict[str, Any]:
+    """What the factory passes to the dataset class, derived from the spec (the routed-IDM contract).
+
+    ``cache_root`` overrides ``data.cache_root`` (e.g. the staged copy on node-local disk).
+    """
+    data = spec.data
+    return {
+        "episodes": str(expand_path(data.episodes)),
+        "cache_root": str(expand_path(cache_root or data.cache_root)),
+        "split": split_name(spec, split),
+        "selected_layer_indices": list(data.selected_layer_indices),
+        "frame_window": data.frame_window,
+        "action_horizon": data.action_horizon,
+        "cache_format": data.cache_format,
+        "mmap": spec.loader.mmap,
+        "expected_layers": list(data.cached_layers),
+        "frames": data.frames,
+        "token_grid": tuple(data.token_grid),
+        "channels": data.channels,
+        "dtype": data.dtype,
+        "action_dim": data.action_dim,
+    }
+
+
+def build_dataset(spec: ExperimentSpec, split: str, cache_root: str | None = None) -> Dataset:
+    return dataset_class(spec)(**dataset_kwargs(spec, split, cache_root))
+
+
+def dataloader_kwargs(spec: ExperimentSpec) -> dict[str, Any]:
+    """DataLoader settings per rank. ``persistent_workers`` is derived (``num_workers > 0``) unless a
+    legacy config sets it explicitly — kept so card A's job 6262 mistake still fails for real."""
+    loader = spec.loader
+    kwargs: dict[str, Any] = {
+        "batch_size": loader.batch_size,
+        "num_workers": loader.num_workers,
+        "pin_memory": loader.pin_memory,
+        "persistent_workers": (loader.persistent_workers if loader.persistent_workers is not None
+                               else loader.derived_persistent_workers),
+    }
+    if loader.num_workers > 0:
+        kwargs["prefetch_factor"] = loader.effective_prefetch
+    return kwargs
+
+
+def _worker_init(_: int) -> None:
+    torch.set_num_threads(1)  # workers only slice bytes; extra threads just fight for cores
+
+
+def build_dataloader(spec: ExperimentSpec, split: str, *, shuffle: bool, seed: int, rank: int = 0,
+                     world_size: int = 1, cache_root: str | None = None) -> DataLoader:
+    """This rank's DataLoader; the sampler's order depends only on (seed, epoch), never on num_workers."""
+    dataset = build_dataset(spec, split, cache_root)
+    sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed,
+                                 drop_last=False)
+    return DataLoader(dataset, sampler=sampler, worker_init_fn=_worker_init, **dataloader_kwargs(spec))
