@@ -57,6 +57,13 @@ def _register_commands() -> None:
 
     app.add_typer(exp.app, name="exp")
     app.command("quickstart")(quickstart.quickstart)
+    from idmctl.commands import compare, ui
+    app.command("compare")(compare.compare); app.command("ui")(ui.ui)
+    from idmctl.commands import failures
+
+    app.add_typer(failures.app, name="failures")
+    from idmctl.commands import preflight
+    app.command("preflight")(preflight.preflight)
 
 
 _register_commands()

@@ -1,0 +1,45 @@
+"""``idmctl compare [EXP ...]``: card A's baseline table with tracked runs and goal verdicts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.text import Text
+
+from idmctl.output import console, emit_json, make_table
+
+
+def compare(
+    experiments: Annotated[list[str] | None, typer.Argument(
+        help="Experiments, run names (exp#chain) or run ids; default: every tracked run.")] = None,
+    metric: Annotated[str, typer.Option("--metric", help="Metric that ranks the runs (lower is better).")] = "eef_mm_24ep",
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+    as_markdown: Annotated[bool, typer.Option("--markdown", help="A Markdown table (for notes and cards).")] = False,
+    plot: Annotated[Path | None, typer.Option("--plot", help="Also draw loss and EEF-mm curves to this PNG.")] = None,
+) -> None:
+    """EEF mm of baselines and runs (best and last of each metric), with PASS/FAIL against each goal."""
+    from idmctl.compare import build_report
+    from idmctl.compare_render import cells, footnotes, headers, markdown
+
+    report = build_report(experiments or [], metric=metric)
+    if plot is not None:
+        from idmctl.compare_plot import plot_report
+
+        plot_report(report, plot)
+    if as_json:
+        emit_json(report.to_json())
+        return
+    if as_markdown:
+        typer.echo(markdown(report), nl=False)
+        return
+    table = make_table(*headers(report))
+    for row in cells(report):
+        # Text, not str: labels and notes are data, never rich markup.
+        table.add_row(*(Text(cell) for cell in row))
+    console.print(table, markup=False)
+    for note in footnotes(report):
+        console.print(note, markup=False)
+    if plot is not None:
+        console.print(f"plot: {plot} ({plot.stat().st_size:,} B)", markup=False)

@@ -1,0 +1,46 @@
+"""``idmctl ui``: the MLflow UI on this user's store, in the foreground until Ctrl-C."""
+
+from __future__ import annotations
+
+import signal
+import time
+from types import FrameType
+from typing import Annotated
+
+import typer
+
+from idmctl.errors import CheckFailed
+from idmctl.output import console
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def ui(
+    host: Annotated[str, typer.Option("--host", help="Interface to bind; 0.0.0.0 serves other machines.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="Port to listen on.")] = 5000,
+    allowed_host: Annotated[list[str] | None, typer.Option(
+        "--allowed-host", help="Extra host name people use to reach it (repeatable).")] = None,
+) -> None:
+    """Serve the MLflow UI for $IDMCTL_HOME's runs; prints the URL; Ctrl-C stops it and its workers."""
+    from idmctl.mlflow_server import backend_store_uri, start_server
+
+    started = time.monotonic()
+    # `kill <pid>` stops the server as cleanly as Ctrl-C does.
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    server = None
+    try:
+        server = start_server(host, port, allowed_host)
+        console.print(f"MLflow UI: {server.url}  (ready in {time.monotonic() - started:.1f} s; Ctrl-C stops it)",
+                      markup=False)
+        console.print(f"store: {backend_store_uri()}  log: {server.log_path}", markup=False)
+        code = server.process.wait()
+        raise CheckFailed(f"mlflow server exited on its own with code {code}; see {server.log_path}")
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if server is not None:
+            server.stop()
+            console.print("MLflow UI stopped", markup=False)
+        signal.signal(signal.SIGTERM, previous)

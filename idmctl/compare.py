@@ -1,0 +1,357 @@
+"""Compare runs on EEF mm: recorded baselines, tracked MLflow runs and each experiment's goal.
+
+The team decides by one number (end-effector error in mm, lower is better) against the baselines of
+card A and an adoption criterion (``goal: eef_mm_24ep <= 125``). MLflow's own tables show only the
+last value of a metric, so every metric here is summarised from its full history as *best* and
+*last*. Verdicts use the last value: the final checkpoint is what would be adopted, and picking the
+best eval point after the fact selects on the evaluation set.
+
+mlflow is imported only inside the functions that read runs (it costs ~1.3 s).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import quote
+
+import yaml
+
+from idmctl import tracking
+from idmctl.errors import UserError
+from idmctl.paths import experiments_dir, home, mlflow_tracking_uri
+from idmctl.spec.loader import BASELINES_FILE
+from idmctl.spec.schema import Goal
+
+EEF_METRIC = re.compile(r"^(sim_)?eef_mm_(\d+)ep$")
+_BASELINE_KEYS = {"name", "label", "steps", "effective_batch", "note", "state"}
+_BASELINE_STATES = ("finished", "preempted")
+# Slurm states after which the MLflow status (possibly stuck at RUNNING after a kill) is stale.
+_TERMINAL_SLURM = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "OUT_OF_MEMORY",
+                   "BOOT_FAIL", "DEADLINE"}
+
+RowKind = Literal["baseline", "run", "planned"]
+
+
+@dataclass(frozen=True)
+class MetricSummary:
+    """One metric over a run: the best and the last logged value, with their steps."""
+
+    best: float
+    last: float
+    best_step: int | None = None
+    last_step: int | None = None
+    points: int = 1
+
+
+@dataclass
+class CompareRow:
+    """One line of the compare table: a recorded baseline, a tracked run, or a planned experiment."""
+
+    kind: RowKind
+    name: str
+    """Baseline or experiment name (``latent_c_n4``)."""
+    label: str
+    """What the table shows: the baseline's label or the run name (``latent_c_n4#12``)."""
+    status: str
+    """finished, running, preempted, failed, killed, not started."""
+    steps_done: int | None = None
+    steps_planned: int | None = None
+    effective_batch: int | None = None
+    metrics: dict[str, MetricSummary] = field(default_factory=dict)
+    note: str = ""
+    goal: str | None = None
+    verdict: str = "—"
+    run_id: str | None = None
+    experiment_id: str | None = None
+    tags: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def in_progress(self) -> bool:
+        return self.status == "running"
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["metrics"] = {key: asdict(value) for key, value in self.metrics.items()}
+        return data
+
+
+def is_lower_better(metric: str) -> bool:
+    """EEF error and loss fall as models improve; throughput metrics rise."""
+    return metric not in (tracking.M_SAMPLES_PER_S,)
+
+
+def summarize(history: list[tuple[int, float]], metric: str) -> MetricSummary | None:
+    """(step, value) points in logging order → best and last; None when there are none."""
+    if not history:
+        return None
+    last_step, last = max(enumerate(history), key=lambda item: (item[1][0], item[0]))[1]
+    pick = min if is_lower_better(metric) else max
+    best_step, best = pick(history, key=lambda point: point[1])
+    return MetricSummary(best=best, last=last, best_step=best_step, last_step=last_step, points=len(history))
+
+
+# ---------------------------------------------------------------------------------------- baselines
+
+def baselines_path() -> Path:
+    return experiments_dir() / BASELINES_FILE
+
+
+def load_baselines(path: Path | None = None) -> list[CompareRow]:
+    """Card A's recorded baselines (``experiments/baselines.yaml``), strictly validated."""
+    path = path or baselines_path()
+    if not path.exists():
+        return []
+    try:
+        entries = yaml.safe_load(path.read_text(encoding="utf-8")) or []
+    except yaml.YAMLError as exc:
+        raise UserError(f"invalid YAML: {exc}".splitlines()[0], file=str(path), hint="fix the YAML syntax") from exc
+    if not isinstance(entries, list):
+        raise UserError("baselines must be a list of entries", file=str(path), hint="start each entry with `- name:`")
+    return [_baseline_row(entry, index, path) for index, entry in enumerate(entries)]
+
+
+def _baseline_row(entry: Any, index: int, path: Path) -> CompareRow:
+    where = f"[{index}]"
+    if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+        raise UserError("entry needs a `name`", file=str(path), field=where, hint="e.g. - name: latent_a_v1")
+    metrics: dict[str, MetricSummary] = {}
+    for key, value in entry.items():
+        if key in _BASELINE_KEYS:
+            continue
+        if not EEF_METRIC.match(str(key)):
+            raise UserError("unknown key", file=str(path), field=f"{where}.{key}",
+                            hint=f"allowed: {', '.join(sorted(_BASELINE_KEYS))}, eef_mm_<n>ep, sim_eef_mm_<n>ep")
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise UserError(f"not a number: {value!r}", file=str(path), field=f"{where}.{key}",
+                            hint="EEF error in mm, or null when not measured")
+        metrics[str(key)] = MetricSummary(best=float(value), last=float(value))
+    for key in ("steps", "effective_batch"):
+        value = entry.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise UserError(f"not a positive integer: {value!r}", file=str(path), field=f"{where}.{key}",
+                            hint="an integer, or null when unknown")
+    state = entry.get("state", "finished")
+    if state not in _BASELINE_STATES:
+        raise UserError(f"unknown state {state!r}", file=str(path), field=f"{where}.state",
+                        hint=f"one of: {', '.join(_BASELINE_STATES)}")
+    return CompareRow(kind="baseline", name=entry["name"], label=str(entry.get("label") or entry["name"]),
+                      status=state, steps_done=entry.get("steps"), steps_planned=entry.get("steps"),
+                      effective_batch=entry.get("effective_batch"), metrics=metrics,
+                      note=str(entry.get("note") or ""))
+
+
+# --------------------------------------------------------------------------------------------- runs
+
+def has_tracking_store() -> bool:
+    """False when the default SQLite store was never created: no runs, and no need to import mlflow."""
+    uri = mlflow_tracking_uri()
+    if not uri.startswith("sqlite:///"):
+        return True
+    return Path(uri.removeprefix("sqlite:///")).exists()
+
+
+def load_runs(tracking_uri: str | None = None) -> list[CompareRow]:
+    """Every run of the ``idmctl`` MLflow experiment, with best/last of each tracked metric."""
+    if tracking_uri is None and not has_tracking_store():
+        return []
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=tracking_uri or mlflow_tracking_uri())
+    experiment = client.get_experiment_by_name(tracking.MLFLOW_EXPERIMENT)
+    if experiment is None:
+        return []
+    runs = client.search_runs([experiment.experiment_id], max_results=5000, order_by=["attribute.start_time ASC"])
+    return [_run_row(client, run) for run in runs]
+
+
+def _run_row(client: Any, run: Any) -> CompareRow:
+    tags: dict[str, str] = dict(run.data.tags)
+    params: dict[str, str] = dict(run.data.params)
+    wanted = [key for key in run.data.metrics if key == tracking.M_LOSS or EEF_METRIC.match(key)]
+    metrics: dict[str, MetricSummary] = {}
+    for key in wanted:
+        history = [(int(m.step), float(m.value)) for m in client.get_metric_history(run.info.run_id, key)]
+        summary = summarize(history, key)
+        if summary is not None:
+            metrics[key] = summary
+    steps_done = max((s.last_step or 0 for s in metrics.values()), default=None)
+    if tracking.M_LOSS in metrics:
+        steps_done = metrics[tracking.M_LOSS].last_step
+    experiment = tags.get(tracking.TAG_EXPERIMENT) or run.info.run_name.split("#")[0]
+    return CompareRow(
+        kind="run", name=experiment, label=run.info.run_name or run.info.run_id[:8],
+        status=_run_status(run.info.status, tags.get(tracking.TAG_SLURM_STATE)),
+        steps_done=steps_done, steps_planned=_int(params.get("train.steps")),
+        effective_batch=_int(params.get("train.effective_batch")), metrics=metrics,
+        note=_run_note(tags), goal=_goal_param(params.get("goal")), run_id=run.info.run_id,
+        experiment_id=run.info.experiment_id, tags=tags,
+    )
+
+
+def _run_status(mlflow_status: str, slurm_state: str | None) -> str:
+    state = (slurm_state or "").split()[0].upper() if slurm_state else ""
+    if state in _TERMINAL_SLURM and state != "COMPLETED":
+        return "killed" if state == "CANCELLED" else state.lower()
+    return {"RUNNING": "running", "SCHEDULED": "running", "FINISHED": "finished",
+            "FAILED": "failed", "KILLED": "killed"}.get(mlflow_status, mlflow_status.lower())
+
+
+def _run_note(tags: dict[str, str]) -> str:
+    parts = []
+    if tags.get(tracking.TAG_ROUTING_N):
+        parts.append(f"N={tags[tracking.TAG_ROUTING_N]}")
+    if tags.get(tracking.TAG_SPEC_HASH):
+        parts.append(f"spec {tags[tracking.TAG_SPEC_HASH][:12]}")
+    if tags.get(tracking.TAG_FAILURE_CAUSE):
+        parts.append(f"cause: {tags[tracking.TAG_FAILURE_CAUSE]}")
+    return ", ".join(parts)
+
+
+def _goal_param(text: str | None) -> str | None:
+    """The goal as logged in the flattened params (``None`` is logged as the string "None")."""
+    return text if text not in (None, "", "None") else None
+
+
+def _int(text: str | None) -> int | None:
+    try:
+        return int(float(text)) if text not in (None, "", "None") else None
+    except ValueError:
+        return None
+
+
+# ------------------------------------------------------------------------------------- the report
+
+@dataclass
+class CompareReport:
+    metric: str
+    columns: list[str]
+    """Metric columns shown, in order (EEF metrics by episode count, simulator ones after)."""
+    rows: list[CompareRow]
+    goals: dict[str, str]
+    """experiment name → its goal text."""
+
+    @property
+    def runs(self) -> list[CompareRow]:
+        return [row for row in self.rows if row.kind == "run"]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"metric": self.metric, "columns": self.columns, "goals": self.goals,
+                "rows": [row.to_json() for row in self.rows]}
+
+
+def build_report(selection: list[str] | None = None, metric: str = "eef_mm_24ep",
+                 tracking_uri: str | None = None) -> CompareReport:
+    """Baselines, then the chosen runs (all when ``selection`` is empty) ranked by best ``metric``,
+    then chosen experiments that have no run yet ("not started", like card A's planned row)."""
+    baselines = load_baselines()
+    runs = load_runs(tracking_uri)
+    chosen = _select_runs(runs, selection or [], baselines)
+    goals: dict[str, str] = {}
+    for row in chosen:
+        goal = _spec_goal(row.name) or row.goal
+        row.goal = goal
+        row.verdict = verdict(row, goal)
+        if goal:
+            goals.setdefault(row.name, goal)
+    planned = _planned_rows(selection or [], chosen, baselines)
+    for row in planned:
+        if row.goal:
+            goals.setdefault(row.name, row.goal)
+    chosen.sort(key=lambda row: (metric not in row.metrics, row.metrics[metric].best if metric in row.metrics else 0.0,
+                                 row.label))
+    all_rows = [*baselines, *chosen, *planned]
+    return CompareReport(metric=metric, columns=_metric_columns(all_rows, metric),
+                         rows=all_rows, goals=goals)
+
+
+def _select_runs(runs: list[CompareRow], selection: list[str], baselines: list[CompareRow]) -> list[CompareRow]:
+    if not selection:
+        return runs
+    from idmctl.spec.loader import resolve_spec_path
+
+    chosen = []
+    for wanted in selection:
+        matches = [row for row in runs if wanted in (row.name, row.label, row.run_id)]
+        if not matches and wanted not in {b.name for b in baselines}:
+            resolve_spec_path(wanted)  # UserError with a did-you-mean when it names nothing at all
+        chosen += [row for row in matches if row not in chosen]
+    return chosen
+
+
+def _planned_rows(selection: list[str], chosen: list[CompareRow], baselines: list[CompareRow]) -> list[CompareRow]:
+    from idmctl.spec.loader import load_spec
+
+    rows = []
+    started = {row.name for row in chosen} | {row.label for row in chosen}
+    for wanted in selection:
+        if wanted in started or wanted in {b.name for b in baselines} or "#" in wanted:
+            continue
+        resolved = load_spec(wanted)
+        rows.append(CompareRow(kind="planned", name=resolved.name, label=resolved.name, status="not started",
+                               steps_planned=resolved.spec.train.steps,
+                               effective_batch=resolved.spec.train.effective_batch,
+                               note=resolved.spec.description, goal=resolved.spec.goal, verdict="pending"))
+    return rows
+
+
+def _spec_goal(experiment: str) -> str | None:
+    """The experiment's goal from its spec today; None when the spec is gone (the run's params then)."""
+    from idmctl.spec.loader import load_spec
+
+    try:
+        return load_spec(experiment).spec.goal
+    except UserError:
+        return None
+
+
+def verdict(row: CompareRow, goal_text: str | None) -> str:
+    """PASS/FAIL of the goal metric's last value; "(so far)" while the run is in progress."""
+    if not goal_text:
+        return "—"
+    goal = Goal.parse(goal_text)
+    summary = row.metrics.get(goal.metric)
+    if summary is None:
+        return "pending" if row.in_progress else f"no {goal.metric}"
+    outcome = "PASS" if goal.passes(summary.last) else "FAIL"
+    return f"{outcome} (so far)" if row.in_progress else outcome
+
+
+def _metric_columns(rows: list[CompareRow], metric: str) -> list[str]:
+    names = {tracking.eef_metric(5), tracking.eef_metric(24), metric}
+    for row in rows:
+        names.update(row.metrics)
+        if row.goal:
+            names.add(Goal.parse(row.goal).metric)
+    names.discard(tracking.M_LOSS)
+
+    def order(name: str) -> tuple[int, int, str]:
+        match = EEF_METRIC.match(name)
+        if match:
+            return (1 if match.group(1) else 0, int(match.group(2)), name)
+        return (2, 0, name)
+
+    return sorted(names, key=order)
+
+
+# ------------------------------------------------------------------------------------------- links
+
+def run_url(run_id: str, base_url: str) -> str:
+    """The MLflow UI page of one run; MLflow 3 resolves ``#/runs/<id>`` to its experiment itself."""
+    return f"{base_url.rstrip('/')}/#/runs/{run_id}"
+
+
+def compare_url(run_ids: list[str], experiment_ids: list[str], base_url: str) -> str:
+    """MLflow 3's side-by-side page: ``#/compare-runs?runs=[...]&experiments=[...]`` (JSON lists)."""
+    runs = quote(json.dumps(run_ids, separators=(",", ":")))
+    experiments = quote(json.dumps(sorted(set(experiment_ids)), separators=(",", ":")))
+    return f"{base_url.rstrip('/')}/#/compare-runs?runs={runs}&experiments={experiments}"
+
+
+def default_store_note() -> str:
+    return f"MLflow store {mlflow_tracking_uri()} (IDMCTL_HOME={home()})"

@@ -1,0 +1,205 @@
+"""``idmctl compare`` over card A's baselines and runs logged to a real MLflow SQLite store.
+
+The runs are logged with the MLflow client exactly as the trainer does (idmctl.tracking's names,
+params = the flattened resolved spec); one store is shared by the module because creating an
+MLflow database costs ~1.3 s of migrations.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import pytest
+
+from idmctl import tracking
+from idmctl.compare import compare_url, run_url, summarize
+from idmctl.output import flatten
+from idmctl.spec import load_spec
+
+CARD_ROWS = [
+    "| Pixel v2_8gpu | 60K, B=1024 | 134.8 | — | MG-30 baseline | — | — |",
+    "| Latent-A v1 (L27 sliced) | 60K, B=1024 | 131.8 | 114.2 | — | — | — |",
+    "| Latent-A v3 (3-layer concat) | 60K | — | 110.9 | throughput −26% | — | — |",
+    "| Latent-A multistream | 55K (preempted) | — | 104.99 | current best | — | — |",
+]
+
+
+def _log_run(client, experiment_id: str, experiment: str, chain: int, *, status: str,
+             curves: dict[str, list[tuple[int, float]]], tags: dict[str, str] | None = None,
+             spec_changes: dict[str, object] | None = None) -> str:
+    from mlflow.entities import Metric, Param, RunTag
+
+    resolved = load_spec(experiment)
+    params = {**flatten(resolved.canonical), **(spec_changes or {})}
+    all_tags = {tracking.TAG_EXPERIMENT: experiment, tracking.TAG_SPEC_HASH: resolved.hash,
+                tracking.TAG_CODE_VERSION: "test", tracking.TAG_CHAIN: str(chain),
+                tracking.TAG_ROUTING_N: str(resolved.spec.data.routing_n), tracking.TAG_QOS: resolved.spec.resources.qos,
+                **(tags or {})}
+    run = client.create_run(experiment_id, run_name=tracking.run_name(experiment, chain))
+    run_id = run.info.run_id
+    metrics = [Metric(key, value, 1_700_000_000_000 + step, step) for key, points in curves.items() for step, value in points]
+    client.log_batch(run_id, metrics=metrics, params=[Param(k, str(v)) for k, v in params.items()],
+                     tags=[RunTag(k, v) for k, v in all_tags.items()])
+    if status != "RUNNING":
+        client.set_terminated(run_id, status=status)
+    return run_id
+
+
+def _table_rows(output: str) -> list[list[str]]:
+    """Cells of each row of a rich table (header row first)."""
+    return [[cell.strip() for cell in line.replace("┃", "│").strip("│").split("│")]
+            for line in output.splitlines() if line.startswith(("│", "┃"))]
+
+
+def _loss(last_step: int, every: int) -> list[tuple[int, float]]:
+    return [(step, 2.0 / (1 + step / 1000)) for step in range(0, last_step + 1, every)]
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    """Five runs: finished PASS, in progress, preempted, and two quickstarts with different routing."""
+    from mlflow.tracking import MlflowClient
+
+    root = tmp_path_factory.mktemp("mlflow_store")
+    uri = f"sqlite:///{root / 'mlflow.sqlite'}"
+    client = MlflowClient(tracking_uri=uri)
+    experiment_id = client.create_experiment(tracking.MLFLOW_EXPERIMENT, artifact_location=(root / "artifacts").as_uri())
+    ids = {
+        "n4": _log_run(client, experiment_id, "latent_c_n4", 1, status="FINISHED", curves={
+            "loss": _loss(60000, 5000),
+            "eef_mm_5ep": [(20000, 128.0), (40000, 126.4), (60000, 126.4)],
+            "eef_mm_24ep": [(20000, 130.0), (40000, 118.5), (60000, 121.25)]}),
+        "d12": _log_run(client, experiment_id, "latent_c_n4_d12", 2, status="RUNNING", curves={
+            "loss": _loss(30000, 5000), "eef_mm_24ep": [(20000, 127.5)]}),
+        "n6": _log_run(client, experiment_id, "latent_c_n6_d12", 3, status="FAILED", curves={
+            "loss": _loss(10000, 5000), "eef_mm_24ep": [(10000, 140.0)]},
+            tags={tracking.TAG_SLURM_STATE: "PREEMPTED", tracking.TAG_FAILURE_CAUSE: "preemption"}),
+        "qs_n2": _log_run(client, experiment_id, "quickstart", 4, status="FINISHED", curves={
+            "loss": _loss(200, 10), "eef_mm_4ep": [(100, 52.0), (200, 41.5)]}),
+        "qs_n4": _log_run(client, experiment_id, "quickstart", 5, status="FINISHED", curves={
+            "loss": _loss(200, 10), "eef_mm_4ep": [(100, 70.0), (200, 72.0)]},
+            tags={tracking.TAG_ROUTING_N: "4"}, spec_changes={"data.selected_layer_indices": [0, 1, 2, 3]}),
+    }
+    return {"uri": uri, "ids": ids, "experiment_id": experiment_id}
+
+
+@pytest.fixture
+def tracked(store: dict[str, object], monkeypatch: pytest.MonkeyPatch) -> dict[str, object]:
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", str(store["uri"]))
+    return store
+
+
+def test_baselines_alone_print_the_card_numbers(cli, idmctl_home: Path):
+    result = cli("compare", "--markdown")
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0] == "| experiment | training | EEF mm (5 ep) | EEF mm (24 ep) | note | goal | verdict |"
+    assert lines[2:] == CARD_ROWS
+    # Without runs no MLflow database is created (and mlflow's 1.3 s import is skipped).
+    assert not (idmctl_home / "mlflow.sqlite").exists()
+
+
+def test_terminal_table_has_the_card_rows(cli):
+    result = cli("compare")
+    assert result.exit_code == 0, result.output
+    rows = _table_rows(result.output)
+    assert rows[0] == ["experiment", "training", "EEF mm (5 ep)", "EEF mm (24 ep)", "note", "goal", "verdict"]
+    assert rows[1:] == [[c.strip() for c in row.strip("|").split("|")] for row in CARD_ROWS]
+
+
+def test_runs_show_best_and_last_with_goal_verdicts(cli, tracked):
+    result = cli("compare", "latent_c_n4", "latent_c_n4_d12", "latent_c_n6_d12", "latent_c_n4_d4", "--markdown")
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines()[2:] == CARD_ROWS + [
+        "| latent_c_n4#1 | 60K, B=1024 | 126.4 | 118.5 (last 121.25) | N=4, spec "
+        f"{load_spec('latent_c_n4').hash[:12]} | eef_mm_24ep <= 125 | PASS |",
+        "| latent_c_n4_d12#2 | 30K of 60K, B=1024 (running) | — | 127.5 | N=4, spec "
+        f"{load_spec('latent_c_n4_d12').hash[:12]} | eef_mm_24ep <= 125 | FAIL (so far) |",
+        "| latent_c_n6_d12#3 | 10K of 60K, B=1024 (preempted) | — | 140 | N=6, spec "
+        f"{load_spec('latent_c_n6_d12').hash[:12]}, cause: preemption | eef_mm_24ep <= 125 | FAIL |",
+        "| latent_c_n4_d4 | 60K, B=1024 (not started) | — | — | Latent-C Phase 2 — N=4, depth 4 (1:1 sparse) "
+        "| eef_mm_24ep <= 125 | pending |",
+    ]
+
+
+def test_two_quickstart_routings_are_listed_with_verdicts(cli, tracked):
+    result = cli("compare", "quickstart")
+    assert result.exit_code == 0, result.output
+    rows = {cells[0]: cells for cells in _table_rows(result.output)}
+    header = rows["experiment"]
+    eef4 = header.index("EEF mm (4 ep)")
+    assert rows["quickstart#4"][eef4] == "41.5"
+    assert rows["quickstart#5"][eef4] == "70 (last 72)"
+    assert rows["quickstart#4"][-1] == "PASS" and rows["quickstart#5"][-1] == "FAIL"
+    assert rows["quickstart#4"][header.index("note")].startswith("N=2,")
+    assert rows["quickstart#5"][header.index("note")].startswith("N=4,")
+    assert "goal quickstart: eef_mm_4ep <= 60 (verdict on the last eval)" in result.output
+
+
+def test_json_carries_best_last_steps_and_run_ids(cli, tracked):
+    result = cli("compare", "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    runs = {row["label"]: row for row in report["rows"] if row["kind"] == "run"}
+    assert set(runs) == {"latent_c_n4#1", "latent_c_n4_d12#2", "latent_c_n6_d12#3", "quickstart#4", "quickstart#5"}
+    eef = runs["latent_c_n4#1"]["metrics"]["eef_mm_24ep"]
+    assert (eef["best"], eef["best_step"], eef["last"], eef["last_step"], eef["points"]) == (118.5, 40000, 121.25, 60000, 3)
+    assert runs["latent_c_n4#1"]["run_id"] == tracked["ids"]["n4"]
+    assert runs["latent_c_n4_d12#2"]["status"] == "running"
+    assert runs["latent_c_n6_d12#3"]["status"] == "preempted"
+    # Ranked by the best eef_mm_24ep; runs without it go last.
+    ranked = [row["label"] for row in report["rows"] if row["kind"] == "run"]
+    assert ranked[:3] == ["latent_c_n4#1", "latent_c_n4_d12#2", "latent_c_n6_d12#3"]
+
+
+def test_plot_writes_a_real_png(cli, tracked, tmp_path: Path):
+    out = tmp_path / "plots" / "compare.png"
+    result = cli("compare", "latent_c_n4", "latent_c_n4_d12", "quickstart", "--plot", str(out))
+    assert result.exit_code == 0, result.output
+    data = out.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = struct.unpack(">II", data[16:24])
+    assert (width, height) == (1300, 500)
+    assert 20_000 < len(data) < 2_000_000
+    assert f"plot: {out} ({len(data):,} B)" in result.output
+    assert not list(out.parent.glob(".*tmp*"))
+    artifacts = Path(__file__).resolve().parent.parent / "test-artifacts"
+    artifacts.mkdir(exist_ok=True)
+    (artifacts / "compare_plot.png").write_bytes(data)
+
+
+def test_plot_without_runs_is_bad_input(cli, tmp_path: Path):
+    result = cli("compare", "--plot", str(tmp_path / "x.png"))
+    assert result.exit_code == 2
+    assert result.output == ("error: --plot: no tracked runs to plot (train one first (idmctl quickstart) "
+                             "or name experiments that have runs)\n")
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_unknown_experiment_is_one_line(cli):
+    result = cli("compare", "latnt_c_n4")
+    assert result.exit_code == 2
+    assert result.output == "error: latnt_c_n4: no experiment named 'latnt_c_n4' (did you mean 'latent_c_n4'?)\n"
+
+
+def test_bad_baselines_entry_names_file_and_field(cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    (tmp_path / "baselines.yaml").write_text("- name: a\n  eef_mm_24ep: 1.0\n- name: b\n  eef_mm_24: 3\n")
+    monkeypatch.setenv("IDMCTL_EXPERIMENTS", str(tmp_path))
+    result = cli("compare")
+    assert result.exit_code == 2
+    assert result.output.startswith(f"error: {tmp_path / 'baselines.yaml'}:[1].eef_mm_24: unknown key (allowed: ")
+
+
+def test_summarize_uses_steps_not_logging_order():
+    summary = summarize([(300, 9.0), (100, 5.0), (200, 7.0)], "eef_mm_24ep")
+    assert summary is not None
+    assert (summary.best, summary.best_step, summary.last, summary.last_step) == (5.0, 100, 9.0, 300)
+    assert summarize([], "loss") is None
+
+
+def test_links_to_mlflow_pages():
+    assert run_url("abc123", "http://127.0.0.1:5000/") == "http://127.0.0.1:5000/#/runs/abc123"
+    assert compare_url(["r1", "r2"], ["7", "7"], "http://h:1") == (
+        "http://h:1/#/compare-runs?runs=%5B%22r1%22%2C%22r2%22%5D&experiments=%5B%227%22%5D")
