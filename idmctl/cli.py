@@ -64,6 +64,8 @@ def _register_commands() -> None:
     app.add_typer(failures.app, name="failures")
     from idmctl.commands import preflight
     app.command("preflight")(preflight.preflight)
+    from idmctl.commands import jobs
+    jobs.register(app)  # submit, sync, jobs, watch, cancel
 
 
 _register_commands()

@@ -1,0 +1,154 @@
+"""``idmctl submit|sync|jobs|watch|cancel``: run jobs on Slurm (or the local executor) and follow them."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated
+
+import typer
+from sqlmodel import select
+
+from idmctl.errors import CheckFailed, UserError
+from idmctl.output import console, emit_json, make_table
+from idmctl.units import format_duration
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
+ClusterOpt = Annotated[str | None, typer.Option("--cluster", help="Cluster profile (default $IDMCTL_CLUSTER or local).")]
+
+
+def submit(
+    experiment: Annotated[str, typer.Argument(help="Experiment name or YAML path.")],
+    qos: Annotated[str | None, typer.Option("--qos", help="QoS tier (default resources.qos).")] = None,
+    gres: Annotated[str | None, typer.Option("--gres", help="gpu:N per node (default resources.gpus_per_node).")] = None,
+    cpus: Annotated[int | None, typer.Option("-c", "--cpus", help="CPUs per node (default resources.cpus).")] = None,
+    mem: Annotated[str | None, typer.Option("--mem", help="Memory per node, e.g. 1600GB (default resources.mem).")] = None,
+    exclude: Annotated[str | None, typer.Option("--exclude", help="Comma-separated nodes to avoid.")] = None,
+    job_name: Annotated[str | None, typer.Option("-J", "--job-name", help="Job name (default the experiment).")] = None,
+    time_limit: Annotated[str | None, typer.Option("--time", help="Time limit, Slurm format (default resources.time_limit).")] = None,
+    retries: Annotated[int | None, typer.Option("--retries", help="Resubmissions for retryable causes (default resources.retries).")] = None,
+    entry: Annotated[str | None, typer.Option("--entry", help="Python module the job runs (default trainers.train).")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the batch script; submit nothing.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Submit without a passing preflight (needs --reason).")] = False,
+    reason: Annotated[str | None, typer.Option("--reason", help="Why the preflight gate is bypassed (recorded).")] = None,
+    cluster: ClusterOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Render the batch script from the spec (flags override its defaults) and submit it."""
+    from idmctl.jobs import submit as submitting
+
+    overrides = {"--qos": qos, "--gres": gres, "-c": cpus, "--mem": mem, "-J": job_name, "--time": time_limit,
+                 "--retries": retries, "--entry": entry,
+                 "--exclude": [n for n in exclude.split(",") if n] if exclude is not None else None}
+    if dry_run:
+        typer.echo(submitting.dry_run(experiment, overrides, cluster), nl=False)
+        return
+    if force and not (reason and reason.strip()):
+        raise UserError("--force needs --reason", file="command line", field="--reason", hint='e.g. --reason "smoke passed on login node"')
+    done = submitting.submit(experiment, overrides, cluster, force_reason=reason.strip() if force and reason else None)
+    job = done.job
+    if as_json:
+        emit_json({"job": job.id, "chain": job.chain_id, "scheduler_id": job.scheduler_id, "executor": job.executor,
+                   "script": job.script_path, "log": job.log_path, "forced": job.forced_reason is not None})
+        return
+    console.print(f"submitted job {job.id} ({job.executor} {job.scheduler_id}) chain {job.chain_id} attempt {job.attempt}"
+                  f"  qos {job.qos}  retries {done.chain.retries_budget}", markup=False)
+    console.print(f"script {job.script_path}", markup=False)
+    console.print(f"log    {job.log_path}", markup=False)
+    if job.forced_reason:
+        console.print(f"FORCED without preflight: {job.forced_reason}", markup=False)
+
+
+def sync(
+    no_retry: Annotated[bool, typer.Option("--no-retry", help="Update records only; resubmit nothing.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Update every unfinished job with one scheduler call; retry ended ones by cause."""
+    from idmctl.jobs.sync import sync as run_sync
+
+    report = run_sync(retry=not no_retry)
+    if as_json:
+        emit_json({"checked": report.checked, "changed": report.changed, "finished": report.finished,
+                   "resubmitted": report.resubmitted, "stopped": report.stopped})
+        return
+    console.print(f"synced {report.checked} unfinished jobs: {len(report.changed)} changed, {len(report.finished)} ended",
+                  markup=False)
+    for old, new in report.resubmitted:
+        console.print(f"  job {old} → resubmitted as job {new}", markup=False)
+    for job_id, why in report.stopped:
+        console.print(f"  job {job_id}: chain stopped — {why}", markup=False)
+
+
+def jobs(
+    limit: Annotated[int, typer.Option("--limit", help="Newest N jobs.")] = 30,
+    as_json: JsonOpt = False,
+) -> None:
+    """Recorded jobs, newest first: state as the scheduler reports it, queue wait, restarts."""
+    from idmctl.jobs.sync import queue_wait_seconds
+    from idmctl.store.db import session
+    from idmctl.store.models import Job
+
+    with session() as db:
+        rows = db.exec(select(Job).order_by(Job.id.desc()).limit(limit)).all()  # type: ignore[union-attr]
+    records = [{
+        "job": j.id, "chain": j.chain_id, "attempt": j.attempt, "experiment": j.experiment, "executor": j.executor,
+        "scheduler_id": j.scheduler_id, "state": j.state, "reason": j.reason, "exit_code": j.exit_code,
+        "restarts": j.restarts, "qos": j.qos, "nodes": j.node_list, "queue_wait_s": queue_wait_seconds(j),
+        "submitted_at": j.submitted_at, "started_at": j.started_at, "ended_at": j.ended_at,
+        "forced": j.forced_reason,
+    } for j in rows]
+    if as_json:
+        emit_json(records)
+        return
+    table = make_table("job", "chain/att", "experiment", "id", "state", "exit", "restarts", "qos", "nodes", "queue wait")
+    for r in records:
+        wait = format_duration(r["queue_wait_s"]) if r["queue_wait_s"] is not None else "—"
+        table.add_row(str(r["job"]), f"{r['chain']}/{r['attempt']}", r["experiment"], r["scheduler_id"] or "—",
+                      r["state"], r["exit_code"] or "—", str(r["restarts"]), r["qos"] or "—", r["nodes"] or "—", wait)
+    console.print(table)
+
+
+def watch(
+    interval: Annotated[float, typer.Option("--interval", help="Seconds between syncs.")] = 30.0,
+    count: Annotated[int, typer.Option("--count", help="Stop after N syncs (0 = until every job ended).")] = 0,
+) -> None:
+    """Sync on an interval until every job has ended (or --count syncs)."""
+    from idmctl.jobs.sync import sync as run_sync, unfinished_jobs
+
+    if interval <= 0:
+        raise UserError("must be positive", file="command line", field="--interval", hint="e.g. --interval 30")
+    done = 0
+    while True:
+        report = run_sync()
+        done += 1
+        left = len(unfinished_jobs())
+        console.print(f"[{time.strftime('%H:%M:%S')}] {report.checked} checked, {len(report.finished)} ended, "
+                      f"{len(report.resubmitted)} resubmitted, {left} unfinished", markup=False)
+        if (count and done >= count) or (not count and left == 0):
+            return
+        time.sleep(interval)
+
+
+def cancel(job: Annotated[int, typer.Argument(help="idmctl job id (see `idmctl jobs`).")]) -> None:
+    """Cancel a job and stop its chain from retrying."""
+    from idmctl.executors import executor_for
+    from idmctl.executors.base import is_final
+    from idmctl.store.db import session
+    from idmctl.store.models import Chain, Job
+
+    with session() as db:
+        row = db.get(Job, job)
+        if row is None or row.scheduler_id is None:
+            raise UserError(f"no submitted job {job}", field="JOB", hint="see `idmctl jobs`")
+        if is_final(row.state):
+            raise CheckFailed(f"job {job} already ended {row.state}")
+        chain = db.get(Chain, row.chain_id) if row.chain_id else None
+        if chain is not None:
+            chain.status = "CANCELLED"
+            db.add(chain)
+    executor_for(row.executor).cancel(row.scheduler_id)
+    console.print(f"cancelled job {job} ({row.executor} {row.scheduler_id})", markup=False)
+
+
+def register(app: typer.Typer) -> None:
+    for command in (submit, sync, jobs, watch, cancel):
+        app.command(command.__name__)(command)

@@ -1,0 +1,23 @@
+"""Executors run a rendered batch script: Slurm (sbatch) or a local subprocess, with the same records."""
+
+from __future__ import annotations
+
+from idmctl.executors.base import Executor, JobStatus
+
+
+def executor_for(scheduler: str) -> Executor:
+    """The executor a cluster profile's ``scheduler`` names."""
+    if scheduler == "slurm":
+        from idmctl.executors.slurm import SlurmExecutor
+
+        return SlurmExecutor()
+    if scheduler == "local":
+        from idmctl.executors.local import LocalExecutor
+
+        return LocalExecutor()
+    from idmctl.errors import UserError
+
+    raise UserError(f"unknown scheduler {scheduler!r}", field="scheduler", hint="use slurm or local")
+
+
+__all__ = ["Executor", "JobStatus", "executor_for"]

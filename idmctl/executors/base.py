@@ -1,0 +1,67 @@
+"""The executor protocol (submitit style): submit a script, report states, cancel.
+
+States are Slurm's words (PENDING, RUNNING, COMPLETED, FAILED, OUT_OF_MEMORY, PREEMPTED, NODE_FAIL,
+TIMEOUT, CANCELLED, REQUEUED...) whichever executor ran the job, so sync, retries and the failure
+classifier treat both alike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Protocol
+
+FINAL_STATES = frozenset({
+    "COMPLETED", "FAILED", "OUT_OF_MEMORY", "PREEMPTED", "NODE_FAIL", "TIMEOUT", "CANCELLED",
+    "BOOT_FAIL", "DEADLINE", "REVOKED",
+})
+"""A job in one of these states will not change again (``CANCELLED by 0`` counts as CANCELLED)."""
+
+
+def is_final(state: str) -> bool:
+    return state.split(" ")[0] in FINAL_STATES
+
+
+@dataclass
+class RunRecord:
+    """One run of a job (a requeued job has several): what sacct -D lists per line."""
+
+    state: str
+    exit_code: str | None = None
+    reason: str | None = None
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+    node_list: str | None = None
+
+
+@dataclass
+class JobStatus:
+    """What the scheduler says about one job now; ``runs`` oldest first, the last is current."""
+
+    scheduler_id: str
+    state: str
+    exit_code: str | None = None
+    reason: str | None = None
+    submitted_at: datetime | None = None
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+    node_list: str | None = None
+    restarts: int = 0
+    runs: list[RunRecord] = field(default_factory=list)
+
+
+class Executor(Protocol):
+    name: str
+
+    def submit(self, script_path: Path, log_path: str) -> str:
+        """Start the script; return the scheduler's job id. ``log_path`` may contain ``%j``."""
+
+    def test_only(self, script_path: Path) -> str:
+        """Ask the scheduler whether it would accept the script, submitting nothing."""
+
+    def status(self, scheduler_ids: list[str]) -> dict[str, JobStatus]:
+        """States of many jobs with a bounded number of scheduler calls (ids it does not know are left out)."""
+
+    def cancel(self, scheduler_id: str) -> None:
+        """Stop the job."""

@@ -1,0 +1,1 @@
+"""Jobs: render the batch script, submit it, sync scheduler records, retry by cause."""

@@ -1,0 +1,299 @@
+"""Render one sbatch script from a resolved spec plus command-line overrides.
+
+Every value that lands in the script is validated against a strict pattern or shell-quoted, so a job
+name, QoS, node list or path carrying a newline, ``;``, ``$(`` or a backtick cannot add a line to the
+``#SBATCH`` header or a command to the body: such input is a UserError (exit 2), never a script.
+The same script runs under Slurm (``srun`` launches the ranks) and under the local executor.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shlex
+import sys
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from idmctl.errors import UserError
+from idmctl.paths import REPO_ROOT, expand_path
+from idmctl.spec.loader import ResolvedSpec
+from idmctl.units import parse_bytes, parse_duration, slurm_time
+
+REQUEUE_EXIT_CODE = 75
+"""The trainer's exit status after checkpointing on SIGUSR1/SIGTERM: 'requeue me'."""
+STAGE_MARKER = ".idmctl_staged"
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$")
+_NODE_LIST = re.compile(r"^[A-Za-z0-9._\-\[\],]{1,1024}$")
+_SBATCH_PATH = re.compile(r"^/[A-Za-z0-9._/+@%=-]{1,4000}$")
+_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+_GRES = re.compile(r"^gpu:(\d{1,3})$")
+_UNSAFE_CHARS = re.compile(r"[\x00-\x1f\x7f`$;|&<>\\'\"]")
+
+
+@dataclass(frozen=True)
+class JobOptions:
+    """What one submission asks for: the spec's defaults after flags overrode them (stored in Job.options_json)."""
+
+    job_name: str
+    """``-J``; the spec's ``resources.job_name`` or the experiment name."""
+    qos: str
+    """``--qos``."""
+    partition: str | None
+    """``--partition``; None lets the cluster pick."""
+    nodes: int
+    """``--nodes``."""
+    ranks_per_node: int
+    """``--ntasks-per-node``: one rank per GPU, or ``cpu_ranks`` on CPU."""
+    cpus_per_node: int
+    """CPUs per node; each rank gets ``cpus_per_node // ranks_per_node`` (at least 1)."""
+    mem: str
+    """Memory per node as written (e.g. ``4GB``)."""
+    gpus_per_node: int
+    """``--gres=gpu:N``; 0 asks for none."""
+    time_limit: str
+    """Wall-clock limit as written."""
+    exclude: list[str] = field(default_factory=list)
+    """Nodes to avoid (flag, spec, and active node exclusions)."""
+    retries: int = 0
+    """Resubmissions allowed for retryable causes."""
+    entry: str = "trainers.train"
+    """Python module started with ``python -m ENTRY --run-dir RUN_DIR``."""
+
+    @property
+    def cpus_per_task(self) -> int:
+        return max(1, self.cpus_per_node // self.ranks_per_node)
+
+    @property
+    def mem_mib(self) -> int:
+        # Slurm's M suffix is MiB; round up so the job never gets less than the spec asked for.
+        return math.ceil(parse_bytes(self.mem) / 2**20)
+
+    @property
+    def time_seconds(self) -> float:
+        return parse_duration(self.time_limit)
+
+    @property
+    def signal_lead_s(self) -> int:
+        """Seconds before the time limit the batch shell gets USR1 (Slurm may send it up to 60 s earlier)."""
+        return int(min(600, max(60, self.time_seconds * 0.05)))
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _bad(what: str, field_name: str, source: str, hint: str) -> UserError:
+    return UserError(what, file=source, field=field_name, hint=hint)
+
+
+def check_name(value: str, field_name: str, source: str) -> str:
+    if not _NAME.match(value):
+        raise _bad(f"{value!r} is not a safe name", field_name, source,
+                   "use letters, digits, '.', '_', '+', '-' (no spaces, newlines, ';', '$(' or backticks)")
+    return value
+
+
+def check_nodes(values: list[str], field_name: str, source: str) -> list[str]:
+    for value in values:
+        if not _NODE_LIST.match(value):
+            raise _bad(f"{value!r} is not a node name or list", field_name, source,
+                       "use Slurm host names such as worker-5 or n[1-2]")
+    return values
+
+
+def check_shell_path(value: str, field_name: str, source: str) -> Path:
+    """A path used in the script body: expanded here, then refused if it carries shell syntax."""
+    if _UNSAFE_CHARS.search(value):
+        raise _bad(f"{value!r} contains a control character or shell syntax", field_name, source,
+                   "use a plain path (no newline, ';', '$(', backticks or quotes)")
+    path = expand_path(value)
+    if _UNSAFE_CHARS.search(str(path)):
+        raise _bad(f"{value!r} expands to {str(path)!r}, which contains shell syntax", field_name, source,
+                   "fix the environment variable it expands")
+    return path
+
+
+def check_sbatch_path(path: Path, field_name: str, source: str) -> str:
+    """A path in an ``#SBATCH`` line: sbatch does not quote, so only a conservative charset passes."""
+    text = str(path)
+    if not _SBATCH_PATH.match(text):
+        raise _bad(f"{text!r} is not usable in an #SBATCH line", field_name, source,
+                   "use an absolute path of letters, digits and ._/+@%=- (set IDMCTL_HOME accordingly)")
+    return text
+
+
+def parse_gres(value: str) -> int:
+    match = _GRES.match(value)
+    if not match:
+        raise UserError(f"{value!r} is not gpu:N", file="--gres", hint="e.g. --gres gpu:8")
+    return int(match.group(1))
+
+
+def resolve_options(resolved: ResolvedSpec, overrides: dict[str, Any]) -> JobOptions:
+    """Spec defaults, then every non-None flag in ``overrides``; each value validated where it came from."""
+    res = resolved.spec.resources
+    spec_file = str(resolved.path)
+
+    def source(flag: str, spec_field: str) -> tuple[str, str]:
+        return ("command line", flag) if overrides.get(flag) is not None else (spec_file, spec_field)
+
+    gpus = parse_gres(overrides["--gres"]) if overrides.get("--gres") is not None else res.gpus_per_node
+    options = JobOptions(
+        job_name=overrides.get("-J") or res.job_name or resolved.name,
+        qos=overrides.get("--qos") or res.qos,
+        partition=res.partition,
+        nodes=res.nodes,
+        ranks_per_node=gpus if gpus > 0 else res.cpu_ranks,
+        cpus_per_node=overrides.get("-c") or res.cpus,
+        mem=overrides.get("--mem") or res.mem,
+        gpus_per_node=gpus,
+        time_limit=overrides.get("--time") or res.time_limit,
+        exclude=list(overrides.get("--exclude") or res.exclude),
+        retries=overrides["--retries"] if overrides.get("--retries") is not None else res.retries,
+        entry=overrides.get("--entry") or "trainers.train",
+    )
+    check_name(options.job_name, *reversed(source("-J", "resources.job_name")))
+    check_name(options.qos, *reversed(source("--qos", "resources.qos")))
+    if options.partition is not None:
+        check_name(options.partition, "resources.partition", spec_file)
+    check_nodes(options.exclude, *reversed(source("--exclude", "resources.exclude")))
+    if not _MODULE.match(options.entry):
+        raise UserError(f"{options.entry!r} is not a Python module name", file="command line", field="--entry",
+                        hint="e.g. trainers.train")
+    for flag, spec_field, parse in (("--mem", "resources.mem", parse_bytes), ("--time", "resources.time_limit", parse_duration)):
+        value = overrides.get(flag)
+        if value is not None:
+            try:
+                parse(value)
+            except ValueError as exc:
+                raise UserError(str(exc), file="command line", field=flag, hint=f"same format as {spec_field}") from exc
+    if options.cpus_per_node < 1:
+        raise UserError("must be at least 1", file="command line", field="-c", hint="CPUs per node")
+    if options.retries < 0:
+        raise UserError("must be 0 or more", file="command line", field="--retries", hint="resubmission budget")
+    return options
+
+
+def with_exclusions(options: JobOptions, nodes: list[str]) -> JobOptions:
+    merged = list(dict.fromkeys([*options.exclude, *nodes]))
+    return replace(options, exclude=merged)
+
+
+@dataclass(frozen=True)
+class RenderContext:
+    """Where one attempt of a chain lives and what it is told through its environment."""
+
+    run_dir: Path
+    chain_id: int
+    attempt: int
+    idmctl_home: Path
+    log_path: str
+    """Absolute; may contain ``%j`` (Slurm substitutes the job id)."""
+    python: str = sys.executable
+    repo_root: Path = REPO_ROOT
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+
+def render_script(resolved: ResolvedSpec, options: JobOptions, ctx: RenderContext) -> str:
+    """The batch script: #SBATCH header, stage-in, then the trainer under srun with USR1 forwarding."""
+    spec = resolved.spec
+    spec_file = str(resolved.path)
+    log_path = check_sbatch_path(Path(ctx.log_path), "log path", "IDMCTL_HOME")
+    for name, value in (("IDMCTL_HOME", ctx.idmctl_home), ("run dir", ctx.run_dir),
+                        ("python", Path(ctx.python)), ("repository", ctx.repo_root)):
+        check_shell_path(str(value), name, "environment")
+    header = [
+        "#!/bin/bash",
+        f"#SBATCH --job-name={options.job_name}",
+        f"#SBATCH --qos={options.qos}",
+        *([f"#SBATCH --partition={options.partition}"] if options.partition else []),
+        f"#SBATCH --nodes={options.nodes}",
+        f"#SBATCH --ntasks-per-node={options.ranks_per_node}",
+        f"#SBATCH --cpus-per-task={options.cpus_per_task}",
+        f"#SBATCH --mem={options.mem_mib}M",
+        *([f"#SBATCH --gres=gpu:{options.gpus_per_node}"] if options.gpus_per_node else []),
+        f"#SBATCH --time={slurm_time(options.time_seconds)}",
+        *([f"#SBATCH --exclude={','.join(options.exclude)}"] if options.exclude else []),
+        f"#SBATCH --output={log_path}",
+        "#SBATCH --open-mode=append",
+        "#SBATCH --requeue",
+        f"#SBATCH --signal=B:USR1@{options.signal_lead_s}",
+    ]
+    env = {
+        "IDMCTL_HOME": str(ctx.idmctl_home),
+        "IDMCTL_CHAIN_ID": str(ctx.chain_id),
+        "IDMCTL_ATTEMPT": str(ctx.attempt),
+        "IDMCTL_SPEC_HASH": resolved.hash,
+        "PYTHONUNBUFFERED": "1",
+        **ctx.extra_env,
+    }
+    for key, value in env.items():
+        if not re.match(r"^[A-Z_][A-Z0-9_]*$", key):
+            raise UserError(f"{key!r} is not an environment variable name", field="env")
+    stage = _stage_block(spec.stage.enabled, spec.data.cache_root, spec.stage.dest, spec_file)
+    q = shlex.quote
+    body = [
+        "set -uo pipefail",
+        *(f"export {key}={q(value)}" for key, value in env.items()),
+        f"RUN_DIR={q(str(ctx.run_dir))}",
+        f"cd {q(str(ctx.repo_root))} || exit 1",
+        'echo "idmctl: job ${SLURM_JOB_ID:-local} chain $IDMCTL_CHAIN_ID attempt $IDMCTL_ATTEMPT'
+        ' restart ${SLURM_RESTART_COUNT:-0} on $(hostname) at $(date -Is)"',
+        "",
+        stage,
+        "",
+        "# Ranks: srun under Slurm (Fabric reads SLURM_* and needs ntasks-per-node == devices);",
+        "# the local executor runs the same script without srun.",
+        'if [ -n "${SLURM_JOB_ID:-}" ]; then LAUNCH=(srun --kill-on-bad-exit=1); else LAUNCH=(); fi',
+        f'"${{LAUNCH[@]}}" {q(ctx.python)} -m {options.entry} --run-dir "$RUN_DIR" &',
+        "TRAINER=$!",
+        "# USR1 arrives before preemption or the time limit: pass it on so the trainer checkpoints.",
+        'notice() { echo "idmctl: $1 received, asking the trainer to checkpoint"; kill -USR1 "$TRAINER" 2>/dev/null; }',
+        "trap 'notice USR1' USR1",
+        "trap 'notice TERM' TERM",
+        "while true; do",
+        '  wait "$TRAINER"; STATUS=$?',
+        '  kill -0 "$TRAINER" 2>/dev/null || break  # wait was interrupted by a signal, not the exit',
+        "done",
+        f'if [ "$STATUS" -eq {REQUEUE_EXIT_CODE} ]; then',
+        '  echo "idmctl: trainer checkpointed and asked to be requeued"',
+        '  if [ -n "${SLURM_JOB_ID:-}" ]; then',
+        "    # A preempted job that exits by itself is not requeued by Slurm: requeue ourselves (slurm-notes 4).",
+        '    scontrol requeue "$SLURM_JOB_ID" && sleep 60',
+        "  fi",
+        "fi",
+        'echo "idmctl: trainer exited $STATUS at $(date -Is)"',
+        'exit "$STATUS"',
+    ]
+    return "\n".join([*header, *body]) + "\n"
+
+
+def _stage_block(enabled: bool, cache_root: str, dest: str, spec_file: str) -> str:
+    if not enabled:
+        return "# stage-in: disabled (stage.enabled: false); the trainer reads data.cache_root in place"
+    src_path = check_shell_path(cache_root, "data.cache_root", spec_file)
+    dest_path = check_shell_path(dest, "stage.dest", spec_file)
+    q = shlex.quote
+    marker = f"{dest_path}/{STAGE_MARKER}"
+    return "\n".join([
+        "# stage-in: copy the cache to node-local disk once; the marker says a copy finished.",
+        f"STAGE_SRC={q(str(src_path))}",
+        f"STAGE_DEST={q(str(dest_path))}",
+        f'if [ -e {q(marker)} ]; then',
+        '  echo "idmctl: stage-in skipped: $STAGE_DEST already staged"',
+        "else",
+        '  echo "idmctl: stage-in $STAGE_SRC -> $STAGE_DEST ($(du -sb "$STAGE_SRC" | cut -f1) bytes)"',
+        '  mkdir -p "$STAGE_DEST" && cp -a "$STAGE_SRC/." "$STAGE_DEST/" 2>"$RUN_DIR/stage.err"',
+        "  STAGE_STATUS=$?",
+        '  if [ "$STAGE_STATUS" -ne 0 ]; then',
+        '    echo "idmctl: stage-in FAILED (cp exit $STAGE_STATUS): $(tail -n 1 "$RUN_DIR/stage.err");'
+        ' free on $STAGE_DEST: $(df -B1 --output=avail "$STAGE_DEST" | tail -n 1) bytes"',
+        "    exit 1",
+        "  fi",
+        f'  date -Is > {q(marker)}',
+        '  echo "idmctl: stage-in done"',
+        "fi",
+        'export IDMCTL_CACHE_ROOT="$STAGE_DEST"',
+    ])

@@ -1,0 +1,148 @@
+"""Bring every unfinished job's record up to date with one scheduler status call per executor.
+
+Job.state, reason, exit_code, node_list and restarts are stored exactly as the scheduler reports
+them (sacct's words, e.g. ``CANCELLED by 0``); the failure classifier builds on them. A job that
+reaches a final state is handed to the retry policy, which may resubmit into the same chain.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from sqlmodel import select
+
+from idmctl.executors import executor_for
+from idmctl.executors.base import JobStatus, is_final
+from idmctl.store.db import session
+from idmctl.store.models import Chain, Job, NodeExclusion
+
+LOG_TAIL_LINES = 40
+LOG_TAIL_BYTES = 8192
+
+
+@dataclass
+class SyncReport:
+    checked: int = 0
+    changed: list[int] = field(default_factory=list)
+    finished: list[int] = field(default_factory=list)
+    resubmitted: list[tuple[int, int]] = field(default_factory=list)
+    """(old job id, new job id)."""
+    stopped: list[tuple[int, str]] = field(default_factory=list)
+    """(job id, why the chain stopped)."""
+
+
+def log_tail(path: str | None) -> str | None:
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, 2)
+            size = handle.tell()
+            handle.seek(max(0, size - LOG_TAIL_BYTES))
+            data = handle.read().decode("utf-8", errors="replace")
+    except OSError:
+        return None
+    return "\n".join(data.splitlines()[-LOG_TAIL_LINES:])
+
+
+def _apply(job: Job, status: JobStatus) -> bool:
+    before = (job.state, job.reason, job.exit_code, job.started_at, job.ended_at, job.node_list, job.restarts)
+    job.state = status.state
+    job.reason = status.reason
+    job.exit_code = status.exit_code
+    job.started_at = status.started_at or job.started_at
+    job.ended_at = status.ended_at
+    job.node_list = status.node_list or job.node_list
+    job.restarts = status.restarts
+    if status.submitted_at and job.submitted_at is None:
+        job.submitted_at = status.submitted_at
+    if status.runs:
+        options = json.loads(job.options_json or "{}")
+        # Every run of a requeued job as sacct -D lists it: where the preemptions show.
+        options["runs"] = [{"state": r.state, "exit_code": r.exit_code, "reason": r.reason,
+                            "started_at": r.started_at.isoformat() if r.started_at else None,
+                            "ended_at": r.ended_at.isoformat() if r.ended_at else None,
+                            "node_list": r.node_list} for r in status.runs]
+        job.options_json = json.dumps(options)
+    job.log_tail = log_tail(job.log_path) or job.log_tail
+    job.updated_at = datetime.now(timezone.utc)
+    return before != (job.state, job.reason, job.exit_code, job.started_at, job.ended_at, job.node_list, job.restarts)
+
+
+def unfinished_jobs() -> list[Job]:
+    with session() as db:
+        rows = db.exec(select(Job).where(Job.scheduler_id.is_not(None))).all()  # type: ignore[union-attr]
+        return [job for job in rows if not is_final(job.state)]
+
+
+def sync(retry: bool = True) -> SyncReport:
+    """One status call per executor for all unfinished jobs, then retries for the ones that ended."""
+    from idmctl.jobs.retry import NODE_EXCLUSION_TIME, decide
+    from idmctl.jobs.submit import resubmit
+
+    report = SyncReport()
+    jobs = unfinished_jobs()
+    by_executor: dict[str, list[Job]] = defaultdict(list)
+    for job in jobs:
+        by_executor[job.executor].append(job)
+    ended: list[int] = []
+    for executor_name, group in by_executor.items():
+        statuses = executor_for(executor_name).status([job.scheduler_id for job in group if job.scheduler_id])
+        with session() as db:
+            for job in group:
+                status = statuses.get(job.scheduler_id or "")
+                if status is None:
+                    continue
+                row = db.get(Job, job.id)
+                assert row is not None
+                report.checked += 1
+                if _apply(row, status):
+                    report.changed.append(row.id or 0)
+                if is_final(row.state):
+                    ended.append(row.id or 0)
+                db.add(row)
+    report.finished = ended
+    for job_id in ended:
+        with session() as db:
+            job = db.get(Job, job_id)
+            chain = db.get(Chain, job.chain_id) if job and job.chain_id else None
+            if job is None or chain is None or chain.status != "ACTIVE":
+                continue
+            rollbacks = sum(1 for j in db.exec(select(Job).where(Job.chain_id == chain.id)).all()
+                            if json.loads(j.options_json or "{}").get("rollback"))
+            decision = decide(job.state, job.reason, job.exit_code, job.log_tail or "", job.node_list,
+                              started=job.started_at is not None, restarts=job.restarts,
+                              retries_left=(chain.retries_budget - chain.retries_used) if retry else 0,
+                              rollbacks_used=rollbacks)
+            now = datetime.now(timezone.utc)
+            for node in decision.exclude_nodes:
+                db.add(NodeExclusion(node=node, until=now + NODE_EXCLUSION_TIME,
+                                     reason=f"{decision.cause} under job {job.scheduler_id}"))
+            if decision.action == "done":
+                chain.status = "COMPLETED"
+            elif decision.action == "stop":
+                chain.status = "FAILED"
+                report.stopped.append((job_id, f"{decision.cause}: {decision.why}"))
+            db.add(chain)
+        if decision.action == "retry":
+            new_job = resubmit(job_id, decision.extra_env, reason=f"{decision.cause}: {decision.why}")
+            report.resubmitted.append((job_id, new_job.id or 0))
+    return report
+
+
+def queue_wait_seconds(job: Job) -> float | None:
+    if job.started_at is None or job.submitted_at is None:
+        return None
+    return (_aware(job.started_at) - _aware(job.submitted_at)).total_seconds()
+
+
+def _aware(moment: datetime) -> datetime:
+    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+
+
+def run_dir_of(job: Job) -> Path | None:
+    return Path(job.script_path).parent if job.script_path else None
