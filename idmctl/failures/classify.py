@@ -62,6 +62,9 @@ class Classification:
             return f"cancelled after waiting {format_duration(self.detail['waited_seconds'])} in the queue, never started"
         if len(self.evidence) > 1:
             return self.evidence[1]
+        if self.cause == "preempted" and self.detail.get("ran_seconds") is not None:
+            requeued = f", requeued {self.detail['restarts']}×" if self.detail.get("restarts") else ""
+            return f"preempted after running {format_duration(self.detail['ran_seconds'])}{requeued}"
         return self.evidence[0] if self.evidence else ""
 
 
@@ -127,10 +130,11 @@ def classify(
     waited_seconds: float | None = None,
     restarts: int = 0,
     started: bool | None = None,
+    ran_seconds: float | None = None,
 ) -> Classification:
     """The first taxonomy cause whose rules match this outcome, with its evidence."""
     lines = [line.rstrip() for line in (log_tail or "").splitlines()]
-    record = _slurm_record(state, reason, exit_code, derived_exit_code, restarts, waited_seconds)
+    record = _slurm_record(state, reason, exit_code, derived_exit_code, restarts, waited_seconds, ran_seconds)
     facts = {"state": _state_word(state), "started": started, "exit_code": exit_code or "",
              "derived_exit_code": derived_exit_code or "", "reason": reason or "", "restarts": restarts}
     for cause in load_taxonomy():
@@ -141,6 +145,8 @@ def classify(
             if not matched:  # a state rule: still show the log lines this cause's patterns know
                 matched = _log_hits([p for r in cause.rules for p in r.get("log", [])], lines)
             detail = _detail(cause.name, lines, matched, waited_seconds, restarts)
+            if ran_seconds is not None:
+                detail["ran_seconds"] = ran_seconds
             evidence = [record, *(_trim(line) for line in matched[:MAX_EVIDENCE_LINES])]
             return Classification(cause=cause.name, evidence=evidence, detail=detail)
     last_lines = [_trim(line) for line in lines if line.strip()][-2:]
@@ -176,7 +182,7 @@ def _log_hits(patterns: list[str], lines: list[str]) -> list[str]:
 
 
 def _slurm_record(state: str, reason: str | None, exit_code: str | None, derived: str | None,
-                  restarts: int, waited_seconds: float | None) -> str:
+                  restarts: int, waited_seconds: float | None, ran_seconds: float | None) -> str:
     parts = [f"State={state}"]
     if exit_code:
         parts.append(f"ExitCode={exit_code}")
@@ -186,8 +192,10 @@ def _slurm_record(state: str, reason: str | None, exit_code: str | None, derived
         parts.append(f"Reason={reason}")
     if restarts:
         parts.append(f"Restarts={restarts}")
-    if waited_seconds is not None:
-        parts.append(f"waited {format_duration(waited_seconds)} ({waited_seconds:,.0f} s)")
+    for label, seconds in (("waited", waited_seconds), ("ran", ran_seconds)):
+        if seconds is not None:
+            exact = f" ({seconds:,.0f} s)" if seconds >= 120 else ""
+            parts.append(f"{label} {format_duration(seconds)}{exact}")
     return "Slurm: " + " ".join(parts)
 
 

@@ -1,0 +1,88 @@
+"""``idmctl failures [EXP]`` (the postmortem table) and ``idmctl failures fix JOB... --note``."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated, Any
+
+import click
+import typer
+from typer.core import TyperGroup
+
+from idmctl.output import console, emit_json, make_table
+
+
+class _ArgumentOrSubcommand(TyperGroup):
+    """``failures fix ...`` runs the subcommand; anything else is the report's optional EXP argument."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args and args[0] in self.commands:
+            click.Command.parse_args(self, ctx, [])  # the report's own options take their defaults
+            ctx._protected_args, ctx.args = args[:1], args[1:]
+            return ctx.args
+        # No subcommand: options may follow EXP (`failures latent_c_n4 --json`), extra words are errors.
+        ctx.allow_interspersed_args, ctx.allow_extra_args = True, False
+        return click.Command.parse_args(self, ctx, args)
+
+
+app = typer.Typer(cls=_ArgumentOrSubcommand, invoke_without_command=True,
+                  help="Postmortems: every failed job's cause, evidence and fix (card A's table).")
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output (one object per job).")]
+
+
+@app.callback()
+def report(
+    ctx: typer.Context,
+    experiment: Annotated[str | None, typer.Argument(help="Only this experiment.")] = None,
+    since: Annotated[str | None, typer.Option("--since", help="Only jobs ended since a date (2026-11-01) or a look-back (7d).")] = None,
+    cause: Annotated[str | None, typer.Option("--cause", help="Only this cause (see runbook 'Failure causes').")] = None,
+    as_json: JsonOpt = False,
+    as_markdown: Annotated[bool, typer.Option("--markdown", help="A progress-card table with the fixes recorded.")] = False,
+) -> None:
+    """Classify any newly failed jobs, then print job, setting, cause, evidence, fix and the check that catches it now."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from idmctl.failures.postmortem import parse_since, postmortem_rows, record_failures
+    from idmctl.failures.report import card_rows, markdown
+    from idmctl.store import session
+
+    since_at = parse_since(since) if since else None
+    with session() as db:
+        record_failures(db)
+        rows = postmortem_rows(db, experiment=experiment, since=since_at, cause=cause)
+    if as_json:
+        emit_json([row.as_json() for row in rows])
+        return
+    if as_markdown:
+        sys.stdout.write(markdown(rows))  # not through rich: a markdown row must never wrap
+        return
+    if not rows:
+        console.print("no failed jobs" + (f" for {experiment}" if experiment else ""))
+        return
+    table = make_table("job", "experiment", "setting", "cause", "evidence", "fix", "caught now by")
+    for card_row in card_rows(rows):
+        table.add_row(*card_row.cells())
+    console.print(table)
+
+
+@app.command("fix")
+def fix_cmd(
+    jobs: Annotated[list[str], typer.Argument(help="Slurm job ids (or #store-id) the fix covers.")],
+    note: Annotated[str, typer.Option("--note", help="What was changed.")],
+    commit: Annotated[str | None, typer.Option("--commit", help="The commit that fixed it.")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Record one fix for the failures of one or more jobs (6054 6108 6158 share one)."""
+    from idmctl.failures.postmortem import record_fix
+    from idmctl.store import session
+
+    with session() as db:
+        fix, covered = record_fix(db, jobs, note, commit)
+        result: dict[str, Any] = {"fix_id": fix.id, "note": fix.note, "commit": fix.commit,
+                                  "jobs": [job.scheduler_id or f"#{job.id}" for job in covered]}
+    if as_json:
+        emit_json(result)
+        return
+    commit_text = f" (commit {commit})" if commit else ""
+    console.print(f"fix {result['fix_id']} recorded for {', '.join(result['jobs'])}: {note}{commit_text}", markup=False)

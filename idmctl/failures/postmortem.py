@@ -1,0 +1,224 @@
+"""The postmortem log: classify failed jobs into ``Failure`` rows, record fixes, build card A's table.
+
+``record_failures`` is idempotent and cheap, so ``sync`` can call it after every poll and
+``idmctl failures`` calls it before reporting: a job is (re)classified when it has no Failure yet or
+its record changed since (a fix already recorded stays attached).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+from sqlmodel import Session, select
+
+from idmctl.errors import UserError
+from idmctl.failures.classify import Classification, classify, get_cause, is_failed_state
+from idmctl.store.models import Chain, Failure, Fix, Job
+from idmctl.units import parse_duration
+
+LOG_TAIL_BYTES = 64_000
+"""How much of a job log's end is read when the store has no tail: a traceback fits easily."""
+
+
+def _naive_utc(moment: datetime | None) -> datetime | None:
+    # SQLite hands datetimes back without tzinfo; compare everything as naive UTC.
+    if moment is None or moment.tzinfo is None:
+        return moment
+    return moment.astimezone(timezone.utc).replace(tzinfo=None)
+
+
+def read_log_tail(path: str | None, max_bytes: int = LOG_TAIL_BYTES) -> str:
+    """The last ``max_bytes`` of a job log ('' when it is missing)."""
+    if not path:
+        return ""
+    log = Path(path)
+    try:
+        with open(log, "rb") as handle:
+            size = log.stat().st_size
+            handle.seek(max(0, size - max_bytes))
+            return handle.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def waited_seconds(job: Job) -> float | None:
+    """Seconds between submit and start (or end, for a job that never started)."""
+    submitted = _naive_utc(job.submitted_at)
+    until = _naive_utc(job.started_at or job.ended_at)
+    if submitted is None or until is None:
+        return None
+    return max(0.0, (until - submitted).total_seconds())
+
+
+def ran_seconds(job: Job) -> float | None:
+    """Seconds between start and end (the last run's, for a requeued job)."""
+    started, ended = _naive_utc(job.started_at), _naive_utc(job.ended_at)
+    if started is None or ended is None:
+        return None
+    return max(0.0, (ended - started).total_seconds())
+
+
+def classify_job(job: Job) -> Classification:
+    """Classify one stored job from its Slurm record and its log tail."""
+    options = json.loads(job.options_json or "{}")
+    log = job.log_tail or read_log_tail(job.log_path)
+    return classify(job.state, reason=job.reason, exit_code=job.exit_code,
+                    derived_exit_code=options.get("derived_exit_code"), log_tail=log,
+                    waited_seconds=waited_seconds(job), restarts=job.restarts, started=job.started_at is not None,
+                    ran_seconds=ran_seconds(job))
+
+
+def record_failures(db: Session, jobs: list[Job] | None = None, mark_mlflow: bool = True) -> list[Failure]:
+    """Classify every failed job (or those given) that is new or changed; returns the rows written."""
+    candidates = jobs if jobs is not None else list(db.exec(select(Job)))
+    written: list[Failure] = []
+    for job in candidates:
+        if not is_failed_state(job.state):
+            continue
+        existing = db.exec(select(Failure).where(Failure.job_id == job.id)).first()
+        if existing and _naive_utc(existing.classified_at) >= _naive_utc(job.updated_at):
+            continue
+        found = classify_job(job)
+        failure = existing or Failure(job_id=job.id, cause=found.cause)
+        failure.cause = found.cause
+        failure.evidence = "\n".join(found.evidence)
+        failure.detail_json = json.dumps(found.detail, sort_keys=True)
+        failure.classified_at = datetime.now(timezone.utc)
+        db.add(failure)
+        written.append(failure)
+        if mark_mlflow:
+            _mark_chain_run(db, job, found.cause)
+    db.flush()
+    return written
+
+
+def _mark_chain_run(db: Session, job: Job, cause: str) -> None:
+    chain = db.get(Chain, job.chain_id) if job.chain_id is not None else None
+    if chain is None or not chain.mlflow_run_id:
+        return
+    from idmctl.failures.mlflow_status import mark_run_failed
+
+    mark_run_failed(chain.mlflow_run_id, cause=cause, slurm_state=job.state)
+
+
+def parse_since(text: str) -> datetime:
+    """``2026-11-01`` / an ISO time, or a look-back such as ``7d`` / ``12h`` → naive UTC."""
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        try:
+            return datetime.now(timezone.utc).replace(tzinfo=None) - timedelta(seconds=parse_duration(text))
+        except ValueError as exc:
+            raise UserError(f"not a date or a look-back: {text!r}", field="--since",
+                            hint="use e.g. 2026-11-01 or 7d") from exc
+    return _naive_utc(moment) if moment.tzinfo else moment
+
+
+def find_jobs(db: Session, job_ids: list[str]) -> list[Job]:
+    """Jobs by Slurm id (``6054``) or store id (``#12``); a missing one is a UserError."""
+    found: list[Job] = []
+    for text in job_ids:
+        if text.startswith("#") and text[1:].isdigit():
+            job = db.get(Job, int(text[1:]))
+            matches = [job] if job else []
+        else:
+            matches = list(db.exec(select(Job).where(Job.scheduler_id == text)))
+        if not matches:
+            raise UserError(f"no job {text} in the store", field="JOB",
+                            hint="run `idmctl jobs sync`, or `idmctl jobs import --since D` for jobs not submitted by idmctl")
+        found += matches
+    return found
+
+
+def record_fix(db: Session, job_ids: list[str], note: str, commit: str | None = None) -> tuple[Fix, list[Job]]:
+    """One Fix attached to the failures of every job given (6054/6108/6158 share one)."""
+    if not note.strip():
+        raise UserError("the fix note is empty", field="--note", hint='say what changed, e.g. --note "use core-own"')
+    jobs = find_jobs(db, job_ids)
+    not_failed = [job for job in jobs if not is_failed_state(job.state)]
+    if not_failed:
+        job = not_failed[0]
+        raise UserError(f"job {job.scheduler_id} is {job.state}, not a failure", field="JOB",
+                        hint="only jobs that did not complete take a fix")
+    record_failures(db, jobs)
+    fix = Fix(note=note.strip(), commit=commit)
+    db.add(fix)
+    db.flush()
+    for job in jobs:
+        failure = db.exec(select(Failure).where(Failure.job_id == job.id)).one()
+        failure.fix_id = fix.id
+        db.add(failure)
+    db.flush()
+    return fix, jobs
+
+
+def setting_of(job: Job) -> str:
+    """Card A's "setting" column: ``8 GPU core-extra, N=12``."""
+    parts = []
+    resources = f"{job.gpus} GPU" if job.gpus else ("CPU" if job.gpus == 0 else "")
+    if resources or job.qos:
+        parts.append(" ".join(p for p in (resources, job.qos or "") if p))
+    if job.routing_n:
+        parts.append(f"N={job.routing_n}")
+    return ", ".join(parts) or "—"
+
+
+@dataclass
+class PostmortemRow:
+    job: str
+    job_pk: int
+    chain_id: int | None
+    experiment: str
+    setting: str
+    state: str
+    cause: str
+    evidence: str
+    evidence_lines: list[str]
+    detail: dict[str, Any]
+    caught_by: str
+    fix_id: int | None
+    fix: str | None
+    commit: str | None
+    suggested_fix: str
+    ended_at: datetime | None
+    imported: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def as_json(self) -> dict[str, Any]:
+        data = dict(self.__dict__)
+        data.pop("extra")
+        return data
+
+
+def postmortem_rows(db: Session, experiment: str | None = None, since: datetime | None = None,
+                    cause: str | None = None) -> list[PostmortemRow]:
+    """Every classified failure, oldest first, filtered by experiment, time and cause."""
+    if cause is not None:
+        get_cause(cause)  # an unknown cause is bad input, not an empty table
+    query = select(Failure, Job).where(Failure.job_id == Job.id)
+    if experiment:
+        query = query.where(Job.experiment == experiment)
+    if cause:
+        query = query.where(Failure.cause == cause)
+    rows: list[PostmortemRow] = []
+    for failure, job in db.exec(query):
+        when = _naive_utc(job.ended_at or job.submitted_at or job.created_at)
+        if since is not None and when is not None and when < since:
+            continue
+        fix = db.get(Fix, failure.fix_id) if failure.fix_id else None
+        detail = json.loads(failure.detail_json or "{}")
+        lines = failure.evidence.splitlines()
+        headline = Classification(failure.cause, lines, detail).headline
+        info = get_cause(failure.cause)
+        rows.append(PostmortemRow(
+            job=job.scheduler_id or f"#{job.id}", job_pk=job.id, chain_id=job.chain_id, experiment=job.experiment,
+            setting=setting_of(job), state=job.state, cause=failure.cause, evidence=headline,
+            evidence_lines=lines, detail=detail, caught_by=info.caught_by, fix_id=failure.fix_id,
+            fix=fix.note if fix else None, commit=fix.commit if fix else None, suggested_fix=info.fix,
+            ended_at=job.ended_at, imported=job.imported))
+    rows.sort(key=lambda row: (_naive_utc(row.ended_at) or datetime.min, row.job_pk))
+    return rows

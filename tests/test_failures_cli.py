@@ -1,0 +1,173 @@
+"""`idmctl failures` over card A's seven failed jobs as the store records them after `sync`.
+
+The Slurm records and log lines are those the local cluster and torch print (see test_classify.py
+and test_failure_replay.py, which produce them for real); here they are rows in a real store."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from sqlmodel import select
+
+from idmctl.store import session
+from idmctl.store.models import Chain, Failure, Fix, Job
+
+T0 = datetime(2026, 11, 20, 9, 0, 0, tzinfo=timezone.utc)
+TYPEERROR_LOG = """\
+staging /nas/cache → /tmp/idm_cache ... done
+Traceback (most recent call last):
+  File "/work/main/trainers/fit.py", line 41, in <module>
+    main()
+  File "/work/main/cache/registry.py", line 57, in build_dataset
+    return cls(**kwargs)
+           ^^^^^^^^^^^^^
+TypeError: HiddenSingleLayerDataset.__init__() got an unexpected keyword argument 'selected_layer_indices'
+"""
+LOADER_LOG = """\
+Traceback (most recent call last):
+  File "/work/main/trainers/idm_training.py", line 283, in make_loader
+    return DataLoader(dataset, num_workers=0, persistent_workers=True)
+  File "/work/main/.venv/lib/python3.11/site-packages/torch/utils/data/dataloader.py", line 298, in __init__
+    raise ValueError("persistent_workers option needs num_workers > 0")
+ValueError: persistent_workers option needs num_workers > 0
+"""
+SHM_LOG = ("RuntimeError: unable to allocate shared memory(shm) for file </torch_8423_262588490_0>: "
+           "No space left on device (28)\n")
+
+
+def add_card_a_jobs() -> None:
+    with session() as db:
+        chain = Chain(experiment="latent_c_n12_dense", spec_hash="h12")
+        db.add(chain)
+        db.flush()
+        common = {"experiment": "latent_c_n12_dense", "routing_n": 12}
+        db.add(Job(scheduler_id="5961", state="CANCELLED by 0", exit_code="0:0", gpus=8, qos="core-extra",
+                   submitted_at=T0, ended_at=T0 + timedelta(days=6), **common))
+        for attempt, job_id in enumerate(["6054", "6108", "6158"], start=1):
+            start = T0 + timedelta(days=6, hours=2 * attempt)
+            db.add(Job(scheduler_id=job_id, chain_id=chain.id, attempt=attempt, state="PREEMPTED", exit_code="0:15",
+                       gpus=4, qos="sub", submitted_at=start, started_at=start + timedelta(minutes=1),
+                       ended_at=start + timedelta(hours=1), **common))
+        db.add(Job(scheduler_id="5845", state="FAILED", exit_code="1:0", gpus=4, qos="sub", log_tail=SHM_LOG,
+                   submitted_at=T0 - timedelta(days=1), started_at=T0 - timedelta(days=1),
+                   ended_at=T0 - timedelta(days=1) + timedelta(hours=2), **common))
+        db.add(Job(scheduler_id="6262", state="FAILED", exit_code="1:0", gpus=8, qos="core-own", log_tail=LOADER_LOG,
+                   submitted_at=T0 + timedelta(days=7), started_at=T0 + timedelta(days=7),
+                   ended_at=T0 + timedelta(days=7, hours=2), **common))
+        db.add(Job(scheduler_id="6321", experiment="latent_c_n4", routing_n=4, state="FAILED", exit_code="1:0",
+                   gpus=8, qos="core-own", log_tail=TYPEERROR_LOG, submitted_at=T0 + timedelta(days=8),
+                   started_at=T0 + timedelta(days=8), ended_at=T0 + timedelta(days=8, hours=2)))
+        db.add(Job(scheduler_id="6400", experiment="latent_c_n4", routing_n=4, state="COMPLETED", exit_code="0:0",
+                   gpus=1, qos="core-own", submitted_at=T0 + timedelta(days=9), started_at=T0 + timedelta(days=9),
+                   ended_at=T0 + timedelta(days=9, minutes=1)))
+
+
+def test_failures_classifies_every_failed_job(cli) -> None:
+    add_card_a_jobs()
+    result = cli("failures", "--json")
+    assert result.exit_code == 0, result.output
+    rows = {row["job"]: row for row in json.loads(result.output)}
+    assert {job: row["cause"] for job, row in rows.items()} == {
+        "5845": "shm_enospc", "5961": "queue_cancelled", "6054": "preempted", "6108": "preempted",
+        "6158": "preempted", "6262": "loader_config", "6321": "python_exception"}
+    assert rows["5961"]["evidence"] == "cancelled after waiting 6.0 d in the queue, never started"
+    assert rows["5961"]["detail"]["waited_seconds"] == 518400
+    assert rows["6321"]["evidence"] == ("TypeError: HiddenSingleLayerDataset.__init__() got an unexpected keyword "
+                                        "argument 'selected_layer_indices' at cache/registry.py:57")
+    assert rows["6262"]["detail"]["frame"] == "trainers/idm_training.py:283"
+    assert rows["6262"]["caught_by"] == "loader" and rows["5845"]["caught_by"] == "shm"
+    assert rows["6321"]["caught_by"] == "introspection" and rows["6054"]["caught_by"] == "qos"
+    assert rows["5961"]["setting"] == "8 GPU core-extra, N=12"
+
+
+def test_one_fix_covers_three_preemptions_and_the_markdown_shows_it(cli) -> None:
+    add_card_a_jobs()
+    result = cli("failures", "fix", "6054", "6108", "6158", "--note", "own/extra quota (sub does not fit long-stage jobs)",
+                 "--commit", "0123456789abcdef")
+    assert result.exit_code == 0, result.output
+    assert result.output == ("fix 1 recorded for 6054, 6108, 6158: own/extra quota (sub does not fit long-stage jobs)"
+                             " (commit 0123456789abcdef)\n")
+    assert cli("failures", "fix", "6262", "--note", "persistent_workers=(num_workers > 0)").exit_code == 0
+    markdown = cli("failures", "--markdown").output
+    lines = markdown.splitlines()
+    assert lines[2] == "| job | experiment | setting | cause | evidence | fix | caught now by |"
+    assert ("| 6054, 6108, 6158 | latent_c_n12_dense | 4 GPU sub, N=12 | preempted ×3 | preempted after running "
+            "59.0 min | own/extra quota (sub does not fit long-stage jobs) (0123456789ab) "
+            "| qos |") in lines
+    assert any(line.startswith("| 6262 | latent_c_n12_dense | 8 GPU core-own, N=12 | loader_config | ValueError: "
+                               "persistent_workers option needs num_workers > 0 at trainers/idm_training.py:283 | "
+                               "persistent_workers=(num_workers > 0) | loader |") for line in lines)
+    assert "| 6321 | latent_c_n4 | 8 GPU core-own, N=4 | python_exception |" in markdown
+    assert "open — suggested: fix the code at the innermost project frame shown" in markdown
+    assert ("- fix 1: own/extra quota (sub does not fit long-stage jobs) (commit 0123456789abcdef) — covers "
+            "6054, 6108, 6158") in lines
+    assert lines[-1] == "7 failed jobs, 4 with a recorded fix, 3 open."
+
+
+def test_filters(cli) -> None:
+    add_card_a_jobs()
+    only_n4 = json.loads(cli("failures", "latent_c_n4", "--json").output)
+    assert [row["job"] for row in only_n4] == ["6321"]
+    preempted = json.loads(cli("failures", "--cause", "preempted", "--json").output)
+    assert [row["job"] for row in preempted] == ["6054", "6108", "6158"]
+    recent = json.loads(cli("failures", "--since", "2026-11-27", "--json").output)
+    assert [row["job"] for row in recent] == ["6262", "6321"]
+    table = cli("failures", "latent_c_n4").output
+    assert "6321" in table and "python_exception" in table and "introspection" in table
+
+
+@pytest.mark.parametrize("args, message", [
+    (("failures", "fix", "9999", "--note", "x"), "error: JOB: no job 9999 in the store (run `idmctl jobs sync`"),
+    (("failures", "fix", "6400", "--note", "x"), "error: JOB: job 6400 is COMPLETED, not a failure"),
+    (("failures", "fix", "6054", "--note", " "), "error: --note: the fix note is empty"),
+    (("failures", "--cause", "gremlins"), "error: --cause: unknown cause 'gremlins' (one of: queue_cancelled,"),
+    (("failures", "--since", "last tuesday"), "error: --since: not a date or a look-back: 'last tuesday'"),
+])
+def test_bad_input_is_one_line_and_writes_nothing(cli, args, message) -> None:
+    add_card_a_jobs()
+    result = cli(*args)
+    assert result.exit_code == 2
+    assert result.output.startswith(message)
+    assert len(result.output.strip().splitlines()) == 1
+    with session() as db:
+        assert db.exec(select(Fix)).all() == []
+
+
+def test_reclassified_job_keeps_its_fix(cli) -> None:
+    add_card_a_jobs()
+    assert cli("failures", "fix", "6321", "--note", "kwarg on the right class").exit_code == 0
+    with session() as db:
+        job = db.exec(select(Job).where(Job.scheduler_id == "6321")).one()
+        job.log_tail = LOADER_LOG  # a later sync brought a longer log
+        job.updated_at = datetime.now(timezone.utc)
+        db.add(job)
+    rows = json.loads(cli("failures", "latent_c_n4", "--json").output)
+    assert rows[0]["cause"] == "loader_config" and rows[0]["fix"] == "kwarg on the right class"
+
+
+def test_failed_run_is_marked_in_mlflow(cli, idmctl_home) -> None:
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    from idmctl.paths import mlflow_tracking_uri
+
+    client = MlflowClient(tracking_uri=mlflow_tracking_uri())
+    experiment_id = client.create_experiment("idmctl")
+    run = client.create_run(experiment_id)
+    assert run.info.status == "RUNNING"
+    with session() as db:
+        chain = Chain(experiment="latent_c_n4", spec_hash="h4", mlflow_run_id=run.info.run_id)
+        db.add(chain)
+        db.flush()
+        db.add(Job(scheduler_id="7001", chain_id=chain.id, experiment="latent_c_n4", state="PREEMPTED",
+                   exit_code="0:15", started_at=T0, ended_at=T0 + timedelta(hours=1)))
+        db.add(Job(scheduler_id="7002", experiment="latent_c_n4", state="FAILED", exit_code="1:0",
+                   started_at=T0, ended_at=T0, log_tail=TYPEERROR_LOG))
+    assert cli("failures").exit_code == 0
+    marked = client.get_run(run.info.run_id)
+    assert marked.info.status == "KILLED"
+    assert marked.data.tags["failure_cause"] == "preempted"
+    assert marked.data.tags["slurm_state"] == "PREEMPTED"
+    del mlflow
