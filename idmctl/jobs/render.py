@@ -105,13 +105,11 @@ def check_nodes(values: list[str], field_name: str, source: str) -> list[str]:
 
 def check_shell_path(value: str, field_name: str, source: str) -> Path:
     """A path used in the script body: expanded here, then refused if it carries shell syntax."""
-    if _UNSAFE_CHARS.search(value):
-        raise _bad(f"{value!r} contains a control character or shell syntax", field_name, source,
-                   "use a plain path (no newline, ';', '$(', backticks or quotes)")
+    # Checked after expansion: ${IDMCTL_HOME} is fine, whatever is left of '$(' or a backtick is not.
     path = expand_path(value)
     if _UNSAFE_CHARS.search(str(path)):
-        raise _bad(f"{value!r} expands to {str(path)!r}, which contains shell syntax", field_name, source,
-                   "fix the environment variable it expands")
+        raise _bad(f"{value!r} contains a control character or shell syntax", field_name, source,
+                   "use a plain path (no newline, ';', '$(', backticks or quotes)")
     return path
 
 

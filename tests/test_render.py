@@ -1,0 +1,153 @@
+"""The batch script: what submit --dry-run renders from a spec plus flags, and the injection guard."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from idmctl.jobs.render import RenderContext, render_script, resolve_options
+from idmctl.spec.loader import load_spec
+
+
+def _spec_file(tmp_path: Path, **sections: dict) -> Path:
+    document = {"extends": "quickstart", **sections}
+    path = tmp_path / "probe.yaml"
+    path.write_text(yaml.safe_dump(document))
+    return path
+
+
+def test_dry_run_renders_header_stage_and_srun_from_spec_and_flags(cli, tmp_path: Path, idmctl_home: Path) -> None:
+    spec = _spec_file(tmp_path, stage={"enabled": True, "dest": str(tmp_path / "scratch")},
+                      resources={"cpu_ranks": 2, "cpus": 2})
+    result = cli("submit", str(spec), "--dry-run", "--qos", "sub", "--mem", "2GB", "--exclude", "n2,worker-5",
+                 "-J", "latentC_n4_60k", "--time", "1:00:00", "--gres", "gpu:2", "--cluster", "local-slurm")
+    assert result.exit_code == 0, result.output
+    script = result.output
+    header = [line for line in script.splitlines() if line.startswith("#SBATCH")]
+    assert header == [
+        "#SBATCH --job-name=latentC_n4_60k",
+        "#SBATCH --qos=sub",
+        "#SBATCH --nodes=1",
+        "#SBATCH --ntasks-per-node=2",  # one rank per GPU
+        "#SBATCH --cpus-per-task=1",  # 2 CPUs per node / 2 ranks
+        "#SBATCH --mem=1908M",  # 2 GB = 2,000,000,000 B / 2^20 = 1907.35 → 1908 MiB
+        "#SBATCH --gres=gpu:2",
+        "#SBATCH --time=0-01:00:00",
+        "#SBATCH --exclude=n2,worker-5",
+        f"#SBATCH --output={idmctl_home}/runs/probe/0/slurm-%j.out",
+        "#SBATCH --open-mode=append",
+        "#SBATCH --requeue",
+        "#SBATCH --signal=B:USR1@180",  # 5 % of 3600 s
+    ]
+    assert f"STAGE_DEST={tmp_path / 'scratch'}" in script
+    assert f"STAGE_SRC={idmctl_home}/quickstart/hidden_cache" in script
+    assert "-m trainers.train --run-dir \"$RUN_DIR\" &" in script
+    assert "scontrol requeue \"$SLURM_JOB_ID\"" in script
+    assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
+    assert not (idmctl_home / "runs").exists(), "--dry-run must write nothing"
+
+
+def test_stage_in_copies_once_then_skips_by_marker(tmp_path: Path, idmctl_home: Path) -> None:
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "ep0.safetensors").write_bytes(b"x" * 1000)
+    spec = _spec_file(tmp_path, data={"cache_root": str(cache)}, stage={"enabled": True, "dest": str(tmp_path / "dest")})
+    resolved = load_spec(str(spec))
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    ctx = RenderContext(run_dir=run_dir, chain_id=1, attempt=1, idmctl_home=idmctl_home,
+                        log_path=str(run_dir / "log"), python="/bin/true")
+    script = render_script(resolved, resolve_options(resolved, {}), ctx)
+    script_path = run_dir / "job.sh"
+    script_path.write_text(script)
+    first = subprocess.run(["bash", str(script_path)], capture_output=True, text=True, timeout=30)
+    second = subprocess.run(["bash", str(script_path)], capture_output=True, text=True, timeout=30)
+    assert first.returncode == 0 and second.returncode == 0, first.stdout + first.stderr
+    assert "idmctl: stage-in done" in first.stdout
+    assert "stage-in skipped" in second.stdout
+    assert (tmp_path / "dest" / "ep0.safetensors").read_bytes() == b"x" * 1000
+
+
+def test_stage_in_disk_full_fails_with_clear_line(tmp_path: Path, idmctl_home: Path) -> None:
+    # /dev/full makes every write fail with ENOSPC, like a full node-local disk.
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "ep0.safetensors").write_bytes(b"x" * 1000)
+    spec = _spec_file(tmp_path, data={"cache_root": str(cache)}, stage={"enabled": True, "dest": str(tmp_path / "dest")})
+    resolved = load_spec(str(spec))
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (tmp_path / "dest").mkdir()
+    (tmp_path / "dest" / "ep0.safetensors").symlink_to("/dev/full")
+    ctx = RenderContext(run_dir=run_dir, chain_id=1, attempt=1, idmctl_home=idmctl_home,
+                        log_path=str(run_dir / "log"), python="/bin/true")
+    script_path = run_dir / "job.sh"
+    script_path.write_text(render_script(resolved, resolve_options(resolved, {}), ctx))
+    result = subprocess.run(["bash", str(script_path)], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 1
+    assert "idmctl: stage-in FAILED (cp exit 1)" in result.stdout
+    assert "No space left on device" in result.stdout
+    assert not (tmp_path / "dest" / ".idmctl_staged").exists()
+
+
+SPEC_INJECTIONS = [
+    ({"resources": {"job_name": "x\n#SBATCH --uid=0"}}, "resources.job_name"),
+    ({"resources": {"qos": "core-own;rm -rf /"}}, "resources.qos"),
+    ({"resources": {"exclude": ["n1$(id)"]}}, "resources.exclude"),
+    ({"resources": {"partition": "main`id`"}}, "resources.partition"),
+    ({"data": {"cache_root": "/data/$(touch /tmp/pwned)"}, "stage": {"enabled": True}}, "data.cache_root"),
+    ({"stage": {"enabled": True, "dest": "/tmp/x;reboot"}}, "stage.dest"),
+    ({"stage": {"enabled": True, "dest": "/tmp/x\necho hi"}}, "stage.dest"),
+]
+
+
+@pytest.mark.parametrize("sections,field", SPEC_INJECTIONS, ids=[f for _, f in SPEC_INJECTIONS])
+def test_injection_through_spec_fields_exits_2_and_writes_nothing(cli, tmp_path: Path, idmctl_home: Path,
+                                                                   sections: dict, field: str) -> None:
+    spec = _spec_file(tmp_path, **sections)
+    for args in (["--dry-run"], ["--force", "--reason", "test"]):
+        result = cli("submit", str(spec), *args)
+        assert result.exit_code == 2, result.output
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"error: {spec}:{field}: "), lines
+    assert not (idmctl_home / "runs").exists()
+    assert not (idmctl_home / "idmctl.sqlite").exists() or _job_count() == 0
+
+
+FLAG_INJECTIONS = [
+    (["-J", "a`id`"], "-J"),
+    (["--qos", "sub\nx"], "--qos"),
+    (["--exclude", "n1;ls"], "--exclude"),
+    (["--mem", "1GB;x"], "--mem"),
+    (["--time", "$(id)"], "--time"),
+    (["--gres", "gpu:1;x"], "--gres"),
+    (["--entry", "os;id"], "--entry"),
+]
+
+
+@pytest.mark.parametrize("flags,flag", FLAG_INJECTIONS, ids=[f for _, f in FLAG_INJECTIONS])
+def test_injection_through_flags_exits_2(cli, idmctl_home: Path, flags: list[str], flag: str) -> None:
+    result = cli("submit", "quickstart", *flags, "--force", "--reason", "test")
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and flag in lines[0], lines
+    assert not (idmctl_home / "runs").exists()
+
+
+def test_force_without_reason_is_bad_input(cli) -> None:
+    result = cli("submit", "quickstart", "--force")
+    assert result.exit_code == 2
+    assert result.stderr.strip() == 'error: command line:--reason: --force needs --reason (e.g. --reason "smoke passed on login node")'
+
+
+def _job_count() -> int:
+    from sqlmodel import select
+
+    from idmctl.store.db import session
+    from idmctl.store.models import Job
+
+    with session() as db:
+        return len(db.exec(select(Job)).all())
