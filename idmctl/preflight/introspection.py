@@ -37,12 +37,29 @@ def _qualified(cls: Any) -> str:
 
 
 def bind_error(target: Callable[..., Any], kwargs: dict[str, Any]) -> str | None:
-    """The TypeError ``target(**kwargs)`` would raise on its signature, or None when it binds."""
-    try:
-        inspect.signature(target).bind(**kwargs)
-    except TypeError as exc:
-        return str(exc)
-    return None
+    """The TypeError ``target(**kwargs)`` would raise, or None when the kwargs bind.
+
+    Unexpected keywords are named first (that is what Python raises first, and what card job 6321
+    hit); missing required parameters are listed too, so one preflight shows every mismatch.
+    """
+    signature = inspect.signature(target)
+    params = signature.parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    unexpected = [] if takes_any else [k for k in kwargs if k not in params or
+                                       params[k].kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.VAR_POSITIONAL)]
+    missing = [name for name, p in params.items()
+               if p.default is inspect.Parameter.empty and name not in kwargs
+               and p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
+    if not unexpected and not missing:
+        try:
+            signature.bind(**kwargs)
+        except TypeError as exc:
+            return str(exc)
+        return None
+    parts = [f"got an unexpected keyword argument {name!r}" for name in unexpected]
+    if missing:
+        parts.append(f"missing required argument{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))}")
+    return f"{getattr(target, '__name__', target)}.__init__() " + "; ".join(parts)
 
 
 def _alternatives(registry: Any, kwargs: dict[str, Any], wrong: Any) -> list[str]:
@@ -50,17 +67,8 @@ def _alternatives(registry: Any, kwargs: dict[str, Any], wrong: Any) -> list[str
     table = getattr(registry, "DATASETS", None)
     if not isinstance(table, dict):
         return []
-    found = []
-    for name in table:
-        try:
-            cls = registry.dataset_class_by_name(name) if hasattr(registry, "dataset_class_by_name") else None
-        except Exception:  # an unrelated broken entry must not hide this check's verdict
-            cls = None
-        if cls is None or cls is wrong:
-            continue
-        if bind_error(cls, kwargs) is None:
-            found.append(f"data.dataset: {name} → {_qualified(cls)}")
-    return found
+    return [f"data.dataset: {name} → {_qualified(cls)}" for name, cls in table.items()
+            if cls is not wrong and bind_error(cls, kwargs) is None]
 
 
 def _resolve(ctx: PreflightContext) -> tuple[list[tuple[str, Any, dict[str, Any]]], list[str], list[str]]:
@@ -72,13 +80,12 @@ def _resolve(ctx: PreflightContext) -> tuple[list[tuple[str, Any, dict[str, Any]
     from cache import registry as data_registry
     from trainers import registry as model_registry
 
-    for split in dict.fromkeys((spec.data.train_split, spec.data.eval_split)):
-        try:
-            targets.append((f"dataset[{split}]", data_registry.dataset_class(spec), data_registry.dataset_kwargs(spec, split)))
-        except UserError as exc:
-            fails.append(f"dataset: {exc.line().removeprefix('error: ')}")
-            fixes.append(exc.hint or "fix data.dataset")
-            break
+    try:
+        # One class serves both splits and only ``split`` differs, so binding the train kwargs covers eval.
+        targets.append(("dataset", data_registry.dataset_class(spec), data_registry.dataset_kwargs(spec, "train")))
+    except UserError as exc:
+        fails.append(f"dataset: {exc.line().removeprefix('error: ')}")
+        fixes.append(exc.hint or "fix data.dataset")
     collate = getattr(data_registry, "collate_fn", None)
     if callable(collate):
         try:
@@ -109,12 +116,12 @@ def check(ctx: PreflightContext) -> CheckResult:
             continue
         error = bind_error(target, kwargs)
         if error is None:
-            bound.append(f"{role} {_qualified(target)} takes {', '.join(sorted(kwargs)) or 'no kwargs'}")
+            bound.append(f"{role} {_qualified(target)} binds {len(kwargs)} kwarg{'s' if len(kwargs) != 1 else ''} ({', '.join(sorted(kwargs))})")
             continue
         fails.append(f"{role}: {_qualified(target)} rejects the spec's kwargs → TypeError: {error}")
         from cache import registry as data_registry
 
-        others = _alternatives(data_registry, kwargs, target) if role.startswith("dataset") else []
+        others = _alternatives(data_registry, kwargs, target) if role == "dataset" else []
         fixes.append(f"did you mean {' or '.join(others)}?" if others else
                      f"add the parameter to {getattr(target, '__name__', target)}.__init__ ({where(target)}) or stop "
                      "configuring it")
