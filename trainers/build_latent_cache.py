@@ -166,3 +166,47 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def launch(spec_path: str, mode: str, *, processes: int, recompute_norm: bool = False,
+           env: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """Run the builder in ``processes`` accelerate processes (1: in a plain subprocess); one report per rank."""
+    import subprocess
+    import tempfile
+
+    from idmctl.errors import CheckFailed
+    from idmctl.paths import REPO_ROOT
+
+    env = dict(env or os.environ)
+    if not _has_gpu():
+        env["ACCELERATE_USE_CPU"] = "true"
+    with tempfile.TemporaryDirectory(prefix="latent_build_") as tmp:
+        report = Path(tmp) / "report.json"
+        builder = ["-m", "trainers.build_latent_cache", "--spec", spec_path, "--mode", mode, "--report", str(report)]
+        if recompute_norm:
+            builder.append("--recompute-norm")
+        if processes == 1:
+            argv = [sys.executable, *builder]
+        else:
+            argv = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes",
+                    str(processes), "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+                    "--main_process_port", str(free_port()), *builder]
+        result = subprocess.run(argv, cwd=REPO_ROOT, env=env)
+        if result.returncode != 0:
+            raise CheckFailed(f"latent cache build failed (exit {result.returncode}): {' '.join(argv)}")
+        paths = [report] if processes == 1 else [report.with_name(f"report.json.rank{r}") for r in range(processes)]
+        return [json.loads(p.read_text()) for p in paths]
+
+
+def _has_gpu() -> bool:
+    import shutil
+
+    return shutil.which("nvidia-smi") is not None and os.environ.get("CUDA_VISIBLE_DEVICES", "x") != ""

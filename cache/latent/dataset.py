@@ -22,7 +22,7 @@ from torch.utils.data import Dataset
 from cache.episodes import EpisodeFile
 from cache.latent.encoder import VideoEncoder, load_encoder
 from cache.latent.files import read_latent, write_latent
-from cache.latent.layout import PT_META_FILE, SLOTS, LatentLayout
+from cache.latent.layout import PT_META_FILE, SLOTS, LatentLayout, latent_section, sample_starts
 from cache.latent.pointmaps import frame_points, normalise, read_norm_file
 from cache.latent.pt_hash import PtMeta, norm_path_for, pt_meta_for
 from idmctl.errors import UserError
@@ -32,23 +32,6 @@ from idmctl.spec.schema import ExperimentSpec, LatentCacheSpec
 PT_RANGE = 3.0
 """Standardised points are divided by this and clipped to the VAE's [-1, 1] (±3 std kept)."""
 _FROM_SPEC: Any = object()
-
-
-def latent_section(spec: ExperimentSpec) -> LatentCacheSpec:
-    if spec.latent is None:
-        raise UserError("the spec has no latent section", field="latent",
-                        hint="add `latent:` (see experiments/latent_rgbpt_smoke.yaml)")
-    return spec.latent
-
-
-def sample_starts(latent: LatentCacheSpec, steps: int) -> list[int]:
-    """Starts whose F frames fit in an episode of ``steps`` timesteps."""
-    span = (latent.frames - 1) * latent.frame_stride
-    if steps <= span:
-        return []
-    if latent.start_stride is None:
-        return [0]
-    return list(range(0, steps - span, latent.start_stride))
 
 
 def needs_pt_hash(latent: LatentCacheSpec, slots: tuple[str, ...]) -> bool:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from idmctl.errors import UserError
 from idmctl.paths import expand_path
-from idmctl.spec.schema import LatentCacheSpec
+from idmctl.spec.schema import ExperimentSpec, LatentCacheSpec
 
 SLOTS = ("rgb", "pt", "ff")
 SOURCE = "robocasa_hdf5"
@@ -133,3 +133,20 @@ def temp_files(directory: Path) -> list[Path]:
     if not directory.is_dir():
         return []
     return sorted(p for p in directory.iterdir() if p.name.startswith(".") and ".tmp" in p.name)
+
+
+def latent_section(spec: ExperimentSpec) -> LatentCacheSpec:
+    if spec.latent is None:
+        raise UserError("the spec has no latent section", field="latent",
+                        hint="add `latent:` (see experiments/latent_rgbpt_smoke.yaml)")
+    return spec.latent
+
+
+def sample_starts(latent: LatentCacheSpec, steps: int) -> list[int]:
+    """Starts whose F frames fit in an episode of ``steps`` timesteps."""
+    span = (latent.frames - 1) * latent.frame_stride
+    if steps <= span:
+        return []
+    if latent.start_stride is None:
+        return [0]
+    return list(range(0, steps - span, latent.start_stride))
