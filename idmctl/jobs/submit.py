@@ -126,7 +126,8 @@ def submit(experiment: str, overrides: dict[str, Any], cluster: str | None,
 
 def _submit_attempt(resolved: ResolvedSpec, scheduler: str, options: JobOptions, chain_id: int, attempt: int,
                     preflight_id: int | None, forced: str | None, extra_env: dict[str, str]) -> Submitted:
-    ctx = _context(resolved, chain_id, attempt, scheduler, extra_env)
+    version = code_version()
+    ctx = _context(resolved, chain_id, attempt, scheduler, {"IDMCTL_CODE_VERSION": version, **extra_env})
     script = render_script(resolved, options, ctx)
     write_run_spec(ctx.run_dir, resolved)
     script_path = ctx.run_dir / f"attempt-{attempt}.sbatch"
@@ -135,7 +136,7 @@ def _submit_attempt(resolved: ResolvedSpec, scheduler: str, options: JobOptions,
     recorded = {**options.as_dict(), "rollback": bool(extra_env.get("IDMCTL_ROLLBACK"))}
     with session() as db:
         job = Job(chain_id=chain_id, attempt=attempt, experiment=resolved.name, spec_hash=resolved.hash,
-                  code_version=code_version(), preflight_id=preflight_id, executor=executor.name,
+                  code_version=version, preflight_id=preflight_id, executor=executor.name,
                   state="SUBMITTING", qos=options.qos, gpus=options.gpus_per_node * options.nodes,
                   routing_n=resolved.spec.data.routing_n, script_path=str(script_path),
                   options_json=json.dumps(recorded), forced_reason=forced)

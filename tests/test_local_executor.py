@@ -1,0 +1,132 @@
+"""The local executor runs the same rendered script as a subprocess, with Slurm's states and the same
+records; sync and retries-by-cause work on it exactly as on Slurm."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from sqlmodel import select
+
+from idmctl.executors.local import LocalExecutor
+from idmctl.store.db import session
+from idmctl.store.models import Chain, Job
+
+
+def _submit(cli, *args: str) -> dict:
+    result = cli("submit", "quickstart", "--entry", "tests.jobs_entry", "--force", "--reason", "executor test",
+                 "--json", *args)
+    assert result.exit_code == 0, result.output + result.stderr
+    return json.loads(result.stdout)
+
+
+def _wait(scheduler_id: str) -> None:
+    LocalExecutor().wait(scheduler_id, timeout_s=60)
+
+
+def _jobs() -> list[Job]:
+    with session() as db:
+        return list(db.exec(select(Job).order_by(Job.id)).all())
+
+
+def _chain(chain_id: int) -> Chain:
+    with session() as db:
+        chain = db.get(Chain, chain_id)
+        assert chain is not None
+        return chain
+
+
+def test_completed_job_is_recorded_with_times_and_log(cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("IDMCTL_TEST_BEHAVIOR", "steps:3:0.05")
+    submitted = _submit(cli)
+    assert submitted["executor"] == "local" and submitted["forced"] is True
+    _wait(submitted["scheduler_id"])
+    assert cli("sync").exit_code == 0
+    (job,) = _jobs()
+    assert (job.state, job.exit_code, job.reason) == ("COMPLETED", "0:0", None)
+    assert job.started_at is not None and job.ended_at is not None and job.ended_at >= job.started_at
+    assert "entry: done 3 steps" in (job.log_tail or "")
+    assert job.forced_reason and job.forced_reason.endswith(": executor test")
+    assert json.loads(job.options_json)["qos"] == "core-own"
+    assert _chain(job.chain_id).status == "COMPLETED"
+    listing = cli("jobs")
+    assert "COMPLETED" in listing.output and submitted["scheduler_id"] in listing.output
+
+
+def test_type_error_at_start_fails_and_is_not_retried_even_with_budget(cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("IDMCTL_TEST_BEHAVIOR", "typeerror")
+    submitted = _submit(cli, "--retries", "5")
+    _wait(submitted["scheduler_id"])
+    result = cli("sync")
+    assert "python_exception" in result.output
+    jobs = _jobs()
+    assert [(j.state, j.exit_code) for j in jobs] == [("FAILED", "1:0")]
+    chain = _chain(jobs[0].chain_id)
+    assert (chain.status, chain.retries_budget, chain.retries_used) == ("FAILED", 5, 0)
+
+
+def test_checkpointed_exit_is_resubmitted_into_the_chain_and_resumes(cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("IDMCTL_TEST_BEHAVIOR", "steps:40:0.1")
+    submitted = _submit(cli, "--retries", "1")
+    run_dir = Path(submitted["script"]).parent
+    deadline = time.monotonic() + 30
+    while not (run_dir / "ckpt.json").exists() or json.loads((run_dir / "ckpt.json").read_text())["step"] < 3:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    # What Slurm's preemption notice does: USR1 to the batch shell, which passes it to the trainer.
+    runner_pid = json.loads((Path(submitted["log"]).parent.parent.parent.parent / "local-jobs"
+                             / f"{submitted['scheduler_id']}.json").read_text())["runner_pid"]
+    import os
+    import signal
+    script_pids = [int(p) for p in os.listdir("/proc") if p.isdigit() and _parent(int(p)) == runner_pid]
+    for pid in script_pids:
+        os.kill(pid, signal.SIGUSR1)
+    _wait(submitted["scheduler_id"])
+    monkeypatch.setenv("IDMCTL_TEST_BEHAVIOR", "steps:5:0.05")  # the resumed attempt finishes quickly
+    report = json.loads(cli("sync", "--json").stdout)
+    assert len(report["resubmitted"]) == 1
+    first, second = _jobs()
+    assert (first.state, first.exit_code) == ("PREEMPTED", "75:0")
+    assert (second.chain_id, second.attempt) == (first.chain_id, 2)
+    _wait(second.scheduler_id)
+    cli("sync")
+    first, second = _jobs()
+    assert second.state == "COMPLETED"
+    import re
+    resumed = re.findall(r"entry: resumed from step (\d+)", second.log_tail or "")
+    assert resumed and int(resumed[-1]) >= 3, second.log_tail  # not step 0
+    assert int((run_dir / "steps_done.txt").read_text()) == 5
+    assert _chain(first.chain_id).status == "COMPLETED"
+    assert _chain(first.chain_id).retries_used == 1
+
+
+def _parent(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return -1
+
+
+def test_submit_requires_a_passing_preflight(cli, idmctl_home: Path) -> None:
+    result = cli("submit", "quickstart", "--entry", "tests.jobs_entry")
+    assert result.exit_code == 1
+    assert "preflight required" in result.stderr
+    assert _jobs() == []
+
+
+def test_submit_passes_the_gate_with_a_recorded_preflight(cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    from idmctl.preflight.record import code_version, record_run
+    from idmctl.profile import load_profile
+    from idmctl.spec.loader import load_spec
+
+    resolved = load_spec("quickstart")
+    profile, profile_hash = load_profile("local")
+    run = record_run(resolved, profile.name, profile_hash, code_version(), [], with_smoke=True, seconds=0.1)
+    monkeypatch.setenv("IDMCTL_TEST_BEHAVIOR", "steps:1:0.01")
+    result = cli("submit", "quickstart", "--entry", "tests.jobs_entry", "--json")
+    assert result.exit_code == 0, result.stderr
+    _wait(json.loads(result.stdout)["scheduler_id"])
+    (job,) = _jobs()
+    assert (job.preflight_id, job.forced_reason) == (run.id, None)
