@@ -86,3 +86,25 @@ def fix_cmd(
         return
     commit_text = f" (commit {commit})" if commit else ""
     console.print(f"fix {result['fix_id']} recorded for {', '.join(result['jobs'])}: {note}{commit_text}", markup=False)
+
+
+def jobs_import(
+    since: Annotated[str, typer.Option("--since", help="Jobs submitted since a date (2026-11-01) or a look-back (7d).")],
+    as_json: JsonOpt = False,
+) -> None:
+    """Pull jobs not submitted by idmctl from sacct into the store (imported), and classify their failures."""
+    from idmctl.failures.importer import import_history, parse_history, sacct_history
+    from idmctl.failures.postmortem import parse_since, record_failures
+    from idmctl.store import session
+
+    records = parse_history(sacct_history(parse_since(since)))
+    with session() as db:
+        added = import_history(db, records)
+        failures = record_failures(db, added)
+        result = {"seen": len(records), "imported": [job.scheduler_id for job in added],
+                  "failed": {str(failure.job_id): failure.cause for failure in failures}}
+    if as_json:
+        emit_json(result)
+        return
+    console.print(f"sacct listed {result['seen']} jobs since {since}: imported {len(added)} new, "
+                  f"{len(failures)} of them failed (see `idmctl failures`)", markup=False)
