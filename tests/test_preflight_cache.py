@@ -1,0 +1,59 @@
+"""The cache check on a real tiny cache (real HDF5 episodes + real safetensors hidden files), and
+the runner's measurements of it (du for stage-in, per-episode inspection)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from idmctl.preflight import cache, disk
+from idmctl.preflight.result import PreflightContext, Status
+from idmctl.preflight.runner import gather
+from idmctl.profile import load_profile
+from idmctl.spec import load_spec
+
+
+@pytest.fixture
+def tiny(tmp_path: Path) -> Path:
+    from trainers.tiny_data import write_tiny_spec
+
+    return write_tiny_spec(tmp_path, stage={"enabled": True, "dest": str(tmp_path / "stage")})
+
+
+def check_cache(spec_path: Path):
+    profile, _ = load_profile("local")
+    resolved = load_spec(str(spec_path))
+    measured = gather(resolved, profile)
+    return PreflightContext(resolved, profile, measured), cache.check(PreflightContext(resolved, profile, measured))
+
+
+def test_complete_cache_passes_and_stage_in_is_measured(tiny: Path):
+    ctx, result = check_cache(tiny)
+    assert result.status is Status.PASS, result.summary
+    assert "train: 6/6 episodes ok; valid: 2/2 episodes ok" in result.summary
+    files = sorted((tiny.parent / "data" / "hidden").glob("*.safetensors"))
+    assert ctx.measurements.cache_bytes == sum(f.stat().st_size for f in files)
+    staged = disk.check(ctx)
+    assert staged.status is Status.PASS and f"measured under" in staged.summary and "(8 files)" in staged.summary
+
+
+def test_missing_train_episode_fails_naming_it(tiny: Path):
+    (tiny.parent / "data" / "hidden" / "demo_3.safetensors").unlink()
+    _, result = check_cache(tiny)
+    assert result.status is Status.FAIL
+    assert "train: 5/6 episodes ok, missing demo_3" in result.summary
+
+
+def test_missing_eval_episode_only_warns(tiny: Path):
+    (tiny.parent / "data" / "hidden" / "demo_7.safetensors").unlink()
+    _, result = check_cache(tiny)
+    assert result.status is Status.WARN and "valid: 1/2 episodes ok, missing demo_7" in result.summary
+
+
+def test_geometry_that_disagrees_with_the_spec_fails(tiny: Path):
+    text = tiny.read_text().replace("channels: 16", "channels: 32")
+    tiny.write_text(text)
+    _, result = check_cache(tiny)
+    assert result.status is Status.FAIL
+    assert "demo_0: file has channels 16 but the spec says 32" in result.summary
