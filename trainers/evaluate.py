@@ -1,0 +1,138 @@
+"""Evaluation behind one interface: an :class:`Evaluator` scores a :class:`ChunkPolicy` on held-out demos.
+
+``offline_eef`` (here): for every sample window of the first n held-out demos, predict the action
+chunk, roll its position part forward from the recorded start, and measure the distance to the
+recorded ``robot0_eef_pos`` track. ``eef_mm_<n>ep`` = mean over the n demos of each demo's mean
+error, in millimetres. Rolling forward uses one gain per axis (metres per action unit) fitted by
+least squares on the training demos' recorded (action, Δeef) pairs, because the OSC controller
+moves the arm by a fraction of the commanded delta. The robosuite replay evaluator (``sim_eef``)
+plugs in behind the same interface.
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from idmctl.errors import UserError
+from idmctl.paths import expand_path
+from idmctl.spec.schema import ExperimentSpec
+from idmctl.tracking import eef_metric
+
+EVALUATORS: dict[str, str] = {
+    "offline_eef": "trainers.evaluate:OfflineEEFEvaluator",
+    "sim_eef": "trainers.sim.evaluate:SimEEFEvaluator",
+}
+"""Name → ``module:Class``; every class takes ``(spec, device)``."""
+GAIN_FIT_DEMOS = 64
+"""Training demos read to fit the action → EEF gain (actions and EEF only, no hidden states)."""
+
+
+class ChunkPolicy:
+    """The model as evaluators see it: hidden states (B, N, T_w, H, W, C) → action chunks (B, A, a)."""
+
+    def __init__(self, model: torch.nn.Module, device: torch.device, seed: int = 0):
+        self.model, self.device, self.seed = model, device, seed
+
+    @torch.no_grad()
+    def predict(self, hidden: Tensor, generator: torch.Generator | None = None) -> Tensor:
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            return self.model.sample(hidden.to(self.device), generator=generator).float().cpu()
+        finally:
+            self.model.train(was_training)
+
+
+class Evaluator(ABC):
+    """Scores a policy on held-out episodes; returns metric name → value (e.g. ``eef_mm_24ep``)."""
+
+    @abstractmethod
+    def evaluate(self, policy: ChunkPolicy, episode_counts: list[int]) -> dict[str, float]:
+        ...
+
+
+def build_evaluators(spec: ExperimentSpec, device: torch.device) -> list[Evaluator]:
+    """Offline EEF always; the simulator replay too when ``eval.simulator``."""
+    wanted = ["offline_eef", *(["sim_eef"] if spec.eval.simulator else [])]
+    evaluators = []
+    for name in wanted:
+        module_name, class_name = EVALUATORS[name].split(":")
+        evaluators.append(getattr(importlib.import_module(module_name), class_name)(spec, device))
+    return evaluators
+
+
+def fit_eef_gain(actions: list[np.ndarray], eef: list[np.ndarray]) -> np.ndarray:
+    """Per-axis g minimising Σ (Δeef − g·a[:, :3])² over consecutive steps: (3,) metres per action unit."""
+    a = np.concatenate([x[:-1, :3] for x in actions])
+    delta = np.concatenate([np.diff(x, axis=0) for x in eef])
+    return (a * delta).sum(axis=0) / np.maximum((a * a).sum(axis=0), 1e-12)
+
+
+def rollout_eef(start: Tensor, actions: Tensor, gain: Tensor) -> Tensor:
+    """(B, 3) start + (B, A, a) actions → (B, A + 1, 3) positions: start, then cumulative g·a[:, :, :3]."""
+    steps = torch.cumsum(actions[..., :3] * gain, dim=1)
+    return torch.cat([start[:, None], start[:, None] + steps], dim=1)
+
+
+class OfflineEEFEvaluator(Evaluator):
+    """``eef_mm_<n>ep`` from the held-out split, offline (no simulator)."""
+
+    def __init__(self, spec: ExperimentSpec, device: torch.device):
+        from cache.episodes import EpisodeFile
+        from cache.registry import build_dataset
+
+        self.spec = spec
+        self.dataset = build_dataset(spec, "eval")
+        self.by_demo: dict[str, list[int]] = defaultdict(list)
+        for item, (entry, _) in enumerate(self.dataset.index.windows):
+            self.by_demo[entry.demo].append(item)
+        episodes = EpisodeFile(expand_path(spec.data.episodes))
+        try:
+            train = episodes.demos(spec.data.train_split)[:GAIN_FIT_DEMOS]
+            gain = fit_eef_gain([episodes.actions(d) for d in train], [episodes.obs(d, "robot0_eef_pos") for d in train])
+        finally:
+            episodes.close()
+        self.gain = torch.from_numpy(gain.astype(np.float32))
+
+    @property
+    def demos(self) -> list[str]:
+        return list(self.by_demo)
+
+    def evaluate(self, policy: ChunkPolicy, episode_counts: list[int]) -> dict[str, float]:
+        available = len(self.by_demo)
+        too_many = [n for n in episode_counts if n > available]
+        if too_many:
+            raise UserError(f"eval asks for {max(too_many)} episodes but split {self.spec.data.eval_split!r} has "
+                            f"{available}", field="eval.episodes", hint=f"use counts ≤ {available} or add held-out demos")
+        per_demo = self.per_demo_error_mm(policy, self.demos[: max(episode_counts)])
+        return {eef_metric(n): float(np.mean(per_demo[:n])) for n in episode_counts}
+
+    def per_demo_error_mm(self, policy: ChunkPolicy, demos: list[str]) -> list[float]:
+        generator = torch.Generator().manual_seed(policy.seed)
+        errors = []
+        batch = self.spec.loader.batch_size
+        for demo in demos:
+            items = self.by_demo[demo]
+            demo_errors: list[Tensor] = []
+            for start in range(0, len(items), batch):
+                samples = [self.dataset[i] for i in items[start:start + batch]]
+                demo_errors.append(self._window_errors(policy, samples, generator))
+            errors.append(float(torch.cat(demo_errors).mean()) * 1000.0)
+        return errors
+
+    def _window_errors(self, policy: ChunkPolicy, samples: list[dict[str, Any]],
+                       generator: torch.Generator) -> Tensor:
+        hidden = torch.stack([s["hidden"] for s in samples])
+        true_eef = torch.stack([s["eef_pos"] for s in samples])
+        mask = torch.stack([s["action_mask"] for s in samples])
+        predicted = policy.predict(hidden, generator)
+        track = rollout_eef(true_eef[:, 0], predicted, self.gain)
+        distance = (track[:, 1:] - true_eef[:, 1:]).norm(dim=-1)
+        return distance[mask]

@@ -1,0 +1,108 @@
+"""MLflow logging for one training chain: every attempt (Slurm requeue) logs to ONE run.
+
+The run id lives in ``<run_dir>/mlflow_run_id``: the first attempt creates the run and writes it
+(atomically); later attempts reopen it. Names come from :mod:`idmctl.tracking`. Only rank 0 logs.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from idmctl import tracking as names
+from idmctl.output import flatten
+from idmctl.paths import atomic_write_text, mlflow_artifacts_dir, mlflow_tracking_uri
+
+RUN_ID_FILE = "mlflow_run_id"
+TAG_SLURM_RESTARTS = "idmctl.slurm_restart_count"
+_MAX_PARAM_CHARS = 6000
+"""MLflow's limit on one param value."""
+
+
+def attempt_tags(env: dict[str, str] | None = None) -> dict[str, str]:
+    """Tags that change per attempt: Slurm job id, restart count, attempt number."""
+    env = dict(os.environ) if env is None else env
+    tags = {}
+    if env.get("SLURM_JOB_ID"):
+        tags[names.TAG_SLURM_JOB] = env["SLURM_JOB_ID"]
+    if env.get("SLURM_RESTART_COUNT"):
+        tags[TAG_SLURM_RESTARTS] = env["SLURM_RESTART_COUNT"]
+    if env.get("IDMCTL_ATTEMPT"):
+        tags[names.TAG_ATTEMPT] = env["IDMCTL_ATTEMPT"]
+    elif env.get("SLURM_RESTART_COUNT"):
+        tags[names.TAG_ATTEMPT] = str(int(env["SLURM_RESTART_COUNT"]) + 1)
+    return tags
+
+
+def chain_id(env: dict[str, str] | None = None) -> int | None:
+    value = (os.environ if env is None else env).get("IDMCTL_CHAIN_ID")
+    return int(value) if value else None
+
+
+class RunLogger:
+    """Rank 0's handle on the chain's MLflow run."""
+
+    def __init__(self, run_dir: Path, name: str, spec_hash: str, canonical: dict[str, Any], code_version: str):
+        from mlflow.tracking import MlflowClient
+
+        self.client = MlflowClient(tracking_uri=mlflow_tracking_uri())
+        id_file = run_dir / RUN_ID_FILE
+        if id_file.exists():
+            self.run_id = id_file.read_text().strip()
+            self.client.update_run(self.run_id, status="RUNNING")
+            self.resumed = True
+        else:
+            experiment_id = self._experiment_id()
+            spec = canonical
+            tags = {
+                names.TAG_EXPERIMENT: name, names.TAG_SPEC_HASH: spec_hash,
+                names.TAG_ROUTING_N: str(len(spec["data"]["selected_layer_indices"])),
+                names.TAG_QOS: str(spec["resources"]["qos"]),
+            }
+            chain = chain_id()
+            if chain is not None:
+                tags[names.TAG_CHAIN] = str(chain)
+            run = self.client.create_run(experiment_id, run_name=names.run_name(name, chain), tags=tags)
+            self.run_id = run.info.run_id
+            self._log_params(flatten(canonical))
+            atomic_write_text(id_file, self.run_id + "\n")
+            self.resumed = False
+        for key, value in {names.TAG_CODE_VERSION: code_version, **attempt_tags()}.items():
+            self.client.set_tag(self.run_id, key, value)
+
+    def _experiment_id(self) -> str:
+        experiment = self.client.get_experiment_by_name(names.MLFLOW_EXPERIMENT)
+        if experiment is not None:
+            return experiment.experiment_id
+        artifacts = mlflow_artifacts_dir()
+        artifacts.mkdir(parents=True, exist_ok=True)
+        try:
+            return self.client.create_experiment(names.MLFLOW_EXPERIMENT, artifact_location=artifacts.as_uri())
+        except Exception:  # another process created it between our get and create
+            experiment = self.client.get_experiment_by_name(names.MLFLOW_EXPERIMENT)
+            if experiment is None:
+                raise
+            return experiment.experiment_id
+
+    def _log_params(self, flat: dict[str, Any]) -> None:
+        from mlflow.entities import Param
+
+        params = [Param(key, str(value)[:_MAX_PARAM_CHARS]) for key, value in sorted(flat.items())]
+        for start in range(0, len(params), 100):  # log_batch takes at most 100 params per call
+            self.client.log_batch(self.run_id, params=params[start:start + 100])
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        from mlflow.entities import Metric
+
+        stamp = int(time.time() * 1000)
+        batch = [Metric(key, float(value), stamp, step) for key, value in metrics.items()]
+        self.client.log_batch(self.run_id, metrics=batch)
+
+    def set_tag(self, key: str, value: str) -> None:
+        self.client.set_tag(self.run_id, key, value)
+
+    def finish(self, status: str) -> None:
+        """``FINISHED``, ``FAILED`` or ``KILLED`` (preempted: a later attempt reopens the run)."""
+        self.client.set_terminated(self.run_id, status=status)

@@ -1,0 +1,377 @@
+"""The Fabric trainer for the layer-routed DiT, in litgpt's shape: setup → fit → validate.
+
+Entry point: ``python -m trainers.train --run-dir DIR`` with ``DIR/spec.json`` written by
+:func:`write_run_spec`. One run directory is one chain of attempts:
+
+- ``DIR/checkpoints/step-<N>.ckpt``: every ``train.checkpoint_every`` steps, at the end, and on
+  SIGUSR1/SIGTERM (Slurm's warning before preemption or the time limit); a new attempt resumes
+  from the newest complete one and continues exactly as an uninterrupted run would (the data order
+  is a function of (seed, epoch) and the flow noise of (seed, step, rank, micro-step)).
+- after a signal: finish the current step, checkpoint, exit 75 (EX_TEMPFAIL) so the job requeues.
+- a NaN/inf loss: no optimizer step, no checkpoint; ``DIR/failure.json`` = ``{"cause": "nan_loss",
+  "step": N}``, ``IDMCTL_FAILURE cause=nan_loss step=N`` on stderr, exit 3.
+  Test hook: ``IDMCTL_INJECT_NAN_AT_STEP=N`` makes step N's loss NaN.
+- ``DIR/mlflow_run_id``: the one MLflow run all attempts log to (see ``trainers.tracking``).
+
+Only rank 0 logs, evaluates and writes files. Under ``srun`` Fabric takes ranks from Slurm
+(``--ntasks-per-node`` must equal the devices); under ``fabric run`` (LT_CLI_USED) it is already
+launched; otherwise ``Fabric.launch()`` starts the local ranks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import resource
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from idmctl.errors import UserError
+from idmctl.paths import atomic_write_text
+from idmctl.spec.schema import ExperimentSpec
+from trainers.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+
+if TYPE_CHECKING:
+    from lightning_fabric import Fabric
+    from torch.utils.data import DataLoader
+
+    from idmctl.spec.loader import ResolvedSpec
+    from trainers.tracking import RunLogger
+
+SPEC_FILE = "spec.json"
+FAILURE_FILE = "failure.json"
+EXIT_REQUEUE = 75
+"""EX_TEMPFAIL: interrupted by a signal after checkpointing; the job script requeues."""
+EXIT_NAN = 3
+NAN_HOOK_ENV = "IDMCTL_INJECT_NAN_AT_STEP"
+CACHE_ROOT_ENV = "IDMCTL_CACHE_ROOT"
+"""Overrides ``data.cache_root`` (the staged copy on node-local disk); not part of the spec hash."""
+STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """``DIR/spec.json``: the experiment's name, hash and canonical spec."""
+
+    run_dir: Path
+    name: str
+    hash: str
+    spec: ExperimentSpec
+    canonical: dict[str, Any]
+
+
+def write_run_spec(run_dir: Path, resolved: "ResolvedSpec") -> Path:
+    """Write ``run_dir/spec.json`` (atomic); refuses to repoint a run directory at another spec."""
+    path = Path(run_dir) / SPEC_FILE
+    if path.exists():
+        existing = json.loads(path.read_text())
+        if existing.get("hash") != resolved.hash:
+            raise UserError(f"run directory holds spec {existing.get('name')} {str(existing.get('hash'))[:12]}, "
+                            f"not {resolved.name} {resolved.short_hash}", file=str(path),
+                            hint="use a new run directory")
+        return path
+    atomic_write_text(path, json.dumps({"name": resolved.name, "hash": resolved.hash, "spec": resolved.canonical},
+                                       indent=2, sort_keys=True))
+    return path
+
+
+def read_run_spec(run_dir: Path) -> RunSpec:
+    path = Path(run_dir) / SPEC_FILE
+    if not path.exists():
+        raise UserError("no spec.json in the run directory", file=str(path), hint="write it with write_run_spec")
+    document = json.loads(path.read_text())
+    spec = ExperimentSpec.model_validate(document["spec"])
+    return RunSpec(Path(run_dir), document["name"], document["hash"], spec, document["spec"])
+
+
+# -- setup ---------------------------------------------------------------------------------------
+
+def setup_fabric(spec: ExperimentSpec) -> "Fabric":
+    """Devices, nodes, strategy and precision from the spec; bf16-mixed on GPU, 32-true on CPU."""
+    from lightning_fabric import Fabric
+
+    res = spec.resources
+    on_gpu = res.gpus_per_node > 0
+    if on_gpu and not torch.cuda.is_available():
+        raise UserError(f"the spec asks for {res.gpus_per_node} GPUs per node but this machine has none",
+                        field="resources.gpus_per_node", hint="run it on a GPU node, or set 0 for CPU ranks")
+    precision = spec.train.precision if spec.train.precision != "auto" else ("bf16-mixed" if on_gpu else "32-true")
+    return Fabric(accelerator="cuda" if on_gpu else "cpu", devices=res.ranks_per_node, num_nodes=res.nodes,
+                  strategy="ddp" if res.world_size > 1 else "auto", precision=precision)
+
+
+def launch(fabric: "Fabric") -> None:
+    if not os.environ.get("LT_CLI_USED"):  # `fabric run` has launched us already; .launch() would raise
+        fabric.launch()
+
+
+def learning_rate(spec: ExperimentSpec, step: int) -> float:
+    """Linear warm-up to ``train.lr``, then cosine decay to 10% of it at ``train.steps``."""
+    train = spec.train
+    if step < train.warmup_steps:
+        return train.lr * (step + 1) / train.warmup_steps
+    progress = (step - train.warmup_steps) / max(1, train.steps - train.warmup_steps)
+    return train.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+
+
+def noise_generator(seed: int, step: int, rank: int, micro: int) -> torch.Generator:
+    """Flow noise and t for one micro-batch: a pure function of where it is in the run."""
+    state = int(np.random.SeedSequence([seed, step, rank, micro]).generate_state(1)[0])
+    return torch.Generator().manual_seed(state)
+
+
+def micro_batches(loader: "DataLoader", consumed: int) -> Iterator[dict[str, Any]]:
+    """Endless micro-batches across epochs, starting after ``consumed`` of them (resume)."""
+    from torch.utils.data import DataLoader
+
+    per_epoch = len(loader)
+    epoch, skip = divmod(consumed, per_epoch)
+    while True:
+        loader.sampler.set_epoch(epoch)
+        if skip:
+            # Skip by index, not by loading: rebuild this epoch's loader on the remaining indices.
+            batch_size = loader.batch_size
+            remaining = list(loader.sampler)[skip * batch_size:]
+            yield from DataLoader(loader.dataset, sampler=remaining, worker_init_fn=loader.worker_init_fn,
+                                  **_loader_kwargs(loader))
+            skip = 0
+        else:
+            yield from loader
+        epoch += 1
+
+
+def _loader_kwargs(loader: "DataLoader") -> dict[str, Any]:
+    kwargs: dict[str, Any] = {"batch_size": loader.batch_size, "num_workers": loader.num_workers,
+                              "pin_memory": loader.pin_memory, "persistent_workers": loader.persistent_workers,
+                              "collate_fn": loader.collate_fn}
+    if loader.num_workers > 0:
+        kwargs["prefetch_factor"] = loader.prefetch_factor
+    return kwargs
+
+
+class StopSignals:
+    """Remembers SIGUSR1/SIGTERM; the loop checks between steps so a step is never cut in half."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum: int, _frame: Any) -> None:
+        self.received = signum
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
+
+
+# -- fit -----------------------------------------------------------------------------------------
+
+def fit(fabric: "Fabric", run: RunSpec) -> int:
+    """Train to ``train.steps`` (resuming if a checkpoint exists); returns the process exit code."""
+    from cache.registry import build_dataloader
+    from trainers.registry import build_model
+
+    spec, rank = run.spec, fabric.global_rank
+    fabric.seed_everything(spec.train.seed)
+    model = build_model(spec, device=fabric.device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=spec.train.lr, weight_decay=spec.train.weight_decay)
+    model, optimizer = fabric.setup(model, optimizer)
+    state: dict[str, Any] = {"model": model, "optimizer": optimizer, "step": 0, "best": {}}
+    resumed_from = latest_checkpoint(run.run_dir)
+    if resumed_from is not None:
+        load_checkpoint(fabric, resumed_from, state)
+    logger = _open_logger(fabric, run)
+    fabric.print(f"{run.name} {run.hash[:12]}: world {fabric.world_size}, grad_accum {spec.grad_accum}, "
+                 f"{'resumed from ' + resumed_from.name if resumed_from else 'fresh start'} at step {state['step']}")
+    if state["step"] >= spec.train.steps:
+        fabric.print(f"already complete at step {state['step']}")
+        if logger:
+            logger.finish("FINISHED")
+        return 0
+
+    cache_root = os.environ.get(CACHE_ROOT_ENV)
+    loader = build_dataloader(spec, "train", shuffle=True, seed=spec.train.seed, rank=rank,
+                              world_size=fabric.world_size, cache_root=cache_root)
+    if len(loader) == 0:
+        raise UserError("the training split yields no batches", field="data.train_split",
+                        hint="add demos or lower loader.batch_size")
+    evaluators = _build_evaluators(fabric, spec)
+    batches = micro_batches(loader, state["step"] * spec.grad_accum)
+    signals = StopSignals()
+    inject_nan_at = int(os.environ.get(NAN_HOOK_ENV, "0"))
+    window = _Window()
+
+    while state["step"] < spec.train.steps:
+        step = state["step"] + 1
+        started = time.perf_counter()
+        loss_sum = torch.zeros((), device=fabric.device)
+        for micro in range(spec.grad_accum):
+            waited = time.perf_counter()
+            batch = next(batches)
+            window.data_wait_s += time.perf_counter() - waited
+            hidden, actions, mask = (fabric.to_device(batch[k]) for k in ("hidden", "actions", "action_mask"))
+            with fabric.no_backward_sync(model, enabled=micro < spec.grad_accum - 1):
+                loss = model(hidden, actions, mask, generator=noise_generator(spec.train.seed, step, rank, micro))
+                if step == inject_nan_at:
+                    loss = loss * float("nan")
+                fabric.backward(loss / spec.grad_accum)
+            loss_sum += loss.detach()
+        # One collective per step: the mean loss over ranks (NaN anywhere → NaN) and any stop request.
+        stats = torch.stack([loss_sum / spec.grad_accum, torch.tensor(float(signals.received is not None),
+                                                                      device=fabric.device)])
+        stats = fabric.all_reduce(stats, reduce_op="sum") if fabric.world_size > 1 else stats
+        step_loss, stop = float(stats[0]) / fabric.world_size, bool(stats[1] > 0)
+        if not math.isfinite(step_loss):
+            return _fail_nan(fabric, run, logger, step, step_loss)
+        lr = learning_rate(spec, step - 1)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        state["step"] = step
+        window.add(step_loss, time.perf_counter() - started)
+
+        if step % spec.train.log_every == 0 or step == spec.train.steps or stop:
+            _log_window(fabric, logger, spec, step, lr, window)
+            window = _Window()
+        if step % spec.train.checkpoint_every == 0 or step == spec.train.steps:
+            validate(fabric, model, evaluators, spec, state, logger, step)
+        if step % spec.train.checkpoint_every == 0 or step == spec.train.steps or stop:
+            save_checkpoint(fabric, run.run_dir, step, state)
+        if stop:
+            fabric.print(f"stop signal received: checkpointed step {step}, exiting {EXIT_REQUEUE} to requeue")
+            if logger:
+                logger.finish("KILLED")
+            return EXIT_REQUEUE
+
+    if logger:
+        logger.log_metrics({f"best_{k}": v for k, v in state["best"].items()}, step=state["step"])
+        logger.finish("FINISHED")
+    fabric.print(f"done: step {state['step']}" + "".join(f", {k} {v:.2f}" for k, v in state["best"].items()))
+    return 0
+
+
+@dataclass
+class _Window:
+    """Sums over the steps since the last log line."""
+
+    steps: int = 0
+    loss: float = 0.0
+    seconds: float = 0.0
+    data_wait_s: float = 0.0
+
+    def add(self, loss: float, seconds: float) -> None:
+        self.steps, self.loss, self.seconds = self.steps + 1, self.loss + loss, self.seconds + seconds
+
+
+def _log_window(fabric: "Fabric", logger: "RunLogger | None", spec: ExperimentSpec, step: int, lr: float,
+                window: _Window) -> None:
+    from idmctl import tracking as names
+
+    step_time = window.seconds / max(1, window.steps)
+    metrics = {
+        names.M_LOSS: window.loss / max(1, window.steps),
+        names.M_LR: lr,
+        names.M_STEP_TIME: step_time,
+        names.M_SAMPLES_PER_S: spec.train.effective_batch / step_time if step_time > 0 else 0.0,
+        names.M_DATA_WAIT: window.data_wait_s / window.seconds if window.seconds > 0 else 0.0,
+        names.M_PEAK_MEM: float(peak_memory_bytes(fabric.device)),
+    }
+    fabric.print(f"step {step}/{spec.train.steps} loss {metrics[names.M_LOSS]:.4f} lr {lr:.2e} "
+                 f"{step_time:.3f} s/step {metrics[names.M_SAMPLES_PER_S]:.1f} samples/s "
+                 f"data-wait {100 * metrics[names.M_DATA_WAIT]:.1f}% peak {metrics[names.M_PEAK_MEM] / 1e6:.0f} MB",
+                 flush=True)
+    if logger:
+        logger.log_metrics(metrics, step)
+
+
+# -- validate ------------------------------------------------------------------------------------
+
+def validate(fabric: "Fabric", model: torch.nn.Module, evaluators: list[Any], spec: ExperimentSpec,
+             state: dict[str, Any], logger: "RunLogger | None", step: int) -> dict[str, float]:
+    """Rank 0 scores the model on held-out episodes; other ranks wait at the checkpoint barrier."""
+    if fabric.global_rank != 0 or not evaluators:
+        return {}
+    from trainers.evaluate import ChunkPolicy
+
+    policy = ChunkPolicy(_unwrap(model), fabric.device, seed=spec.train.seed)
+    results: dict[str, float] = {}
+    for evaluator in evaluators:
+        results.update(evaluator.evaluate(policy, list(spec.eval.episodes)))
+    for name, value in results.items():
+        state["best"][name] = min(value, state["best"].get(name, math.inf))
+    fabric.print(f"eval at step {step}: " + ", ".join(f"{k} {v:.2f} mm" for k, v in results.items()))
+    if logger:
+        logger.log_metrics({**results, **{f"best_{k}": v for k, v in state["best"].items()}}, step)
+    return results
+
+
+def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    inner = getattr(model, "module", model)  # Fabric's wrapper → (DDP →) the model
+    return getattr(inner, "module", inner)
+
+
+def _build_evaluators(fabric: "Fabric", spec: ExperimentSpec) -> list[Any]:
+    if fabric.global_rank != 0:
+        return []
+    from trainers.evaluate import build_evaluators
+
+    return build_evaluators(spec, fabric.device)
+
+
+def _open_logger(fabric: "Fabric", run: RunSpec) -> "RunLogger | None":
+    if fabric.global_rank != 0:
+        return None
+    from idmctl.preflight.record import code_version
+    from trainers.tracking import RunLogger
+
+    version = os.environ.get("IDMCTL_CODE_VERSION") or code_version()
+    return RunLogger(run.run_dir, run.name, run.hash, run.canonical, version)
+
+
+def _fail_nan(fabric: "Fabric", run: RunSpec, logger: "RunLogger | None", step: int, loss: float) -> int:
+    if fabric.global_rank == 0:
+        atomic_write_text(run.run_dir / FAILURE_FILE, json.dumps({"cause": "nan_loss", "step": step}) + "\n")
+        print(f"IDMCTL_FAILURE cause=nan_loss step={step}", file=sys.stderr, flush=True)
+        fabric.print(f"loss is {loss} at step {step}: stopped without an optimizer step or checkpoint")
+        if logger:
+            from idmctl.tracking import TAG_FAILURE_CAUSE
+
+            logger.set_tag(TAG_FAILURE_CAUSE, "nan_loss")
+            logger.finish("FAILED")
+    return EXIT_NAN
+
+
+# -- entry point ---------------------------------------------------------------------------------
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m trainers.train", description=__doc__.splitlines()[0])
+    parser.add_argument("--run-dir", required=True, type=Path, help="Directory with spec.json; receives checkpoints.")
+    args = parser.parse_args(argv)
+    try:
+        run = read_run_spec(args.run_dir)
+        if run.spec.resources.gpus_per_node == 0:
+            torch.set_num_threads(1)  # CPU ranks share few cores; more threads only contend
+        fabric = setup_fabric(run.spec)
+        launch(fabric)
+        return fit(fabric, run)
+    except UserError as exc:
+        print(exc.line(), file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
