@@ -1,0 +1,56 @@
+"""Preflight static checks (everything but the smoke) for ``latent_c_n4`` on the card profile.
+
+Target (issue 6): under 2 s. Figures: a whole ``idmctl preflight latent_c_n4 --cluster card
+--no-smoke`` process (CLI start, torch import for introspection, store, checks, recording), the
+same checks in a warm process, and the reference ``python -c "import torch"`` measured in the same
+run, since importing the trainer's registries (torch) is most of a cold preflight.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.common import Figure, time_call, time_command
+
+VENV_BIN = Path(sys.executable).parent
+
+
+def _warm_checks(repeats: int) -> tuple[list[float], dict[str, float]]:
+    from idmctl.preflight.runner import gather, run_preflight
+    from idmctl.profile import load_profile
+    from idmctl.spec import load_spec
+
+    resolved = load_spec("latent_c_n4")
+    profile, profile_hash = load_profile("card")
+    run_preflight(resolved, profile, profile_hash, with_smoke=False)  # imports torch, opens the store
+    started = time.perf_counter()
+    gather(resolved, profile)
+    gather_s = time.perf_counter() - started
+    samples = time_call(lambda: run_preflight(resolved, profile, profile_hash, with_smoke=False), repeats)
+    return samples, {"gather_s": gather_s}
+
+
+def run(fast: bool) -> list[Figure]:
+    repeats = 3 if fast else 10
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {**os.environ, "IDMCTL_HOME": str(Path(tmp) / "home")}
+        os.environ["IDMCTL_HOME"] = env["IDMCTL_HOME"]
+        cold = time_command([str(VENV_BIN / "idmctl"), "preflight", "latent_c_n4", "--cluster", "card", "--no-smoke",
+                             "--json"], repeats, env)
+        torch_import = time_command([sys.executable, "-c", "import torch"], repeats, env)
+        warm, parts = _warm_checks(repeats)
+    return [
+        Figure("idmctl preflight latent_c_n4 --no-smoke (whole process)", "s", cold, "python -c 'import torch'",
+               torch_import, target="< 2 s", note="includes CLI start and the torch import of introspection"),
+        Figure("static checks, warm process (run_preflight, recorded)", "s", warm, "python -c 'import torch'",
+               torch_import, note=f"measurement gathering {parts['gather_s'] * 1000:.1f} ms"),
+    ]
+
+
+if __name__ == "__main__":
+    for figure in run(fast="--fast" in sys.argv):
+        print(figure.as_dict())
