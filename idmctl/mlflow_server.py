@@ -96,7 +96,7 @@ def allowed_hosts(host: str, port: int, extra: list[str] | None = None) -> list[
 def backend_store_uri() -> str:
     uri = mlflow_tracking_uri()
     if uri.startswith(("http://", "https://")):
-        raise UserError(f"MLFLOW_TRACKING_URI already points at a server ({uri})", field="MLFLOW_TRACKING_URI",
+        raise UserError(f"points at a server already ({uri})", field="MLFLOW_TRACKING_URI",
                         hint="open that server's URL, or unset MLFLOW_TRACKING_URI to serve $IDMCTL_HOME's store")
     return uri
 
@@ -127,8 +127,8 @@ def check_port_free(host: str, port: int) -> None:
 def start_server(host: str = "127.0.0.1", port: int = 5000, extra_hosts: list[str] | None = None,
                  ready_timeout_s: float = READY_TIMEOUT_S) -> MlflowServer:
     """Start the server and wait until ``/health`` answers; CheckFailed (with its log) if it dies."""
-    check_port_free(host, port)
     command = server_command(host, port, extra_hosts)
+    check_port_free(host, port)
     mlflow_artifacts_dir().mkdir(parents=True, exist_ok=True)
     log_path = home() / "mlflow-server.log"
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}

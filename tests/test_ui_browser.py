@@ -1,0 +1,123 @@
+"""End to end: ``idmctl ui`` serves the store, two runs appear on MLflow's compare page in headless
+Chromium (Debian's package), and Ctrl-C leaves no mlflow process behind.
+
+One run is logged before the server starts and one while it runs: trainers write to the SQLite
+store directly, whether or not the UI is up.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from idmctl import tracking
+from idmctl.compare import compare_url
+from idmctl.paths import mlflow_artifacts_dir, mlflow_tracking_uri
+
+REPO = Path(__file__).resolve().parent.parent
+CHROMIUM = "/usr/bin/chromium"
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow,
+              pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="needs Debian chromium (scripts/system_deps.sh)")]
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _log_run(experiment: str, chain: int, eef_mm: list[tuple[int, float]]) -> tuple[str, str]:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=mlflow_tracking_uri())
+    existing = client.get_experiment_by_name(tracking.MLFLOW_EXPERIMENT)
+    experiment_id = existing.experiment_id if existing else client.create_experiment(
+        tracking.MLFLOW_EXPERIMENT, artifact_location=mlflow_artifacts_dir().as_uri())
+    run = client.create_run(experiment_id, run_name=tracking.run_name(experiment, chain),
+                            tags={tracking.TAG_EXPERIMENT: experiment})
+    client.log_param(run.info.run_id, "data.selected_layer_indices", f"routing of {experiment}")
+    for step, value in eef_mm:
+        client.log_metric(run.info.run_id, tracking.eef_metric(24), value, step=step)
+    client.set_terminated(run.info.run_id)
+    return experiment_id, run.info.run_id
+
+
+def _session_members(session_id: int) -> list[int]:
+    """Processes whose session is ``session_id`` (the server runs in a session of its own)."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == session_id and fields[0] != "Z":
+            members.append(int(entry.name))
+    return members
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def _read_until(process: subprocess.Popen[str], marker: str, timeout_s: float) -> str:
+    assert process.stdout is not None
+    seen = ""
+    deadline = time.monotonic() + timeout_s
+    while marker not in seen and time.monotonic() < deadline and process.poll() is None:
+        ready, _, _ = select.select([process.stdout], [], [], 0.5)
+        if ready:
+            seen += process.stdout.readline()
+    return seen
+
+
+def test_compare_page_shows_both_runs(idmctl_home: Path, tmp_path: Path):
+    idmctl_home.mkdir(parents=True, exist_ok=True)
+    experiment_id, first = _log_run("latent_c_n4", 1, [(20000, 130.0), (60000, 121.25)])
+    port = _free_port()
+    env = {**os.environ, "IDMCTL_HOME": str(idmctl_home), "PYTHONUNBUFFERED": "1"}
+    ui = subprocess.Popen([sys.executable, "-m", "idmctl", "ui", "--port", str(port)], cwd=REPO, env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        banner = _read_until(ui, "MLflow UI:", timeout_s=90)
+        assert f"MLflow UI: http://127.0.0.1:{port}" in banner, banner
+        server_pids = _children(ui.pid)
+        assert len(server_pids) == 1 and _session_members(server_pids[0])
+        _, second = _log_run("latent_c_n6_d12", 2, [(20000, 127.5)])
+
+        url = compare_url([first, second], [experiment_id], f"http://127.0.0.1:{port}")
+        artifacts = REPO / "test-artifacts"
+        artifacts.mkdir(exist_ok=True)
+        screenshot = artifacts / "ui_compare_runs.png"
+        browser = subprocess.run(
+            [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={tmp_path / 'chromium-profile'}", "--window-size=1400,900",
+             "--virtual-time-budget=15000", f"--screenshot={screenshot}", "--dump-dom", url],
+            capture_output=True, text=True, timeout=60)
+        dom = browser.stdout
+        assert "latent_c_n4#1" in dom and "latent_c_n6_d12#2" in dom, dom[-2000:]
+        assert "eef_mm_24ep" in dom
+        assert "Comparing 2 Runs" in dom
+        assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    finally:
+        ui.send_signal(signal.SIGINT)  # Ctrl-C
+        output, _ = ui.communicate(timeout=60)
+    assert ui.returncode == 0, output
+    assert "MLflow UI stopped" in output
+    assert _session_members(server_pids[0]) == []
+    shutil.rmtree(tmp_path / "chromium-profile", ignore_errors=True)
