@@ -67,6 +67,8 @@ def _register_commands() -> None:
     from idmctl.commands import jobs
     jobs.register(app)  # submit, sync, jobs, watch, cancel
 
+    from idmctl.commands import train
+    app.command("train")(train.train); app.add_typer(train.model_app, name="model")
 
 _register_commands()
 

@@ -31,3 +31,14 @@ def cli():
         return runner.invoke(app, list(args))
 
     return invoke
+
+
+@pytest.fixture(scope="session")
+def tiny_cache(tmp_path_factory: pytest.TempPathFactory):
+    """A tiny real data set for the routed DiT, shared by the session: a robomimic HDF5 (8 demos of 12
+    steps; mask/train 6, mask/valid 2) and safetensors hidden caches (4 layers × 6 frames × 2×2 × 16,
+    float32), written with cache.episodes / cache.hidden. ``.spec_path`` is a runnable spec over it;
+    ``.spec_file(dir, name, train={...}, ...)`` writes variants. See trainers/tiny_data.py."""
+    from trainers.tiny_data import TinyCache
+
+    return TinyCache.create(tmp_path_factory.mktemp("tiny_cache"))

@@ -10,6 +10,7 @@ an IDM can learn it.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -60,13 +61,8 @@ def write_tiny_routed_data(root: Path, *, demos: int = 8, valid: int = 2, steps:
             "token_grid": list(grid), "channels": channels, "dtype": "float32", "action_dim": action_dim}
 
 
-def write_tiny_spec(root: Path, name: str = "tiny_routed", **overrides: dict[str, object]) -> Path:
-    """A runnable spec over ``write_tiny_routed_data(root)``; ``overrides`` deep-merge per section."""
-    data = write_tiny_routed_data(root / "data") if not (root / "data" / "episodes.hdf5").exists() else None
-    if data is None:
-        data = yaml.safe_load((root / "data" / "data_section.yaml").read_text())
-    else:
-        (root / "data" / "data_section.yaml").write_text(yaml.safe_dump(data))
+def tiny_spec(data: dict[str, object], **overrides: dict[str, object]) -> dict[str, dict[str, object]]:
+    """A runnable spec (as a dict) over ``data``; ``overrides`` merge into each named section."""
     spec: dict[str, dict[str, object]] = {
         "data": {**data, "selected_layer_indices": [0, 2], "frame_window": 2, "action_horizon": 4},
         "model": {"depth": 2, "hidden_dim": 16, "num_heads": 2, "kv_dim": 16, "mlp_ratio": 2.0,
@@ -79,6 +75,26 @@ def write_tiny_spec(root: Path, name: str = "tiny_routed", **overrides: dict[str
     }
     for section, values in overrides.items():
         spec[section] = {**spec.get(section, {}), **values}
-    path = root / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(spec, sort_keys=False))
-    return path
+    return spec
+
+
+@dataclass(frozen=True)
+class TinyCache:
+    """A written tiny data set and a spec over it; ``spec_file`` writes variants (other steps, ranks...)."""
+
+    root: Path
+    data: dict[str, object]
+    spec_path: Path
+
+    @classmethod
+    def create(cls, root: Path) -> "TinyCache":
+        data = write_tiny_routed_data(root / "data")
+        spec_path = root / "tiny_routed.yaml"
+        spec_path.write_text(yaml.safe_dump(tiny_spec(data), sort_keys=False))
+        return cls(root, data, spec_path)
+
+    def spec_file(self, directory: Path, name: str = "tiny_routed", **overrides: dict[str, object]) -> Path:
+        path = Path(directory) / f"{name}.yaml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump(tiny_spec(self.data, **overrides), sort_keys=False))
+        return path

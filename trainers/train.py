@@ -40,15 +40,14 @@ from idmctl.errors import UserError
 from idmctl.paths import atomic_write_text
 from idmctl.spec.schema import ExperimentSpec
 from trainers.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from trainers.run_dir import RunSpec, read_run_spec, write_run_spec  # noqa: F401  (re-exported)
 
 if TYPE_CHECKING:
     from lightning_fabric import Fabric
     from torch.utils.data import DataLoader
 
-    from idmctl.spec.loader import ResolvedSpec
     from trainers.tracking import RunLogger
 
-SPEC_FILE = "spec.json"
 FAILURE_FILE = "failure.json"
 EXIT_REQUEUE = 75
 """EX_TEMPFAIL: interrupted by a signal after checkpointing; the job script requeues."""
@@ -57,41 +56,6 @@ NAN_HOOK_ENV = "IDMCTL_INJECT_NAN_AT_STEP"
 CACHE_ROOT_ENV = "IDMCTL_CACHE_ROOT"
 """Overrides ``data.cache_root`` (the staged copy on node-local disk); not part of the spec hash."""
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
-
-
-@dataclass(frozen=True)
-class RunSpec:
-    """``DIR/spec.json``: the experiment's name, hash and canonical spec."""
-
-    run_dir: Path
-    name: str
-    hash: str
-    spec: ExperimentSpec
-    canonical: dict[str, Any]
-
-
-def write_run_spec(run_dir: Path, resolved: "ResolvedSpec") -> Path:
-    """Write ``run_dir/spec.json`` (atomic); refuses to repoint a run directory at another spec."""
-    path = Path(run_dir) / SPEC_FILE
-    if path.exists():
-        existing = json.loads(path.read_text())
-        if existing.get("hash") != resolved.hash:
-            raise UserError(f"run directory holds spec {existing.get('name')} {str(existing.get('hash'))[:12]}, "
-                            f"not {resolved.name} {resolved.short_hash}", file=str(path),
-                            hint="use a new run directory")
-        return path
-    atomic_write_text(path, json.dumps({"name": resolved.name, "hash": resolved.hash, "spec": resolved.canonical},
-                                       indent=2, sort_keys=True))
-    return path
-
-
-def read_run_spec(run_dir: Path) -> RunSpec:
-    path = Path(run_dir) / SPEC_FILE
-    if not path.exists():
-        raise UserError("no spec.json in the run directory", file=str(path), hint="write it with write_run_spec")
-    document = json.loads(path.read_text())
-    spec = ExperimentSpec.model_validate(document["spec"])
-    return RunSpec(Path(run_dir), document["name"], document["hash"], spec, document["spec"])
 
 
 # -- setup ---------------------------------------------------------------------------------------
