@@ -66,6 +66,8 @@ def _register_commands() -> None:
     app.command("preflight")(preflight.preflight)
     from idmctl.commands import jobs
     jobs.register(app)  # submit, sync, jobs, watch, cancel
+    from idmctl.commands import cache
+    app.add_typer(cache.app, name="cache")
 
     from idmctl.commands import train
     app.command("train")(train.train); app.add_typer(train.model_app, name="model")

@@ -183,3 +183,32 @@ def test_cold_reads_touch_only_the_slice(tmp_path: Path) -> None:
     legacy_read = _read_bytes() - before
     assert torch.equal(got, hidden[selection, start:start + window])
     assert slice_bytes <= legacy_read <= 0.6 * legacy.stat().st_size, (legacy_read, legacy.stat().st_size)
+
+
+def test_cli_inspect_card_geometry(cli) -> None:
+    """The card's numbers, from the spec alone (the 6.6 TB cache is not on this machine)."""
+    result = cli("cache", "inspect", "latent_c_n4")
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert "selection       indices [1, 4, 7, 10] → blocks [5, 14, 23, 32] (N=4), window 5 frames" in lines
+    assert "per sample      4 layers × 5 frames × 27 × 48 × 5120 × 2 B = 265,420,800 B (265.4 MB)" in lines
+    assert any(line.startswith("all layers      12 layers × 5 frames × 27 × 48 × 5120 × 2 B = 796,262,400 B")
+               and line.endswith("→ 3.0× less with the selection") for line in lines)
+    assert any("whole file: 12 layers × 24 frames × 27 × 48 × 5120 × 2 B = 3,822,059,520 B (3.6 GiB" in line
+               and line.endswith("→ 14.4× less with mmap + selection") for line in lines)
+    assert lines[-1] == ("on this machine: not present (/nas/cache/cosmos_hidden_multi does not exist); "
+                         "figures come from the spec")
+    dense = cli("cache", "inspect", "latent_c_n12_dense", "--json")
+    report = json.loads(dense.output)
+    assert (report["sample_bytes"], report["whole_file_bytes"], report["present"]) == (796_262_400, 3_822_059_520, False)
+    assert report["selected_blocks"] == [2, 5, 8, 11, 14, 17, 20, 23, 26, 29, 32, 35]
+
+
+def test_cli_inspect_rejects_a_cache_that_disagrees_with_the_spec(cli, tmp_path: Path, idmctl_home: Path) -> None:
+    root = idmctl_home / "quickstart" / "hidden_cache"
+    write_hidden(root / "demo_0.safetensors", _hidden(layers=4, frames=8, h=4, w=4, c=32, dtype=torch.float32),
+                 [0, 1, 2, 5], {})
+    result = cli("cache", "inspect", "quickstart")
+    assert result.exit_code == 2
+    assert result.output.strip() == (f"error: {root / 'demo_0.safetensors'}:data.cached_layers: file has layers "
+                                     f"[0, 1, 2, 5] but the spec says [0, 1, 2, 3] (fix the spec or rebuild the cache)")

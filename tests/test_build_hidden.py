@@ -1,0 +1,149 @@
+"""The hidden-state cache builder: real diffusers Cosmos (tiny config, random weights), real accelerate.
+
+The only stand-in is the Cosmos video tokenizer (frames are pooled onto the latent grid): its
+weights are multi-GB and nothing here needs them to test the capture, sharding and file handling.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cache.episodes import Demo, write_episodes
+from cache.hidden import cache_file, inspect_file, read_hidden
+from cache.registry import build_dataset
+from idmctl.errors import UserError
+from idmctl.paths import expand_path
+from idmctl.spec import load_spec
+from idmctl.spec.schema import ExperimentSpec
+from trainers.build_hidden_cache import build_hidden_cache, load_encoder
+
+REPO = Path(__file__).resolve().parent.parent
+STEPS = [23, 9, 40, 17]
+
+
+def _write_demos(spec: ExperimentSpec) -> list[str]:
+    rng = np.random.default_rng(0)
+    demos = [Demo(f"demo_{i}", rng.standard_normal((steps, 7)).astype(np.float32), rng.standard_normal((steps, 4)),
+                  {"robot0_eef_pos": rng.standard_normal((steps, 3)),
+                   "robot0_agentview_image": rng.integers(0, 255, (steps, 24, 24, 3), dtype=np.uint8)})
+             for i, steps in enumerate(STEPS)]
+    write_episodes(expand_path(spec.data.episodes), demos, {"env_name": "Lift"},
+                   {"train": ["demo_0", "demo_1", "demo_2"], "valid": ["demo_3"]})
+    return [d.name for d in demos]
+
+
+@pytest.fixture
+def quick() -> tuple[ExperimentSpec, list[str]]:
+    spec = load_spec("quickstart").spec
+    return spec, _write_demos(spec)
+
+
+def _files(spec: ExperimentSpec, names: list[str]) -> dict[str, bytes]:
+    return {n: cache_file(expand_path(spec.data.cache_root), n, "safetensors").read_bytes() for n in names}
+
+
+def test_build_captures_every_cached_block_and_skips_on_rerun(quick: tuple[ExperimentSpec, list[str]]) -> None:
+    spec, names = quick
+    summary = build_hidden_cache(spec)
+    assert (summary["built"], summary["skipped"], summary["demos"]) == (4, 0, 4)
+    for name, steps in zip(names, STEPS):
+        info = inspect_file(cache_file(expand_path(spec.data.cache_root), name, "safetensors"))
+        assert (info.layers, info.frames, info.height, info.width, info.channels) == ([0, 1, 2, 3], 8, 4, 4, 32)
+        assert info.frame_stride == max(1, (steps - 1) // 7)
+        assert info.meta["encoder"] == "cosmos-tiny-random+pooled-rgb" and info.meta["demo"] == name
+        layers = read_hidden(info.path, [0, 1, 2, 3], 0, 8)
+        # Deeper blocks transform the residual stream further: no two cached layers are equal.
+        assert all(not layers[a].equal(layers[b]) for a in range(4) for b in range(a + 1, 4))
+    first = _files(spec, names)
+    assert first["demo_0"] != first["demo_1"]  # features depend on the episode's frames
+    again = build_hidden_cache(spec)
+    assert (again["built"], again["skipped"]) == (0, 4)
+    # A corrupt file is not "cached": it is rebuilt, identically.
+    broken = cache_file(expand_path(spec.data.cache_root), "demo_2", "safetensors")
+    broken.write_bytes(broken.read_bytes()[:-10])
+    assert build_hidden_cache(spec)["built"] == 1
+    assert _files(spec, names) == first
+    dataset = build_dataset(spec, "train")
+    assert len(dataset) == 3 * (8 - 2 + 1) and dataset[0]["hidden"].shape == (2, 2, 4, 4, 32)
+
+
+@pytest.mark.slow
+def test_two_accelerate_processes_shard_and_match_one(quick: tuple[ExperimentSpec, list[str]], tmp_path: Path) -> None:
+    spec, names = quick
+    build_hidden_cache(spec)
+    single = _files(spec, names)
+    other_root = tmp_path / "two_process_cache"
+    spec2 = spec.model_copy(update={"data": spec.data.model_copy(update={"cache_root": str(other_root)})})
+    summary = build_hidden_cache(spec2, processes=2)
+    assert summary["built"] == 4
+    assert summary["per_process"] == [{"process": 0, "built": 2, "skipped": 0}, {"process": 1, "built": 2, "skipped": 0}]
+    assert _files(spec2, names) == single
+
+
+def test_local_weights_load_with_from_pretrained(quick: tuple[ExperimentSpec, list[str]], tmp_path: Path) -> None:
+    spec, names = quick
+    model, _, _ = load_encoder(spec.data)
+    model.save_pretrained(tmp_path / "cosmos" / "transformer")
+    summary = build_hidden_cache(spec, model_dir=str(tmp_path / "cosmos"))
+    assert summary["built"] == 4
+    info = inspect_file(cache_file(expand_path(spec.data.cache_root), "demo_0", "safetensors"))
+    assert info.meta["encoder"] == "cosmos:cosmos+pooled-rgb"
+    reference_root = tmp_path / "reference"
+    spec_ref = spec.model_copy(update={"data": spec.data.model_copy(update={"cache_root": str(reference_root)})})
+    build_hidden_cache(spec_ref)
+    torch_equal = read_hidden(info.path, [0, 3], 0, 8).equal(read_hidden(reference_root / "demo_0.safetensors",
+                                                                          [0, 3], 0, 8))
+    assert torch_equal  # the same weights, loaded from disk, give the same features
+
+
+def test_geometry_mismatch_and_legacy_format_are_user_errors(quick: tuple[ExperimentSpec, list[str]]) -> None:
+    spec, _ = quick
+    wrong = spec.model_copy(update={"data": spec.data.model_copy(update={"cache_format": "legacy_pt"})})
+    with pytest.raises(UserError, match="the builder writes safetensors, the spec says legacy_pt"):
+        build_hidden_cache(wrong)
+
+
+@pytest.mark.slow
+def test_crash_mid_build_leaves_only_whole_files(quick: tuple[ExperimentSpec, list[str]]) -> None:
+    spec, names = quick
+    # SIGKILL the builder inside its second write, after the bytes and before the rename.
+    script = (
+        "import os, signal\n"
+        "calls = []\n"
+        "real_fsync = os.fsync\n"
+        "def fsync(fd):\n"
+        "    calls.append(fd)\n"
+        "    if len(calls) == 2: os.kill(os.getpid(), signal.SIGKILL)\n"
+        "    real_fsync(fd)\n"
+        "os.fsync = fsync\n"
+        "from idmctl.spec import load_spec\n"
+        "from trainers.build_hidden_cache import build_hidden_cache\n"
+        "build_hidden_cache(load_spec('quickstart').spec)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True)
+    assert result.returncode == -9, result.stderr[-2000:]
+    root = expand_path(spec.data.cache_root)
+    assert cache_file(root, "demo_0", "safetensors").exists()
+    assert not cache_file(root, "demo_1", "safetensors").exists()
+    with pytest.raises(UserError, match="episode demo_1 has no cache file"):
+        build_dataset(spec, "train")
+    summary = build_hidden_cache(spec)
+    assert (summary["built"], summary["skipped"]) == (3, 1)
+    assert len(build_dataset(spec, "train")) == 21
+
+
+def test_cli_build_then_inspect(cli, quick: tuple[ExperimentSpec, list[str]]) -> None:
+    result = cli("cache", "build-hidden", "quickstart")
+    assert result.exit_code == 0, result.output
+    assert "built 4 files, skipped 0 already cached, 1 process(es)" in result.output
+    shown = cli("cache", "inspect", "quickstart")
+    assert shown.exit_code == 0, shown.output
+    assert "per sample      2 layers × 2 frames × 4 × 4 × 32 × 4 B = 8,192 B (8.2 kB)" in shown.output
+    per_file = 4096 + 4 * 8 * 4 * 4 * 32 * 4  # page-aligned header + (L, T, H, W, C) float32
+    assert f"on this machine: 4 files, {4 * per_file:,} B (278.5 kB), demo_0.safetensors matches the spec" in shown.output
+    assert "all layers      4 layers × 2 frames × 4 × 4 × 32 × 4 B = 16,384 B (16.4 kB)  → 2.0× less" in shown.output
