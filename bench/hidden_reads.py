@@ -1,0 +1,118 @@
+"""Hidden-cache slice reads on a cold page cache: bytes from disk and throughput, per method.
+
+One N=4 × 5-frame sample (card A's selection, indices 1,4,7,10) from a 12-layer × 24-frame bf16
+file, read four ways — our format (exact ``preadv``), the legacy ``.pt`` through
+``torch.load(mmap=True)``, the safetensors library's ``get_slice``, and the whole file (no mmap) —
+each after evicting the file with ``POSIX_FADV_DONTNEED``. Bytes come from ``read_bytes`` in
+``/proc/self/io`` (counts mmap faults too); the reference for bytes is the slice itself, the
+reference for throughput a plain sequential read of the same file (the disk's physical limit).
+
+``python -m bench.hidden_reads [--fast]`` prints the figures as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bench.common import Figure
+
+SELECTION = [1, 4, 7, 10]
+FRAME_START, WINDOW = 3, 5
+
+
+def _read_bytes() -> int:
+    for line in Path("/proc/self/io").read_text().splitlines():
+        if line.startswith("read_bytes:"):
+            return int(line.split()[1])
+    raise RuntimeError("no read_bytes in /proc/self/io")
+
+
+def _evict(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def _cold(path: Path, read: Callable[[], Any], repeats: int) -> tuple[list[float], list[float]]:
+    """(seconds, bytes from disk) per cold read."""
+    seconds, disk = [], []
+    for _ in range(repeats):
+        _evict(path)
+        before, start = _read_bytes(), time.perf_counter()
+        read()
+        seconds.append(time.perf_counter() - start)
+        disk.append(float(_read_bytes() - before))
+    return seconds, disk
+
+
+def _sequential(path: Path) -> None:
+    with open(path, "rb", buffering=0) as handle:
+        while handle.read(8 << 20):
+            pass
+
+
+def run(fast: bool) -> list[Figure]:
+    import torch
+    from safetensors import safe_open
+
+    from cache.hidden import inspect_file, read_hidden, write_hidden, write_legacy
+
+    torch.set_num_threads(1)
+    repeats = 3 if fast else 5
+    # Card geometry is (12, 24, 27, 48, 5120); channels are scaled down so the file fits the shared disk.
+    grid, channels = ((8, 8), 512) if fast else ((27, 48), 512)
+    hidden = torch.randn(12, 24, *grid, channels).to(torch.bfloat16)
+    slice_bytes = len(SELECTION) * WINDOW * grid[0] * grid[1] * channels * 2
+    with tempfile.TemporaryDirectory(prefix="bench_hidden_", dir=os.environ.get("BENCH_DIR")) as tmp:
+        ours, legacy = Path(tmp) / "demo_0.safetensors", Path(tmp) / "demo_0.pt"
+        write_hidden(ours, hidden, list(range(12)), {})
+        write_legacy(legacy, hidden, list(range(12)))
+        del hidden
+        info = inspect_file(ours)
+        file_bytes = ours.stat().st_size
+
+        def library_slice() -> None:
+            with safe_open(str(ours), framework="pt") as handle:
+                for block in SELECTION:
+                    handle.get_slice(f"layer_{block}")[FRAME_START:FRAME_START + WINDOW]
+
+        methods = {
+            "ours: header + preadv (POSIX_FADV_RANDOM)": (ours, lambda: read_hidden(ours, SELECTION, FRAME_START, WINDOW)),
+            "legacy .pt: torch.load(mmap) + slice": (legacy, lambda: read_hidden(legacy, SELECTION, FRAME_START, WINDOW)),
+            "safetensors get_slice": (ours, library_slice),
+            "whole file (mmap: false)": (ours, lambda: read_hidden(ours, SELECTION, FRAME_START, WINDOW, mmap=False,
+                                                                   info=info)),
+        }
+        seq_seconds, _ = _cold(ours, lambda: _sequential(ours), repeats)
+        seq_throughput = [file_bytes / s / 1e6 for s in seq_seconds]
+        figures: list[Figure] = []
+        for name, (path, read) in methods.items():
+            seconds, disk = _cold(path, read, repeats)
+            figures.append(Figure(f"{name}: bytes from disk", "B", disk, "slice bytes", [float(slice_bytes)],
+                                  target="ours ≤ 1.1× slice" if name.startswith("ours") else "",
+                                  note=f"file {path.stat().st_size:,} B"))
+            figures.append(Figure(f"{name}: useful throughput", "MB/s", [slice_bytes / s / 1e6 for s in seconds],
+                                  "sequential read of the file", seq_throughput, higher_is_better=True,
+                                  note=f"slice {slice_bytes:,} B in median {sorted(seconds)[len(seconds) // 2] * 1e3:.1f} ms"))
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--fast", action="store_true", help="a 19 MB file instead of 382 MB")
+    args = parser.parse_args()
+    print(json.dumps([figure.as_dict() for figure in run(args.fast)], indent=2))
+
+
+if __name__ == "__main__":
+    main()
