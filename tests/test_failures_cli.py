@@ -171,3 +171,23 @@ def test_failed_run_is_marked_in_mlflow(cli, idmctl_home) -> None:
     assert marked.data.tags["failure_cause"] == "preempted"
     assert marked.data.tags["slurm_state"] == "PREEMPTED"
     del mlflow
+
+
+def test_a_requeued_job_counts_each_preempted_run(cli) -> None:
+    # What sync stores for a job Slurm requeued three times (sacct -D: one line per run).
+    runs = [{"state": state, "exit_code": "0:15" if state != "CANCELLED by 0" else "0:0", "reason": None,
+             "started_at": (T0 + timedelta(minutes=10 * i)).isoformat(),
+             "ended_at": (T0 + timedelta(minutes=10 * i + 3)).isoformat(), "node_list": "n1"}
+            for i, state in enumerate(["PREEMPTED", "REQUEUED", "PREEMPTED", "CANCELLED by 0"])]
+    with session() as db:
+        db.add(Job(scheduler_id="88", experiment="preemptible_sub_stage", state="CANCELLED by 0", exit_code="0:0",
+                   restarts=3, gpus=2, qos="sub", routing_n=4, submitted_at=T0, started_at=T0 + timedelta(minutes=30),
+                   ended_at=T0 + timedelta(minutes=33), options_json=json.dumps({"runs": runs})))
+    rows = json.loads(cli("failures", "--json").output)
+    assert [(row["job"], row["cause"]) for row in rows] == [
+        ("88 run 1", "preempted"), ("88 run 2", "preempted"), ("88 run 3", "preempted"), ("88 run 4", "cancelled")]
+    assert rows[0]["evidence"] == "preempted after running 3.0 min"
+    assert rows[2]["evidence"] == "preempted after running 3.0 min, requeued 2×"
+    assert cli("failures", "fix", "88", "--note", "core-own for long stage-in").exit_code == 0
+    markdown = cli("failures", "--markdown").output
+    assert "| 88 run 1, 88 run 2, 88 run 3 | preemptible_sub_stage | 2 GPU sub, N=4 | preempted ×3 |" in markdown

@@ -62,9 +62,47 @@ def ran_seconds(job: Job) -> float | None:
     return max(0.0, (ended - started).total_seconds())
 
 
-def classify_job(job: Job) -> Classification:
-    """Classify one stored job from its Slurm record and its log tail."""
+@dataclass(frozen=True)
+class FailedRun:
+    """One run of a job that ended without completing: a requeued job's earlier runs count too
+    (Slurm requeues a preempted job under the same id, so its three preemptions are three runs)."""
+
+    run: int
+    """1-based run number (``restarts + 1`` for the job's current run)."""
+    final: bool
+    state: str
+    exit_code: str | None
+    reason: str | None
+    started: bool
+    ran_seconds: float | None
+
+
+def failed_runs(job: Job) -> list[FailedRun]:
+    runs = json.loads(job.options_json or "{}").get("runs") or []
+    found: list[FailedRun] = []
+    for index, run in enumerate(runs[:-1], start=1):
+        if is_failed_state(run["state"]) or run["state"].startswith("REQUEUED"):
+            started, ended = _parse_iso(run.get("started_at")), _parse_iso(run.get("ended_at"))
+            ran = (ended - started).total_seconds() if started and ended else None
+            found.append(FailedRun(index, False, run["state"], run.get("exit_code"), run.get("reason"),
+                                   started is not None, ran))
+    if is_failed_state(job.state):
+        found.append(FailedRun(len(runs) if runs else job.restarts + 1, True, job.state, job.exit_code, job.reason,
+                               job.started_at is not None, ran_seconds(job)))
+    return found
+
+
+def _parse_iso(text: str | None) -> datetime | None:
+    return _naive_utc(datetime.fromisoformat(text)) if text else None
+
+
+def classify_job(job: Job, failed: FailedRun | None = None) -> Classification:
+    """Classify one stored job (its current run, or an earlier ``failed`` run) from Slurm's record and the log."""
     options = json.loads(job.options_json or "{}")
+    if failed is not None and not failed.final:
+        # An earlier run: its own Slurm record decides; the log tail belongs to the last run.
+        return classify(failed.state, reason=failed.reason, exit_code=failed.exit_code, started=failed.started,
+                        ran_seconds=failed.ran_seconds, restarts=failed.run - 1)
     log = job.log_tail or read_log_tail(job.log_path)
     return classify(job.state, reason=job.reason, exit_code=job.exit_code,
                     derived_exit_code=options.get("derived_exit_code"), log_tail=log,
@@ -73,25 +111,29 @@ def classify_job(job: Job) -> Classification:
 
 
 def record_failures(db: Session, jobs: list[Job] | None = None, mark_mlflow: bool = True) -> list[Failure]:
-    """Classify every failed job (or those given) that is new or changed; returns the rows written."""
+    """Classify every failed run of every job (or those given) that is new or changed; returns the rows written."""
     candidates = jobs if jobs is not None else list(db.exec(select(Job)))
     written: list[Failure] = []
     for job in candidates:
-        if not is_failed_state(job.state):
+        runs = failed_runs(job)
+        if not runs:
             continue
-        existing = db.exec(select(Failure).where(Failure.job_id == job.id)).first()
-        if existing and _naive_utc(existing.classified_at) >= _naive_utc(job.updated_at):
+        existing = {json.loads(f.detail_json or "{}").get("run", 1): f
+                    for f in db.exec(select(Failure).where(Failure.job_id == job.id))}
+        fresh = existing and all(_naive_utc(f.classified_at) >= _naive_utc(job.updated_at) for f in existing.values())
+        if fresh and {run.run for run in runs} <= set(existing):
             continue
-        found = classify_job(job)
-        failure = existing or Failure(job_id=job.id, cause=found.cause)
-        failure.cause = found.cause
-        failure.evidence = "\n".join(found.evidence)
-        failure.detail_json = json.dumps(found.detail, sort_keys=True)
-        failure.classified_at = datetime.now(timezone.utc)
-        db.add(failure)
-        written.append(failure)
-        if mark_mlflow:
-            _mark_chain_run(db, job, found.cause)
+        for run in runs:
+            found = classify_job(job, run)
+            failure = existing.get(run.run) or Failure(job_id=job.id, cause=found.cause)
+            failure.cause = found.cause
+            failure.evidence = "\n".join(found.evidence)
+            failure.detail_json = json.dumps({**found.detail, "run": run.run, "final": run.final}, sort_keys=True)
+            failure.classified_at = datetime.now(timezone.utc)
+            db.add(failure)
+            written.append(failure)
+            if mark_mlflow and run.final:
+                _mark_chain_run(db, job, found.cause)
     db.flush()
     return written
 
@@ -149,9 +191,9 @@ def record_fix(db: Session, job_ids: list[str], note: str, commit: str | None = 
     db.add(fix)
     db.flush()
     for job in jobs:
-        failure = db.exec(select(Failure).where(Failure.job_id == job.id)).one()
-        failure.fix_id = fix.id
-        db.add(failure)
+        for failure in db.exec(select(Failure).where(Failure.job_id == job.id)):
+            failure.fix_id = fix.id
+            db.add(failure)
     db.flush()
     return fix, jobs
 
@@ -165,6 +207,11 @@ def setting_of(job: Job) -> str:
     if job.routing_n:
         parts.append(f"N={job.routing_n}")
     return ", ".join(parts) or "—"
+
+
+def _job_label(job: Job, detail: dict[str, Any]) -> str:
+    name = job.scheduler_id or f"#{job.id}"
+    return name if job.restarts == 0 and detail.get("run", 1) == 1 else f"{name} run {detail.get('run', 1)}"
 
 
 @dataclass
@@ -215,10 +262,10 @@ def postmortem_rows(db: Session, experiment: str | None = None, since: datetime 
         headline = Classification(failure.cause, lines, detail).headline
         info = get_cause(failure.cause)
         rows.append(PostmortemRow(
-            job=job.scheduler_id or f"#{job.id}", job_pk=job.id, chain_id=job.chain_id, experiment=job.experiment,
+            job=_job_label(job, detail), job_pk=job.id, chain_id=job.chain_id, experiment=job.experiment,
             setting=setting_of(job), state=job.state, cause=failure.cause, evidence=headline,
             evidence_lines=lines, detail=detail, caught_by=info.caught_by, fix_id=failure.fix_id,
             fix=fix.note if fix else None, commit=fix.commit if fix else None, suggested_fix=info.fix,
             ended_at=job.ended_at, imported=job.imported))
-    rows.sort(key=lambda row: (_naive_utc(row.ended_at) or datetime.min, row.job_pk))
+    rows.sort(key=lambda row: (_naive_utc(row.ended_at) or datetime.min, row.job_pk, row.detail.get("run", 1)))
     return rows
