@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -203,3 +205,13 @@ def test_links_to_mlflow_pages():
     assert run_url("abc123", "http://127.0.0.1:5000/") == "http://127.0.0.1:5000/#/runs/abc123"
     assert compare_url(["r1", "r2"], ["7", "7"], "http://h:1") == (
         "http://h:1/#/compare-runs?runs=%5B%22r1%22%2C%22r2%22%5D&experiments=%5B%227%22%5D")
+
+
+def test_compare_without_runs_imports_no_heavy_module(tmp_path: Path):
+    probe = ("import sys, json\nfrom typer.testing import CliRunner\nfrom idmctl.cli import app\n"
+             "result = CliRunner().invoke(app, ['compare', 'latent_c_n4'])\n"
+             "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'mlflow', 'matplotlib', 'pandas'})\n"
+             "print(json.dumps([result.exit_code, heavy]))\n")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                         env={"IDMCTL_HOME": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == [0, []]
