@@ -126,5 +126,6 @@ class PreflightContext:
 
     @property
     def is_this_machine(self) -> bool:
-        """The profile describes the machine preflight runs on (measure instead of trusting it)."""
-        return self.profile.scheduler == "local"
+        """The profile describes the machine preflight runs on (measure instead of trusting it): the local
+        executor, or the project's local Slurm (``local-slurm``), whose nodes are this host."""
+        return self.profile.scheduler == "local" or self.profile.name.startswith("local")
