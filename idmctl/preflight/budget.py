@@ -25,6 +25,11 @@ def fmt_seconds(seconds: float) -> str:
     return f"{seconds * 1000:.3g} ms"
 
 
+def fmt_span(seconds: float) -> str:
+    """Wall-clock spans: '23.6 d', '2.2 h'; sub-10 s spans keep their digits instead of '0.0 s'."""
+    return fmt_seconds(seconds) if seconds < 10 else format_duration(seconds)
+
+
 @dataclass(frozen=True)
 class Staging:
     """What stage-in copies to node-local disk, and how long the copy takes at NAS bandwidth."""
@@ -85,9 +90,9 @@ class StepEstimate:
                 f"÷ {self.tier} {fmt_bandwidth(self.bandwidth)} = {fmt_seconds(self.data_s)}/step data")
         if self.compute_s is not None:
             text += f" + {fmt_seconds(self.compute_s)} compute ({self.compute_note}) = {fmt_seconds(self.step_s)}/step"
-        text += f"; × {self.steps:,} steps = {format_duration(self.train_s)}"
+        text += f"; × {self.steps:,} steps = {fmt_span(self.train_s)}"
         if self.stage_s:
-            text += f" + stage-in {format_duration(self.stage_s)} = {format_duration(self.wall_s)}"
+            text += f" + stage-in {fmt_span(self.stage_s)} = {fmt_span(self.wall_s)}"
         return text
 
 

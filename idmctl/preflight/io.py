@@ -7,7 +7,7 @@ N=4 sparse ≈ 270 GB/step ≈ 34 s/step (the card measured 25–30 s).
 
 from __future__ import annotations
 
-from idmctl.preflight.budget import fmt_seconds, step_estimate
+from idmctl.preflight.budget import fmt_seconds, fmt_span, step_estimate
 from idmctl.preflight.result import CheckResult, PreflightContext, Status
 from idmctl.units import format_duration
 
@@ -27,7 +27,7 @@ def check(ctx: PreflightContext) -> CheckResult:
     numbers = {"sample_bytes": estimate.sample_bytes, "step_bytes": estimate.step_bytes, "bandwidth_bps": estimate.bandwidth,
                "data_s_per_step": estimate.data_s, "compute_s_per_step": estimate.compute_s, "step_s": estimate.step_s,
                "train_s": estimate.train_s, "stage_s": estimate.stage_s, "wall_s": estimate.wall_s, "limit_s": limit}
-    verdict = f"{format_duration(estimate.wall_s)} vs {limit_name} ({format_duration(limit)})"
+    verdict = f"{fmt_span(estimate.wall_s)} vs {limit_name} ({format_duration(limit)})"
     summary = f"{estimate.arithmetic()}; {verdict}"
     if estimate.wall_s > limit:
         affordable = int(max(limit - estimate.stage_s, 0) / estimate.step_s)

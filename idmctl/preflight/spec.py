@@ -28,8 +28,8 @@ def check(ctx: PreflightContext) -> CheckResult:
         fixes.append(f"ask for at most {node.mem}")
     data = spec.data
     shape = (f"N={data.routing_n} (cache indices {','.join(map(str, data.selected_layer_indices))} → blocks "
-             f"{','.join(map(str, data.selected_blocks))}), world {res.world_size} = {res.nodes} node × "
-             f"{res.ranks_per_node} ranks, grad accum {spec.grad_accum} = {spec.train.effective_batch:,} ÷ "
+             f"{','.join(map(str, data.selected_blocks))}), world {res.world_size} = {res.nodes} node{'s' if res.nodes > 1 else ''} × "
+             f"{res.ranks_per_node} rank{'s' if res.ranks_per_node > 1 else ''}, grad accum {spec.grad_accum} = {spec.train.effective_batch:,} ÷ "
              f"({spec.loader.batch_size} × {res.world_size})")
     numbers = {"spec_hash": ctx.resolved.hash, "routing_n": data.routing_n, "world_size": res.world_size,
                "grad_accum": spec.grad_accum, "mem_bytes": res.mem_bytes, "node_mem_bytes": node.mem_bytes}
