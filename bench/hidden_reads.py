@@ -87,7 +87,7 @@ def run(fast: bool) -> list[Figure]:
                     handle.get_slice(f"layer_{block}")[FRAME_START:FRAME_START + WINDOW]
 
         methods = {
-            "ours: header + preadv (POSIX_FADV_RANDOM)": (ours, lambda: read_hidden(ours, SELECTION, FRAME_START, WINDOW)),
+            "ours: header + preadv (FADV_RANDOM + WILLNEED)": (ours, lambda: read_hidden(ours, SELECTION, FRAME_START, WINDOW)),
             "legacy .pt: torch.load(mmap) + slice": (legacy, lambda: read_hidden(legacy, SELECTION, FRAME_START, WINDOW)),
             "safetensors get_slice": (ours, library_slice),
             "whole file (mmap: false)": (ours, lambda: read_hidden(ours, SELECTION, FRAME_START, WINDOW, mmap=False,

@@ -5,7 +5,8 @@ shape (T, H, W, C), stored in cache order, with the data section starting on a 4
 Metadata (strings, as safetensors requires; JSON-encoded): ``format``, ``layers`` (block ids),
 ``frames``, ``token_grid``, ``channels``, ``dtype``, ``encoder``, ``encoder_version``, ``demo``,
 ``frame_stride``. A selection of N layers × a window of frames is N exact ``preadv`` byte ranges,
-with ``POSIX_FADV_RANDOM`` so the kernel reads no more than asked (this disk's readahead is 8 MB).
+with ``POSIX_FADV_RANDOM`` so the kernel reads no more than asked (this disk's readahead is 8 MB),
+each range queued first with ``POSIX_FADV_WILLNEED`` so the N reads overlap.
 
 Cache frame ``f`` of a file shows episode timestep ``f × frame_stride`` (clamped to the episode's
 last step when the episode is shorter than ``frames × frame_stride``).
@@ -256,8 +257,11 @@ def read_safetensors_slice(info: CacheFileInfo, layer_indices: list[int], frame_
     fd = os.open(info.path, os.O_RDONLY)
     try:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
-        for row, index in enumerate(layer_indices):
-            offset = info.offsets[info.layers[index]] + frame_start * frame_bytes
+        offsets = [info.offsets[info.layers[index]] + frame_start * frame_bytes for index in layer_indices]
+        for offset in offsets:
+            # Queue every range at once (exactly these bytes): the disk serves them in parallel.
+            os.posix_fadvise(fd, offset, frame_count * frame_bytes, os.POSIX_FADV_WILLNEED)
+        for row, (index, offset) in enumerate(zip(layer_indices, offsets)):
             view = memoryview(raw[row])
             done = 0
             while done < len(view):
