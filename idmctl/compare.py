@@ -189,7 +189,7 @@ def _run_row(client: Any, run: Any) -> CompareRow:
         status=_run_status(run.info.status, tags.get(tracking.TAG_SLURM_STATE)),
         steps_done=steps_done, steps_planned=_int(params.get("train.steps")),
         effective_batch=_int(params.get("train.effective_batch")), metrics=metrics,
-        note=_run_note(tags), goal=_goal_param(params.get("goal")), run_id=run.info.run_id,
+        note=_run_note(tags, params), goal=_goal_param(params.get("goal")), run_id=run.info.run_id,
         experiment_id=run.info.experiment_id, tags=tags,
     )
 
@@ -202,15 +202,26 @@ def _run_status(mlflow_status: str, slurm_state: str | None) -> str:
             "FAILED": "failed", "KILLED": "killed"}.get(mlflow_status, mlflow_status.lower())
 
 
-def _run_note(tags: dict[str, str]) -> str:
+def _run_note(tags: dict[str, str], params: dict[str, str]) -> str:
     parts = []
+    routing = _routing_text(params)
     if tags.get(tracking.TAG_ROUTING_N):
-        parts.append(f"N={tags[tracking.TAG_ROUTING_N]}")
+        parts.append(f"N={tags[tracking.TAG_ROUTING_N]}" + (f" blocks {routing}" if routing else ""))
     if tags.get(tracking.TAG_SPEC_HASH):
         parts.append(f"spec {tags[tracking.TAG_SPEC_HASH][:12]}")
     if tags.get(tracking.TAG_FAILURE_CAUSE):
         parts.append(f"cause: {tags[tracking.TAG_FAILURE_CAUSE]}")
     return ", ".join(parts)
+
+
+def _routing_text(params: dict[str, str]) -> str | None:
+    """Cosmos blocks the run was routed to (``5/14/23/32``), from the logged spec params."""
+    try:
+        cached = json.loads(params["data.cached_layers"])
+        selected = json.loads(params["data.selected_layer_indices"])
+        return "/".join(str(cached[index]) for index in selected)
+    except (KeyError, ValueError, TypeError, IndexError):
+        return None
 
 
 def _goal_param(text: str | None) -> str | None:

@@ -115,11 +115,11 @@ def test_runs_show_best_and_last_with_goal_verdicts(cli, tracked):
     result = cli("compare", "latent_c_n4", "latent_c_n4_d12", "latent_c_n6_d12", "latent_c_n4_d4", "--markdown")
     assert result.exit_code == 0, result.output
     assert result.output.splitlines()[2:] == CARD_ROWS + [
-        "| latent_c_n4#1 | 60K, B=1024 | 126.4 | 118.5 (last 121.25) | N=4, spec "
+        "| latent_c_n4#1 | 60K, B=1024 | 126.4 | 118.5 (last 121.25) | N=4 blocks 5/14/23/32, spec "
         f"{load_spec('latent_c_n4').hash[:12]} | eef_mm_24ep <= 125 | PASS |",
-        "| latent_c_n4_d12#2 | 30K of 60K, B=1024 (running) | — | 127.5 | N=4, spec "
+        "| latent_c_n4_d12#2 | 30K of 60K, B=1024 (running) | — | 127.5 | N=4 blocks 5/14/23/32, spec "
         f"{load_spec('latent_c_n4_d12').hash[:12]} | eef_mm_24ep <= 125 | FAIL (so far) |",
-        "| latent_c_n6_d12#3 | 10K of 60K, B=1024 (preempted) | — | 140 | N=6, spec "
+        "| latent_c_n6_d12#3 | 10K of 60K, B=1024 (preempted) | — | 140 | N=6 blocks 5/11/17/23/29/35, spec "
         f"{load_spec('latent_c_n6_d12').hash[:12]}, cause: preemption | eef_mm_24ep <= 125 | FAIL |",
         "| latent_c_n4_d4 | 60K, B=1024 (not started) | — | — | Latent-C Phase 2 — N=4, depth 4 (1:1 sparse) "
         "| eef_mm_24ep <= 125 | pending |",
@@ -135,8 +135,8 @@ def test_two_quickstart_routings_are_listed_with_verdicts(cli, tracked):
     assert rows["quickstart#4"][eef4] == "41.5"
     assert rows["quickstart#5"][eef4] == "70 (last 72)"
     assert rows["quickstart#4"][-1] == "PASS" and rows["quickstart#5"][-1] == "FAIL"
-    assert rows["quickstart#4"][header.index("note")].startswith("N=2,")
-    assert rows["quickstart#5"][header.index("note")].startswith("N=4,")
+    assert rows["quickstart#4"][header.index("note")].startswith("N=2 blocks 0/2, spec ")
+    assert rows["quickstart#5"][header.index("note")].startswith("N=4 blocks 0/1/2/3, spec ")
     assert "goal quickstart: eef_mm_4ep <= 60 (verdict on the last eval)" in result.output
 
 

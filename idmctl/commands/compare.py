@@ -34,6 +34,12 @@ def compare(
     if as_markdown:
         typer.echo(markdown(report), nl=False)
         return
+    if not report.rows:
+        from idmctl.compare import baselines_path, default_store_note
+
+        console.print(f"nothing to compare: no baselines in {baselines_path()} and no tracked runs "
+                      f"({default_store_note()})", markup=False)
+        return
     table = make_table(*headers(report))
     for row in cells(report):
         # Text, not str: labels and notes are data, never rich markup.
