@@ -53,6 +53,8 @@ EXIT_REQUEUE = 75
 """EX_TEMPFAIL: interrupted by a signal after checkpointing; the job script requeues."""
 EXIT_NAN = 3
 NAN_HOOK_ENV = "IDMCTL_INJECT_NAN_AT_STEP"
+RANK_DIGEST_ENV = "IDMCTL_TEST_RANK_DIGESTS"
+"""Test hook: when set, every rank writes ``DIR/rank_digests/rank-<k>.sha256`` of its final parameters."""
 CACHE_ROOT_ENV = "IDMCTL_CACHE_ROOT"
 """Overrides ``data.cache_root`` (the staged copy on node-local disk); not part of the spec hash."""
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
@@ -133,6 +135,17 @@ class StopSignals:
 
     def _handle(self, signum: int, _frame: Any) -> None:
         self.received = signum
+
+
+def parameter_digest(model: torch.nn.Module) -> str:
+    """sha256 over every parameter's bytes, in name order: equal digests mean identical weights."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for name, param in sorted(_unwrap(model).named_parameters()):
+        digest.update(name.encode())
+        digest.update(param.detach().float().cpu().numpy().tobytes())
+    return digest.hexdigest()
 
 
 def peak_memory_bytes(device: torch.device) -> int:
@@ -221,6 +234,8 @@ def fit(fabric: "Fabric", run: RunSpec) -> int:
                 logger.finish("KILLED")
             return EXIT_REQUEUE
 
+    if os.environ.get(RANK_DIGEST_ENV):
+        atomic_write_text(run.run_dir / "rank_digests" / f"rank-{rank}.sha256", parameter_digest(model) + "\n")
     if logger:
         logger.log_metrics({f"best_{k}": v for k, v in state["best"].items()}, step=state["step"])
         logger.finish("FINISHED")

@@ -1,0 +1,197 @@
+"""The Fabric trainer end to end on real tiny data: learning + MLflow, 2 gloo ranks, preempt/resume, NaN.
+
+Every run is the real entry point (``python -m trainers.train --run-dir DIR``) in a subprocess.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from idmctl.paths import REPO_ROOT
+from idmctl.spec.loader import load_spec
+from trainers.checkpoint import complete_checkpoints
+from trainers.run_dir import write_run_spec
+
+torch.set_num_threads(1)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def trainer_env(**extra: str) -> dict[str, str]:
+    env = {**os.environ, "MASTER_PORT": str(free_port()), "PYTHONPATH": str(REPO_ROOT), **extra}
+    return env
+
+
+def prepare_run(tiny_cache, tmp_path: Path, name: str, **overrides: dict) -> Path:
+    spec_path = tiny_cache.spec_file(tmp_path / "specs", name, **overrides)
+    run_dir = tmp_path / name
+    write_run_spec(run_dir, load_spec(str(spec_path)))
+    return run_dir
+
+
+def run_trainer(run_dir: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "trainers.train", "--run-dir", str(run_dir)], capture_output=True,
+                          text=True, env=trainer_env(**env), cwd=REPO_ROOT, timeout=300)
+
+
+def mlflow_runs() -> list:
+    from mlflow.tracking import MlflowClient
+
+    from idmctl.paths import mlflow_tracking_uri
+    from idmctl.tracking import MLFLOW_EXPERIMENT
+
+    client = MlflowClient(tracking_uri=mlflow_tracking_uri())
+    experiment = client.get_experiment_by_name(MLFLOW_EXPERIMENT)
+    return [] if experiment is None else client.search_runs([experiment.experiment_id])
+
+
+def metric_history(run_id: str, key: str) -> list[tuple[int, float]]:
+    from mlflow.tracking import MlflowClient
+
+    from idmctl.paths import mlflow_tracking_uri
+
+    history = MlflowClient(tracking_uri=mlflow_tracking_uri()).get_metric_history(run_id, key)
+    return sorted((m.step, m.value) for m in history)
+
+
+def final_weights(run_dir: Path) -> tuple[int, dict[str, torch.Tensor]]:
+    step, path = complete_checkpoints(run_dir)[-1]
+    state = torch.load(path, weights_only=True)
+    assert state["step"] == step
+    return step, state["model"]
+
+
+def test_train_command_learns_and_logs_to_mlflow(tiny_cache, tmp_path: Path, cli) -> None:
+    spec_path = tiny_cache.spec_file(tmp_path, "tiny_learn", train={"steps": 40, "lr": 1e-2, "log_every": 10,
+                                                                    "checkpoint_every": 20},
+                                     model={"hidden_dim": 32, "kv_dim": 32, "action_hidden_dim": 32})
+    run_dir = tmp_path / "run"
+    result = cli("train", str(spec_path), "--run-dir", str(run_dir))
+    assert result.exit_code == 0, result.output
+    assert "step 40/40" in result.output and "eval at step 40: eef_mm_2ep" in result.output
+    [run] = mlflow_runs()
+    assert run.info.status == "FINISHED"
+    assert run.info.run_id == (run_dir / "mlflow_run_id").read_text().strip()
+    assert run.info.run_name == "tiny_learn"
+    assert run.data.tags["idmctl.spec_hash"] == load_spec(str(spec_path)).hash
+    assert run.data.params["model.hidden_dim"] == "32" and run.data.params["train.steps"] == "40"
+    losses = metric_history(run.info.run_id, "loss")
+    assert [step for step, _ in losses] == [10, 20, 30, 40]
+    # Each point is the mean loss of its 10 steps; the last two windows sit clearly below the first.
+    assert (losses[-1][1] + losses[-2][1]) / 2 < 0.85 * losses[0][1], losses
+    for key in ("lr", "step_time_s", "samples_per_s", "data_wait_frac", "peak_mem_bytes"):
+        assert len(metric_history(run.info.run_id, key)) == 4, key
+    eef = metric_history(run.info.run_id, "eef_mm_2ep")
+    assert [step for step, _ in eef] == [20, 40]
+    assert run.data.metrics["best_eef_mm_2ep"] == min(value for _, value in eef)
+    assert [step for step, _ in complete_checkpoints(run_dir)] == [20, 40]
+
+
+@pytest.mark.slow
+def test_two_cpu_ranks_over_gloo_end_with_identical_parameters(tiny_cache, tmp_path: Path) -> None:
+    run_dir = prepare_run(tiny_cache, tmp_path, "tiny_ddp", resources={"cpu_ranks": 2},
+                          train={"steps": 6, "checkpoint_every": 6, "log_every": 3})
+    done = run_trainer(run_dir, IDMCTL_TEST_RANK_DIGESTS="1")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "world 2, grad_accum 1" in done.stdout
+    digests = {path.name: path.read_text().strip() for path in (run_dir / "rank_digests").iterdir()}
+    assert sorted(digests) == ["rank-0.sha256", "rank-1.sha256"]
+    assert digests["rank-0.sha256"] == digests["rank-1.sha256"]
+    # Gradients were synchronised, not merely never applied: training moved the weights.
+    from trainers.registry import build_model
+
+    torch.manual_seed(0)
+    initial = build_model(load_spec(str(tmp_path / "specs" / "tiny_ddp.yaml")).spec)
+    _, trained = final_weights(run_dir)
+    assert any(not torch.equal(initial.state_dict()[k], trained[k]) for k in trained)
+
+
+@pytest.mark.slow
+def test_sigusr1_then_resume_equals_an_uninterrupted_run_in_one_mlflow_run(tiny_cache, tmp_path: Path) -> None:
+    overrides = {"train": {"steps": 40, "checkpoint_every": 100, "log_every": 1}}
+    straight = prepare_run(tiny_cache, tmp_path, "straight", **overrides)
+    assert run_trainer(straight).returncode == 0
+
+    interrupted = tmp_path / "interrupted"
+    write_run_spec(interrupted, load_spec(str(tmp_path / "specs" / "straight.yaml")))
+    process = subprocess.Popen([sys.executable, "-m", "trainers.train", "--run-dir", str(interrupted)],
+                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                               env=trainer_env(IDMCTL_ATTEMPT="1"), cwd=REPO_ROOT)
+    assert process.stdout is not None
+    for line in process.stdout:
+        if line.startswith("step 3/"):
+            process.send_signal(signal.SIGUSR1)
+            break
+    rest = process.stdout.read()
+    assert process.wait(timeout=120) == 75
+    assert "stop signal received" in rest
+    [(stopped_at, _)] = complete_checkpoints(interrupted)
+    assert 3 <= stopped_at < 40
+
+    resumed = run_trainer(interrupted, IDMCTL_ATTEMPT="2")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resumed from step-{stopped_at:08d}.ckpt at step {stopped_at}" in resumed.stdout
+
+    step_a, weights_a = final_weights(straight)
+    step_b, weights_b = final_weights(interrupted)
+    assert step_a == step_b == 40
+    assert weights_a.keys() == weights_b.keys()
+    assert all(torch.equal(weights_a[k], weights_b[k]) for k in weights_a)
+
+    run_id = (interrupted / "mlflow_run_id").read_text().strip()
+    runs = {run.info.run_id: run for run in mlflow_runs()}
+    assert len(runs) == 2  # the straight run and the interrupted chain: one run each
+    chain = runs[run_id]
+    assert chain.info.status == "FINISHED" and chain.data.tags["idmctl.attempt"] == "2"
+    assert [step for step, _ in metric_history(run_id, "loss")][-1] == 40
+
+
+def test_injected_nan_stops_at_once_with_marker_and_no_checkpoint(tiny_cache, tmp_path: Path) -> None:
+    run_dir = prepare_run(tiny_cache, tmp_path, "tiny_nan", train={"steps": 8, "checkpoint_every": 1})
+    done = run_trainer(run_dir, IDMCTL_INJECT_NAN_AT_STEP="3")
+    assert done.returncode == 3, done.stderr[-3000:]
+    assert "IDMCTL_FAILURE cause=nan_loss step=3" in done.stderr.splitlines()
+    assert json.loads((run_dir / "failure.json").read_text()) == {"cause": "nan_loss", "step": 3}
+    assert [step for step, _ in complete_checkpoints(run_dir)] == [1, 2]
+    assert not list((run_dir / "checkpoints").glob(".*"))  # no half-written temp file either
+    _, weights = final_weights(run_dir)
+    assert all(torch.isfinite(w).all() for w in weights.values())
+    [run] = mlflow_runs()
+    assert run.info.status == "FAILED" and run.data.tags["failure_cause"] == "nan_loss"
+
+
+def test_resumed_data_order_skips_by_index(tiny_cache) -> None:
+    from cache.registry import build_dataloader
+    from trainers.train import micro_batches
+
+    spec = load_spec(str(tiny_cache.spec_path)).spec
+    loader = build_dataloader(spec, "train", shuffle=True, seed=7)
+    per_epoch = len(loader)
+    straight = list(itertools.islice(micro_batches(loader, 0), 2 * per_epoch + 3))
+    resumed = list(itertools.islice(micro_batches(loader, per_epoch + 2), per_epoch + 1))
+    key = [(b["demo"], b["start"].tolist()) for b in straight[per_epoch + 2:]]
+    assert key == [(b["demo"], b["start"].tolist()) for b in resumed]
+    assert straight[0]["demo"] != straight[per_epoch]["demo"] or straight[0]["start"].tolist() != straight[per_epoch]["start"].tolist()
+
+
+def test_run_directory_refuses_another_spec(tiny_cache, tmp_path: Path) -> None:
+    from idmctl.errors import UserError
+
+    run_dir = prepare_run(tiny_cache, tmp_path, "first")
+    other = load_spec(str(tiny_cache.spec_file(tmp_path / "specs", "second", train={"steps": 9})))
+    with pytest.raises(UserError, match="run directory holds spec first"):
+        write_run_spec(run_dir, other)
