@@ -68,6 +68,7 @@ def _register_commands() -> None:
     jobs.register(app)  # submit, sync, jobs, watch, cancel
     from idmctl.commands import cache
     app.add_typer(cache.app, name="cache")
+    from idmctl.commands import cache_latent  # noqa: F401  (adds `cache build` and `cache status`)
 
     from idmctl.commands import train
     app.command("train")(train.train); app.add_typer(train.model_app, name="model")
