@@ -33,6 +33,8 @@ class RunRecord:
     started_at: datetime | None = None
     ended_at: datetime | None = None
     node_list: str | None = None
+    steps: list[tuple[str, str, str]] = field(default_factory=list)
+    """(step id, state, exit code) of this run's steps."""
 
 
 @dataclass

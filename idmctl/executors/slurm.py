@@ -41,10 +41,11 @@ def parse_time(text: str) -> datetime | None:
 
 
 def parse_sacct(text: str) -> dict[str, JobStatus]:
-    """``sacct -n -P -D -X --format=JobID,State,ExitCode,Reason,Submit,Start,End,NodeList`` → statuses.
+    """``sacct -n -P -D --format=JobID,State,ExitCode,Reason,Submit,Start,End,NodeList`` → statuses.
 
     With ``-D`` a requeued job has one line per run, oldest first; the last one is the current state
-    and the number of earlier lines is the restart count.
+    and the number of earlier lines is the restart count. Step lines (``123.batch``, ``123.0``) follow
+    their run's line and are kept on it.
     """
     statuses: dict[str, JobStatus] = {}
     for line in text.splitlines():
@@ -52,6 +53,11 @@ def parse_sacct(text: str) -> dict[str, JobStatus]:
         if len(parts) != len(SACCT_FIELDS):
             continue
         job_id, state, exit_code, reason, submit, start, end, nodes = parts
+        if "." in job_id:  # a step (batch, extern, 0, 1...) of the job's latest run listed so far
+            base = statuses.get(job_id.split(".")[0])
+            if base is not None and base.runs:
+                base.runs[-1].steps.append((job_id, state, exit_code))
+            continue
         run = RunRecord(state=state, exit_code=exit_code or None, reason=reason or None,
                         started_at=parse_time(start), ended_at=parse_time(end),
                         node_list=nodes if nodes not in ("", "None assigned") else None)
@@ -64,6 +70,12 @@ def parse_sacct(text: str) -> dict[str, JobStatus]:
         status.state = current.state
         status.exit_code = current.exit_code
         status.reason = current.reason
+        oom_step = next((step for step in current.steps if step[1] == "OUT_OF_MEMORY"), None)
+        if current.state == "FAILED" and oom_step is not None:
+            # Slurm 22.05 marks the allocation FAILED with the batch shell's exit when an srun step is
+            # OOM-killed; the step's own record (OUT_OF_MEMORY 0:125) is the cause, so it is what we keep.
+            status.state, status.exit_code = "OUT_OF_MEMORY", oom_step[2]
+            status.reason = f"OutOfMemory in step {oom_step[0]}"
         status.started_at = current.started_at
         status.ended_at = current.ended_at
         status.node_list = current.node_list or next((r.node_list for r in reversed(status.runs) if r.node_list), None)
@@ -114,7 +126,7 @@ class SlurmExecutor:
         statuses: dict[str, JobStatus] = {}
         for start in range(0, len(ids), IDS_PER_CALL):
             chunk = ids[start:start + IDS_PER_CALL]
-            result = _run(["sacct", "-n", "-P", "-D", "-X", "-j", ",".join(chunk),
+            result = _run(["sacct", "-n", "-P", "-D", "-j", ",".join(chunk),
                            f"--format={','.join(SACCT_FIELDS)}"])
             if result.returncode == 0:
                 statuses.update(parse_sacct(result.stdout))

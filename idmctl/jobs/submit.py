@@ -23,9 +23,10 @@ from idmctl.executors import executor_for
 from idmctl.jobs.render import JobOptions, RenderContext, render_script, resolve_options, with_exclusions
 from idmctl.paths import REPO_ROOT, atomic_write_text, home
 from idmctl.profile import ClusterProfile, load_profile
-from idmctl.spec.loader import ResolvedSpec, canonical_json, load_spec
+from idmctl.spec.loader import ResolvedSpec, load_spec
 from idmctl.store.db import session
 from idmctl.store.models import Chain, Job, NodeExclusion
+from trainers.run_dir import write_run_spec  # torch-free: {"name", "hash", "spec"}
 
 DRY_RUN_CHAIN_ID = 0
 
@@ -39,13 +40,6 @@ class Submitted:
 
 def runs_dir(experiment: str, chain_id: int) -> Path:
     return home() / "runs" / experiment / str(chain_id)
-
-
-def write_run_spec(run_dir: Path, resolved: ResolvedSpec) -> Path:
-    """``spec.json`` = {"name", "hash", "spec"}: the trainer's only input (same format as trainers.train's)."""
-    path = run_dir / "spec.json"
-    atomic_write_text(path, canonical_json({"name": resolved.name, "hash": resolved.hash, "spec": resolved.canonical}))
-    return path
 
 
 def code_version() -> str:

@@ -58,7 +58,7 @@ def _apply(job: Job, status: JobStatus) -> bool:
     job.ended_at = status.ended_at
     job.node_list = status.node_list or job.node_list
     job.restarts = status.restarts
-    if status.submitted_at and job.submitted_at is None:
+    if status.submitted_at:  # the scheduler's clock, so queue wait = start − submit is on one clock
         job.submitted_at = status.submitted_at
     if status.runs:
         options = json.loads(job.options_json or "{}")
@@ -66,7 +66,8 @@ def _apply(job: Job, status: JobStatus) -> bool:
         options["runs"] = [{"state": r.state, "exit_code": r.exit_code, "reason": r.reason,
                             "started_at": r.started_at.isoformat() if r.started_at else None,
                             "ended_at": r.ended_at.isoformat() if r.ended_at else None,
-                            "node_list": r.node_list} for r in status.runs]
+                            "node_list": r.node_list, "steps": [list(step) for step in r.steps]}
+                           for r in status.runs]
         job.options_json = json.dumps(options)
     job.log_tail = log_tail(job.log_path) or job.log_tail
     job.updated_at = datetime.now(timezone.utc)

@@ -68,6 +68,12 @@ for i in 0 1; do
   [[ -c "$ROOT/fakegpu/gpu$i" ]] || { rm -f "$ROOT/fakegpu/gpu$i"; mknod "$ROOT/fakegpu/gpu$i" c 1 3; }
 done
 
+# ---- node names resolve to this host (Fabric/torch.distributed use SLURM_NODELIST's first name as
+# MASTER_ADDR, as on a real cluster) -------------------------------------------------------------
+for node in "${NODES[@]}"; do
+  getent hosts "$node" >/dev/null || echo "127.0.0.1 $node  # idmctl local Slurm" >>/etc/hosts
+done
+
 # ---- configuration ---------------------------------------------------------------------------
 CPUS="$(nproc)"
 MEM_MB=4096

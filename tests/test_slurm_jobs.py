@@ -1,0 +1,170 @@
+"""Submit, sync, retries and requeue against the real local Slurm cluster (scripts/slurm/up.sh):
+two nodes n1/n2, QoS `sub` (preemptible, requeue, GraceTime 10) preempted by `core-own`."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlmodel import select
+
+from idmctl.store.db import session
+from idmctl.store.models import Chain, Job
+from slurm_support import sh, slurm_conf, squeue_state, wait_until
+
+pytestmark = pytest.mark.slurm
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def slurm_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    monkeypatch.setenv("SLURM_CONF", slurm_conf())
+    monkeypatch.setenv("IDMCTL_CLUSTER", "local-slurm")
+    # Jobs outlive a test's assertions by seconds; other pytest sessions on a shared host prune old
+    # pytest-of-<user> directories, so run directories live in a directory of this test's own.
+    home = Path(tempfile.mkdtemp(prefix="idmctl-slurm-test-"))
+    monkeypatch.setenv("IDMCTL_HOME", str(home))
+    yield home
+    shutil.rmtree(home, ignore_errors=True)
+
+
+def _submit(cli, experiment: str, *args: str) -> dict:
+    result = cli("submit", experiment, "--force", "--reason", "slurm test", "--json", *args)
+    assert result.exit_code == 0, result.output + result.stderr
+    return json.loads(result.stdout)
+
+
+def _job(job_id: int) -> Job:
+    with session() as db:
+        job = db.get(Job, job_id)
+        assert job is not None
+        return job
+
+
+def _sync_until_final(cli, job_id: int, timeout_s: float = 90) -> Job:
+    from idmctl.executors.base import is_final
+
+    def ended() -> Job | None:
+        assert cli("sync").exit_code == 0
+        job = _job(job_id)
+        return job if is_final(job.state) else None
+
+    return wait_until(ended, timeout_s, f"job {job_id} to end", poll_s=1.0)
+
+
+def _chain_jobs(chain_id: int) -> list[Job]:
+    with session() as db:
+        return list(db.exec(select(Job).where(Job.chain_id == chain_id).order_by(Job.id)).all())
+
+
+def test_dry_run_script_is_accepted_by_sbatch_test_only(cli, tmp_path: Path) -> None:
+    result = cli("submit", "quickstart", "--dry-run", "--qos", "sub", "--gres", "gpu:2", "--exclude", "n2")
+    assert result.exit_code == 0, result.stderr
+    script = tmp_path / "job.sbatch"
+    script.write_text(result.output)
+    test_only = subprocess.run(["sbatch", "--test-only", str(script)], capture_output=True, text=True)
+    assert test_only.returncode == 0, test_only.stderr
+    assert re.search(r"sbatch: Job \d+ to start at .* using 2 processors on nodes n1 in partition main", test_only.stderr)
+    # The same header with a GPU count no node has is refused: --test-only really checks.
+    script.write_text(result.output.replace("--gres=gpu:2", "--gres=gpu:3"))
+    assert subprocess.run(["sbatch", "--test-only", str(script)], capture_output=True).returncode != 0
+
+
+@pytest.mark.slow
+def test_two_task_fabric_job_completes_and_sync_records_times(cli, tiny_cache, slurm_env: Path) -> None:
+    """The real trainer (trainers.train, Fabric DDP over gloo) as 2 Slurm tasks under srun on one node."""
+    spec = tiny_cache.spec_file(slurm_env / "specs", "tiny_slurm",
+                                resources={"cpu_ranks": 2, "cpus": 2, "mem": "1500MB"},
+                                train={"steps": 4, "checkpoint_every": 2, "log_every": 2, "effective_batch": 4})
+    submitted = _submit(cli, str(spec))
+    job = _sync_until_final(cli, submitted["job"], timeout_s=240)
+    assert "done: step 4" in (job.log_tail or ""), job.log_tail
+    assert "Starting with 2 processes" in Path(submitted["log"]).read_text()
+    assert (job.state, job.exit_code, job.restarts) == ("COMPLETED", "0:0", 0), job.log_tail
+    assert job.submitted_at and job.started_at and job.ended_at
+    assert job.submitted_at <= job.started_at <= job.ended_at
+    assert job.node_list in ("n1", "n2")
+    options = json.loads(job.options_json)
+    assert (options["ranks_per_node"], options["nodes"]) == (2, 1)
+    with session() as db:
+        assert db.get(Chain, job.chain_id).status == "COMPLETED"
+    listing = cli("jobs", "--json")
+    (row,) = json.loads(listing.stdout)
+    assert row["state"] == "COMPLETED" and row["queue_wait_s"] is not None and row["queue_wait_s"] >= 0
+
+
+def test_job_exceeding_mem_ends_out_of_memory_and_is_not_retried(cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("IDMCTL_TEST_BEHAVIOR", "oom")
+    submitted = _submit(cli, "quickstart", "--entry", "tests.jobs_entry", "--mem", "200MB", "--retries", "3")
+    job = _sync_until_final(cli, submitted["job"])
+    assert (job.state, job.exit_code) == ("OUT_OF_MEMORY", "0:125")
+    assert len(_chain_jobs(job.chain_id)) == 1
+    with session() as db:
+        assert db.get(Chain, job.chain_id).status == "FAILED"
+
+
+def test_type_error_at_start_is_failed_and_not_retried_with_retries_5(cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("IDMCTL_TEST_BEHAVIOR", "typeerror")
+    submitted = _submit(cli, "quickstart", "--entry", "tests.jobs_entry", "--mem", "500MB", "--retries", "5")
+    job = _sync_until_final(cli, submitted["job"])
+    assert (job.state, job.exit_code) == ("FAILED", "1:0")
+    assert "TypeError: HiddenMultiLayer.__init__()" in (job.log_tail or "")
+    assert len(_chain_jobs(job.chain_id)) == 1
+    with session() as db:
+        chain = db.get(Chain, job.chain_id)
+        assert (chain.status, chain.retries_used) == ("FAILED", 0)
+
+
+def test_cancel_records_cancelled(cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("IDMCTL_TEST_BEHAVIOR", "steps:200:0.5")
+    submitted = _submit(cli, "quickstart", "--entry", "tests.jobs_entry", "--mem", "300MB", "--retries", "2")
+    assert cli("cancel", str(submitted["job"])).exit_code == 0
+    job = _sync_until_final(cli, submitted["job"])
+    assert job.state.startswith("CANCELLED")
+    assert len(_chain_jobs(job.chain_id)) == 1
+
+
+@pytest.mark.slow
+def test_sub_job_preempted_by_core_own_requeues_and_resumes_from_checkpoint(cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    total_steps = 30
+    monkeypatch.setenv("IDMCTL_TEST_BEHAVIOR", f"steps:{total_steps}:0.3")
+    # Both jobs want all of n1's 2 CPUs, so the core-own job can only run by preempting the sub job.
+    low = _submit(cli, "quickstart", "--entry", "tests.jobs_entry", "--qos", "sub", "-c", "2", "--mem", "500MB",
+                  "--exclude", "n2", "-J", "low")
+    run_dir = Path(low["script"]).parent
+    ckpt = run_dir / "ckpt.json"
+    wait_until(lambda: ckpt.exists() and json.loads(ckpt.read_text())["step"] >= 3, 60, "3 steps of the sub job")
+    monkeypatch.setenv("IDMCTL_TEST_BEHAVIOR", "steps:3:0.2")
+    high = _submit(cli, "quickstart", "--entry", "tests.jobs_entry", "--qos", "core-own", "-c", "2", "--mem", "500MB",
+                   "--exclude", "n2", "-J", "high")
+    low_id = low["scheduler_id"]
+
+    def restarted() -> bool:
+        return "restart 1" in Path(low["log"]).read_text()
+
+    def release_and_check() -> bool:
+        # A requeued job is held for cred_expire+1 s (BeginTime); release it at once (slurm-notes 2).
+        if squeue_state(low_id) == "PENDING":
+            sh("scontrol", "update", f"JobId={low_id}", "StartTime=now", check=False)
+        return restarted()
+
+    wait_until(release_and_check, 120, "the sub job to be requeued and restarted", poll_s=1.0)
+    high_job = _sync_until_final(cli, high["job"])
+    low_job = _sync_until_final(cli, low["job"], timeout_s=120)
+    assert high_job.state == "COMPLETED"
+    assert low_job.state == "COMPLETED", low_job.log_tail
+    assert low_job.restarts >= 1
+    runs = json.loads(low_job.options_json)["runs"]
+    assert runs[0]["state"] in ("PREEMPTED", "REQUEUED") and runs[-1]["state"] == "COMPLETED", runs
+    log = Path(low["log"]).read_text()
+    resumed = [int(s) for s in re.findall(r"entry: resumed from step (\d+)", log)]
+    assert resumed and resumed[0] >= 3, log  # resumed from its checkpoint, not step 0
+    assert int((run_dir / "steps_done.txt").read_text()) == total_steps
+    assert f"entry: done {total_steps} steps" in log
+    assert len(_chain_jobs(low_job.chain_id)) == 1  # Slurm requeued it: one chain, one job, restarts counted
