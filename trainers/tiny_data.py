@@ -61,10 +61,10 @@ def write_tiny_routed_data(root: Path, *, demos: int = 8, valid: int = 2, steps:
             "token_grid": list(grid), "channels": channels, "dtype": "float32", "action_dim": action_dim}
 
 
-def tiny_spec(data: dict[str, object], **overrides: dict[str, object]) -> dict[str, dict[str, object]]:
-    """A runnable spec (as a dict) over ``data``; ``overrides`` merge into each named section."""
+def tiny_spec(data_section: dict[str, object], /, **overrides: dict[str, object]) -> dict[str, dict[str, object]]:
+    """A runnable spec (as a dict) over ``data_section``; ``overrides`` merge into each named section."""
     spec: dict[str, dict[str, object]] = {
-        "data": {**data, "selected_layer_indices": [0, 2], "frame_window": 2, "action_horizon": 4},
+        "data": {**data_section, "selected_layer_indices": [0, 2], "frame_window": 2, "action_horizon": 4},
         "model": {"depth": 2, "hidden_dim": 16, "num_heads": 2, "kv_dim": 16, "mlp_ratio": 2.0,
                   "action_hidden_dim": 16, "timestep_dim": 16, "inference_steps": 4},
         "loader": {"batch_size": 2, "num_workers": 0},

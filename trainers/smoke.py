@@ -1,0 +1,115 @@
+"""The one-minute smoke (card A's ``tmp/debug_latent_C_n4.py``): the trainer's own factories, a few
+real optimizer steps, timings — what catches jobs 6262 and 6321 before a 2 h stage.
+
+``python -m trainers.smoke --spec-json FILE`` prints ONE JSON line (preflight runs it in a
+subprocess with a timeout). FILE holds the canonical spec dict, or a run's ``spec.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from idmctl.spec.schema import ExperimentSpec
+
+
+def _device() -> torch.device:
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+def _peak_bytes(device: torch.device) -> int:
+    from trainers.train import peak_memory_bytes
+
+    return peak_memory_bytes(device)
+
+
+def run_smoke(spec: ExperimentSpec, steps: int = 3, batch_size: int = 2) -> dict[str, Any]:
+    """Build the training dataset and the model exactly as the trainer does, then ``steps`` AdamW steps.
+
+    GPU if one is visible (bf16 autocast, as the trainer's bf16-mixed), else CPU in fp32.
+    """
+    from torch.utils.data import DataLoader
+
+    from cache.registry import build_dataset
+    from trainers.registry import build_model
+    from trainers.train import noise_generator
+
+    device = _device()
+    if device.type == "cpu":
+        torch.set_num_threads(1)
+    else:
+        torch.cuda.reset_peak_memory_stats(device)
+    report: dict[str, Any] = {"device": str(device), "batch_size": batch_size, "steps": steps}
+
+    started = time.perf_counter()
+    dataset = build_dataset(spec, "train")
+    report["dataset_s"] = time.perf_counter() - started
+    report["samples"] = len(dataset)
+
+    started = time.perf_counter()
+    dataset[0]
+    report["sample_s"] = time.perf_counter() - started
+
+    started = time.perf_counter()
+    torch.manual_seed(spec.train.seed)
+    model = build_model(spec, device=device)
+    report["model_s"] = time.perf_counter() - started
+    report["params"] = sum(p.numel() for p in model.parameters())
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=spec.train.lr, weight_decay=spec.train.weight_decay)
+    # num_workers=0: the smoke measures the model and one sample's read, not the loader's workers.
+    loader = DataLoader(dataset, batch_size=batch_size, shuffle=True, generator=torch.Generator().manual_seed(0))
+    batches = iter(loader)
+    losses, step_seconds = [], []
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+    for step in range(steps):
+        try:
+            batch = next(batches)
+        except StopIteration:
+            batches = iter(loader)
+            batch = next(batches)
+        started = time.perf_counter()
+        with autocast:
+            loss = model(batch["hidden"].to(device), batch["actions"].to(device), batch["action_mask"].to(device),
+                         generator=noise_generator(spec.train.seed, step, 0, 0))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        losses.append(float(loss.detach()))
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        step_seconds.append(time.perf_counter() - started)
+    report["losses"] = losses
+    report["all_finite"] = all(math.isfinite(x) for x in losses)
+    report["step_s"] = statistics.median(step_seconds)
+    report["peak_mem_bytes"] = _peak_bytes(device)
+    return report
+
+
+def _load_spec_json(path: Path) -> ExperimentSpec:
+    document = json.loads(path.read_text())
+    return ExperimentSpec.model_validate(document.get("spec", document) if "data" not in document else document)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m trainers.smoke", description="Real-trainer smoke; one JSON line.")
+    parser.add_argument("--spec-json", required=True, type=Path, help="Canonical spec JSON (or a run's spec.json).")
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--batch-size", type=int, default=2)
+    args = parser.parse_args(argv)
+    report = run_smoke(_load_spec_json(args.spec_json), steps=args.steps, batch_size=args.batch_size)
+    sys.stdout.write(json.dumps(report) + "\n")
+    sys.stdout.flush()
+    return 0 if report["all_finite"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
