@@ -213,3 +213,16 @@ def test_bad_taxonomy_is_a_user_error(tmp_path: Path) -> None:
     with pytest.raises(UserError) as error:
         load_taxonomy(bad)
     assert error.value.line().startswith(f"error: {bad}:causes[0].rules: unknown condition 'stat'")
+
+
+def test_a_tail_cut_inside_a_traceback_still_names_the_exception() -> None:
+    log = ('  File "/w/.venv/lib/python3.11/site-packages/sqlalchemy/engine/base.py", line 1977, in _exec\n'
+           '    self.dialect.do_execute(\n'
+           '  File "/w/trainers/tracking.py", line 40, in open_run\n'
+           '    client.create_run(experiment_id)\n'
+           'sqlalchemy.exc.OperationalError: (sqlite3.OperationalError) duplicate column name: step\n'
+           'srun: error: n2: task 0: Exited with exit code 1\n')
+    found = classify("FAILED", exit_code="1:0", log_tail=log, started=True)
+    assert found.cause == "python_exception"
+    assert found.detail["exception_type"] == "sqlalchemy.exc.OperationalError"
+    assert found.detail["frame"] == "/w/trainers/tracking.py:40"

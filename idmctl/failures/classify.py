@@ -238,7 +238,9 @@ def parse_traceback(lines: list[str]) -> dict[str, Any]:
             frames = []
             continue
         if frames is None:
-            continue
+            if not _FRAME.match(line):
+                continue
+            frames = []  # a tail that starts inside a traceback: its header was cut off
         frame = _FRAME.match(line)
         if frame:
             frames.append(frame.groupdict())

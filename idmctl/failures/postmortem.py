@@ -103,7 +103,7 @@ def classify_job(job: Job, failed: FailedRun | None = None) -> Classification:
         # An earlier run: its own Slurm record decides; the log tail belongs to the last run.
         return classify(failed.state, reason=failed.reason, exit_code=failed.exit_code, started=failed.started,
                         ran_seconds=failed.ran_seconds, restarts=failed.run - 1)
-    log = job.log_tail or read_log_tail(job.log_path)
+    log = read_log_tail(job.log_path) or job.log_tail or ""  # the file holds more than the stored tail
     return classify(job.state, reason=job.reason, exit_code=job.exit_code,
                     derived_exit_code=options.get("derived_exit_code"), log_tail=log,
                     waited_seconds=waited_seconds(job), restarts=job.restarts, started=job.started_at is not None,
