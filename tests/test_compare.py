@@ -8,6 +8,7 @@ MLflow database costs ~1.3 s of migrations.
 from __future__ import annotations
 
 import json
+import shutil
 import struct
 import subprocess
 import sys
@@ -19,6 +20,8 @@ from idmctl import tracking
 from idmctl.compare import compare_url, run_url, summarize
 from idmctl.output import flatten
 from idmctl.spec import load_spec
+
+REPO = Path(__file__).resolve().parent.parent
 
 CARD_ROWS = [
     "| Pixel v2_8gpu | 60K, B=1024 | 134.8 | — | MG-30 baseline | — | — |",
@@ -59,12 +62,40 @@ def _loss(last_step: int, every: int) -> list[tuple[int, float]]:
     return [(step, 2.0 / (1 + step / 1000)) for step in range(0, last_step + 1, every)]
 
 
+# The runs' goals come from their specs: the card's experiments are copied as shipped, and a tiny
+# spec of our own stands in for quickstart so edits to the shipped quickstart cannot move verdicts.
+TINY_SPEC = """
+description: tiny routed DiT for compare tests
+data: {episodes: /nonexistent/demos.hdf5, cache_root: /nonexistent/cache, cache_format: safetensors,
+       cached_layers: [0, 1, 2, 3], frames: 8, token_grid: [4, 4], channels: 32, dtype: float32,
+       selected_layer_indices: [0, 2], frame_window: 2, action_horizon: 8, action_dim: 7}
+model: {depth: 2, hidden_dim: 32, num_heads: 2, kv_dim: 32, action_hidden_dim: 32}
+loader: {batch_size: 4}
+train: {steps: 200, lr: 3.0e-3, effective_batch: 8, checkpoint_every: 50}
+resources: {qos: core-own, time_limit: "0:30:00"}
+eval: {metric: eef_mm_4ep, episodes: [4]}
+goal: eef_mm_4ep <= 60
+"""
+
+
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     """Five runs: finished PASS, in progress, preempted, and two quickstarts with different routing."""
+    root = tmp_path_factory.mktemp("mlflow_store")
+    specs = root / "experiments"
+    specs.mkdir()
+    for name in ("base_latent_c", "latent_c_n4", "latent_c_n4_d12", "latent_c_n4_d4", "latent_c_n6_d12", "baselines"):
+        shutil.copy(REPO / "experiments" / f"{name}.yaml", specs)
+    (specs / "quickstart.yaml").write_text(TINY_SPEC)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("IDMCTL_EXPERIMENTS", str(specs))  # _log_run resolves the specs
+        experiment_id, ids = _log_runs(root)
+    return {"uri": f"sqlite:///{root / 'mlflow.sqlite'}", "ids": ids, "experiment_id": experiment_id, "specs": specs}
+
+
+def _log_runs(root: Path) -> tuple[str, dict[str, str]]:
     from mlflow.tracking import MlflowClient
 
-    root = tmp_path_factory.mktemp("mlflow_store")
     uri = f"sqlite:///{root / 'mlflow.sqlite'}"
     client = MlflowClient(tracking_uri=uri)
     experiment_id = client.create_experiment(tracking.MLFLOW_EXPERIMENT, artifact_location=(root / "artifacts").as_uri())
@@ -84,12 +115,13 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
             "loss": _loss(200, 10), "eef_mm_4ep": [(100, 70.0), (200, 72.0)]},
             tags={tracking.TAG_ROUTING_N: "4"}, spec_changes={"data.selected_layer_indices": [0, 1, 2, 3]}),
     }
-    return {"uri": uri, "ids": ids, "experiment_id": experiment_id}
+    return experiment_id, ids
 
 
 @pytest.fixture
 def tracked(store: dict[str, object], monkeypatch: pytest.MonkeyPatch) -> dict[str, object]:
     monkeypatch.setenv("MLFLOW_TRACKING_URI", str(store["uri"]))
+    monkeypatch.setenv("IDMCTL_EXPERIMENTS", str(store["specs"]))
     return store
 
 
@@ -138,6 +170,9 @@ def test_two_quickstart_routings_are_listed_with_verdicts(cli, tracked):
     assert rows["quickstart#4"][header.index("note")].startswith("N=2 blocks 0/2, spec ")
     assert rows["quickstart#5"][header.index("note")].startswith("N=4 blocks 0/1/2/3, spec ")
     assert "goal quickstart: eef_mm_4ep <= 60 (verdict on the last eval)" in result.output
+    ids = tracked["ids"]
+    link = compare_url([ids["qs_n2"], ids["qs_n4"]], [tracked["experiment_id"]] * 2, "http://127.0.0.1:5000")
+    assert f"MLflow compare page (idmctl ui): {link}" in result.output.splitlines()
 
 
 def test_json_carries_best_last_steps_and_run_ids(cli, tracked):
@@ -149,6 +184,7 @@ def test_json_carries_best_last_steps_and_run_ids(cli, tracked):
     eef = runs["latent_c_n4#1"]["metrics"]["eef_mm_24ep"]
     assert (eef["best"], eef["best_step"], eef["last"], eef["last_step"], eef["points"]) == (118.5, 40000, 121.25, 60000, 3)
     assert runs["latent_c_n4#1"]["run_id"] == tracked["ids"]["n4"]
+    assert runs["latent_c_n4#1"]["url"] == f"http://127.0.0.1:5000/#/runs/{tracked['ids']['n4']}"
     assert runs["latent_c_n4_d12#2"]["status"] == "running"
     assert runs["latent_c_n6_d12#3"]["status"] == "preempted"
     # Ranked by the best eef_mm_24ep; runs without it go last.
@@ -167,7 +203,7 @@ def test_plot_writes_a_real_png(cli, tracked, tmp_path: Path):
     assert 20_000 < len(data) < 2_000_000
     assert f"plot: {out} ({len(data):,} B)" in result.output
     assert not list(out.parent.glob(".*tmp*"))
-    artifacts = Path(__file__).resolve().parent.parent / "test-artifacts"
+    artifacts = REPO / "test-artifacts"
     artifacts.mkdir(exist_ok=True)
     (artifacts / "compare_plot.png").write_bytes(data)
 

@@ -18,9 +18,10 @@ def compare(
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
     as_markdown: Annotated[bool, typer.Option("--markdown", help="A Markdown table (for notes and cards).")] = False,
     plot: Annotated[Path | None, typer.Option("--plot", help="Also draw loss and EEF-mm curves to this PNG.")] = None,
+    ui_url: Annotated[str, typer.Option("--ui-url", help="Where `idmctl ui` serves, for the links.")] = "http://127.0.0.1:5000",
 ) -> None:
     """EEF mm of baselines and runs (best and last of each metric), with PASS/FAIL against each goal."""
-    from idmctl.compare import build_report
+    from idmctl.compare import build_report, compare_url, run_url
     from idmctl.compare_render import cells, footnotes, headers, markdown
 
     report = build_report(experiments or [], metric=metric)
@@ -29,7 +30,10 @@ def compare(
 
         plot_report(report, plot)
     if as_json:
-        emit_json(report.to_json())
+        document = report.to_json()
+        for row in document["rows"]:
+            row["url"] = run_url(row["run_id"], ui_url) if row["run_id"] else None
+        emit_json(document)
         return
     if as_markdown:
         typer.echo(markdown(report), nl=False)
@@ -47,5 +51,9 @@ def compare(
     console.print(table, markup=False)
     for note in footnotes(report):
         console.print(note, markup=False)
+    runs = [row for row in report.runs if row.run_id and row.experiment_id]
+    if runs:
+        link = compare_url([row.run_id or "" for row in runs], [row.experiment_id or "" for row in runs], ui_url)
+        console.print(f"MLflow compare page (idmctl ui): {link}", markup=False, soft_wrap=True)
     if plot is not None:
         console.print(f"plot: {plot} ({plot.stat().st_size:,} B)", markup=False)
