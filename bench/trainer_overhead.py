@@ -1,0 +1,116 @@
+"""Trainer overhead: the Fabric trainer's seconds per step vs a bare PyTorch loop, same model and data.
+
+Both run in this process on one CPU rank, on the same real tiny cache (safetensors + HDF5), the same
+DataLoader (``cache.registry.build_dataloader``), the same model factory, AdamW, gradient
+accumulation and flow-noise generators. The Fabric side is the real ``trainers.train.fit`` (its own
+``step_time_s`` metric, which excludes logging/checkpoint/eval between steps); the bare side is
+the loop a person would write by hand. Runs alternate so machine drift hits both alike.
+Target: Fabric within 5% of bare. ``python -m bench.trainer_overhead --fast`` prints the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from bench.common import Figure
+
+
+def _spec(root: Path, steps: int, fast: bool) -> Path:
+    import yaml
+
+    from trainers.tiny_data import tiny_spec, write_tiny_routed_data
+
+    data = write_tiny_routed_data(root / "data", grid=(4, 4), channels=64 if fast else 256, demos=6, valid=2)
+    width = 64 if fast else 256
+    spec = tiny_spec(data, model={"depth": 4, "hidden_dim": width, "num_heads": 4, "kv_dim": width,
+                                  "action_hidden_dim": width, "timestep_dim": 64},
+                     loader={"batch_size": 4}, train={"steps": steps, "effective_batch": 8, "checkpoint_every": steps,
+                                                      "log_every": 1})
+    path = root / "overhead.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+def _fabric_step_times(spec_path: Path, run_dir: Path) -> list[float]:
+    from mlflow.tracking import MlflowClient
+
+    from idmctl.paths import mlflow_tracking_uri
+    from idmctl.spec.loader import load_spec
+    from trainers.run_dir import read_run_spec, write_run_spec
+    from trainers.train import fit, setup_fabric
+
+    write_run_spec(run_dir, load_spec(str(spec_path)))
+    run = read_run_spec(run_dir)
+    fabric = setup_fabric(run.spec)
+    assert fit(fabric, run) == 0
+    run_id = (run_dir / "mlflow_run_id").read_text().strip()
+    history = MlflowClient(tracking_uri=mlflow_tracking_uri()).get_metric_history(run_id, "step_time_s")
+    return [m.value for m in sorted(history, key=lambda m: m.step)]
+
+
+def _bare_step_times(spec_path: Path) -> list[float]:
+    import torch
+
+    from cache.registry import build_dataloader
+    from idmctl.spec.loader import load_spec
+    from trainers.registry import build_model
+    from trainers.train import learning_rate, micro_batches, noise_generator
+
+    spec = load_spec(str(spec_path)).spec
+    torch.manual_seed(spec.train.seed)
+    model = build_model(spec)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=spec.train.lr, weight_decay=spec.train.weight_decay)
+    batches = micro_batches(build_dataloader(spec, "train", shuffle=True, seed=spec.train.seed), 0)
+    times = []
+    for step in range(1, spec.train.steps + 1):
+        started = time.perf_counter()
+        for micro in range(spec.grad_accum):
+            batch = next(batches)
+            loss = model(batch["hidden"], batch["actions"], batch["action_mask"],
+                         generator=noise_generator(spec.train.seed, step, 0, micro))
+            (loss / spec.grad_accum).backward()
+        if not torch.isfinite(loss):
+            raise RuntimeError("non-finite loss in the bare loop")
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate(spec, step - 1)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        times.append(time.perf_counter() - started)
+    return times
+
+
+def run(fast: bool) -> list[Figure]:
+    import torch
+
+    torch.set_num_threads(1)
+    steps, rounds = (12, 2) if fast else (60, 5)
+    warmup = 2  # first steps pay for allocator and page-cache warm-up in both loops
+    fabric_s, bare_s = [], []
+    with tempfile.TemporaryDirectory(prefix="bench_trainer_") as tmp:
+        root = Path(tmp)
+        os.environ["IDMCTL_HOME"] = str(root / "home")
+        spec_path = _spec(root, steps, fast)
+        for index in range(rounds):
+            bare_s.append(statistics.median(_bare_step_times(spec_path)[warmup:]))
+            fabric_s.append(statistics.median(_fabric_step_times(spec_path, root / f"run{index}")[warmup:]))
+    return [Figure("Fabric trainer: seconds per optimizer step", "s", fabric_s, "bare PyTorch loop", bare_s,
+                   target="≤ 1.05× bare", note=f"median of steps {warmup + 1}..{steps} per round, {rounds} rounds, "
+                                                "1 CPU rank, 32-true, grad_accum 2")]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--fast", action="store_true", help="a 64-wide model, 12 steps × 2 rounds")
+    args = parser.parse_args()
+    figures = run(args.fast)
+    print(json.dumps([figure.as_dict() for figure in figures], indent=2))
+
+
+if __name__ == "__main__":
+    main()
