@@ -1,0 +1,68 @@
+"""Retries by cause (pure policy over real sacct-style records) and node exclusion in later scripts."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from idmctl.jobs.retry import decide
+from idmctl.store.db import session
+from idmctl.store.models import NodeExclusion
+
+TRACEBACK = """Traceback (most recent call last):
+  File "/work/main/cache/dataset.py", line 568, in __init__
+TypeError: HiddenMultiLayer.__init__() got an unexpected keyword argument 'selected_layer_indices'
+srun: error: n1: task 0: Exited with exit code 1"""
+
+
+def _decide(state: str, exit_code: str = "0:0", log: str = "", retries_left: int = 5, rollbacks: int = 0,
+            nodes: str | None = "n2"):
+    return decide(state, None, exit_code, log, nodes, started=True, restarts=0,
+                  retries_left=retries_left, rollbacks_used=rollbacks)
+
+
+@pytest.mark.parametrize("state", ["PREEMPTED", "NODE_FAIL", "TIMEOUT"])
+def test_resumable_causes_are_resubmitted_while_budget_lasts(state: str) -> None:
+    assert _decide(state).action == "retry"
+    assert _decide(state, retries_left=0).action == "stop"
+
+
+def test_node_failure_excludes_the_node() -> None:
+    decision = _decide("NODE_FAIL")
+    assert (decision.cause, decision.exclude_nodes) == ("node_fail", ["n2"])
+    assert _decide("PREEMPTED").exclude_nodes == []
+
+
+def test_deterministic_python_error_is_never_retried() -> None:
+    decision = _decide("FAILED", "1:0", TRACEBACK, retries_left=5)
+    assert (decision.action, decision.cause) == ("stop", "python_exception")
+
+
+@pytest.mark.parametrize("state,exit_code", [("OUT_OF_MEMORY", "0:125"), ("FAILED", "1:0")])
+def test_out_of_memory_is_not_retried_blindly(state: str, exit_code: str) -> None:
+    log = "slurmstepd: error: Detected 1 oom_kill event in StepId=21.0" if state == "FAILED" else ""
+    decision = _decide(state, exit_code, log)
+    assert (decision.action, decision.cause) == ("stop", "oom_host")
+
+
+def test_nan_rolls_back_at_most_once() -> None:
+    log = "IDMCTL_FAILURE cause=nan_loss step=12"
+    first = _decide("FAILED", "3:0", log, rollbacks=0)
+    assert (first.action, first.extra_env) == ("retry", {"IDMCTL_ROLLBACK": "1"})
+    assert _decide("FAILED", "3:0", log, rollbacks=1).action == "stop"
+
+
+def test_completed_is_done_and_cancelled_stops() -> None:
+    assert _decide("COMPLETED").action == "done"
+    assert _decide("CANCELLED by 0").action == "stop"
+
+
+def test_active_node_exclusions_land_in_the_next_script(cli) -> None:
+    now = datetime.now(timezone.utc)
+    with session() as db:
+        db.add(NodeExclusion(node="n2", until=now + timedelta(hours=1), reason="node_fail under job 7"))
+        db.add(NodeExclusion(node="n9", until=now - timedelta(minutes=1), reason="expired"))
+    result = cli("submit", "quickstart", "--dry-run", "--exclude", "worker-5")
+    assert result.exit_code == 0, result.stderr
+    assert "#SBATCH --exclude=worker-5,n2\n" in result.output
