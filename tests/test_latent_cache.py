@@ -214,3 +214,23 @@ def test_recorded_frames_of_the_wrong_size_are_refused(idmctl_home: Path) -> Non
         dataset[0]
     assert "recorded frames are 48×48 px but the spec asks for 32×32 (frames are never resized)" in error.value.line()
     assert not expand_path("${IDMCTL_HOME}/latent_smoke/cache").exists()
+
+
+def test_real_weights_load_from_a_local_directory_only(episodes: Path, tmp_path: Path) -> None:
+    import torch
+
+    from cache.latent.dataset import LatentCacheDataset
+    from cache.latent.encoder import load_encoder
+
+    tiny = load_encoder("tiny")
+    tiny.vae.save_pretrained(tmp_path / "wan_vae" / "vae")  # a diffusers model dir, as shipped (vae/ subfolder)
+    spec = load_spec(variant(tmp_path, "local", f"vae: {tmp_path / 'wan_vae'}")).spec
+    local = LatentCacheDataset(spec, build_only_slot="rgb")
+    reference = LatentCacheDataset(load_spec(SMOKE).spec, build_only_slot="rgb", encoder=tiny)
+    clips = reference._rgb_clips("demo_0", 0, 5)
+    assert torch.equal(local.encoder.encode(clips), tiny.encode(clips))
+    assert local.encoder.name == "AutoencoderKLWan:wan_vae"
+    missing = LatentCacheDataset(load_spec(variant(tmp_path, "missing", f"vae: {tmp_path / 'nope'}")).spec,
+                                 build_only_slot="rgb")
+    with pytest.raises(UserError, match="VAE weights directory does not exist"):
+        missing.encoder
