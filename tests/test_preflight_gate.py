@@ -46,7 +46,13 @@ def _write_spec(directory: Path, steps: int) -> Path:
     return path
 
 
-def test_require_pass_reasons_in_order(tmp_path):
+@pytest.fixture
+def pinned_version(monkeypatch):
+    """Other commits land in the shared tree while tests run; the gate logic is tested at a fixed version."""
+    monkeypatch.setattr(record, "code_version", lambda: "b8f060c+dirty.3fa2c1")
+
+
+def test_require_pass_reasons_in_order(tmp_path, pinned_version):
     profile, profile_hash = load_profile("local")
     path = _write_spec(tmp_path, 200)
     resolved = load_spec(str(path))
@@ -78,7 +84,7 @@ def test_require_pass_reasons_in_order(tmp_path):
         record.require_pass(resolved, card, card_hash)
 
 
-def test_editing_the_spec_after_a_pass_is_refused(tmp_path):
+def test_editing_the_spec_after_a_pass_is_refused(tmp_path, pinned_version):
     profile, profile_hash = load_profile("local")
     path = _write_spec(tmp_path, 200)
     before = load_spec(str(path))

@@ -76,7 +76,8 @@ def run_smoke(resolved: ResolvedSpec, timeout_s: float = DEFAULT_TIMEOUT_S) -> S
             return SmokeMeasurement(ok=False, error=f"timed out after {timeout_s:.0f} s", wall_s=time.perf_counter() - started)
     wall = time.perf_counter() - started
     report = _report_from_stdout(done.stdout)
-    if done.returncode != 0 or report is None:
+    # A report means the smoke ran to the end (it exits 1 on non-finite losses, which check() judges).
+    if report is None:
         error = last_frame_and_exception(done.stderr or done.stdout)
         return SmokeMeasurement(ok=False, error=f"exit {done.returncode}: {error}", wall_s=wall)
     losses = [float(x) for x in report.get("losses", [])]
@@ -98,7 +99,7 @@ def _timings(smoke: SmokeMeasurement) -> str:
     if smoke.peak_mem_bytes is not None:
         parts.append(f"peak {format_bytes(smoke.peak_mem_bytes)}")
     if smoke.params is not None:
-        parts.append(f"{smoke.params / 1e6:.1f}M params")
+        parts.append(f"{smoke.params / 1e6:.1f}M params" if smoke.params >= 1e6 else f"{smoke.params:,} params")
     return ", ".join(parts)
 
 
@@ -116,6 +117,16 @@ def check(ctx: PreflightContext) -> CheckResult:
         return CheckResult(NAME, Status.FAIL, f"losses not finite on {smoke.device}: {shown}", numbers,
                            "look for NaN/inf in the inputs or lower the learning rate")
     trend = " → ".join(f"{loss:.3g}" for loss in smoke.losses)
-    return CheckResult(NAME, Status.PASS,
-                       f"{len(smoke.losses)} steps at batch {smoke.batch_size} on {smoke.device}, finite losses {trend}; "
-                       f"{_timings(smoke)} (wall {smoke.wall_s:.1f} s)", numbers)
+    summary = (f"{len(smoke.losses)} steps at batch {smoke.batch_size} on {smoke.device}, finite losses {trend}; "
+               f"{_timings(smoke)} (wall {smoke.wall_s:.1f} s)")
+    res = ctx.spec.resources
+    if smoke.device == "cpu" and res.gpus_per_node == 0 and smoke.peak_mem_bytes:
+        # The smoke's batch is at most the job's, so its peak is a lower bound per rank: if even that
+        # overflows --mem, the job is OOM-killed (cause oom_host).
+        need = smoke.peak_mem_bytes * res.ranks_per_node
+        if need > res.mem_bytes:
+            return CheckResult(NAME, Status.FAIL,
+                               f"{summary}; host memory: peak {format_bytes(smoke.peak_mem_bytes)} × {res.ranks_per_node} "
+                               f"ranks = {format_bytes(need)} > resources.mem {res.mem} → OOM kill", numbers,
+                               f"raise resources.mem above {format_bytes(need)} or lower the batch/model size")
+    return CheckResult(NAME, Status.PASS, summary, numbers)
