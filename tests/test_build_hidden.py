@@ -16,11 +16,17 @@ import pytest
 from cache.episodes import Demo, write_episodes
 from cache.hidden import cache_file, inspect_file, read_hidden
 from cache.registry import build_dataset
+from hidden_quick_spec import use_hidden_quick
 from idmctl.errors import UserError
 from idmctl.paths import expand_path
 from idmctl.spec import load_spec
 from idmctl.spec.schema import ExperimentSpec
 from trainers.build_hidden_cache import build_hidden_cache, load_encoder
+
+@pytest.fixture(autouse=True)
+def _frozen_quickstart(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    use_hidden_quick(monkeypatch, tmp_path)
+
 
 REPO = Path(__file__).resolve().parent.parent
 STEPS = [23, 9, 40, 17]

@@ -13,10 +13,16 @@ from cache.dataset import HiddenMultiLayerDataset, HiddenSingleLayerDataset
 from cache.episodes import Demo, write_episodes
 from cache.hidden import cache_file, write_hidden, write_legacy
 from cache.registry import build_dataloader, build_dataset, dataloader_kwargs, dataset_class, dataset_kwargs
+from hidden_quick_spec import use_hidden_quick
 from idmctl.errors import UserError
 from idmctl.paths import expand_path
 from idmctl.spec import load_spec
 from idmctl.spec.schema import ExperimentSpec
+
+@pytest.fixture(autouse=True)
+def _frozen_quickstart(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    use_hidden_quick(monkeypatch, tmp_path)
+
 
 STEPS = {"demo_0": 20, "demo_1": 9, "demo_2": 31, "demo_10": 16}
 STRIDE = {"demo_0": 2, "demo_1": 1, "demo_2": 4, "demo_10": 2}

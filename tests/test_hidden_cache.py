@@ -22,6 +22,7 @@ from cache.hidden import (
     write_hidden,
     write_legacy,
 )
+from hidden_quick_spec import use_hidden_quick
 from idmctl.errors import UserError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -204,7 +205,9 @@ def test_cli_inspect_card_geometry(cli) -> None:
     assert report["selected_blocks"] == [2, 5, 8, 11, 14, 17, 20, 23, 26, 29, 32, 35]
 
 
-def test_cli_inspect_rejects_a_cache_that_disagrees_with_the_spec(cli, tmp_path: Path, idmctl_home: Path) -> None:
+def test_cli_inspect_rejects_a_cache_that_disagrees_with_the_spec(cli, tmp_path: Path, idmctl_home: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    use_hidden_quick(monkeypatch, tmp_path)
     root = idmctl_home / "quickstart" / "hidden_cache"
     write_hidden(root / "demo_0.safetensors", _hidden(layers=4, frames=8, h=4, w=4, c=32, dtype=torch.float32),
                  [0, 1, 2, 5], {})
