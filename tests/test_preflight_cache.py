@@ -14,11 +14,22 @@ from idmctl.profile import load_profile
 from idmctl.spec import load_spec
 
 
+REPO = Path(__file__).resolve().parent.parent
+
+
 @pytest.fixture
 def tiny(tmp_path: Path) -> Path:
-    from trainers.tiny_data import write_tiny_spec
+    """quickstart over 8 real demos (6 train, 2 valid) and their safetensors hidden files, staged."""
+    from trainers.tiny_data import write_tiny_routed_data
 
-    return write_tiny_spec(tmp_path, stage={"enabled": True, "dest": str(tmp_path / "stage")})
+    data = write_tiny_routed_data(tmp_path / "data", demos=8, valid=2, frames=6, layers=4, grid=(2, 2), channels=16)
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(
+        f"extends: {REPO / 'experiments' / 'quickstart'}\n"
+        f"data:\n  episodes: {data['episodes']}\n  cache_root: {data['cache_root']}\n"
+        "  cached_layers: [0, 1, 2, 3]\n  frames: 6\n  token_grid: [2, 2]\n  channels: 16\n"
+        f"stage:\n  enabled: true\n  dest: {tmp_path / 'stage'}\n")
+    return spec
 
 
 def check_cache(spec_path: Path):
