@@ -130,3 +130,19 @@ def test_submit_passes_the_gate_with_a_recorded_preflight(cli, monkeypatch: pyte
     _wait(json.loads(result.stdout)["scheduler_id"])
     (job,) = _jobs()
     assert (job.preflight_id, job.forced_reason) == (run.id, None)
+
+
+def test_watch_syncs_until_every_job_ended_and_cancel_stops_a_chain(cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("IDMCTL_TEST_BEHAVIOR", "steps:2:0.05")
+    quick = _submit(cli)
+    monkeypatch.setenv("IDMCTL_TEST_BEHAVIOR", "steps:500:0.1")
+    slow = _submit(cli, "--retries", "3")
+    assert cli("cancel", str(slow["job"])).exit_code == 0
+    result = cli("watch", "--interval", "0.3")
+    assert result.exit_code == 0, result.output
+    assert result.output.strip().splitlines()[-1].endswith(" 0 unfinished")
+    states = {job.id: job.state for job in _jobs()}
+    assert states == {quick["job"]: "COMPLETED", slow["job"]: "CANCELLED"}
+    assert _chain(slow["chain"]).status == "CANCELLED"
+    again = cli("cancel", str(slow["job"]))
+    assert again.exit_code == 1 and "already ended CANCELLED" in again.stderr

@@ -93,7 +93,9 @@ def test_two_task_fabric_job_completes_and_sync_records_times(cli, tiny_cache, s
     options = json.loads(job.options_json)
     assert (options["ranks_per_node"], options["nodes"]) == (2, 1)
     with session() as db:
-        assert db.get(Chain, job.chain_id).status == "COMPLETED"
+        chain = db.get(Chain, job.chain_id)
+        assert chain.status == "COMPLETED"
+        assert chain.mlflow_run_id == (Path(submitted["script"]).parent / "mlflow_run_id").read_text().strip()
     listing = cli("jobs", "--json")
     (row,) = json.loads(listing.stdout)
     assert row["state"] == "COMPLETED" and row["queue_wait_s"] is not None and row["queue_wait_s"] >= 0

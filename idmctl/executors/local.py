@@ -92,6 +92,10 @@ class LocalExecutor:
             record = json.loads(path.read_text())
         except (OSError, ValueError) as exc:
             raise UserError(f"no local job {scheduler_id!r}", field="JOB", hint="see `idmctl jobs`") from exc
+        deadline = time.monotonic() + 10
+        while not record.get("runner_pid") and not is_final(record["state"]) and time.monotonic() < deadline:
+            time.sleep(0.05)  # the runner is starting: it publishes its pid in its first write
+            record = json.loads(path.read_text())
         pid = record.get("runner_pid")
         if pid and not is_final(record["state"]):
             os.kill(int(pid), signal.SIGTERM)
@@ -116,20 +120,28 @@ def _alive(pid: int) -> bool:
 
 
 def _run_job(script: str, log: str, state_path: Path) -> int:
+    cancelled = {"flag": False}
+    child: dict[str, subprocess.Popen[bytes] | None] = {"process": None}
+
+    def on_term(_signum: int, _frame: object) -> None:
+        cancelled["flag"] = True
+        if child["process"] is not None:
+            os.killpg(child["process"].pid, signal.SIGTERM)
+
+    # Installed before the pid is published, so a cancel can never hit the default handler.
+    signal.signal(signal.SIGTERM, on_term)
     record = json.loads(state_path.read_text())
     record.update(state="RUNNING", started_at=_now(), runner_pid=os.getpid(), node=os.uname().nodename)
     _write(state_path, record)
     Path(log).parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "ab") as out:
-        child = subprocess.Popen(["bash", script], stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        cancelled = {"flag": False}
-
-        def on_term(_signum: int, _frame: object) -> None:
-            cancelled["flag"] = True
-            os.killpg(child.pid, signal.SIGTERM)
-
-        signal.signal(signal.SIGTERM, on_term)
-        returncode = child.wait()
+    returncode = -signal.SIGTERM
+    if not cancelled["flag"]:
+        with open(log, "ab") as out:
+            child["process"] = subprocess.Popen(["bash", script], stdout=out, stderr=subprocess.STDOUT,
+                                                start_new_session=True)
+            if cancelled["flag"]:  # cancelled between the check and the spawn
+                os.killpg(child["process"].pid, signal.SIGTERM)
+            returncode = child["process"].wait()
     if cancelled["flag"]:
         state, reason = "CANCELLED", "Cancelled"
     elif returncode == 0:

@@ -74,6 +74,19 @@ def _apply(job: Job, status: JobStatus) -> bool:
     return before != (job.state, job.reason, job.exit_code, job.started_at, job.ended_at, job.node_list, job.restarts)
 
 
+def _note_mlflow_run(db: object, job: Job) -> None:
+    """The trainer writes ``RUN_DIR/mlflow_run_id`` (one MLflow run per chain); keep it on the chain."""
+    run_dir = run_dir_of(job)
+    chain = db.get(Chain, job.chain_id) if job.chain_id else None  # type: ignore[attr-defined]
+    if run_dir is None or chain is None or chain.mlflow_run_id:
+        return
+    try:
+        chain.mlflow_run_id = (run_dir / "mlflow_run_id").read_text().strip() or None
+    except OSError:
+        return
+    db.add(chain)  # type: ignore[attr-defined]
+
+
 def unfinished_jobs() -> list[Job]:
     with session() as db:
         rows = db.exec(select(Job).where(Job.scheduler_id.is_not(None))).all()  # type: ignore[union-attr]
@@ -106,6 +119,7 @@ def sync(retry: bool = True) -> SyncReport:
                 if is_final(row.state):
                     ended.append(row.id or 0)
                 db.add(row)
+                _note_mlflow_run(db, row)
     report.finished = ended
     for job_id in ended:
         with session() as db:
