@@ -228,7 +228,7 @@ def fit(fabric: "Fabric", run: RunSpec) -> int:
             validate(fabric, model, evaluators, spec, state, logger, step)
         if step % spec.train.checkpoint_every == 0 or step == spec.train.steps or stop:
             save_checkpoint(fabric, run.run_dir, step, state)
-        if stop:
+        if stop and step < spec.train.steps:
             fabric.print(f"stop signal received: checkpointed step {step}, exiting {EXIT_REQUEUE} to requeue")
             if logger:
                 logger.finish("KILLED")
