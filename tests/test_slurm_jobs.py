@@ -170,3 +170,35 @@ def test_sub_job_preempted_by_core_own_requeues_and_resumes_from_checkpoint(cli,
     assert int((run_dir / "steps_done.txt").read_text()) == total_steps
     assert f"entry: done {total_steps} steps" in log
     assert len(_chain_jobs(low_job.chain_id)) == 1  # Slurm requeued it: one chain, one job, restarts counted
+
+
+@pytest.mark.slow
+def test_preempted_real_trainer_resumes_from_its_checkpoint_with_exact_step_count(cli, tiny_cache, slurm_env: Path,
+                                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """trainers.train on `sub`: USR1 at preemption → checkpoint + exit 75 → self-requeue → resume → all steps."""
+    total = 300
+    spec = tiny_cache.spec_file(slurm_env / "specs", "tiny_preempt", resources={"cpus": 2, "mem": "1500MB"},
+                                train={"steps": total, "checkpoint_every": 150, "log_every": 10})
+    low = _submit(cli, str(spec), "--qos", "sub", "--exclude", "n2")
+    log_path = Path(low["log"])
+    wait_until(lambda: log_path.exists() and re.search(r"^step \d+/", log_path.read_text(), re.M), 180,
+               "the trainer's first logged step")
+    monkeypatch.setenv("IDMCTL_TEST_BEHAVIOR", "steps:2:0.1")
+    high = _submit(cli, "quickstart", "--entry", "tests.jobs_entry", "--qos", "core-own", "-c", "2",
+                   "--mem", "500MB", "--exclude", "n2")
+
+    def restarted() -> bool:
+        if squeue_state(low["scheduler_id"]) == "PENDING":
+            sh("scontrol", "update", f"JobId={low['scheduler_id']}", "StartTime=now", check=False)
+        return "restart 1" in log_path.read_text()
+
+    wait_until(restarted, 180, "the preempted trainer to restart", poll_s=1.0)
+    assert _sync_until_final(cli, high["job"]).state == "COMPLETED"
+    job = _sync_until_final(cli, low["job"], timeout_s=240)
+    log = log_path.read_text()
+    assert job.state == "COMPLETED" and job.restarts >= 1, log[-2000:]
+    checkpointed = [int(s) for s in re.findall(r"stop signal received: checkpointed step (\d+)", log)]
+    resumed = [int(s) for s in re.findall(r"resumed from \S+ at step (\d+)", log)]
+    assert checkpointed and resumed and resumed[0] == checkpointed[0] > 0, log[-3000:]
+    assert f"done: step {total}" in log
+    assert len(_chain_jobs(job.chain_id)) == 1
