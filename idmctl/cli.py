@@ -62,6 +62,7 @@ def _register_commands() -> None:
     from idmctl.commands import failures
 
     app.add_typer(failures.app, name="failures")
+    app.command("jobs-import")(failures.jobs_import)  # `jobs` is a command, not a group
     from idmctl.commands import preflight
     app.command("preflight")(preflight.preflight)
     from idmctl.commands import jobs
@@ -69,9 +70,11 @@ def _register_commands() -> None:
     from idmctl.commands import cache
     app.add_typer(cache.app, name="cache")
     from idmctl.commands import cache_latent  # noqa: F401  (adds `cache build` and `cache status`)
-
     from idmctl.commands import train
     app.command("train")(train.train); app.add_typer(train.model_app, name="model")
+    from idmctl.commands import data
+    app.add_typer(data.app, name="data")
+
 
 _register_commands()
 

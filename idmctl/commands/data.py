@@ -20,7 +20,7 @@ PATCH_PIXELS = 16
 """Video models want frame sizes that are multiples of 16 (84 px silently becomes an 80 px grid)."""
 
 
-def validate_demo_args(env: str, n: int, out: Path, camera_size: int, steps: int) -> None:
+def validate_demo_args(env: str, n: int, out: Path, camera_size: int, steps: int, valid: int | None = None) -> None:
     """Every bad argument is a one-line error before anything runs or is written."""
     from trainers.sim.demos import SUPPORTED_ENVS  # numpy only; robosuite loads later
 
@@ -28,6 +28,9 @@ def validate_demo_args(env: str, n: int, out: Path, camera_size: int, steps: int
         raise UserError(f"no scripted policy for env {env!r}", field="--env", hint=f"use one of: {', '.join(SUPPORTED_ENVS)}")
     if n < 2:
         raise UserError(f"--n {n} leaves no held-out demo", field="--n", hint="use at least 2 (one train, one valid)")
+    if valid is not None and not 1 <= valid < n:
+        raise UserError(f"--valid {valid} must leave at least one demo on each side of {n}", field="--valid",
+                        hint=f"use 1..{n - 1}")
     if camera_size < PATCH_PIXELS or camera_size % PATCH_PIXELS:
         raise UserError(f"camera size {camera_size} px is not a positive multiple of {PATCH_PIXELS}",
                         field="--camera-size", hint="e.g. 64")
@@ -57,19 +60,20 @@ def describe(summary: dict[str, Any]) -> str:
 def demos(
     out: Annotated[Path, typer.Option("--out", help="HDF5 file to write (robomimic layout).")],
     env: Annotated[str, typer.Option("--env", help="robosuite environment.")] = "Lift",
-    n: Annotated[int, typer.Option("--n", help="Number of demos; the last quarter (≥ 1) is the valid split.")] = 8,
+    n: Annotated[int, typer.Option("--n", help="Number of demos.")] = 8,
+    valid: Annotated[int | None, typer.Option("--valid", help="Last demos held out as mask/valid; default n // 4.")] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seeds robosuite's placement: same seed, same demos.")] = 0,
     camera_size: Annotated[int, typer.Option("--camera-size", help="Square camera frames, px (multiple of 16).")] = 64,
-    steps: Annotated[int, typer.Option("--steps", help="Steps per demo.")] = 49,
+    steps: Annotated[int, typer.Option("--steps", help="Steps per demo.")] = 50,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable summary.")] = False,
 ) -> None:
     """Scripted robosuite demos (Panda, OSC pose controller, agentview camera), deterministic per seed."""
-    validate_demo_args(env, n, out, camera_size, steps)
+    validate_demo_args(env, n, out, camera_size, steps, valid)
     from trainers.sim.demos import make_demos
 
     if not as_json:
         console.print(f"robosuite {env}: {n} demos × {steps} steps, camera {camera_size}×{camera_size}, seed {seed}")
-    summary = make_demos(out, env, n, seed=seed, camera_size=camera_size, horizon=steps,
+    summary = make_demos(out, env, n, seed=seed, camera_size=camera_size, horizon=steps, valid=valid,
                          progress=None if as_json else demos_progress)
     if as_json:
         emit_json(summary)

@@ -29,8 +29,8 @@ LIFT_M = 0.15
 """Height above the table the cube is lifted to."""
 GAIN = 10.0
 """Proportional gain: metres of error → OSC input units (±1 is ±5 cm per step)."""
-DEFAULT_HORIZON = 49
-"""Steps per demo: the policy lifts by ~step 40 and holds; 49 = 1 + 4·12 frames for the video model."""
+DEFAULT_HORIZON = 50
+"""Steps per demo: the policy has the cube up by ~step 40 and holds it (50 = 1 + 7·7: 8 cache frames)."""
 OBS_KEYS = ("robot0_eef_pos", "robot0_eef_quat", "robot0_gripper_qpos", "cube_pos")
 """Low-dimensional observations stored per step besides the camera frames."""
 
@@ -127,10 +127,10 @@ def collect_demos(
     seed: int = 0,
     camera_size: int = 64,
     horizon: int = DEFAULT_HORIZON,
-    valid_fraction: float = 0.25,
+    valid: int | None = None,
     progress: Callable[[RecordedDemo, int, int], None] | None = None,
 ) -> DemoSet:
-    """Run the scripted policy ``n`` times; the last ``valid_fraction`` of demos (≥ 1) are held out."""
+    """Run the scripted policy ``n`` times; the last ``valid`` demos (default n // 4, ≥ 1) are held out."""
     import torch
 
     torch.set_num_threads(1)
@@ -148,10 +148,15 @@ def collect_demos(
             progress(demo, index, n)
     env_args = {"env_name": env_name, "type": 1, "env_version": _robosuite_version(), "env_kwargs": env_kwargs(env)}
     env.close()
-    n_valid = max(1, round(n * valid_fraction)) if n > 1 else 0
+    n_valid = default_valid(n) if valid is None else valid
     names = [d.name for d in demos]
     splits = {"train": names[: n - n_valid], "valid": names[n - n_valid:]}
     return DemoSet(env_name, demos, env_args, camera_size, seed, splits)
+
+
+def default_valid(n: int) -> int:
+    """Held-out demos when not given: a quarter, at least one (none when there is only one demo)."""
+    return max(1, n // 4) if n > 1 else 0
 
 
 def _robosuite_version() -> str:
@@ -169,11 +174,12 @@ def write_demos(demo_set: DemoSet, path: Path) -> None:
 
 
 def make_demos(out: Path, env_name: str = "Lift", n: int = 8, *, seed: int = 0, camera_size: int = 64,
-               horizon: int = DEFAULT_HORIZON,
+               horizon: int = DEFAULT_HORIZON, valid: int | None = None,
                progress: Callable[[RecordedDemo, int, int], None] | None = None) -> dict[str, Any]:
     """Collect and write ``n`` demos to ``out``; returns a summary with counts, sizes and timings."""
     started = time.perf_counter()
-    demo_set = collect_demos(env_name, n, seed=seed, camera_size=camera_size, horizon=horizon, progress=progress)
+    demo_set = collect_demos(env_name, n, seed=seed, camera_size=camera_size, horizon=horizon, valid=valid,
+                             progress=progress)
     write_demos(demo_set, out)
     return {
         "path": str(out), "env": env_name, "demos": n, "seed": seed, "steps_per_demo": horizon,

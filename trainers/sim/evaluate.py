@@ -21,7 +21,7 @@ from idmctl.paths import expand_path
 from idmctl.spec.schema import ExperimentSpec
 from idmctl.tracking import eef_metric
 from trainers.evaluate import ChunkPolicy, Evaluator
-from trainers.sim.replay import ReplayResult, replay_episodes
+from trainers.sim.replay import Replayer, ReplayResult, replay_episodes
 
 
 def tile_chunks(chunks: np.ndarray, starts: list[int], stride: int, steps: int) -> np.ndarray:
@@ -66,6 +66,7 @@ class SimEEFEvaluator(Evaluator):
                     f"cover {covered} of its {steps} steps; the simulator needs an action for every step",
                     field="data.action_horizon", hint="raise action_horizon or data.frames, or set eval.simulator: false")
         self.last_results: list[ReplayResult] = []
+        self._replayer: Replayer | None = None  # built on first use, reused by every later evaluation
 
     @property
     def demos(self) -> list[str]:
@@ -91,7 +92,12 @@ class SimEEFEvaluator(Evaluator):
         generator = torch.Generator().manual_seed(policy.seed)
         demos = self.demos[: max(episode_counts)]
         predicted = {demo: self.episode_actions(policy, demo, generator) for demo in demos}
-        self.last_results = replay_episodes(self.episodes_path, demos, predict=predicted.__getitem__)
+        if self._replayer is None:
+            from cache.episodes import read_env_args
+
+            self._replayer = Replayer(read_env_args(self.episodes_path)["env_name"])
+        self.last_results = replay_episodes(self.episodes_path, demos, predict=predicted.__getitem__,
+                                            replayer=self._replayer)
         errors = [r.eef_mm for r in self.last_results]
         return {eef_metric(n, simulator=True): float(np.mean(errors[:n])) for n in episode_counts}
 

@@ -104,10 +104,18 @@ def replay_episodes(
     names: Sequence[str],
     predict: ActionPredictor | None = None,
     progress: Callable[[ReplayResult], None] | None = None,
+    replayer: Replayer | None = None,
 ) -> list[ReplayResult]:
-    """Replay each demo with ``predict(name)``'s actions (the recorded ones when None)."""
+    """Replay each demo with ``predict(name)``'s actions (the recorded ones when None).
+
+    Pass a ``replayer`` to reuse its env across calls (building one costs seconds); it is then left open.
+    """
     env_name, episodes = read_episodes(path, names)
-    replayer = Replayer(env_name)
+    owned = replayer is None
+    replayer = replayer or Replayer(env_name)
+    if replayer.env_name != env_name:
+        raise UserError(f"demos are from {env_name!r} but the replayer runs {replayer.env_name!r}",
+                        file=str(path), field="data/env_args")
     results = []
     try:
         for episode in episodes:
@@ -122,7 +130,8 @@ def replay_episodes(
             if progress is not None:
                 progress(result)
     finally:
-        replayer.close()
+        if owned:
+            replayer.close()
     return results
 
 

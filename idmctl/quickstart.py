@@ -1,0 +1,247 @@
+"""The quickstart loop, stage by stage, on embedded defaults (SQLite store, local executor, MLflow SQLite).
+
+demos (robosuite) → hidden cache (tiny Cosmos) → preflight with smoke → submit → training →
+evaluation (offline ``eef_mm`` and simulator ``sim_eef_mm``, trained vs untrained) → compare.
+Every stage calls the library function the matching ``idmctl`` command calls; each prints
+``[k/N] stage: result with numbers``. Re-running reuses the demos and the cache and trains a new run.
+The data-plane stages (torch, robosuite, mlflow) import inside their functions.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from idmctl.errors import CheckFailed
+from idmctl.output import console
+from idmctl.paths import expand_path, home
+from idmctl.spec.loader import ResolvedSpec
+
+EXPERIMENT = "quickstart"
+DEMOS = 12
+"""Scripted Lift demos; the last ``VALID`` are the held-out split the evaluation replays."""
+VALID = 4
+DEMO_SEED = 0
+CAMERA_PX = 64
+"""Square agentview frames; a multiple of 16 as video models want."""
+DEMO_STEPS = 50
+STAGES = 8
+JOB_TIMEOUT_S = 1800.0
+TRAIN_LINE = re.compile(r"^(step \d+/\d+ loss \S+|eval at step .*|done: .*)")
+"""Trainer log lines worth echoing while the job runs (progress, evaluations, the final summary)."""
+
+
+@dataclass
+class QuickstartResult:
+    """What each stage produced, for tests and ``--json``-style callers."""
+
+    stages: dict[str, Any] = field(default_factory=dict)
+
+
+def stage(k: int, name: str, text: str) -> None:
+    console.print(f"[{k}/{STAGES}] {name}: {text}", markup=False)
+
+
+def detail(text: str) -> None:
+    console.print(f"      {text}", markup=False)
+
+
+def register_specs_stage(result: QuickstartResult) -> ResolvedSpec:
+    from idmctl.spec import list_experiments, load_spec
+    from idmctl.spec.registry import register_specs
+
+    specs = [load_spec(str(path)) for path in list_experiments()]
+    new = register_specs(specs)
+    stage(1, "specs", f"{len(specs)} experiments valid, {len(new)} new versions registered")
+    resolved = next(r for r in specs if r.name == EXPERIMENT)
+    detail(f"{resolved.name} {resolved.short_hash}: {resolved.spec.description}")
+    result.stages["specs"] = {"experiments": len(specs), "new": len(new), "quickstart_hash": resolved.hash}
+    return resolved
+
+
+def _demos_present(path: Path) -> bool:
+    """A complete demo file from an earlier run (writes are atomic, so existing means complete)."""
+    from cache.episodes import list_demos
+
+    if not path.exists():
+        return False
+    try:
+        return len(list_demos(path, "all")) == DEMOS and len(list_demos(path, "valid")) == VALID
+    except Exception:  # unreadable or another layout: make it again
+        return False
+
+
+def demos_stage(resolved: ResolvedSpec, result: QuickstartResult) -> Path:
+    path = expand_path(resolved.spec.data.episodes)
+    if _demos_present(path):
+        stage(2, "demos", f"reusing {DEMOS} demos in {path}")
+        result.stages["demos"] = {"reused": True, "path": str(path)}
+        return path
+    from idmctl.commands.data import demos_progress, describe
+    from trainers.sim.demos import make_demos
+
+    detail(f"robosuite Lift, Panda + OSC pose controller, scripted policy, seed {DEMO_SEED}: "
+           f"{DEMOS} demos × {DEMO_STEPS} steps with {CAMERA_PX}×{CAMERA_PX} frames")
+    summary = make_demos(path, "Lift", DEMOS, seed=DEMO_SEED, camera_size=CAMERA_PX, horizon=DEMO_STEPS,
+                         valid=VALID, progress=demos_progress)
+    stage(2, "demos", describe(summary))
+    result.stages["demos"] = {"reused": False, **summary}
+    return path
+
+
+def cache_stage(resolved: ResolvedSpec, result: QuickstartResult) -> None:
+    from cache.geometry import HiddenGeometry, sample_io
+    from trainers.build_hidden_cache import build_hidden_cache
+
+    data = resolved.spec.data
+    started = time.perf_counter()
+    summary = build_hidden_cache(resolved.spec, processes=1)
+    seconds = time.perf_counter() - started
+    geometry = HiddenGeometry.from_spec(data)
+    stage(3, "cache", f"{summary['built']} built, {summary['skipped']} already cached, {summary['demos']} demos "
+                      f"in {seconds:.1f} s → {summary['cache_root']}")
+    detail(f"per file: {geometry.layers} layers × {geometry.frames} frames × {geometry.height} × {geometry.width} × "
+           f"{geometry.channels} × {geometry.dtype_bytes} B = {geometry.file_bytes:,} B")
+    detail(f"per sample: {sample_io(data, mmap=resolved.spec.loader.mmap).formula}")
+    result.stages["cache"] = {**summary, "seconds": seconds}
+
+
+def preflight_stage(resolved: ResolvedSpec, result: QuickstartResult) -> None:
+    from idmctl.preflight.runner import run_preflight
+    from idmctl.profile import load_profile
+
+    profile, profile_hash = load_profile(None)
+    report = run_preflight(resolved, profile, profile_hash, with_smoke=True)
+    counts: dict[str, int] = {}
+    for check in report.results:
+        counts[check.status.value] = counts.get(check.status.value, 0) + 1
+        detail(f"{check.status.value:4s} {check.name:13s} {check.summary}")
+    verdict = ", ".join(f"{n} {status}" for status, n in counts.items())
+    stage(4, "preflight", f"{verdict} in {report.seconds:.1f} s on cluster {profile.name!r} (run {report.run_id})")
+    result.stages["preflight"] = report.as_dict()
+    if report.failed:
+        raise CheckFailed(f"quickstart stopped: preflight FAILed {', '.join(report.failed)} (see the rows above)")
+
+
+def submit_stage(result: QuickstartResult) -> Any:
+    from idmctl.jobs.submit import submit
+
+    submitted = submit(EXPERIMENT, {}, None)
+    job = submitted.job
+    stage(5, "submit", f"job {job.id} ({job.executor} {job.scheduler_id}), chain {job.chain_id}, qos {job.qos}, "
+                       f"script {job.script_path}")
+    result.stages["submit"] = {"job": job.id, "chain": job.chain_id, "executor": job.executor,
+                               "scheduler_id": job.scheduler_id, "log": job.log_path}
+    return job
+
+
+def preflight_and_submit(resolved: ResolvedSpec, result: QuickstartResult, tries: int = 5) -> Any:
+    """Preflight, then submit through the gate; preflight again if the code changed in between.
+
+    The gate keys a pass on the code version, which includes a hash of uncommitted changes: on a
+    working tree that someone is editing, a pass can go stale within seconds.
+    """
+    for attempt in range(1, tries + 1):
+        preflight_stage(resolved, result)
+        try:
+            return submit_stage(result)
+        except CheckFailed as exc:
+            if "code changed since preflight" not in str(exc) or attempt == tries:
+                raise
+            detail(f"the code changed since that preflight ({str(exc).split(':', 1)[-1].strip()[:80]}…): "
+                   f"preflight again ({attempt + 1}/{tries})")
+    raise AssertionError("unreachable")
+
+
+def _follow(log_path: Path, offset: int, echo: Callable[[str], None]) -> int:
+    """Echo the trainer's progress lines written since ``offset``; returns the new offset."""
+    if not log_path.exists():
+        return offset
+    with open(log_path, "rb") as handle:
+        handle.seek(offset)
+        chunk = handle.read()
+    complete, _, _ = chunk.rpartition(b"\n")
+    if not complete:
+        return offset
+    for line in complete.decode(errors="replace").splitlines():
+        if TRAIN_LINE.match(line.strip()):
+            echo(line.strip())
+    return offset + len(complete) + 1
+
+
+def train_stage(job: Any, result: QuickstartResult, poll_s: float = 1.0) -> Path:
+    """Wait for the job through ``idmctl sync`` (the same path for the local executor and Slurm)."""
+    from idmctl.executors.base import is_final
+    from idmctl.jobs.submit import runs_dir
+    from idmctl.jobs.sync import sync
+    from idmctl.store.db import session
+    from idmctl.store.models import Job
+
+    started = time.perf_counter()
+    log_path, offset, state = Path(job.log_path), 0, job.state
+    while True:
+        sync(retry=True)
+        with session() as db:
+            row = db.get(Job, job.id)
+            state = row.state if row else "UNKNOWN"
+        offset = _follow(log_path, offset, detail)
+        if is_final(state):
+            break
+        if time.perf_counter() - started > JOB_TIMEOUT_S:
+            raise CheckFailed(f"quickstart stopped: job {job.id} still {state} after {JOB_TIMEOUT_S:.0f} s "
+                              f"(log {log_path})")
+        time.sleep(poll_s)
+    seconds = time.perf_counter() - started
+    losses = [float(m.group(1)) for m in re.finditer(r"^step \d+/\d+ loss (\S+)", log_path.read_text(), re.M)]
+    result.stages["train"] = {"state": state, "seconds": seconds, "losses": losses, "log": str(log_path)}
+    if state != "COMPLETED":
+        raise CheckFailed(f"quickstart stopped: job {job.id} ended {state} (log {log_path}; `idmctl failures`)")
+    shown = f"loss {losses[0]:.4f} → {losses[-1]:.4f} ({len(losses)} logged windows)" if losses else "no loss lines"
+    stage(6, "train", f"job {job.id} COMPLETED in {seconds:.0f} s, {shown}")
+    return runs_dir(EXPERIMENT, int(job.chain_id))
+
+
+def evaluation_stage(resolved: ResolvedSpec, run_dir: Path, result: QuickstartResult) -> dict[str, float]:
+    from trainers.sim.scoring import score_trained_and_untrained
+
+    started = time.perf_counter()
+    scores = score_trained_and_untrained(resolved.spec, run_dir)
+    seconds = time.perf_counter() - started
+    parts = [f"{metric} {scores['trained'][metric]:.1f} mm (untrained {scores['untrained'][metric]:.1f} mm)"
+             for metric in scores["trained"]]
+    stage(7, "eval", f"{'; '.join(parts)} in {seconds:.0f} s")
+    detail(f"checkpoint {scores['checkpoint']}; the trained numbers are also in MLflow run {scores['mlflow_run_id']}")
+    for demo, trained, untrained in scores["per_episode"]:
+        detail(f"{demo}: simulator replay {trained:.1f} mm trained vs {untrained:.1f} mm untrained")
+    result.stages["eval"] = scores
+    return scores["trained"]
+
+
+def compare_stage(resolved: ResolvedSpec, result: QuickstartResult) -> None:
+    from idmctl.commands.compare import compare
+    from idmctl.compare import build_report
+
+    from idmctl.tracking import eef_metric
+
+    metric = eef_metric(max(resolved.spec.eval.episodes), simulator=resolved.spec.eval.simulator)
+    stage(8, "compare", f"card A's baselines and the {EXPERIMENT} runs, ranked by {metric} (lower is better)")
+    compare([EXPERIMENT], metric=metric, as_json=False, as_markdown=False, plot=None)
+    report = build_report([EXPERIMENT], metric=metric)
+    result.stages["compare"] = report.to_json()
+
+
+def run_quickstart() -> QuickstartResult:
+    result = QuickstartResult()
+    console.print(f"idmctl quickstart  IDMCTL_HOME={home()}", markup=False)
+    resolved = register_specs_stage(result)
+    demos_stage(resolved, result)
+    cache_stage(resolved, result)
+    job = preflight_and_submit(resolved, result)
+    run_dir = train_stage(job, result)
+    evaluation_stage(resolved, run_dir, result)
+    compare_stage(resolved, result)
+    return result
