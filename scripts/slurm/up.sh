@@ -71,7 +71,8 @@ done
 # ---- node names resolve to this host (Fabric/torch.distributed use SLURM_NODELIST's first name as
 # MASTER_ADDR, as on a real cluster) -------------------------------------------------------------
 for node in "${NODES[@]}"; do
-  getent hosts "$node" >/dev/null || echo "127.0.0.1 $node  # idmctl local Slurm" >>/etc/hosts
+  getent hosts "$node" >/dev/null || echo "127.0.0.1 $node  # idmctl local Slurm" >>/etc/hosts \
+    || log "warning: cannot add $node to /etc/hosts; multi-rank jobs will not find MASTER_ADDR=$node"
 done
 
 # ---- configuration ---------------------------------------------------------------------------
