@@ -60,9 +60,13 @@ def time_call(fn: Callable[[], Any], repeats: int) -> list[float]:
     return samples
 
 
-def time_command(argv: list[str], repeats: int, env: dict[str, str] | None = None) -> list[float]:
+def time_command(argv: list[str], repeats: int, env: dict[str, str] | None = None, warmup: bool = True) -> list[float]:
+    """Wall seconds of ``argv`` as a whole process, ``repeats`` times (after one unmeasured warm-up run)."""
     def run() -> None:
-        subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+        done = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+        if done.returncode != 0:  # a failing command's time measures nothing; say why
+            raise RuntimeError(f"{' '.join(argv[:4])}… exited {done.returncode}: {done.stderr.decode()[-300:].strip()}")
 
-    run()  # warm the page cache and .pyc files; the first run is not a sample
+    if warmup:
+        run()  # warm the page cache and .pyc files; the first run is not a sample
     return time_call(run, repeats)

@@ -116,3 +116,35 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+# -- bench.run adapter (issue 11, figure 3): the figures above, plus a full ``torch.load`` of the
+# legacy .pt (no mmap: what the card's N=12 runs did per sample) on the same cold-cache terms. ------
+
+_slice_figures = run
+
+
+def _full_torch_load_figures(fast: bool) -> list[Figure]:
+    import torch
+
+    from cache.hidden import read_hidden, write_legacy
+
+    repeats = 1 if fast else 3
+    grid, channels = ((8, 8), 512) if fast else ((27, 48), 512)
+    slice_bytes = len(SELECTION) * WINDOW * grid[0] * grid[1] * channels * 2
+    with tempfile.TemporaryDirectory(prefix="bench_hidden_pt_", dir=os.environ.get("BENCH_DIR")) as tmp:
+        legacy = Path(tmp) / "demo_0.pt"
+        write_legacy(legacy, torch.randn(12, 24, *grid, channels).to(torch.bfloat16), list(range(12)))
+        seq_seconds, _ = _cold(legacy, lambda: _sequential(legacy), repeats)
+        seconds, disk = _cold(legacy, lambda: read_hidden(legacy, SELECTION, FRAME_START, WINDOW, mmap=False), repeats)
+        file_bytes = legacy.stat().st_size
+    return [
+        Figure("legacy .pt: full torch.load + slice: bytes from disk", "B", disk, "slice bytes", [float(slice_bytes)],
+               note=f"file {file_bytes:,} B"),
+        Figure("legacy .pt: full torch.load + slice: useful throughput", "MB/s", [slice_bytes / s / 1e6 for s in seconds],
+               "sequential read of the file", [file_bytes / s / 1e6 for s in seq_seconds], higher_is_better=True),
+    ]
+
+
+def run(fast: bool) -> list[Figure]:  # type: ignore[no-redef]
+    return _slice_figures(fast) + _full_torch_load_figures(fast)

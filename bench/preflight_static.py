@@ -35,7 +35,7 @@ def _warm_checks(repeats: int) -> tuple[list[float], dict[str, float]]:
 
 
 def run(fast: bool) -> list[Figure]:
-    repeats = 3 if fast else 10
+    repeats = 1 if fast else 10
     with tempfile.TemporaryDirectory() as tmp:
         env = {**os.environ, "IDMCTL_HOME": str(Path(tmp) / "home")}
         os.environ["IDMCTL_HOME"] = env["IDMCTL_HOME"]
@@ -54,3 +54,35 @@ def run(fast: bool) -> list[Figure]:
 if __name__ == "__main__":
     for figure in run(fast="--fast" in sys.argv):
         print(figure.as_dict())
+
+
+# -- bench.run adapter (issue 11, figure 2): the static figures above, plus the quickstart's full
+# preflight with the real smoke on CPU, on real data written in the quickstart's geometry. --------
+
+_static_figures = run
+
+
+def write_quickstart_data(root: Path) -> Path:
+    """A spec extending the shipped quickstart over real tiny data in its geometry (as tests do)."""
+    from trainers.tiny_data import write_tiny_routed_data
+
+    from idmctl.paths import REPO_ROOT
+
+    data = write_tiny_routed_data(root / "data", demos=6, valid=2, steps=24, frames=8, frame_stride=2, layers=4,
+                                  grid=(4, 4), channels=32, action_dim=7)
+    spec = root / "quickstart_here.yaml"
+    spec.write_text(f"extends: {REPO_ROOT / 'experiments' / 'quickstart'}\n"
+                    f"data:\n  episodes: {data['episodes']}\n  cache_root: {data['cache_root']}\n")
+    return spec
+
+
+def run(fast: bool) -> list[Figure]:  # type: ignore[no-redef]
+    figures = _static_figures(fast)
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {**os.environ, "IDMCTL_HOME": str(Path(tmp) / "home"), "CUDA_VISIBLE_DEVICES": ""}
+        spec = write_quickstart_data(Path(tmp))
+        argv = [str(VENV_BIN / "idmctl"), "preflight", str(spec), "--cluster", "local", "--json"]
+        full = time_command(argv, 1 if fast else 3, env, warmup=not fast)
+    figures.append(Figure("idmctl preflight quickstart, full with smoke on CPU (whole process)", "s", full,
+                          target="seconds", note="all checks + the real trainer's 3-step smoke in a subprocess"))
+    return figures

@@ -41,20 +41,27 @@ def _machine() -> str:
 def _fmt(value: float | None, unit: str) -> str:
     if value is None:
         return "—"
+    if unit in ("B", "files", "calls"):
+        return f"{value:,.0f} {unit}"
     if unit == "s" and value < 1:
         return f"{value * 1000:.1f} ms"
     return f"{value:,.3g} {unit}"
 
 
-def _section(title: str, figures: list[Figure]) -> list[str]:
+def _section(title: str, items: list[Figure | str]) -> list[str]:
+    """A table of the figures; a string among them is a part that could not be measured, said below it."""
+    figures = [item for item in items if isinstance(item, Figure)]
+    unmeasured = [item.removeprefix("not measured:").strip() for item in items if isinstance(item, str)]
     lines = [f"## {title}", "", "| figure | median | min | max | n | reference (median) | ratio | target | note |",
              "|---|---|---|---|---|---|---|---|---|"]
+    if not figures:
+        lines = [f"## {title}", ""]
     for f in figures:
         ratio = f"{f.ratio:.2f}×" if f.ratio is not None else "—"
         ref = f"{f.reference_name}: {_fmt(f.reference_median, f.unit)}" if f.reference_name else "—"
         lines.append(f"| {f.name} | {_fmt(f.median, f.unit)} | {_fmt(min(f.samples), f.unit)} | "
                      f"{_fmt(max(f.samples), f.unit)} | {len(f.samples)} | {ref} | {ratio} | {f.target} | {f.note} |")
-    return lines + [""]
+    return lines + [""] + [f"not measured: {why}" for why in unmeasured] + ([""] if unmeasured else [])
 
 
 def main() -> int:
@@ -69,6 +76,7 @@ def main() -> int:
            f"- command: `{command}`", f"- date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
            "- every figure: median of n runs with min and max, and the ratio to a reference measured in the same run", ""]
     results: dict[str, object] = {}
+    run_started = time.perf_counter()
     for title, module_name in MODULES:
         if args.only and module_name.split(".")[-1] not in args.only:
             continue
@@ -85,13 +93,18 @@ def main() -> int:
             results[module_name] = {"error": repr(exc)}
             continue
         if isinstance(figures, str):  # a module that cannot run here says why
-            out += [f"## {title}", "", f"not measured: {figures}", ""]
+            reason = figures.removeprefix("not measured:").strip()
+            out += [f"## {title}", "", f"not measured: {reason}", ""]
+            results[module_name] = {"not_measured": reason}
             continue
         out += _section(title, figures)
-        results[module_name] = [f.as_dict() for f in figures]
+        results[module_name] = [f.as_dict() if isinstance(f, Figure) else {"not_measured": f} for f in figures]
         print(f"{title}: {len(figures)} figures in {time.perf_counter() - started:.1f} s", file=sys.stderr)
-    Path(args.out).write_text("\n".join(out) + "\n")
-    Path(args.out).with_suffix(".json").write_text(json.dumps(results, indent=2, default=str))
+    out += [f"_total wall time of this run: {time.perf_counter() - run_started:.0f} s_", ""]
+    from idmctl.paths import atomic_write_text
+
+    atomic_write_text(Path(args.out), "\n".join(out) + "\n")
+    atomic_write_text(Path(args.out).with_suffix(".json"), json.dumps(results, indent=2, default=str))
     return 0
 
 
