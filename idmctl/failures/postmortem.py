@@ -17,6 +17,7 @@ from sqlmodel import Session, select
 
 from idmctl.errors import UserError
 from idmctl.failures.classify import Classification, classify, get_cause, is_failed_state
+from idmctl.output import err_console
 from idmctl.store.models import Chain, Failure, Fix, Job
 from idmctl.units import parse_duration
 
@@ -142,9 +143,14 @@ def _mark_chain_run(db: Session, job: Job, cause: str) -> None:
     chain = db.get(Chain, job.chain_id) if job.chain_id is not None else None
     if chain is None or not chain.mlflow_run_id:
         return
+    from mlflow.exceptions import MlflowException
+
     from idmctl.failures.mlflow_status import mark_run_failed
 
-    mark_run_failed(chain.mlflow_run_id, cause=cause, slurm_state=job.state)
+    try:
+        mark_run_failed(chain.mlflow_run_id, cause=cause, slurm_state=job.state)
+    except MlflowException as exc:  # the record in our store matters more than the MLflow tag
+        err_console.print(f"warning: could not mark MLflow run {chain.mlflow_run_id}: {exc}", markup=False)
 
 
 def parse_since(text: str) -> datetime:

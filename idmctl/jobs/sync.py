@@ -146,6 +146,11 @@ def sync(retry: bool = True) -> SyncReport:
         if decision.action == "retry":
             new_job = resubmit(job_id, decision.extra_env, reason=f"{decision.cause}: {decision.why}")
             report.resubmitted.append((job_id, new_job.id or 0))
+    if ended:  # classify now: Failure rows with evidence, and the chain's MLflow run marked FAILED/KILLED
+        from idmctl.failures.postmortem import record_failures
+
+        with session() as db:
+            record_failures(db, [job for job in (db.get(Job, job_id) for job_id in ended) if job is not None])
     return report
 
 
