@@ -75,6 +75,7 @@ def final_weights(run_dir: Path) -> tuple[int, dict[str, torch.Tensor]]:
     return step, state["model"]
 
 
+@pytest.mark.slow
 def test_train_command_learns_and_logs_to_mlflow(tiny_cache, tmp_path: Path, cli) -> None:
     spec_path = tiny_cache.spec_file(tmp_path, "tiny_learn", train={"steps": 40, "lr": 1e-2, "log_every": 10,
                                                                     "checkpoint_every": 20},
@@ -195,3 +196,14 @@ def test_run_directory_refuses_another_spec(tiny_cache, tmp_path: Path) -> None:
     other = load_spec(str(tiny_cache.spec_file(tmp_path / "specs", "second", train={"steps": 9})))
     with pytest.raises(UserError, match="run directory holds spec first"):
         write_run_spec(run_dir, other)
+
+
+def test_too_few_held_out_episodes_fail_at_start_up(tiny_cache, tmp_path: Path) -> None:
+    run_dir = prepare_run(tiny_cache, tmp_path, "tiny_eval5", eval={"metric": "eef_mm_5ep", "episodes": [5]})
+    done = run_trainer(run_dir)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1] == (
+        "error: eval.episodes: eval asks for 5 episodes but split 'valid' has 2 "
+        "(use counts ≤ 2 or add held-out demos)")
+    assert not (run_dir / "checkpoints").exists()
+    assert mlflow_runs() == []  # refused before the MLflow run was opened

@@ -12,6 +12,7 @@ plugs in behind the same interface.
 from __future__ import annotations
 
 import importlib
+import os
 from abc import ABC, abstractmethod
 from collections import defaultdict
 from typing import Any
@@ -89,7 +90,9 @@ class OfflineEEFEvaluator(Evaluator):
         from cache.registry import build_dataset
 
         self.spec = spec
-        self.dataset = build_dataset(spec, "eval")
+        from trainers.run_dir import CACHE_ROOT_ENV
+
+        self.dataset = build_dataset(spec, "eval", cache_root=os.environ.get(CACHE_ROOT_ENV))
         self.by_demo: dict[str, list[int]] = defaultdict(list)
         for item, (entry, _) in enumerate(self.dataset.index.windows):
             self.by_demo[entry.demo].append(item)
@@ -100,17 +103,21 @@ class OfflineEEFEvaluator(Evaluator):
         finally:
             episodes.close()
         self.gain = torch.from_numpy(gain.astype(np.float32))
+        self._check_counts(list(spec.eval.episodes))  # at start-up, not after hours of training
+
+    def _check_counts(self, episode_counts: list[int]) -> None:
+        available = len(self.by_demo)
+        if episode_counts and max(episode_counts) > available:
+            raise UserError(f"eval asks for {max(episode_counts)} episodes but split {self.spec.data.eval_split!r} "
+                            f"has {available}", field="eval.episodes",
+                            hint=f"use counts ≤ {available} or add held-out demos")
 
     @property
     def demos(self) -> list[str]:
         return list(self.by_demo)
 
     def evaluate(self, policy: ChunkPolicy, episode_counts: list[int]) -> dict[str, float]:
-        available = len(self.by_demo)
-        too_many = [n for n in episode_counts if n > available]
-        if too_many:
-            raise UserError(f"eval asks for {max(too_many)} episodes but split {self.spec.data.eval_split!r} has "
-                            f"{available}", field="eval.episodes", hint=f"use counts ≤ {available} or add held-out demos")
+        self._check_counts(episode_counts)
         per_demo = self.per_demo_error_mm(policy, self.demos[: max(episode_counts)])
         return {eef_metric(n): float(np.mean(per_demo[:n])) for n in episode_counts}
 

@@ -18,6 +18,8 @@ if TYPE_CHECKING:
     from idmctl.spec.loader import ResolvedSpec
 
 SPEC_FILE = "spec.json"
+CACHE_ROOT_ENV = "IDMCTL_CACHE_ROOT"
+"""Overrides ``data.cache_root`` in the trainer (the staged copy on node-local disk); not in the spec hash."""
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ from idmctl.errors import UserError
 from idmctl.paths import atomic_write_text
 from idmctl.spec.schema import ExperimentSpec
 from trainers.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from trainers.run_dir import RunSpec, read_run_spec, write_run_spec  # noqa: F401  (re-exported)
+from trainers.run_dir import CACHE_ROOT_ENV, RunSpec, read_run_spec, write_run_spec  # noqa: F401  (re-exported)
 
 if TYPE_CHECKING:
     from lightning_fabric import Fabric
@@ -55,8 +55,6 @@ EXIT_NAN = 3
 NAN_HOOK_ENV = "IDMCTL_INJECT_NAN_AT_STEP"
 RANK_DIGEST_ENV = "IDMCTL_TEST_RANK_DIGESTS"
 """Test hook: when set, every rank writes ``DIR/rank_digests/rank-<k>.sha256`` of its final parameters."""
-CACHE_ROOT_ENV = "IDMCTL_CACHE_ROOT"
-"""Overrides ``data.cache_root`` (the staged copy on node-local disk); not part of the spec hash."""
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
 
 
@@ -162,6 +160,7 @@ def fit(fabric: "Fabric", run: RunSpec) -> int:
     from trainers.registry import build_model
 
     spec, rank = run.spec, fabric.global_rank
+    signals = StopSignals()  # from the start: a SIGTERM during setup still ends in a checkpoint
     fabric.seed_everything(spec.train.seed)
     model = build_model(spec, device=fabric.device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=spec.train.lr, weight_decay=spec.train.weight_decay)
@@ -170,24 +169,20 @@ def fit(fabric: "Fabric", run: RunSpec) -> int:
     resumed_from = latest_checkpoint(run.run_dir)
     if resumed_from is not None:
         load_checkpoint(fabric, resumed_from, state)
-    logger = _open_logger(fabric, run)
     fabric.print(f"{run.name} {run.hash[:12]}: world {fabric.world_size}, grad_accum {spec.grad_accum}, "
                  f"{'resumed from ' + resumed_from.name if resumed_from else 'fresh start'} at step {state['step']}")
     if state["step"] >= spec.train.steps:
         fabric.print(f"already complete at step {state['step']}")
-        if logger:
-            logger.finish("FINISHED")
         return 0
 
-    cache_root = os.environ.get(CACHE_ROOT_ENV)
     loader = build_dataloader(spec, "train", shuffle=True, seed=spec.train.seed, rank=rank,
-                              world_size=fabric.world_size, cache_root=cache_root)
+                              world_size=fabric.world_size, cache_root=os.environ.get(CACHE_ROOT_ENV))
     if len(loader) == 0:
         raise UserError("the training split yields no batches", field="data.train_split",
                         hint="add demos or lower loader.batch_size")
     evaluators = _build_evaluators(fabric, spec)
+    logger = _open_logger(fabric, run)  # after every check that can refuse the spec: no orphan MLflow runs
     batches = micro_batches(loader, state["step"] * spec.grad_accum)
-    signals = StopSignals()
     inject_nan_at = int(os.environ.get(NAN_HOOK_ENV, "0"))
     window = _Window()
 
