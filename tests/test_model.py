@@ -140,3 +140,35 @@ def test_card_dimensions_match_the_card_on_the_meta_device() -> None:
     assert abs(table["total"] - 242.6e6) / 242.6e6 < 0.001
     assert abs(table["dit"] - 84.2e6) / 84.2e6 < 0.01
     assert table["total"] == sum(p.numel() for p in model.parameters())
+
+
+def test_model_summary_command_prints_the_card_table_and_routing(cli) -> None:
+    result = cli("model", "summary", "latent_c_n4_d12")
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert "N=4 routed layers, depth 12" in lines[0]
+    assert any("KV projectors" in line and "20,975,616" in line and "20.5M" in line for line in lines)
+    assert "KV projectors: 4 × (5120 × 1024 + 1024) = 20,975,616 exactly" in result.output
+    rows = [line.split("│")[1:5] for line in lines if line.startswith("│") and line.split("│")[1].strip().isdigit()]
+    routing = [tuple(cell.strip() for cell in row) for row in rows]
+    assert routing == [(str(b), str(b // 3), str([1, 4, 7, 10][b // 3]), str([5, 14, 23, 32][b // 3]))
+                       for b in range(12)]
+
+
+def test_model_summary_json_matches_the_meta_model(cli) -> None:
+    import json
+
+    result = cli("model", "summary", "latent_c_n4", "--json")
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.output)
+    assert document["params"] == parameter_table(build_model(load_spec("latent_c_n4").spec, device="meta"))
+    assert [row["cosmos_block"] for row in document["routing"]] == [5, 14, 23, 32]
+
+
+def test_depth_below_n_is_a_one_line_spec_error(cli, tmp_path) -> None:
+    path = tmp_path / "too_shallow.yaml"
+    path.write_text("extends: latent_c_n12_dense\nmodel:\n  depth: 4\n")
+    result = cli("model", "summary", str(path))
+    assert result.exit_code == 2
+    assert result.output.strip() == (f"error: {path}:model.depth: depth 4 < N=12: 8 routed layers would never be attended "
+                                     "(use depth ≥ 12 or select fewer layers)")

@@ -15,7 +15,7 @@ from typing import Annotated, Any
 
 import typer
 
-from idmctl.errors import CheckFailed
+from idmctl.errors import CheckFailed, UserError
 from idmctl.output import console, emit_json, make_table
 from idmctl.paths import REPO_ROOT, home
 from idmctl.spec import load_spec
@@ -82,9 +82,13 @@ def model_summary(experiment: str) -> dict[str, Any]:
 
     resolved = load_spec(experiment)
     spec = resolved.spec
-    model_class(spec)  # import torch and the model module first: the timing below is the build alone
-    started = time.perf_counter()
-    model = build_model(spec, device="meta")
+    try:
+        model_class(spec)  # import torch and the model module first: the timing below is the build alone
+        started = time.perf_counter()
+        model = build_model(spec, device="meta")
+    except UserError as exc:
+        exc.file = exc.file or str(resolved.path)
+        raise
     build_s = time.perf_counter() - started
     n, c, kv = spec.data.routing_n, spec.data.channels, spec.model.kv_dim
     return {
