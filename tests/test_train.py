@@ -207,3 +207,14 @@ def test_too_few_held_out_episodes_fail_at_start_up(tiny_cache, tmp_path: Path) 
         "(use counts ≤ 2 or add held-out demos)")
     assert not (run_dir / "checkpoints").exists()
     assert mlflow_runs() == []  # refused before the MLflow run was opened
+
+
+def test_a_half_written_checkpoint_is_never_resumed(tmp_path: Path) -> None:
+    from trainers.checkpoint import checkpoint_path, latest_checkpoint
+
+    complete = checkpoint_path(tmp_path, 4)
+    complete.parent.mkdir(parents=True)
+    torch.save({"step": 4}, complete)
+    # What a kill during fabric.save leaves behind: the temp name, truncated.
+    (complete.parent / ".step-00000008.ckpt.tmp").write_bytes(b"PK\x03\x04 truncated")
+    assert latest_checkpoint(tmp_path) == complete
