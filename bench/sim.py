@@ -1,0 +1,66 @@
+"""robosuite figures the quickstart depends on: physics steps/s, camera frames/s, replay time.
+
+Reference in the same run: camera frames with robosuite's default rendering (shadows and
+reflections on) against ``fast_render``. ``python -m bench.sim [--fast]`` prints the figures as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+
+from bench.common import Figure, time_call
+
+
+def _steps(env: object, n: int) -> None:
+    for _ in range(n):
+        env.step(np.zeros(7))  # type: ignore[attr-defined]
+
+
+def run(fast: bool) -> list[Figure]:
+    import torch
+
+    from trainers.sim.demos import collect_demos
+    from trainers.sim.env import fast_render, make_env
+    from trainers.sim.replay import Replayer, eef_error_mm
+
+    torch.set_num_threads(1)
+    steps, repeats = (10, 3) if fast else (50, 5)
+    blind = make_env("Lift", camera_size=None, seed=0)
+    blind.reset()
+    physics = [steps / s for s in time_call(lambda: _steps(blind, steps), repeats)]
+    camera = make_env("Lift", camera_size=64, seed=0)
+    camera.reset()
+    default_render = [steps / s for s in time_call(lambda: _steps(camera, steps), repeats)]
+    fast_render(camera)
+    fast = [steps / s for s in time_call(lambda: _steps(camera, steps), repeats)]
+    demo = collect_demos("Lift", 1, seed=0, camera_size=64, horizon=steps).demos[0]
+    replayer = Replayer("Lift")
+    errors: list[float] = []
+
+    def replay() -> None:
+        track = replayer.eef_track(demo.model_file, demo.states[0], demo.actions)
+        errors.append(eef_error_mm(track, demo.obs["robot0_eef_pos"]))
+
+    replay_s = time_call(replay, repeats)
+    return [
+        Figure("physics steps (no camera)", "steps/s", physics, target="~250 steps/s unloaded (stack notes)",
+               higher_is_better=True),
+        Figure("steps with a 64×64 camera, fast_render", "frames/s", fast, "default rendering", default_render,
+               target="~25 frames/s unloaded; ≥ 2× the default", higher_is_better=True),
+        Figure(f"replay of a {steps}-step demo (no camera)", "s", replay_s,
+               note=f"EEF error of the exact replay: max {max(errors):.2e} mm"),
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--fast", action="store_true")
+    args = parser.parse_args()
+    print(json.dumps([f.as_dict() for f in run(args.fast)], indent=2))
+
+
+if __name__ == "__main__":
+    main()
