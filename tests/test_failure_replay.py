@@ -222,3 +222,34 @@ def test_replay_preempted_three_times_in_one_chain(cli, tmp_path: Path, monkeypa
     markdown = cli("failures", "--markdown").output
     assert "| preempted ×3 |" in markdown
     assert preflight(cli, MISTAKES / "preemptible_sub_stage.yaml", "--cluster", "card")["qos"]["status"] == "FAIL"
+
+
+def test_jobs_import_pulls_a_job_submitted_without_idmctl(cli, tmp_path: Path) -> None:
+    """A team member's plain sbatch job that dies on a TypeError enters the postmortem log."""
+    from slurm_support import sacct_state
+
+    script = tmp_path / "legacy_job.sh"
+    script.write_text("#!/bin/bash\n"
+                      f"{sys.executable} -c 'import collections; collections.OrderedDict(1, 2, 3)'\n")
+    job_id = sh("sbatch", "--parsable", "-J", "legacy_latentC", "--qos", "core-own", "--mem", "200M",
+                "--chdir", str(tmp_path), str(script)).strip()
+    wait_until(lambda: sacct_state(job_id) == "FAILED", 60, f"sbatch job {job_id} to fail")
+
+    def imported_now() -> bool:
+        # sacct's time-window query (-S) can list a job a moment after `sacct -j` shows it ended.
+        result = cli("jobs-import", "--since", "1h", "--json")
+        assert result.exit_code == 0, result.output
+        return job_id in json.loads(result.stdout)["imported"]
+
+    wait_until(imported_now, 30, f"sacct -S to list job {job_id}", poll_s=1.0)
+    with session() as db:
+        job = db.exec(select(Job).where(Job.scheduler_id == job_id)).one()
+        assert (job.imported, job.experiment, job.state, job.qos) == (True, "legacy_latentC", "FAILED", "core-own")
+        assert job.log_path == str(tmp_path / f"slurm-{job_id}.out")
+    # (the hour's window also imports every other job on this shared test cluster: pick ours)
+    row = next(r for r in json.loads(cli("failures", "legacy_latentC", "--json").output) if r["job"] == job_id)
+    assert row["cause"] == "python_exception"
+    assert row["detail"]["exception_type"] == "TypeError"
+    assert row["imported"] is True
+    again = json.loads(cli("jobs-import", "--since", "1h", "--json").stdout)
+    assert job_id not in again["imported"]  # idempotent: known ids are skipped
