@@ -29,6 +29,7 @@ MODULES = [
     ("Sync of many jobs", "bench.sync_jobs"),
     ("Submit overhead", "bench.submit_overhead"),
     ("GPU figures", "bench.gpu"),
+    ("robosuite simulator", "bench.sim"),
 ]
 
 
