@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -126,9 +127,16 @@ def test_type_error_at_start_is_failed_and_not_retried_with_retries_5(cli, monke
 def test_cancel_records_cancelled(cli, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("IDMCTL_TEST_BEHAVIOR", "steps:200:0.5")
     submitted = _submit(cli, "quickstart", "--entry", "tests.jobs_entry", "--mem", "300MB", "--retries", "2")
+    # Cancel a job that is really running: the trainer checkpoints on TERM, and the job script must
+    # not mistake a cancel for a preemption and requeue itself.
+    log = lambda: Path(_job(submitted["job"]).log_path)  # noqa: E731
+    wait_until(lambda: log().exists() and "entry: step 1" in log().read_text(), 60, "the job to run a step")
     assert cli("cancel", str(submitted["job"])).exit_code == 0
     job = _sync_until_final(cli, submitted["job"])
     assert job.state.startswith("CANCELLED")
+    time.sleep(3)  # a wrongful self-requeue would show within a second or two
+    assert squeue_state(job.scheduler_id) in ("", "CANCELLED"), "a cancelled job was requeued"
+    assert "requeued" not in log().read_text()
     assert len(_chain_jobs(job.chain_id)) == 1
 
 
