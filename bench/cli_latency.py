@@ -51,7 +51,7 @@ def _populate_mlflow(uri: str, runs: int, env: dict[str, str]) -> None:
 
 
 def run(fast: bool) -> list[Figure]:
-    repeats = 1 if fast else 10
+    repeats = 1 if fast else 5  # failures on 2,000 rows takes seconds per run on this shared machine
     warmup = not fast  # fast mode (CI) keeps the benchmark alive; its single samples are not figures to quote
     jobs, failures = (1000, 200) if fast else (10_000, 2_000)
     idmctl = str(VENV_BIN / "idmctl")
@@ -69,19 +69,20 @@ def run(fast: bool) -> list[Figure]:
         has_failures = subprocess.run([idmctl, "failures", "--help"], env=env, capture_output=True).returncode == 0
         if has_failures:
             mlflow_uri = f"sqlite:///{home / 'mlflow_listing.sqlite'}"
-            _populate_mlflow(mlflow_uri, failures, env)
+            mlflow_runs = 20 if fast else failures  # creating runs costs ~10 ms each; CI only keeps this alive
+            _populate_mlflow(mlflow_uri, mlflow_runs, env)
             mlflow_list = time_command([str(VENV_BIN / "mlflow"), "runs", "list", "--experiment-id", "1"], repeats,
                                        {**env, "MLFLOW_TRACKING_URI": mlflow_uri}, warmup)
             # The first `failures` classifies every failed job and stores it; the samples are the steady state.
             subprocess.run([idmctl, "failures", "--json"], env=env, capture_output=True, check=True)
             figures.append(Figure(f"idmctl failures ({jobs:,} jobs, {failures:,} failures)", "s",
                                   time_command([idmctl, "failures"], repeats, env, warmup),
-                                  f"mlflow runs list ({failures:,} failed runs)", mlflow_list,
+                                  f"mlflow runs list ({mlflow_runs:,} failed runs)", mlflow_list,
                                   target="< 0.5 s and ≥ 3× faster than the mlflow listing",
                                   note="rich table of every failed job, output to a pipe"))
             figures.append(Figure(f"idmctl failures --json ({jobs:,} jobs, {failures:,} failures)", "s",
                                   time_command([idmctl, "failures", "--json"], repeats, env, warmup),
-                                  f"mlflow runs list ({failures:,} failed runs)", mlflow_list,
+                                  f"mlflow runs list ({mlflow_runs:,} failed runs)", mlflow_list,
                                   target="< 0.5 s and ≥ 3× faster than the mlflow listing"))
         return figures
 

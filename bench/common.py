@@ -60,13 +60,19 @@ def time_call(fn: Callable[[], Any], repeats: int) -> list[float]:
     return samples
 
 
-def time_command(argv: list[str], repeats: int, env: dict[str, str] | None = None, warmup: bool = True) -> list[float]:
-    """Wall seconds of ``argv`` as a whole process, ``repeats`` times (after one unmeasured warm-up run)."""
+FAST_MODE = False
+"""Set by ``bench.run --fast``: single samples for CI, so commands skip their unmeasured warm-up run."""
+
+
+def time_command(argv: list[str], repeats: int, env: dict[str, str] | None = None,
+                 warmup: bool | None = None) -> list[float]:
+    """Wall seconds of ``argv`` as a whole process, ``repeats`` times (after one unmeasured warm-up run,
+    unless ``warmup`` is False or, by default, in fast mode)."""
     def run() -> None:
         done = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
         if done.returncode != 0:  # a failing command's time measures nothing; say why
             raise RuntimeError(f"{' '.join(argv[:4])}… exited {done.returncode}: {done.stderr.decode()[-300:].strip()}")
 
-    if warmup:
+    if warmup if warmup is not None else not FAST_MODE:
         run()  # warm the page cache and .pyc files; the first run is not a sample
     return time_call(run, repeats)

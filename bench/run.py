@@ -18,6 +18,7 @@ import time
 import traceback
 from pathlib import Path
 
+from bench import common
 from bench.common import Figure
 
 MODULES = [
@@ -43,6 +44,12 @@ def _fmt(value: float | None, unit: str) -> str:
     if value is None:
         return "—"
     if unit in ("B", "files", "calls"):
+        return f"{value:,.0f} {unit}"
+    if unit == "×":
+        return f"{value:.2f}×"
+    if unit == "fraction":
+        return f"{value:.1%}"
+    if abs(value) >= 1000:
         return f"{value:,.0f} {unit}"
     if unit == "s" and value < 1:
         return f"{value * 1000:.1f} ms"
@@ -71,6 +78,7 @@ def main() -> int:
     parser.add_argument("--out", default="BENCHMARKS.md")
     parser.add_argument("--only", nargs="*", help="module names to run")
     args = parser.parse_args()
+    common.FAST_MODE = args.fast
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     command = "python -m bench.run" + (" --fast" if args.fast else "")
     out = ["# Benchmarks", "", f"- machine: {_machine()}", f"- commit: {commit or 'unknown'}",
