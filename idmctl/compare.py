@@ -162,7 +162,8 @@ def load_runs(tracking_uri: str | None = None) -> list[CompareRow]:
         return []
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(tracking_uri=tracking_uri or mlflow_tracking_uri())
+    with tracking.store_init_lock():
+        client = MlflowClient(tracking_uri=tracking_uri or mlflow_tracking_uri())
     experiment = client.get_experiment_by_name(tracking.MLFLOW_EXPERIMENT)
     if experiment is None:
         return []

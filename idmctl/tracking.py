@@ -6,6 +6,9 @@ No mlflow import here: this module only names things.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 MLFLOW_EXPERIMENT = "idmctl"
 
 # Tags
@@ -37,3 +40,25 @@ def eef_metric(episodes: int, simulator: bool = False) -> str:
 def run_name(experiment: str, chain_id: int | None) -> str:
     """``latent_c_n4#12``: experiment name + attempt chain; all attempts of a chain share the run."""
     return experiment if chain_id is None else f"{experiment}#{chain_id}"
+
+
+@contextmanager
+def store_init_lock() -> Iterator[None]:
+    """Serialise first use of the MLflow SQLite store across processes.
+
+    MLflow runs its schema migrations on first connect; several jobs opening a new store at once
+    crash inside them ("duplicate column name"). A flock beside the store makes the first one migrate
+    while the others wait.
+    """
+    import fcntl
+
+    from idmctl.paths import home
+
+    lock_path = home() / ".mlflow-init.lock"
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

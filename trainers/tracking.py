@@ -47,7 +47,9 @@ class RunLogger:
     def __init__(self, run_dir: Path, name: str, spec_hash: str, canonical: dict[str, Any], code_version: str):
         from mlflow.tracking import MlflowClient
 
-        self.client = MlflowClient(tracking_uri=mlflow_tracking_uri())
+        with names.store_init_lock():  # the first connect runs MLflow's schema migrations
+            self.client = MlflowClient(tracking_uri=mlflow_tracking_uri())
+            self.client.search_experiments(max_results=1)
         id_file = run_dir / RUN_ID_FILE
         if id_file.exists():
             self.run_id = id_file.read_text().strip()

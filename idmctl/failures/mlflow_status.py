@@ -13,7 +13,10 @@ def mark_run_failed(run_id: str, cause: str, slurm_state: str, tracking_uri: str
     from mlflow.tracking import MlflowClient  # heavy (~1.3 s): only when a run must be marked
 
     status = get_cause(cause).mlflow_status
-    client = MlflowClient(tracking_uri=tracking_uri or mlflow_tracking_uri())
+    from idmctl.tracking import store_init_lock
+
+    with store_init_lock():
+        client = MlflowClient(tracking_uri=tracking_uri or mlflow_tracking_uri())
     client.set_tag(run_id, TAG_FAILURE_CAUSE, cause)
     client.set_tag(run_id, TAG_SLURM_STATE, slurm_state)
     client.set_terminated(run_id, status=status)
