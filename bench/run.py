@@ -29,6 +29,7 @@ MODULES = [
     ("Trainer overhead", "bench.trainer_overhead"),
     ("Sync of many jobs", "bench.sync_jobs"),
     ("Submit overhead", "bench.submit_overhead"),
+    ("Simulator (robosuite, quickstart)", "bench.sim"),
     ("GPU figures", "bench.gpu"),
     ("robosuite simulator", "bench.sim"),
 ]
