@@ -139,7 +139,7 @@ def submit_stage(result: QuickstartResult) -> Any:
     return job
 
 
-def preflight_and_submit(resolved: ResolvedSpec, result: QuickstartResult, tries: int = 5) -> Any:
+def preflight_and_submit(resolved: ResolvedSpec, result: QuickstartResult, tries: int = 10) -> Any:
     """Preflight, then submit through the gate; preflight again if the code changed in between.
 
     The gate keys a pass on the code version, which includes a hash of uncommitted changes: on a
