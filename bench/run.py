@@ -84,7 +84,11 @@ def main() -> int:
     command = "python -m bench.run" + (" --fast" if args.fast else "")
     out = ["# Benchmarks", "", f"- machine: {_machine()}", f"- commit: {commit or 'unknown'}",
            f"- command: `{command}`", f"- date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
-           "- every figure: median of n runs with min and max, and the ratio to a reference measured in the same run", ""]
+           "- every figure: median of n runs with min and max, and the ratio to a reference measured in the same run",
+           f"- load average at start: {' / '.join(f'{x:.1f}' for x in os.getloadavg())} (1 / 5 / 15 min; the machine is shared)",
+           ("- fast mode: tiny sizes and single samples to keep the suite alive in CI — not figures to quote" if args.fast else
+            "- repeats: 2–5 samples per figure (fewer than first planned) so the whole run takes minutes on 2 shared cores"),
+           ""]
     results: dict[str, object] = {}
     run_started = time.perf_counter()
     for title, module_name in MODULES:
