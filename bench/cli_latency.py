@@ -51,7 +51,7 @@ def _populate_mlflow(uri: str, runs: int, env: dict[str, str]) -> None:
 
 
 def run(fast: bool) -> list[Figure]:
-    repeats = 1 if fast else 3  # failures on 2,000 rows takes seconds per run on this shared machine
+    repeats = 1 if fast else 5  # failures on 2,000 rows takes seconds per run on this shared machine
     warmup = not fast  # fast mode (CI) keeps the benchmark alive; its single samples are not figures to quote
     jobs, failures = (1000, 200) if fast else (10_000, 2_000)
     idmctl = str(VENV_BIN / "idmctl")

@@ -131,6 +131,12 @@ def _one_sync(n_jobs: int, real_ids: list[str]) -> tuple[float, Counter[str]]:  
 
 def run(fast: bool = False) -> list[Figure] | str:  # type: ignore[no-redef]
     _calls_per_sync.clear()
+    if os.environ.get("SLURM_CONF") and shutil.which("sacct"):
+        # With slurmdbd unable to reach its database, every sacct fails in milliseconds and the
+        # reference loop would time errors, not lookups.
+        probe = subprocess.run(["sacct", "-n", "-X", "-j", "1"], capture_output=True, text=True, timeout=60)
+        if probe.returncode != 0:
+            return f"not measured: sacct fails ({probe.stderr.strip().splitlines()[-1][:160]}); rerun scripts/slurm/up.sh"
     figures = _seconds_figures(fast)
     if isinstance(figures, str):
         return figures

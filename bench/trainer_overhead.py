@@ -89,7 +89,7 @@ def run(fast: bool) -> list[Figure]:
     import torch
 
     torch.set_num_threads(1)
-    steps, rounds = (12, 2) if fast else (30, 3)  # was (60, 5): minutes on 2 shared cores (bench #11)
+    steps, rounds = (12, 2) if fast else (30, 5)  # was (60, 5): minutes on 2 shared cores (bench #11)
     warmup = 2  # first steps pay for allocator and page-cache warm-up in both loops
     fabric_s, bare_s = [], []
     with tempfile.TemporaryDirectory(prefix="bench_trainer_") as tmp:
