@@ -58,9 +58,11 @@ def parse_sacct(text: str) -> dict[str, JobStatus]:
             if base is not None and base.runs:
                 base.runs[-1].steps.append((job_id, state, exit_code))
             continue
+        assigned = nodes not in ("", "None assigned")
+        # A job cancelled while pending gets Start = End from sacct but no node: it never started.
         run = RunRecord(state=state, exit_code=exit_code or None, reason=reason or None,
-                        started_at=parse_time(start), ended_at=parse_time(end),
-                        node_list=nodes if nodes not in ("", "None assigned") else None)
+                        started_at=parse_time(start) if assigned else None, ended_at=parse_time(end),
+                        node_list=nodes if assigned else None)
         status = statuses.get(job_id)
         if status is None:
             status = statuses[job_id] = JobStatus(scheduler_id=job_id, state=state, submitted_at=parse_time(submit))
@@ -93,7 +95,7 @@ def parse_squeue(text: str) -> dict[str, JobStatus]:
         if len(parts) != 7:
             continue
         job_id, state, reason, submit, start, end, nodes = parts
-        started = parse_time(start) if state not in ("PENDING",) else None
+        started = parse_time(start) if state != "PENDING" and nodes else None
         statuses[job_id] = JobStatus(
             scheduler_id=job_id, state=state, reason=reason if reason not in ("None", "") else None,
             submitted_at=parse_time(submit), started_at=started,
