@@ -86,7 +86,7 @@ def main() -> int:
            "- every figure: median of n runs with min and max, and the ratio to a reference measured in the same run",
            f"- load average at start: {' / '.join(f'{x:.1f}' for x in os.getloadavg())} (1 / 5 / 15 min; the machine is shared)",
            ("- fast mode: tiny sizes and single samples to keep the suite alive in CI — not figures to quote" if args.fast else
-            "- repeats: 2–5 samples per figure (15 for in-process microseconds) (fewer than first planned) so the whole run takes minutes on 2 shared cores"),
+            "- repeats: 2–5 samples per figure, 15 for in-process milliseconds (fewer than first planned, so the whole run takes ~5 min on 2 shared cores)"),
            ""]
     results: dict[str, object] = {}
     run_started = time.perf_counter()
