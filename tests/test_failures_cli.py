@@ -191,3 +191,15 @@ def test_a_requeued_job_counts_each_preempted_run(cli) -> None:
     assert cli("failures", "fix", "88", "--note", "core-own for long stage-in").exit_code == 0
     markdown = cli("failures", "--markdown").output
     assert "| 88 run 1, 88 run 2, 88 run 3 | preemptible_sub_stage | 2 GPU sub, N=4 | preempted ×3 |" in markdown
+
+
+def test_table_shows_the_most_recent_rows_and_says_how_many_are_left(cli):
+    add_card_a_jobs()
+    full = cli("failures", "--limit", "0")
+    assert full.exit_code == 0 and "showing the" not in full.output
+    cut = cli("failures", "--limit", "2")
+    assert cut.exit_code == 0
+    footer = [line for line in cut.output.splitlines() if line.startswith("showing the 2 most recent of ")]
+    assert footer, cut.output
+    assert "6321" in cut.output and "5845" not in cut.output  # 5845 ended first, 6321 last
+    assert len(json.loads(cli("failures", "--json", "--limit", "2").output)) >= 7  # JSON is never cut

@@ -39,6 +39,7 @@ def report(
     cause: Annotated[str | None, typer.Option("--cause", help="Only this cause (see runbook 'Failure causes').")] = None,
     as_json: JsonOpt = False,
     as_markdown: Annotated[bool, typer.Option("--markdown", help="A progress-card table with the fixes recorded.")] = False,
+    limit: Annotated[int, typer.Option("--limit", min=0, help="Show the most recent N table rows (0: all); --json is never cut.")] = 50,
 ) -> None:
     """Classify any newly failed jobs, then print job, setting, cause, evidence, fix and the check that catches it now."""
     if ctx.invoked_subcommand is not None:
@@ -60,10 +61,15 @@ def report(
     if not rows:
         console.print("no failed jobs" + (f" for {experiment}" if experiment else ""))
         return
+    grouped = card_rows(rows)
+    shown = grouped[-limit:] if limit else grouped
     table = make_table("job", "experiment", "setting", "cause", "evidence", "fix", "caught now by")
-    for card_row in card_rows(rows):
+    for card_row in shown:
         table.add_row(*card_row.cells())
     console.print(table)
+    if len(shown) < len(grouped):
+        console.print(f"showing the {len(shown)} most recent of {len(grouped):,} rows ({len(rows):,} failed runs); "
+                      "--limit 0 shows all, --cause/--since/EXP narrow it")
 
 
 @app.command("fix")

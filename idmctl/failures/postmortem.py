@@ -13,6 +13,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import or_
 from sqlmodel import Session, select
 
 from idmctl.errors import UserError
@@ -113,14 +114,19 @@ def classify_job(job: Job, failed: FailedRun | None = None) -> Classification:
 
 def record_failures(db: Session, jobs: list[Job] | None = None, mark_mlflow: bool = True) -> list[Failure]:
     """Classify every failed run of every job (or those given) that is new or changed; returns the rows written."""
-    candidates = jobs if jobs is not None else list(db.exec(select(Job)))
+    if jobs is None:
+        # Only jobs that can hold a failed run: not completed, or requeued at least once. A store of
+        # 10,000 mostly-completed jobs must not be walked row by row on every `idmctl failures`.
+        jobs = list(db.exec(select(Job).where(or_(Job.state != "COMPLETED", Job.restarts > 0))))
+    candidates = [(job, runs) for job in jobs if (runs := failed_runs(job))]
+    by_job: dict[int, list[Failure]] = {}
+    job_ids = [job.id for job, _ in candidates]
+    for start in range(0, len(job_ids), 500):  # SQLite caps bound parameters per statement
+        for failure in db.exec(select(Failure).where(Failure.job_id.in_(job_ids[start:start + 500]))):
+            by_job.setdefault(failure.job_id, []).append(failure)
     written: list[Failure] = []
-    for job in candidates:
-        runs = failed_runs(job)
-        if not runs:
-            continue
-        existing = {json.loads(f.detail_json or "{}").get("run", 1): f
-                    for f in db.exec(select(Failure).where(Failure.job_id == job.id))}
+    for job, runs in candidates:
+        existing = {json.loads(f.detail_json or "{}").get("run", 1): f for f in by_job.get(job.id, [])}
         fresh = existing and all(_naive_utc(f.classified_at) >= _naive_utc(job.updated_at) for f in existing.values())
         if fresh and {run.run for run in runs} <= set(existing):
             continue
@@ -258,11 +264,12 @@ def postmortem_rows(db: Session, experiment: str | None = None, since: datetime 
     if cause:
         query = query.where(Failure.cause == cause)
     rows: list[PostmortemRow] = []
+    fixes = {fix.id: fix for fix in db.exec(select(Fix))}
     for failure, job in db.exec(query):
         when = _naive_utc(job.ended_at or job.submitted_at or job.created_at)
         if since is not None and when is not None and when < since:
             continue
-        fix = db.get(Fix, failure.fix_id) if failure.fix_id else None
+        fix = fixes.get(failure.fix_id) if failure.fix_id else None
         detail = json.loads(failure.detail_json or "{}")
         lines = failure.evidence.splitlines()
         headline = Classification(failure.cause, lines, detail).headline
