@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from cache.geometry import HiddenGeometry, sample_io
 from idmctl.output import console, emit_json
 from idmctl.paths import expand_path
-from idmctl.spec import load_spec
-from idmctl.spec.schema import ExperimentSpec
 from idmctl.units import format_bytes
+
+if TYPE_CHECKING:
+    from cache.geometry import HiddenGeometry
+    from idmctl.spec.schema import ExperimentSpec
 
 app = typer.Typer(help="The hidden-state cache: inspect its geometry and I/O, build it.", no_args_is_help=True)
 
@@ -50,6 +51,8 @@ def _on_disk(spec: ExperimentSpec) -> dict[str, Any]:
 
 def cache_report(spec: ExperimentSpec) -> dict[str, Any]:
     """Geometry, bytes per sample for the selection, and the reductions; pure arithmetic plus a disk look."""
+    from cache.geometry import HiddenGeometry, sample_io
+
     data = spec.data
     geometry = HiddenGeometry.from_spec(data)
     sliced = sample_io(data, mmap=True)
@@ -84,6 +87,8 @@ def cache_report(spec: ExperimentSpec) -> dict[str, Any]:
 @app.command("inspect")
 def inspect_cmd(experiment: ExperimentArg, as_json: JsonOpt = False) -> None:
     """Cached layers and shapes, bytes per sample for the spec's selection, and what it saves."""
+    from idmctl.spec import load_spec  # pydantic loads only for cache commands
+
     resolved = load_spec(experiment)
     report = cache_report(resolved.spec)
     if as_json:
@@ -126,6 +131,8 @@ def build_hidden_cmd(
 ) -> None:
     """Run the frozen Cosmos transformer over every episode and cache the spec's blocks' hidden states."""
     from trainers.build_hidden_cache import build_hidden_cache  # imports torch only when building
+
+    from idmctl.spec import load_spec  # pydantic loads only for cache commands
 
     resolved = load_spec(experiment)
     summary = build_hidden_cache(resolved.spec, processes=processes, model_dir=model_dir)

@@ -13,7 +13,6 @@ import typer
 from idmctl.commands.cache import app
 from idmctl.errors import UserError
 from idmctl.output import console, emit_json, make_table
-from idmctl.spec import load_spec
 
 MODES = ("rgb", "pt", "ff", "all")
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
@@ -33,6 +32,8 @@ def build_cmd(
     """Build latent slots of EXP; resumable (skips what exists), atomic writes, only the slot asked for."""
     if mode not in MODES:
         raise UserError(f"unknown mode {mode!r}", field="--mode", hint=f"one of {', '.join(MODES)}")
+    from idmctl.spec import load_spec  # pydantic loads only when the command runs
+
     resolved = load_spec(experiment)
     if resolved.spec.latent is None:
         raise UserError("the spec has no latent section", file=str(resolved.path), field="latent",
@@ -75,6 +76,8 @@ def _merge(reports: list[dict[str, Any]]) -> dict[str, Any]:
 def status_cmd(experiment: ExperimentArg, as_json: JsonOpt = False) -> None:
     """Per latent slot: directory, hash, files present / expected; and stale PT directories."""
     from cache.latent.status import latent_status
+
+    from idmctl.spec import load_spec  # pydantic loads only when the command runs
 
     resolved = load_spec(experiment)
     if resolved.spec.latent is None:

@@ -4,12 +4,17 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
+from typing import TYPE_CHECKING
+
 import typer
-import yaml
 
 from idmctl.output import console, emit_json, flatten, make_table
-from idmctl.spec import ResolvedSpec, list_experiments, load_spec
-from idmctl.spec.registry import derived_values, register_specs
+
+if TYPE_CHECKING:
+    from idmctl.spec import ResolvedSpec
+
+# The spec modules (pydantic, yaml) load inside the commands: `idmctl failures` or `jobs` must not pay
+# for them at start-up.
 
 app = typer.Typer(help="Experiment specs: list, show, validate, register, diff.", no_args_is_help=True)
 
@@ -35,6 +40,8 @@ def _summary(resolved: ResolvedSpec) -> dict[str, Any]:
 @app.command("list")
 def list_cmd(as_json: JsonOpt = False) -> None:
     """Every runnable experiment in experiments/ (bases excluded), validated."""
+    from idmctl.spec import list_experiments, load_spec
+
     rows = [_summary(load_spec(str(path))) for path in list_experiments()]
     if as_json:
         emit_json(rows)
@@ -49,6 +56,11 @@ def list_cmd(as_json: JsonOpt = False) -> None:
 @app.command("show")
 def show_cmd(experiment: Annotated[str, typer.Argument(help="Experiment name or YAML path.")], as_json: JsonOpt = False) -> None:
     """The resolved spec (bases merged, defaults filled) and the values derived from it."""
+    import yaml
+
+    from idmctl.spec import load_spec
+    from idmctl.spec.registry import derived_values
+
     resolved = load_spec(experiment)
     document = {
         "name": resolved.name,
@@ -74,6 +86,8 @@ def validate_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Validate specs strictly; exit 2 on the first bad one with a one-line error."""
+    from idmctl.spec import list_experiments, load_spec
+
     names = experiments or [str(p) for p in list_experiments(include_bases=True)]
     results = [load_spec(name) for name in names]
     if as_json:
@@ -89,6 +103,9 @@ def register_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Validate all given specs, then record their versions in the store (nothing is written if any is bad)."""
+    from idmctl.spec import list_experiments, load_spec
+    from idmctl.spec.registry import register_specs
+
     names = experiments or [str(p) for p in list_experiments()]
     results = [load_spec(name) for name in names]
     new = register_specs(results)
@@ -107,6 +124,9 @@ def diff_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Fields (and derived values) that differ between two resolved specs."""
+    from idmctl.spec import load_spec
+    from idmctl.spec.registry import derived_values
+
     left, right = load_spec(a), load_spec(b)
     flat_left = {**flatten(left.canonical), **flatten({"derived": derived_values(left.spec)})}
     flat_right = {**flatten(right.canonical), **flatten({"derived": derived_values(right.spec)})}

@@ -6,7 +6,6 @@ import time
 from typing import Annotated
 
 import typer
-from sqlmodel import select
 
 from idmctl.errors import CheckFailed, UserError
 from idmctl.output import console, emit_json, make_table
@@ -83,6 +82,8 @@ def jobs(
     as_json: JsonOpt = False,
 ) -> None:
     """Recorded jobs, newest first: state as the scheduler reports it, queue wait, restarts."""
+    from sqlmodel import select
+
     from idmctl.jobs.sync import queue_wait_seconds
     from idmctl.store.db import session
     from idmctl.store.models import Job

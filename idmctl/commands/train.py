@@ -18,7 +18,6 @@ import typer
 from idmctl.errors import CheckFailed, UserError
 from idmctl.output import console, emit_json, make_table
 from idmctl.paths import REPO_ROOT, home
-from idmctl.spec import load_spec
 
 EXIT_REQUEUE = 75
 EXIT_NAN = 3
@@ -36,6 +35,8 @@ def train(
 ) -> None:
     """Train EXP on this machine with the real trainer; re-running resumes from the newest checkpoint."""
     from trainers.run_dir import write_run_spec
+
+    from idmctl.spec import load_spec  # pydantic loads only when the command runs
 
     resolved = load_spec(experiment)
     directory = run_dir or default_run_dir(resolved.name, resolved.short_hash)
@@ -79,6 +80,8 @@ def summary(
 
 def model_summary(experiment: str) -> dict[str, Any]:
     from trainers.registry import CARD_PARAMS_N4, build_model, model_class, parameter_table, routing_rows
+
+    from idmctl.spec import load_spec  # pydantic loads only when the command runs
 
     resolved = load_spec(experiment)
     spec = resolved.spec
