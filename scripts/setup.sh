@@ -16,3 +16,6 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     || { echo "setup: install incomplete" >&2; exit 1; }
   touch "$stamp"
 fi
+# PYTHONDONTWRITEBYTECODE may be set on these machines: compile our own modules once so every CLI
+# start does not recompile them (stale .pyc files are simply ignored by Python).
+.venv/bin/python -m compileall -q -j 0 idmctl cache trainers >/dev/null || true

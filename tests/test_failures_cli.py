@@ -199,7 +199,7 @@ def test_table_shows_the_most_recent_rows_and_says_how_many_are_left(cli):
     assert full.exit_code == 0 and "showing the" not in full.output
     cut = cli("failures", "--limit", "2")
     assert cut.exit_code == 0
-    footer = [line for line in cut.output.splitlines() if line.startswith("showing the 2 most recent of ")]
+    footer = [line for line in cut.output.splitlines() if line.startswith("showing the 2 most recent rows of ")]
     assert footer, cut.output
     assert "6321" in cut.output and "5845" not in cut.output  # 5845 ended first, 6321 last
     assert len(json.loads(cli("failures", "--json", "--limit", "2").output)) >= 7  # JSON is never cut

@@ -44,14 +44,17 @@ def report(
     """Classify any newly failed jobs, then print job, setting, cause, evidence, fix and the check that catches it now."""
     if ctx.invoked_subcommand is not None:
         return
-    from idmctl.failures.postmortem import parse_since, postmortem_rows, record_failures
+    from idmctl.failures.postmortem import count_failures, parse_since, postmortem_rows, record_failures
     from idmctl.failures.report import card_rows, markdown
     from idmctl.store import session
 
     since_at = parse_since(since) if since else None
+    table_only = not (as_json or as_markdown) and since_at is None
     with session() as db:
         record_failures(db)
-        rows = postmortem_rows(db, experiment=experiment, since=since_at, cause=cause)
+        rows = postmortem_rows(db, experiment=experiment, since=since_at, cause=cause,
+                               newest=limit if table_only and limit else None)
+        total = count_failures(db, experiment=experiment, cause=cause) if table_only else len(rows)
     if as_json:
         emit_json([row.as_json() for row in rows])
         return
@@ -67,8 +70,8 @@ def report(
     for card_row in shown:
         table.add_row(*card_row.cells())
     console.print(table)
-    if len(shown) < len(grouped):
-        console.print(f"showing the {len(shown)} most recent of {len(grouped):,} rows ({len(rows):,} failed runs); "
+    if len(rows) < total or len(shown) < len(grouped):
+        console.print(f"showing the {len(shown)} most recent rows of {total:,} failed runs; "
                       "--limit 0 shows all, --cause/--since/EXP narrow it")
 
 

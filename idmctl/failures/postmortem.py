@@ -13,7 +13,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import or_
+from sqlalchemy import exists, func, or_
 from sqlmodel import Session, select
 
 from idmctl.errors import UserError
@@ -117,7 +117,10 @@ def record_failures(db: Session, jobs: list[Job] | None = None, mark_mlflow: boo
     if jobs is None:
         # Only jobs that can hold a failed run: not completed, or requeued at least once. A store of
         # 10,000 mostly-completed jobs must not be walked row by row on every `idmctl failures`.
-        jobs = list(db.exec(select(Job).where(or_(Job.state != "COMPLETED", Job.restarts > 0))))
+        # A job whose record has not changed since it was classified is skipped in SQL.
+        classified_since_update = exists().where(Failure.job_id == Job.id, Failure.classified_at >= Job.updated_at)
+        jobs = list(db.exec(select(Job).where(or_(Job.state != "COMPLETED", Job.restarts > 0),
+                                              ~classified_since_update)))
     candidates = [(job, runs) for job in jobs if (runs := failed_runs(job))]
     by_job: dict[int, list[Failure]] = {}
     job_ids = [job.id for job, _ in candidates]
@@ -254,8 +257,8 @@ class PostmortemRow:
 
 
 def postmortem_rows(db: Session, experiment: str | None = None, since: datetime | None = None,
-                    cause: str | None = None) -> list[PostmortemRow]:
-    """Every classified failure, oldest first, filtered by experiment, time and cause."""
+                    cause: str | None = None, newest: int | None = None) -> list[PostmortemRow]:
+    """Every classified failure (or the ``newest`` N), oldest first, filtered by experiment, time and cause."""
     if cause is not None:
         get_cause(cause)  # an unknown cause is bad input, not an empty table
     query = select(Failure, Job).where(Failure.job_id == Job.id)
@@ -263,6 +266,10 @@ def postmortem_rows(db: Session, experiment: str | None = None, since: datetime 
         query = query.where(Job.experiment == experiment)
     if cause:
         query = query.where(Failure.cause == cause)
+    if newest:
+        # Only the rows a table shows are loaded; the sort below restores oldest-first order.
+        ended = func.coalesce(Job.ended_at, Job.submitted_at, Job.created_at)
+        query = query.order_by(ended.desc(), Job.id.desc()).limit(newest)
     rows: list[PostmortemRow] = []
     fixes = {fix.id: fix for fix in db.exec(select(Fix))}
     for failure, job in db.exec(query):
@@ -282,3 +289,13 @@ def postmortem_rows(db: Session, experiment: str | None = None, since: datetime 
             ended_at=job.ended_at, imported=job.imported))
     rows.sort(key=lambda row: (_naive_utc(row.ended_at) or datetime.min, row.job_pk, row.detail.get("run", 1)))
     return rows
+
+
+def count_failures(db: Session, experiment: str | None = None, cause: str | None = None) -> int:
+    """How many failed runs are recorded (for "showing N of M")."""
+    query = select(func.count(Failure.id)).where(Failure.job_id == Job.id)
+    if experiment:
+        query = query.where(Job.experiment == experiment)
+    if cause:
+        query = query.where(Failure.cause == cause)
+    return int(db.exec(query).one())
