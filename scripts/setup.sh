@@ -12,7 +12,7 @@ stamp=.venv/.idmctl-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test]' 2>&1 \
     | grep -v "^WARNING: Location" || true
-  .venv/bin/python -c "import idmctl, torch, lightning.fabric, mlflow, diffusers, robosuite" \
+  .venv/bin/python -c "import idmctl, torch, lightning_fabric, mlflow, diffusers, robosuite" \
     || { echo "setup: install incomplete" >&2; exit 1; }
   touch "$stamp"
 fi
