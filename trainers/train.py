@@ -149,6 +149,21 @@ def parameter_digest(model: torch.nn.Module) -> str:
 def peak_memory_bytes(device: torch.device) -> int:
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
+    return host_peak_rss_bytes()
+
+
+def host_peak_rss_bytes() -> int:
+    """This process's peak resident memory.
+
+    ``/proc/self/status`` VmHWM belongs to this program's own address space. ``ru_maxrss`` is not
+    usable: Linux carries it over fork and execve, so a smoke started by a 4 GB parent reported 4 GB.
+    """
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024  # kB
+    except OSError:
+        pass
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
 
 
