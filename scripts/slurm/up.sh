@@ -181,7 +181,9 @@ if [[ "$WITH_DBD" == 1 ]]; then
       mariadb-install-db --no-defaults --user=root --datadir="$DB_DIR" --auth-root-authentication-method=normal \
         --skip-test-db >"$ROOT/log/mariadb-install.log" 2>&1 || die "mariadb-install-db failed (see $ROOT/log/mariadb-install.log)"
     fi
-    /usr/sbin/mariadbd --no-defaults --user=root --datadir="$DB_DIR" --bind-address=127.0.0.1 --port=$DB_PORT \
+    # Its own session: mariadbd does not daemonise, and a kill of the caller's process group (a CI
+    # step or shell job ending) must not take the accounting database down under slurmdbd.
+    setsid /usr/sbin/mariadbd --no-defaults --user=root --datadir="$DB_DIR" --bind-address=127.0.0.1 --port=$DB_PORT \
       --socket="$DB_SOCK" --pid-file="$DB_PID" --skip-name-resolve --log-error="$ROOT/log/mariadb.log" \
       --innodb-buffer-pool-size=32M --innodb-log-file-size=8M >/dev/null 2>&1 &
     wait_for 30 mariadb mariadb --no-defaults -uroot --socket="$DB_SOCK" -e "select 1"
