@@ -79,32 +79,39 @@ def sync(
 
 def jobs(
     limit: Annotated[int, typer.Option("--limit", help="Newest N jobs.")] = 30,
+    ui_url: Annotated[str, typer.Option("--ui-url", help="Where `idmctl ui` serves, for the run links.")] = "http://127.0.0.1:5000",
     as_json: JsonOpt = False,
 ) -> None:
-    """Recorded jobs, newest first: state as the scheduler reports it, queue wait, restarts."""
+    """Recorded jobs, newest first: state as the scheduler reports it, queue wait, restarts, MLflow run."""
     from sqlmodel import select
 
+    from idmctl.compare import run_url
     from idmctl.jobs.sync import queue_wait_seconds
     from idmctl.store.db import session
-    from idmctl.store.models import Job
+    from idmctl.store.models import Chain, Job
 
     with session() as db:
         rows = db.exec(select(Job).order_by(Job.id.desc()).limit(limit)).all()  # type: ignore[union-attr]
+        chain_ids = {j.chain_id for j in rows if j.chain_id is not None}
+        run_of_chain = {c.id: c.mlflow_run_id for c in db.exec(select(Chain).where(Chain.id.in_(chain_ids)))}
     records = [{
         "job": j.id, "chain": j.chain_id, "attempt": j.attempt, "experiment": j.experiment, "executor": j.executor,
         "scheduler_id": j.scheduler_id, "state": j.state, "reason": j.reason, "exit_code": j.exit_code,
         "restarts": j.restarts, "qos": j.qos, "nodes": j.node_list, "queue_wait_s": queue_wait_seconds(j),
         "submitted_at": j.submitted_at, "started_at": j.started_at, "ended_at": j.ended_at,
-        "forced": j.forced_reason,
+        "forced": j.forced_reason, "mlflow_run_id": run_of_chain.get(j.chain_id),
+        "run_url": run_url(run_of_chain[j.chain_id], ui_url) if run_of_chain.get(j.chain_id) else None,
     } for j in rows]
     if as_json:
         emit_json(records)
         return
-    table = make_table("job", "chain/att", "experiment", "id", "state", "exit", "restarts", "qos", "nodes", "queue wait")
+    table = make_table("job", "chain/att", "experiment", "id", "state", "exit", "restarts", "qos", "nodes", "queue wait",
+                       "MLflow run")
     for r in records:
         wait = format_duration(r["queue_wait_s"]) if r["queue_wait_s"] is not None else "—"
         table.add_row(str(r["job"]), f"{r['chain']}/{r['attempt']}", r["experiment"], r["scheduler_id"] or "—",
-                      r["state"], r["exit_code"] or "—", str(r["restarts"]), r["qos"] or "—", r["nodes"] or "—", wait)
+                      r["state"], r["exit_code"] or "—", str(r["restarts"]), r["qos"] or "—", r["nodes"] or "—", wait,
+                      r["run_url"] or "—")
     console.print(table)
 
 
