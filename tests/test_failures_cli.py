@@ -11,25 +11,27 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from sqlmodel import select
 
+from idmctl.paths import REPO_ROOT
 from idmctl.store import session
 from idmctl.store.models import Chain, Failure, Fix, Job
 
 T0 = datetime(2026, 11, 20, 9, 0, 0, tzinfo=timezone.utc)
-TYPEERROR_LOG = """\
+# The checkout's own path: the classifier names project frames relative to it.
+TYPEERROR_LOG = f"""\
 staging /nas/cache → /tmp/idm_cache ... done
 Traceback (most recent call last):
-  File "/work/main/trainers/fit.py", line 41, in <module>
+  File "{REPO_ROOT}/trainers/fit.py", line 41, in <module>
     main()
-  File "/work/main/cache/registry.py", line 57, in build_dataset
+  File "{REPO_ROOT}/cache/registry.py", line 57, in build_dataset
     return cls(**kwargs)
            ^^^^^^^^^^^^^
 TypeError: HiddenSingleLayerDataset.__init__() got an unexpected keyword argument 'selected_layer_indices'
 """
-LOADER_LOG = """\
+LOADER_LOG = f"""\
 Traceback (most recent call last):
-  File "/work/main/trainers/idm_training.py", line 283, in make_loader
+  File "{REPO_ROOT}/trainers/idm_training.py", line 283, in make_loader
     return DataLoader(dataset, num_workers=0, persistent_workers=True)
-  File "/work/main/.venv/lib/python3.11/site-packages/torch/utils/data/dataloader.py", line 298, in __init__
+  File "{REPO_ROOT}/.venv/lib/python3.11/site-packages/torch/utils/data/dataloader.py", line 298, in __init__
     raise ValueError("persistent_workers option needs num_workers > 0")
 ValueError: persistent_workers option needs num_workers > 0
 """
