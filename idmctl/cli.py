@@ -62,7 +62,6 @@ def _register_commands() -> None:
     from idmctl.commands import failures
 
     app.add_typer(failures.app, name="failures")
-    app.command("jobs-import")(failures.jobs_import)  # `jobs` is a command, not a group
     from idmctl.commands import preflight
     app.command("preflight")(preflight.preflight)
     from idmctl.commands import jobs

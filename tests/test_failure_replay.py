@@ -237,7 +237,7 @@ def test_jobs_import_pulls_a_job_submitted_without_idmctl(cli, tmp_path: Path) -
 
     def imported_now() -> bool:
         # sacct's time-window query (-S) can list a job a moment after `sacct -j` shows it ended.
-        result = cli("jobs-import", "--since", "1h", "--json")
+        result = cli("jobs", "import", "--since", "1h", "--json")
         assert result.exit_code == 0, result.output
         return job_id in json.loads(result.stdout)["imported"]
 
@@ -251,5 +251,5 @@ def test_jobs_import_pulls_a_job_submitted_without_idmctl(cli, tmp_path: Path) -
     assert row["cause"] == "python_exception"
     assert row["detail"]["exception_type"] == "TypeError"
     assert row["imported"] is True
-    again = json.loads(cli("jobs-import", "--since", "1h", "--json").stdout)
+    again = json.loads(cli("jobs", "import", "--since", "1h", "--json").stdout)
     assert job_id not in again["imported"]  # idempotent: known ids are skipped

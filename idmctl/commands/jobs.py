@@ -78,11 +78,14 @@ def sync(
 
 
 def jobs(
+    ctx: typer.Context,
     limit: Annotated[int, typer.Option("--limit", help="Newest N jobs.")] = 30,
     ui_url: Annotated[str, typer.Option("--ui-url", help="Where `idmctl ui` serves, for the run links.")] = "http://127.0.0.1:5000",
     as_json: JsonOpt = False,
 ) -> None:
     """Recorded jobs, newest first: state as the scheduler reports it, queue wait, restarts, MLflow run."""
+    if ctx.invoked_subcommand is not None:
+        return
     from sqlmodel import select
 
     from idmctl.compare import run_url
@@ -158,5 +161,12 @@ def cancel(job: Annotated[int, typer.Argument(help="idmctl job id (see `idmctl j
 
 
 def register(app: typer.Typer) -> None:
-    for command in (submit, sync, jobs, watch, cancel):
+    for command in (submit, sync, watch, cancel):
         app.command(command.__name__)(command)
+    # `idmctl jobs` lists; `idmctl jobs import` pulls sacct history (a group whose callback is the listing).
+    from idmctl.commands.failures import jobs_import
+
+    jobs_app = typer.Typer(invoke_without_command=True, help="Recorded jobs; `jobs import` pulls sacct history.")
+    jobs_app.callback()(jobs)
+    jobs_app.command("import")(jobs_import)
+    app.add_typer(jobs_app, name="jobs")
