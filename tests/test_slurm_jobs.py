@@ -210,3 +210,45 @@ def test_preempted_real_trainer_resumes_from_its_checkpoint_with_exact_step_coun
     assert checkpointed and resumed and resumed[0] == checkpointed[0] > 0, log[-3000:]
     assert f"done: step {total}" in log
     assert len(_chain_jobs(job.chain_id)) == 1
+
+
+@pytest.mark.slow
+def test_node_failure_requeues_resumes_and_excludes_the_node(cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    total_steps = 20
+    monkeypatch.setenv("IDMCTL_TEST_BEHAVIOR", f"steps:{total_steps}:0.3")
+    job = _submit(cli, "quickstart", "--entry", "tests.jobs_entry", "--mem", "300MB", "-J", "nodefail")
+    run_dir = Path(job["script"]).parent
+    ckpt = run_dir / "ckpt.json"
+    wait_until(lambda: ckpt.exists() and json.loads(ckpt.read_text())["step"] >= 3, 60, "3 steps")
+    failed = sh("squeue", "-h", "-j", job["scheduler_id"], "-o", "%N").strip()
+    survivor = {"n1": "n2", "n2": "n1"}[failed]
+    # DRAIN first: with ReturnToService=2 a DOWN node whose slurmd still answers rejoins at once and
+    # would take the requeued job back; a drained one stays out, like a dead machine.
+    sh("scontrol", "update", f"NodeName={failed}", "State=DRAIN", "Reason=idmctl-test-node-fail")
+    sh("scontrol", "update", f"NodeName={failed}", "State=DOWN", "Reason=idmctl-test-node-fail")
+    try:
+        def release_and_check() -> bool:
+            # A requeued job is held for cred_expire+1 s (BeginTime); release it at once.
+            if squeue_state(job["scheduler_id"]) == "PENDING":
+                sh("scontrol", "update", f"JobId={job['scheduler_id']}", "StartTime=now", check=False)
+            return "restart 1" in Path(job["log"]).read_text()
+
+        wait_until(release_and_check, 120, f"the job to restart on {survivor}", poll_s=1.0)
+        assert cli("sync").exit_code == 0
+        # The node that failed is left out of the next submission's script.
+        dry = cli("submit", "quickstart", "--dry-run")
+        assert dry.exit_code == 0 and re.search(rf"#SBATCH --exclude=\S*{failed}", dry.output), dry.output
+        final = _sync_until_final(cli, job["job"], timeout_s=120)
+    finally:
+        sh("scontrol", "update", f"NodeName={failed}", "State=RESUME", check=False)
+        # Back in service and responding before other tests schedule onto it.
+        wait_until(lambda: sh("sinfo", "-h", "-n", failed, "-o", "%T", check=False).strip() in ("idle", "mixed", "allocated"),
+                   60, f"{failed} to return to service")
+    assert final.state == "COMPLETED", final.log_tail
+    runs = json.loads(final.options_json)["runs"]
+    assert runs[0]["state"] == "NODE_FAIL" and runs[-1]["state"] == "COMPLETED", runs
+    assert runs[-1]["node_list"] == survivor
+    resumed = [int(s) for s in re.findall(r"entry: resumed from step (\d+)", Path(job["log"]).read_text())]
+    assert resumed and resumed[0] >= 3
+    assert int((run_dir / "steps_done.txt").read_text()) == total_steps
+    assert len(_chain_jobs(final.chain_id)) == 1

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from sqlmodel import select
+from sqlmodel import Session, select
 
 from idmctl.executors import executor_for
 from idmctl.executors.base import JobStatus, is_final
@@ -116,6 +116,7 @@ def sync(retry: bool = True) -> SyncReport:
                 report.checked += 1
                 if _apply(row, status):
                     report.changed.append(row.id or 0)
+                _exclude_nodes_that_failed(db, row, status)
                 if is_final(row.state):
                     ended.append(row.id or 0)
                 db.add(row)
@@ -152,6 +153,21 @@ def sync(retry: bool = True) -> SyncReport:
         with session() as db:
             record_failures(db, [job for job in (db.get(Job, job_id) for job_id in ended) if job is not None])
     return report
+
+
+def _exclude_nodes_that_failed(db: Session, job: Job, status: JobStatus) -> None:
+    """Slurm requeues a job whose node failed (``--requeue``): the job goes on, but the node is left out
+    of later submissions all the same. Earlier runs that ended NODE_FAIL name the node."""
+    failed_nodes = {run.node_list for run in status.runs[:-1] if run.state == "NODE_FAIL" and run.node_list}
+    if not failed_nodes:
+        return
+    from idmctl.jobs.retry import NODE_EXCLUSION_TIME
+
+    reason = f"node_fail under job {job.scheduler_id}"
+    known = {e.node for e in db.exec(select(NodeExclusion).where(NodeExclusion.reason == reason))}
+    now = datetime.now(timezone.utc)
+    for node in sorted(failed_nodes - known):
+        db.add(NodeExclusion(node=node, until=now + NODE_EXCLUSION_TIME, reason=reason))
 
 
 def queue_wait_seconds(job: Job) -> float | None:
