@@ -117,6 +117,18 @@ class ClusterProfile(_Strict):
     qos: dict[str, QosTier]
     node: NodeFacts
     storage: StorageFacts
+    queue_wait_warn: str = "1d"
+    """Expected queue waits longer than this WARN in preflight (card job 5961 sat 6 days)."""
+
+    @field_validator("queue_wait_warn")
+    @classmethod
+    def _wait(cls, value: str) -> str:
+        parse_duration(value)
+        return value
+
+    @property
+    def queue_wait_warn_seconds(self) -> float:
+        return parse_duration(self.queue_wait_warn)
 
     def tier(self, qos: str, *, file: str = "spec", field: str = "resources.qos") -> QosTier:
         if qos not in self.qos:

@@ -169,9 +169,13 @@ def test_replay_card_a_failures_side_by_side(cli, tmp_path: Path, monkeypatch: p
     assert shm_check["status"] == "FAIL", shm_check
     assert "4,194,304 B" in shm_check["summary"]
     # The queue: qos estimates the wait from recorded jobs of the same QoS and GPU count, now including
-    # the replayed one (cancel − submit). It WARNs past 1 day; a miniature wait of seconds stays PASS.
+    # the replayed one (cancel − submit), and WARNs past the cluster's queue_wait_warn (3 s on the
+    # miniature cluster, 1 day on the card's).
     queue_check = preflight(cli, queue)["qos"]
     assert "no recorded" not in queue_check["summary"], queue_check
+    assert queue_check["status"] == "WARN", queue_check
+    assert "long: expected queue wait" in queue_check["summary"]
+    assert jobs["5961"]["scheduler_id"] in queue_check["summary"]  # the replayed job is the history
 
     fixes = [("6321", "kwarg on the class the spec names (introspection)"), ("6262", "persistent_workers derived"),
              ("5845", "loader.num_workers 0"), ("5961", "switch to own quota")]

@@ -14,7 +14,7 @@ from idmctl.units import format_bytes, format_duration
 
 NAME = "qos"
 LONG_QUEUE_WAIT_S = 86400.0
-"""Expected waits beyond a day WARN: the card's job 5961 sat 6 days before anyone switched quota."""
+"""Default of a profile's ``queue_wait_warn``: the card's job 5961 sat 6 days before anyone switched quota."""
 
 
 def check(ctx: PreflightContext) -> CheckResult:
@@ -65,7 +65,8 @@ def check(ctx: PreflightContext) -> CheckResult:
         else:
             notes.append(f"{stage_text} + {ckpt_text} < preempt cycle {format_duration(cycle)}")
 
-    wait_text, wait_warn, wait_fix, wait_numbers = _queue_wait(ctx.measurements.queue_waits, res.qos, gpus)
+    wait_text, wait_warn, wait_fix, wait_numbers = _queue_wait(ctx.measurements.queue_waits, res.qos, gpus,
+                                                               profile.queue_wait_warn_seconds)
     numbers.update(wait_numbers)
     if wait_warn:
         warns.append(wait_text)
@@ -80,7 +81,8 @@ def check(ctx: PreflightContext) -> CheckResult:
     return CheckResult(NAME, Status.PASS, f"{res.qos}: " + "; ".join(notes), numbers)
 
 
-def _queue_wait(waits: list[QueueWait], qos: str, gpus: int) -> tuple[str, bool, str, dict[str, object]]:
+def _queue_wait(waits: list[QueueWait], qos: str, gpus: int,
+                long_wait_s: float = LONG_QUEUE_WAIT_S) -> tuple[str, bool, str, dict[str, object]]:
     by_qos: dict[str, list[QueueWait]] = defaultdict(list)
     for wait in waits:
         if wait.gpus == gpus:
@@ -95,9 +97,9 @@ def _queue_wait(waits: list[QueueWait], qos: str, gpus: int) -> tuple[str, bool,
     text = (f"expected queue wait {format_duration(expected)} = median of {len(same)} recorded {gpus}-GPU {qos} "
             f"job(s): {detail}")
     numbers = {"expected_wait_s": expected, "history_jobs": len(same), "cancelled_while_pending": cancelled}
-    if expected <= LONG_QUEUE_WAIT_S:
+    if expected <= long_wait_s:
         return text, False, "", numbers
     others = sorted((statistics.median(w.seconds for w in rows), name) for name, rows in by_qos.items() if name != qos)
     better = [f"{name}: median {format_duration(m)} over {len(by_qos[name])} job(s)" for m, name in others if m < expected]
     fix = ("consider " + "; ".join(better)) if better else "switch quota (e.g. own QoS) or ask for fewer GPUs"
-    return f"long: {text} > {format_duration(LONG_QUEUE_WAIT_S)}", True, fix, numbers
+    return f"long: {text} > {format_duration(long_wait_s)} (cluster queue_wait_warn)", True, fix, numbers
