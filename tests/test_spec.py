@@ -92,3 +92,20 @@ def test_experiments_dir_override(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("IDMCTL_EXPERIMENTS", str(tmp_path))
     result = cli("exp", "list", "--json")
     assert [row["name"] for row in json.loads(result.output)] == ["mine"]
+
+
+def test_a_bad_value_inherited_from_a_base_is_reported_in_the_base(tmp_path: Path):
+    base = tmp_path / "base_mine.yaml"
+    spec = json.loads(json.dumps(load_spec("quickstart").canonical))
+    spec["loader"]["batch_size"] = -1
+    base.write_text(json.dumps(spec))
+    child = tmp_path / "child.yaml"
+    child.write_text("extends: base_mine\ndescription: inherits a bad batch size\n")
+    with pytest.raises(UserError) as info:
+        load_spec(str(child))
+    assert info.value.line().startswith(f"error: {base}:loader.batch_size: ")
+    # The same value set in the child is reported in the child.
+    child.write_text("extends: base_mine\nloader: {batch_size: -2}\n")
+    with pytest.raises(UserError) as info:
+        load_spec(str(child))
+    assert info.value.line().startswith(f"error: {child}:loader.batch_size: ")

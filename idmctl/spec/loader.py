@@ -180,6 +180,19 @@ def _error_from_validation(exc: ValidationError, file: Path) -> UserError:
     return UserError(f"{message}, got {shown}", file=str(file), field=dotted or None, hint="fix the value")
 
 
+def _file_defining(chain: list[Path], loc: tuple[Any, ...]) -> Path:
+    """The last file of the extends chain that sets the field at ``loc``: where the fix goes."""
+    for path in reversed(chain):
+        node: Any = _read_yaml(path)
+        for part in loc:
+            if not isinstance(node, dict) or part not in node:
+                break
+            node = node[part]
+        else:
+            return path
+    return chain[-1]
+
+
 def load_spec(name_or_path: str) -> ResolvedSpec:
     """Resolve, merge and validate one experiment; raises UserError on any problem."""
     path = resolve_spec_path(name_or_path)
@@ -187,5 +200,7 @@ def load_spec(name_or_path: str) -> ResolvedSpec:
     try:
         spec = ExperimentSpec.model_validate(merged)
     except ValidationError as exc:
-        raise _error_from_validation(exc, path) from exc
+        # A bad value inherited from a base is reported in the base, where it must be fixed.
+        loc = tuple(str(p) for p in exc.errors()[0]["loc"])
+        raise _error_from_validation(exc, _file_defining(chain, loc) if loc else path) from exc
     return ResolvedSpec(name=path.stem, path=path, spec=spec, chain=chain)
