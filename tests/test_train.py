@@ -218,3 +218,19 @@ def test_a_half_written_checkpoint_is_never_resumed(tmp_path: Path) -> None:
     # What a kill during fabric.save leaves behind: the temp name, truncated.
     (complete.parent / ".step-00000008.ckpt.tmp").write_bytes(b"PK\x03\x04 truncated")
     assert latest_checkpoint(tmp_path) == complete
+
+
+def test_rollback_after_a_nan_skips_the_bad_batches_and_finishes(tiny_cache, tmp_path: Path) -> None:
+    run_dir = prepare_run(tiny_cache, tmp_path, "tiny_rollback", train={"steps": 6, "checkpoint_every": 1})
+    first = run_trainer(run_dir, IDMCTL_INJECT_NAN_AT_STEP="3")
+    assert first.returncode == 3
+    again = run_trainer(run_dir, IDMCTL_INJECT_NAN_AT_STEP="3", IDMCTL_ROLLBACK="1")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "rollback: resumed at step 2, skipping the batches of steps 3..3" in again.stdout + again.stderr
+    assert [step for step, _ in complete_checkpoints(run_dir)][-1] == 6
+    _, weights = final_weights(run_dir)
+    assert all(torch.isfinite(w).all() for w in weights.values())
+    # Without the rollback flag the same hook fails the same step again: the flag is what changes it.
+    plain = prepare_run(tiny_cache, tmp_path, "tiny_no_rollback", train={"steps": 6, "checkpoint_every": 1})
+    assert run_trainer(plain, IDMCTL_INJECT_NAN_AT_STEP="3").returncode == 3
+    assert run_trainer(plain, IDMCTL_INJECT_NAN_AT_STEP="3").returncode == 3

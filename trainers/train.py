@@ -11,6 +11,8 @@ Entry point: ``python -m trainers.train --run-dir DIR`` with ``DIR/spec.json`` w
 - a NaN/inf loss: no optimizer step, no checkpoint; ``DIR/failure.json`` = ``{"cause": "nan_loss",
   "step": N}``, ``IDMCTL_FAILURE cause=nan_loss step=N`` on stderr, exit 3.
   Test hook: ``IDMCTL_INJECT_NAN_AT_STEP=N`` makes step N's loss NaN.
+- the one rollback after a NaN (``IDMCTL_ROLLBACK=1``, set by sync's resubmit): resume from the last
+  good checkpoint, skip the batches up to the NaN step and reseed the flow noise.
 - ``DIR/mlflow_run_id``: the one MLflow run all attempts log to (see ``trainers.tracking``).
 
 Only rank 0 logs, evaluates and writes files. Under ``srun`` Fabric takes ranks from Slurm
@@ -53,6 +55,9 @@ EXIT_REQUEUE = 75
 """EX_TEMPFAIL: interrupted by a signal after checkpointing; the job script requeues."""
 EXIT_NAN = 3
 NAN_HOOK_ENV = "IDMCTL_INJECT_NAN_AT_STEP"
+ROLLBACK_ENV = "IDMCTL_ROLLBACK"
+"""Set by `idmctl sync` on the one resubmission a chain gets after a NaN."""
+ROLLBACK_SEED_OFFSET = 1_000_003
 RANK_DIGEST_ENV = "IDMCTL_TEST_RANK_DIGESTS"
 """Test hook: when set, every rank writes ``DIR/rank_digests/rank-<k>.sha256`` of its final parameters."""
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
@@ -197,8 +202,16 @@ def fit(fabric: "Fabric", run: RunSpec) -> int:
                         hint="add demos or lower loader.batch_size")
     evaluators = _build_evaluators(fabric, spec)
     logger = _open_logger(fabric, run)  # after every check that can refuse the spec: no orphan MLflow runs
-    batches = micro_batches(loader, state["step"] * spec.grad_accum)
-    inject_nan_at = int(os.environ.get(NAN_HOOK_ENV, "0"))
+    consumed, noise_seed = state["step"] * spec.grad_accum, spec.train.seed
+    nan_step = _rollback_past(fabric, run, state["step"])
+    if nan_step is not None:
+        # The resubmit after a NaN (at most once per chain): skip the batches up to the bad step and
+        # draw other flow noise, so the same data and noise cannot produce the same NaN again.
+        consumed += (nan_step - state["step"]) * spec.grad_accum
+        noise_seed = spec.train.seed + ROLLBACK_SEED_OFFSET
+    batches = micro_batches(loader, consumed)
+    # The hook stands for a transient NaN: a rolled-back attempt does not see it again.
+    inject_nan_at = 0 if nan_step is not None else int(os.environ.get(NAN_HOOK_ENV, "0"))
     window = _Window()
 
     while state["step"] < spec.train.steps:
@@ -211,7 +224,7 @@ def fit(fabric: "Fabric", run: RunSpec) -> int:
             window.data_wait_s += time.perf_counter() - waited
             hidden, actions, mask = (fabric.to_device(batch[k]) for k in ("hidden", "actions", "action_mask"))
             with fabric.no_backward_sync(model, enabled=micro < spec.grad_accum - 1):
-                loss = model(hidden, actions, mask, generator=noise_generator(spec.train.seed, step, rank, micro))
+                loss = model(hidden, actions, mask, generator=noise_generator(noise_seed, step, rank, micro))
                 if step == inject_nan_at:
                     loss = loss * float("nan")
                 fabric.backward(loss / spec.grad_accum)
@@ -329,6 +342,20 @@ def _open_logger(fabric: "Fabric", run: RunSpec) -> "RunLogger | None":
 
     version = os.environ.get("IDMCTL_CODE_VERSION") or code_version()
     return RunLogger(run.run_dir, run.name, run.hash, run.canonical, version)
+
+
+def _rollback_past(fabric: "Fabric", run: RunSpec, resumed_step: int) -> int | None:
+    """The NaN step to roll back past, when this attempt is the chain's rollback (``IDMCTL_ROLLBACK=1``)."""
+    marker = run.run_dir / FAILURE_FILE
+    if os.environ.get(ROLLBACK_ENV) != "1" or not marker.exists():
+        return None
+    failure = json.loads(marker.read_text())
+    if failure.get("cause") != "nan_loss" or int(failure.get("step", 0)) <= resumed_step:
+        return None
+    nan_step = int(failure["step"])
+    fabric.print(f"rollback: resumed at step {resumed_step}, skipping the batches of steps "
+                 f"{resumed_step + 1}..{nan_step} and reseeding the flow noise (NaN was at step {nan_step})")
+    return nan_step
 
 
 def _fail_nan(fabric: "Fabric", run: RunSpec, logger: "RunLogger | None", step: int, loss: float) -> int:
