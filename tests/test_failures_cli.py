@@ -205,3 +205,22 @@ def test_table_shows_the_most_recent_rows_and_says_how_many_are_left(cli):
     assert footer, cut.output
     assert "6321" in cut.output and "5845" not in cut.output  # 5845 ended first, 6321 last
     assert len(json.loads(cli("failures", "--json", "--limit", "2").output)) >= 7  # JSON is never cut
+
+
+def test_fast_table_read_matches_the_orm_rows_and_steps_aside_for_unclassified_jobs(cli, idmctl_home):
+    from idmctl.failures.postmortem import count_failures, postmortem_rows
+    from idmctl.failures.rows import HEAD_REVISION, read_table_rows
+    from idmctl.paths import db_path
+    from idmctl.store.db import HEAD_REVISION as STORE_HEAD
+
+    assert HEAD_REVISION == STORE_HEAD
+    add_card_a_jobs()
+    assert read_table_rows(db_path(), None, None, 50) is None  # unclassified failures: the ORM path must run
+    assert cli("failures").exit_code == 0  # classifies them
+    for experiment, cause, newest in [(None, None, 50), (None, None, 2), ("latent_c_n12_dense", "preempted", 50)]:
+        fast_rows, fast_total = read_table_rows(db_path(), experiment, cause, newest)
+        with session() as db:
+            orm_rows = postmortem_rows(db, experiment=experiment, cause=cause, newest=newest)
+            orm_total = count_failures(db, experiment=experiment, cause=cause)
+        assert [r.as_json() for r in fast_rows] == [r.as_json() for r in orm_rows]
+        assert fast_total == orm_total

@@ -18,19 +18,13 @@ from sqlmodel import Session, select
 
 from idmctl.errors import UserError
 from idmctl.failures.classify import Classification, classify, get_cause, is_failed_state
+from idmctl.failures.rows import PostmortemRow, _naive_utc, build_row, setting_of  # noqa: F401 (re-exported)
 from idmctl.output import err_console
 from idmctl.store.models import Chain, Failure, Fix, Job
 from idmctl.units import parse_duration
 
 LOG_TAIL_BYTES = 64_000
 """How much of a job log's end is read when the store has no tail: a traceback fits easily."""
-
-
-def _naive_utc(moment: datetime | None) -> datetime | None:
-    # SQLite hands datetimes back without tzinfo; compare everything as naive UTC.
-    if moment is None or moment.tzinfo is None:
-        return moment
-    return moment.astimezone(timezone.utc).replace(tzinfo=None)
 
 
 def read_log_tail(path: str | None, max_bytes: int = LOG_TAIL_BYTES) -> str:
@@ -213,49 +207,6 @@ def record_fix(db: Session, job_ids: list[str], note: str, commit: str | None = 
     return fix, jobs
 
 
-def setting_of(job: Job) -> str:
-    """Card A's "setting" column: ``8 GPU core-extra, N=12``."""
-    parts = []
-    resources = f"{job.gpus} GPU" if job.gpus else ("CPU" if job.gpus == 0 else "")
-    if resources or job.qos:
-        parts.append(" ".join(p for p in (resources, job.qos or "") if p))
-    if job.routing_n:
-        parts.append(f"N={job.routing_n}")
-    return ", ".join(parts) or "—"
-
-
-def _job_label(job: Job, detail: dict[str, Any]) -> str:
-    name = job.scheduler_id or f"#{job.id}"
-    return name if job.restarts == 0 and detail.get("run", 1) == 1 else f"{name} run {detail.get('run', 1)}"
-
-
-@dataclass
-class PostmortemRow:
-    job: str
-    job_pk: int
-    chain_id: int | None
-    experiment: str
-    setting: str
-    state: str
-    cause: str
-    evidence: str
-    evidence_lines: list[str]
-    detail: dict[str, Any]
-    caught_by: str
-    fix_id: int | None
-    fix: str | None
-    commit: str | None
-    suggested_fix: str
-    ended_at: datetime | None
-    imported: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def as_json(self) -> dict[str, Any]:
-        data = dict(self.__dict__)
-        data.pop("extra")
-        return data
-
-
 def postmortem_rows(db: Session, experiment: str | None = None, since: datetime | None = None,
                     cause: str | None = None, newest: int | None = None) -> list[PostmortemRow]:
     """Every classified failure (or the ``newest`` N), oldest first, filtered by experiment, time and cause."""
@@ -276,17 +227,7 @@ def postmortem_rows(db: Session, experiment: str | None = None, since: datetime 
         when = _naive_utc(job.ended_at or job.submitted_at or job.created_at)
         if since is not None and when is not None and when < since:
             continue
-        fix = fixes.get(failure.fix_id) if failure.fix_id else None
-        detail = json.loads(failure.detail_json or "{}")
-        lines = failure.evidence.splitlines()
-        headline = Classification(failure.cause, lines, detail).headline
-        info = get_cause(failure.cause)
-        rows.append(PostmortemRow(
-            job=_job_label(job, detail), job_pk=job.id, chain_id=job.chain_id, experiment=job.experiment,
-            setting=setting_of(job), state=job.state, cause=failure.cause, evidence=headline,
-            evidence_lines=lines, detail=detail, caught_by=info.caught_by, fix_id=failure.fix_id,
-            fix=fix.note if fix else None, commit=fix.commit if fix else None, suggested_fix=info.fix,
-            ended_at=job.ended_at, imported=job.imported))
+        rows.append(build_row(failure, job, fixes.get(failure.fix_id) if failure.fix_id else None))
     rows.sort(key=lambda row: (_naive_utc(row.ended_at) or datetime.min, row.job_pk, row.detail.get("run", 1)))
     return rows
 

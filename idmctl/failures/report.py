@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from idmctl.failures.postmortem import PostmortemRow
+from idmctl.failures.rows import PostmortemRow
 
 CARD_COLUMNS = ("job", "experiment", "setting", "cause", "evidence", "fix", "caught now by")
 
