@@ -79,7 +79,7 @@ def run(fast: bool) -> list[Figure]:
                                   time_command([idmctl, "failures"], repeats, env, warmup),
                                   f"mlflow runs list ({mlflow_runs:,} failed runs)", mlflow_list,
                                   target="< 0.5 s and ≥ 3× faster than the mlflow listing",
-                                  note="rich table of every failed job, output to a pipe"))
+                                  note="rich table of the 50 newest rows (the default), output to a pipe"))
             figures.append(Figure(f"idmctl failures --json ({jobs:,} jobs, {failures:,} failures)", "s",
                                   time_command([idmctl, "failures", "--json"], repeats, env, warmup),
                                   f"mlflow runs list ({mlflow_runs:,} failed runs)", mlflow_list,
