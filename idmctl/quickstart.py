@@ -139,22 +139,10 @@ def submit_stage(result: QuickstartResult) -> Any:
     return job
 
 
-def preflight_and_submit(resolved: ResolvedSpec, result: QuickstartResult, tries: int = 10) -> Any:
-    """Preflight, then submit through the gate; preflight again if the code changed in between.
-
-    The gate keys a pass on the code version, which includes a hash of uncommitted changes: on a
-    working tree that someone is editing, a pass can go stale within seconds.
-    """
-    for attempt in range(1, tries + 1):
-        preflight_stage(resolved, result)
-        try:
-            return submit_stage(result)
-        except CheckFailed as exc:
-            if "code changed since preflight" not in str(exc) or attempt == tries:
-                raise
-            detail(f"the code changed since that preflight ({str(exc).split(':', 1)[-1].strip()[:80]}…): "
-                   f"preflight again ({attempt + 1}/{tries})")
-    raise AssertionError("unreachable")
+def preflight_and_submit(resolved: ResolvedSpec, result: QuickstartResult) -> Any:
+    """Preflight, then submit through the same gate every submission passes."""
+    preflight_stage(resolved, result)
+    return submit_stage(result)
 
 
 def _follow(log_path: Path, offset: int, echo: Callable[[str], None]) -> int:
