@@ -76,3 +76,10 @@ def time_command(argv: list[str], repeats: int, env: dict[str, str] | None = Non
     if warmup if warmup is not None else not FAST_MODE:
         run()  # warm the page cache and .pyc files; the first run is not a sample
     return time_call(run, repeats)
+
+
+def print_figures(figures: "list[Figure] | str") -> None:
+    """A bench module's standalone output: its figures as JSON, or the reason it could not measure."""
+    import json
+
+    print(json.dumps(figures if isinstance(figures, str) else [f.as_dict() for f in figures], indent=2))

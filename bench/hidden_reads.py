@@ -13,7 +13,6 @@ reference for throughput a plain sequential read of the same file (the disk's ph
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import tempfile
 import time
@@ -21,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.common import Figure
+from bench.common import Figure, print_figures
 
 SELECTION = [1, 4, 7, 10]
 FRAME_START, WINDOW = 3, 5
@@ -111,7 +110,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fast", action="store_true", help="a 19 MB file instead of 382 MB")
     args = parser.parse_args()
-    print(json.dumps([figure.as_dict() for figure in run(args.fast)], indent=2))
+    print_figures(run(args.fast))
 
 
 if __name__ == "__main__":

@@ -7,11 +7,10 @@ reflections on) against ``fast_render``. ``python -m bench.sim [--fast]`` prints
 from __future__ import annotations
 
 import argparse
-import json
 
 import numpy as np
 
-from bench.common import Figure, time_call
+from bench.common import Figure, time_call, print_figures
 
 
 def _steps(env: object, n: int) -> None:
@@ -59,7 +58,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--fast", action="store_true")
     args = parser.parse_args()
-    print(json.dumps([f.as_dict() for f in run(args.fast)], indent=2))
+    print_figures(run(args.fast))
 
 
 if __name__ == "__main__":

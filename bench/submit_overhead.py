@@ -17,7 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench.common import Figure, time_call
+from bench.common import Figure, time_call, print_figures
 
 
 def run(fast: bool = False) -> list[Figure] | str:
@@ -55,8 +55,7 @@ def run(fast: bool = False) -> list[Figure] | str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--fast", action="store_true")
-    figures = run(parser.parse_args().fast)
-    print(json.dumps(figures if isinstance(figures, str) else [f.as_dict() for f in figures], indent=2))
+    print_figures(run(parser.parse_args().fast))
 
 
 if __name__ == "__main__":

@@ -8,7 +8,6 @@ binary) and times it against the naive way: one ``sacct -j ID`` per job, extrapo
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import subprocess
@@ -17,7 +16,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from bench.common import Figure
+from bench.common import Figure, print_figures
 
 SLURM_TOOLS = ("sacct", "squeue", "scontrol", "sbatch", "scancel", "sinfo")
 
@@ -107,8 +106,7 @@ def run(fast: bool = False) -> list[Figure] | str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--fast", action="store_true")
-    figures = run(parser.parse_args().fast)
-    print(json.dumps(figures if isinstance(figures, str) else [f.as_dict() for f in figures], indent=2))
+    print_figures(run(parser.parse_args().fast))
 
 
 if __name__ == "__main__":
