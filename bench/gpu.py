@@ -36,7 +36,7 @@ def measure_spec(spec_name: str, batch_size: int, steps: int, warmup: int, devic
     """
     import torch
 
-    from idmctl.spec.loader import load_spec
+    from ground.spec.loader import load_spec
     from trainers.registry import build_model
     from trainers.train import noise_generator, peak_memory_bytes
 
@@ -141,7 +141,7 @@ def main() -> int:
     result = measure(steps=args.steps)
     text = json.dumps(result, indent=2)
     if args.out:
-        from idmctl.paths import atomic_write_text
+        from ground.paths import atomic_write_text
 
         atomic_write_text(args.out, text + "\n")
     print(text)

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from bench.common import Figure
-from idmctl.paths import REPO_ROOT
+from ground.paths import REPO_ROOT
 
 
 def _spec(home: Path, size: int) -> Path:

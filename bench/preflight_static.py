@@ -22,7 +22,7 @@ VENV_BIN = Path(sys.executable).parent
 def _warm_checks(repeats: int) -> tuple[list[float], dict[str, float]]:
     from idmctl.preflight.runner import gather, run_preflight
     from idmctl.profile import load_profile
-    from idmctl.spec import load_spec
+    from ground.spec import load_spec
 
     resolved = load_spec("latent_c_n4")
     profile, profile_hash = load_profile("card")
@@ -66,7 +66,7 @@ def write_quickstart_data(root: Path) -> Path:
     """A spec extending the shipped quickstart over real tiny data in its geometry (as tests do)."""
     from trainers.tiny_data import write_tiny_routed_data
 
-    from idmctl.paths import REPO_ROOT
+    from ground.paths import REPO_ROOT
 
     data = write_tiny_routed_data(root / "data", demos=6, valid=2, steps=24, frames=8, frame_stride=2, layers=4,
                                   grid=(4, 4), channels=32, action_dim=7)

@@ -114,7 +114,7 @@ def main() -> int:
         results[module_name] = [f.as_dict() if isinstance(f, Figure) else {"not_measured": f} for f in figures]
         print(f"{title}: {len(figures)} figures in {time.perf_counter() - started:.1f} s", file=sys.stderr)
     out += [f"_total wall time of this run: {time.perf_counter() - run_started:.0f} s_", ""]
-    from idmctl.paths import atomic_write_text
+    from ground.paths import atomic_write_text
 
     atomic_write_text(Path(args.out), "\n".join(out) + "\n")
     atomic_write_text(Path(args.out).with_suffix(".json"), json.dumps(results, indent=2, default=str))

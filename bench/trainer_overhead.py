@@ -40,9 +40,9 @@ def _spec(root: Path, steps: int, fast: bool) -> Path:
 def _fabric_step_times(spec_path: Path, run_dir: Path) -> list[float]:
     from mlflow.tracking import MlflowClient
 
-    from idmctl.paths import mlflow_tracking_uri
-    from idmctl.spec.loader import load_spec
-    from trainers.run_dir import read_run_spec, write_run_spec
+    from ground.paths import mlflow_tracking_uri
+    from ground.spec.loader import load_spec
+    from ground.run_dir import read_run_spec, write_run_spec
     from trainers.train import fit, setup_fabric
 
     write_run_spec(run_dir, load_spec(str(spec_path)))
@@ -58,7 +58,7 @@ def _bare_step_times(spec_path: Path) -> list[float]:
     import torch
 
     from cache.registry import build_dataloader
-    from idmctl.spec.loader import load_spec
+    from ground.spec.loader import load_spec
     from trainers.registry import build_model
     from trainers.train import learning_rate, micro_batches, noise_generator
 
@@ -128,8 +128,8 @@ def _data_wait_fractions(fast: bool) -> list[float]:
     import yaml
     from mlflow.tracking import MlflowClient
 
-    from idmctl.paths import mlflow_tracking_uri
-    from idmctl.tracking import M_DATA_WAIT
+    from ground.paths import mlflow_tracking_uri
+    from ground.tracking import M_DATA_WAIT
 
     steps = 12 if fast else 30
     with tempfile.TemporaryDirectory(prefix="bench_datawait_") as tmp:

@@ -27,7 +27,7 @@ from torch.utils.data import Dataset
 
 from cache.episodes import EpisodeFile
 from cache.hidden import CacheFileInfo, CacheFormat, cache_file, check_matches, inspect_file, read_hidden
-from idmctl.errors import UserError
+from ground.errors import UserError
 
 EEF_KEY = "robot0_eef_pos"
 

@@ -24,7 +24,7 @@ from typing import Any
 import h5py
 import numpy as np
 
-from idmctl.errors import UserError
+from ground.errors import UserError
 
 ALL_SPLIT = "all"
 """Split name meaning every demo in ``data/``."""

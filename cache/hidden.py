@@ -26,8 +26,8 @@ from typing import Any, Literal
 
 import torch
 
-from cache.geometry import HiddenGeometry
-from idmctl.errors import UserError
+from ground.geometry import HiddenGeometry
+from ground.errors import UserError
 
 CacheFormat = Literal["safetensors", "legacy_pt"]
 FORMAT_TAG = "idmctl.hidden/1"

@@ -12,9 +12,9 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from cache.dataset import HiddenMultiLayerDataset, HiddenSingleLayerDataset
-from idmctl.errors import UserError
-from idmctl.paths import expand_path
-from idmctl.spec.schema import ExperimentSpec
+from ground.errors import UserError
+from ground.paths import expand_path
+from ground.spec.schema import ExperimentSpec
 
 DATASETS: dict[str, type[Dataset]] = {
     "hidden_multilayer": HiddenMultiLayerDataset,

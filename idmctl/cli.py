@@ -13,7 +13,7 @@ import click
 import typer
 from typer.core import TyperGroup
 
-from idmctl.errors import EXIT_BAD_INPUT, EXIT_FAILED, CheckFailed, UserError
+from ground.errors import EXIT_BAD_INPUT, EXIT_FAILED, CheckFailed, UserError
 
 _debug = {"on": False}
 

@@ -20,11 +20,11 @@ from urllib.parse import quote
 
 import yaml
 
-from idmctl import tracking
-from idmctl.errors import UserError
-from idmctl.paths import experiments_dir, home, mlflow_tracking_uri
-from idmctl.spec.loader import BASELINES_FILE
-from idmctl.spec.schema import Goal
+from ground import tracking
+from ground.errors import UserError
+from ground.paths import experiments_dir, home, mlflow_tracking_uri
+from ground.spec.loader import BASELINES_FILE
+from ground.spec.schema import Goal
 
 EEF_METRIC = re.compile(r"^(sim_)?eef_mm_(\d+)ep$")
 _BASELINE_KEYS = {"name", "label", "steps", "effective_batch", "note", "state"}
@@ -285,7 +285,7 @@ def build_report(selection: list[str] | None = None, metric: str = "eef_mm_24ep"
 def _select_runs(runs: list[CompareRow], selection: list[str], baselines: list[CompareRow]) -> list[CompareRow]:
     if not selection:
         return runs
-    from idmctl.spec.loader import resolve_spec_path
+    from ground.spec.loader import resolve_spec_path
 
     chosen = []
     for wanted in selection:
@@ -297,7 +297,7 @@ def _select_runs(runs: list[CompareRow], selection: list[str], baselines: list[C
 
 
 def _planned_rows(selection: list[str], chosen: list[CompareRow], baselines: list[CompareRow]) -> list[CompareRow]:
-    from idmctl.spec.loader import load_spec
+    from ground.spec.loader import load_spec
 
     rows = []
     started = {row.name for row in chosen} | {row.label for row in chosen}
@@ -314,7 +314,7 @@ def _planned_rows(selection: list[str], chosen: list[CompareRow], baselines: lis
 
 def _spec_goal(experiment: str) -> str | None:
     """The experiment's goal from its spec today; None when the spec is gone (the run's params then)."""
-    from idmctl.spec.loader import load_spec
+    from ground.spec.loader import load_spec
 
     try:
         return load_spec(experiment).spec.goal

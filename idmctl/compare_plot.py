@@ -10,11 +10,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from idmctl import tracking
+from ground import tracking
 from idmctl.compare import EEF_METRIC, CompareReport
-from idmctl.errors import UserError
-from idmctl.paths import mlflow_tracking_uri
-from idmctl.spec.schema import Goal
+from ground.errors import UserError
+from ground.paths import mlflow_tracking_uri
+from ground.spec.schema import Goal
 
 
 def _histories(run_id: str, keys: list[str], tracking_uri: str) -> dict[str, list[tuple[int, float]]]:

@@ -7,7 +7,7 @@ the goal and its verdict. A tracked run's metric cell reads ``best (last X)`` wh
 from __future__ import annotations
 
 from idmctl.compare import EEF_METRIC, CompareReport, CompareRow, MetricSummary
-from idmctl.spec.schema import Goal
+from ground.spec.schema import Goal
 
 DASH = "—"
 

@@ -19,8 +19,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from idmctl.errors import CheckFailed, UserError
-from idmctl.paths import home, mlflow_artifacts_dir, mlflow_tracking_uri
+from ground.errors import CheckFailed, UserError
+from ground.paths import home, mlflow_artifacts_dir, mlflow_tracking_uri
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 READY_TIMEOUT_S = 90.0

@@ -32,15 +32,3 @@ def make_table(*columns: str, title: str | None = None) -> Table:
     for column in columns:
         table.add_column(column, overflow="fold")
     return table
-
-
-def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """``{"data": {"frames": 24}}`` → ``{"data.frames": 24}``; lists stay values."""
-    flat: dict[str, Any] = {}
-    for key, value in data.items():
-        dotted = f"{prefix}{key}"
-        if isinstance(value, dict):
-            flat.update(flatten(value, f"{dotted}."))
-        else:
-            flat[dotted] = value
-    return flat

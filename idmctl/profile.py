@@ -15,9 +15,10 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from idmctl.errors import UserError
-from idmctl.paths import clusters_dir
-from idmctl.units import parse_bandwidth, parse_bytes, parse_duration
+from ground.contract import ENV_CLUSTER
+from ground.errors import UserError
+from ground.paths import clusters_dir
+from ground.units import parse_bandwidth, parse_bytes, parse_duration
 
 
 class _Strict(BaseModel):
@@ -139,7 +140,7 @@ class ClusterProfile(_Strict):
 
 
 def profile_path(name_or_path: str | None = None) -> Path:
-    chosen = name_or_path or os.environ.get("IDMCTL_CLUSTER") or "local"
+    chosen = name_or_path or os.environ.get(ENV_CLUSTER) or "local"
     candidate = Path(chosen)
     if candidate.suffix in (".yaml", ".yml"):
         if not candidate.exists():
@@ -148,7 +149,7 @@ def profile_path(name_or_path: str | None = None) -> Path:
     path = clusters_dir() / f"{chosen}.yaml"
     if not path.exists():
         known = [p.stem for p in clusters_dir().glob("*.yaml")]
-        raise UserError(f"no cluster profile named {chosen!r}", file="IDMCTL_CLUSTER",
+        raise UserError(f"no cluster profile named {chosen!r}", file=ENV_CLUSTER,
                         hint=f"shipped: {', '.join(sorted(known))}")
     return path
 

@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from idmctl.errors import CheckFailed
+from ground.errors import CheckFailed
 from idmctl.output import console
-from idmctl.paths import expand_path, home
-from idmctl.spec.loader import ResolvedSpec
+from ground.paths import expand_path, home
+from ground.spec.loader import ResolvedSpec
 
 EXPERIMENT = "quickstart"
 DEMOS = 12
@@ -51,8 +51,8 @@ def detail(text: str) -> None:
 
 
 def register_specs_stage(result: QuickstartResult) -> ResolvedSpec:
-    from idmctl.spec import list_experiments, load_spec
-    from idmctl.spec.registry import register_specs
+    from ground.spec import list_experiments, load_spec
+    from idmctl.spec_store import register_specs
 
     specs = [load_spec(str(path)) for path in list_experiments()]
     new = register_specs(specs)
@@ -94,7 +94,7 @@ def demos_stage(resolved: ResolvedSpec, result: QuickstartResult) -> Path:
 
 
 def cache_stage(resolved: ResolvedSpec, result: QuickstartResult) -> None:
-    from cache.geometry import HiddenGeometry, sample_io
+    from ground.geometry import HiddenGeometry, sample_io
     from trainers.build_hidden_cache import build_hidden_cache
 
     data = resolved.spec.data
@@ -213,7 +213,7 @@ def compare_stage(resolved: ResolvedSpec, result: QuickstartResult) -> None:
     from idmctl.commands.compare import compare
     from idmctl.compare import build_report
 
-    from idmctl.tracking import eef_metric
+    from ground.tracking import eef_metric
 
     metric = eef_metric(max(resolved.spec.eval.episodes), simulator=resolved.spec.eval.simulator)
     stage(8, "compare", f"card A's baselines and the {EXPERIMENT} runs, ranked by {metric} (lower is better)")

@@ -46,6 +46,15 @@ def wait_until(predicate, timeout_s: float, what: str, poll_s: float = 0.5):
         time.sleep(poll_s)
 
 
+def text_so_far(path: Path) -> str:
+    """A job log as far as it is written: Slurm creates ``--output`` only when the job starts, so a wait
+    on a log must read a file that does not exist yet as empty, not crash on it."""
+    try:
+        return path.read_text(errors="replace")
+    except FileNotFoundError:
+        return ""
+
+
 def sacct_state(job_id: str) -> str:
     lines = sh("sacct", "-n", "-P", "-X", "-j", job_id, "--format=State", check=False).split()
     return lines[-1] if lines else ""

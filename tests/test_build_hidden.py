@@ -17,10 +17,10 @@ from cache.episodes import Demo, write_episodes
 from cache.hidden import cache_file, inspect_file, read_hidden
 from cache.registry import build_dataset
 from hidden_quick_spec import use_hidden_quick
-from idmctl.errors import UserError
-from idmctl.paths import expand_path
-from idmctl.spec import load_spec
-from idmctl.spec.schema import ExperimentSpec
+from ground.errors import UserError
+from ground.paths import expand_path
+from ground.spec import load_spec
+from ground.spec.schema import ExperimentSpec
 from trainers.build_hidden_cache import build_hidden_cache, load_encoder
 
 @pytest.fixture(autouse=True)
@@ -127,7 +127,7 @@ def test_crash_mid_build_leaves_only_whole_files(quick: tuple[ExperimentSpec, li
         "    if len(calls) == 2: os.kill(os.getpid(), signal.SIGKILL)\n"
         "    real_fsync(fd)\n"
         "os.fsync = fsync\n"
-        "from idmctl.spec import load_spec\n"
+        "from ground.spec import load_spec\n"
         "from trainers.build_hidden_cache import build_hidden_cache\n"
         "build_hidden_cache(load_spec('quickstart').spec)\n"
     )

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from idmctl.errors import UserError
+from ground.errors import UserError
 from idmctl.failures.classify import (
     classify, cause_names, is_failed_state, load_taxonomy, marker_line, parse_traceback,
 )

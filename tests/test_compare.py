@@ -1,6 +1,6 @@
 """``idmctl compare`` over card A's baselines and runs logged to a real MLflow SQLite store.
 
-The runs are logged with the MLflow client exactly as the trainer does (idmctl.tracking's names,
+The runs are logged with the MLflow client exactly as the trainer does (ground.tracking's names,
 params = the flattened resolved spec); one store is shared by the module because creating an
 MLflow database costs ~1.3 s of migrations.
 """
@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from idmctl import tracking
+from ground import tracking
 from idmctl.compare import compare_url, run_url, summarize
-from idmctl.output import flatten
-from idmctl.spec import load_spec
+from ground.tracking import flatten
+from ground.spec import load_spec
 
 REPO = Path(__file__).resolve().parent.parent
 

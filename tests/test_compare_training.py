@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from idmctl import tracking
-from idmctl.paths import mlflow_artifacts_dir, mlflow_tracking_uri
+from ground import tracking
+from ground.paths import mlflow_artifacts_dir, mlflow_tracking_uri
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -14,10 +14,10 @@ from cache.episodes import Demo, write_episodes
 from cache.hidden import cache_file, write_hidden, write_legacy
 from cache.registry import build_dataloader, build_dataset, dataloader_kwargs, dataset_class, dataset_kwargs
 from hidden_quick_spec import use_hidden_quick
-from idmctl.errors import UserError
-from idmctl.paths import expand_path
-from idmctl.spec import load_spec
-from idmctl.spec.schema import ExperimentSpec
+from ground.errors import UserError
+from ground.paths import expand_path
+from ground.spec import load_spec
+from ground.spec.schema import ExperimentSpec
 
 @pytest.fixture(autouse=True)
 def _frozen_quickstart(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

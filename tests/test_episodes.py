@@ -13,7 +13,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from cache.episodes import Demo, EpisodeFile, list_demos, read_demo, read_env_args, write_episodes
-from idmctl.errors import UserError
+from ground.errors import UserError
 
 
 def _demo(index: int, steps: int, rng: np.random.Generator) -> Demo:

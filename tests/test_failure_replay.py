@@ -22,7 +22,7 @@ from sqlmodel import select
 
 from idmctl.store.db import session
 from idmctl.store.models import Job
-from slurm_support import sh, slurm_conf, squeue_state, wait_until
+from slurm_support import sh, slurm_conf, squeue_state, text_so_far, wait_until
 
 pytestmark = pytest.mark.slurm
 REPO = Path(__file__).resolve().parent.parent
@@ -116,7 +116,7 @@ def test_replay_card_a_failures_side_by_side(cli, tmp_path: Path, monkeypatch: p
     # ("duplicate column name: step"); create the store first, as any earlier run would have.
     from mlflow.tracking import MlflowClient
 
-    from idmctl.paths import mlflow_tracking_uri
+    from ground.paths import mlflow_tracking_uri
 
     MlflowClient(tracking_uri=mlflow_tracking_uri()).search_experiments()
     jobs = {
@@ -202,13 +202,13 @@ def test_replay_preempted_three_times_in_one_chain(cli, tmp_path: Path, monkeypa
     log = Path(low["log"])
     monkeypatch.setenv("IDMCTL_TEST_BEHAVIOR", "steps:1:0.1")
     for preemption in range(1, 4):
-        wait_until(lambda: squeue_state(low_id) == "RUNNING" and "entry: step" in log.read_text().split(
+        wait_until(lambda: squeue_state(low_id) == "RUNNING" and "entry: step" in text_so_far(log).split(
             f"restart {preemption - 1}")[-1], 90, f"run {preemption} of the sub job to step")
         high = submit(cli, "quickstart", "--entry", "tests.jobs_entry", "--qos", "core-own", "-c", "2",
                       "--mem", "300MB", "--exclude", "n2", "-J", f"own_{preemption}")
 
         def requeued_and_released() -> bool:
-            if f"restart {preemption}" in log.read_text():
+            if f"restart {preemption}" in text_so_far(log):
                 return True
             if squeue_state(low_id) == "PENDING" and squeue_state(high["scheduler_id"]) in ("COMPLETED", ""):
                 sh("scontrol", "update", f"JobId={low_id}", "StartTime=now", check=False)

@@ -11,7 +11,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from sqlmodel import select
 
-from idmctl.paths import REPO_ROOT
+from ground.paths import REPO_ROOT
 from idmctl.store import session
 from idmctl.store.models import Chain, Failure, Fix, Job
 
@@ -153,7 +153,7 @@ def test_failed_run_is_marked_in_mlflow(cli, idmctl_home) -> None:
     import mlflow
     from mlflow.tracking import MlflowClient
 
-    from idmctl.paths import mlflow_tracking_uri
+    from ground.paths import mlflow_tracking_uri
 
     client = MlflowClient(tracking_uri=mlflow_tracking_uri())
     experiment_id = client.create_experiment("idmctl")
@@ -210,7 +210,7 @@ def test_table_shows_the_most_recent_rows_and_says_how_many_are_left(cli):
 def test_fast_table_read_matches_the_orm_rows_and_steps_aside_for_unclassified_jobs(cli, idmctl_home):
     from idmctl.failures.postmortem import count_failures, postmortem_rows
     from idmctl.failures.rows import HEAD_REVISION, read_table_rows
-    from idmctl.paths import db_path
+    from ground.paths import db_path
     from idmctl.store.db import HEAD_REVISION as STORE_HEAD
 
     assert HEAD_REVISION == STORE_HEAD

@@ -23,7 +23,7 @@ from cache.hidden import (
     write_legacy,
 )
 from hidden_quick_spec import use_hidden_quick
-from idmctl.errors import UserError
+from ground.errors import UserError
 
 REPO = Path(__file__).resolve().parent.parent
 BLOCKS = [2, 5, 8, 11, 14, 17]

@@ -19,7 +19,7 @@ import pytest
 
 from cache.latent.layout import LatentLayout, cached_files, temp_files
 from cache.latent.scenes import write_scene_episodes
-from idmctl.spec import load_spec
+from ground.spec import load_spec
 
 SMOKE = "latent_rgbpt_smoke"
 

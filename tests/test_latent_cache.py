@@ -14,9 +14,9 @@ import pytest
 
 from cache.latent.layout import LatentLayout, cached_files, validate_key
 from cache.latent.scenes import write_scene_episodes
-from idmctl.errors import UserError
-from idmctl.paths import expand_path
-from idmctl.spec import load_spec
+from ground.errors import UserError
+from ground.paths import expand_path
+from ground.spec import load_spec
 
 SMOKE = "latent_rgbpt_smoke"
 

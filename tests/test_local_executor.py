@@ -119,7 +119,7 @@ def test_submit_requires_a_passing_preflight(cli, idmctl_home: Path) -> None:
 def test_submit_passes_the_gate_with_a_recorded_preflight(cli, monkeypatch: pytest.MonkeyPatch) -> None:
     from idmctl.preflight.record import code_version, record_run
     from idmctl.profile import load_profile
-    from idmctl.spec.loader import load_spec
+    from ground.spec.loader import load_spec
 
     resolved = load_spec("quickstart")
     profile, profile_hash = load_profile("local")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from idmctl.spec.loader import load_spec
+from ground.spec.loader import load_spec
 from trainers.model import (LayerRoutedActionDiT, RoutedDiTConfig, euler_integrate, interpolate, masked_mse,
                             routing_map, sample_time)
 from trainers.registry import build_model, parameter_table

@@ -11,7 +11,7 @@ from idmctl.preflight import cache, disk
 from idmctl.preflight.result import PreflightContext, Status
 from idmctl.preflight.runner import gather
 from idmctl.profile import load_profile
-from idmctl.spec import load_spec
+from ground.spec import load_spec
 
 
 REPO = Path(__file__).resolve().parent.parent

@@ -14,7 +14,7 @@ from idmctl.preflight import cache, disk, introspection, io, loader, qos, shm, s
 from idmctl.preflight.result import Measurements, PreflightContext, QueueWait, SmokeMeasurement, Status
 from idmctl.preflight.runner import gather, run_preflight
 from idmctl.profile import load_profile
-from idmctl.spec import load_spec
+from ground.spec import load_spec
 
 REPO = Path(__file__).resolve().parent.parent
 MISTAKES = REPO / "experiments" / "mistakes"

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from idmctl.errors import CheckFailed
+from ground.errors import CheckFailed
 from idmctl.preflight import record
 from idmctl.preflight.result import CheckResult, Status
 from idmctl.profile import load_profile
-from idmctl.spec import load_spec
+from ground.spec import load_spec
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -30,8 +30,11 @@ def test_code_version_is_head_plus_a_hash_of_uncommitted_tracked_changes():
 
 
 def test_code_version_outside_git_is_unknown(tmp_path, monkeypatch):
-    monkeypatch.setattr(record, "REPO_ROOT", tmp_path)
-    assert record.code_version() == "unknown"
+    import ground.paths
+    from ground.contract import code_version
+
+    monkeypatch.setattr(ground.paths, "REPO_ROOT", tmp_path)
+    assert code_version() == "unknown"
 
 
 def _results(*failing: str) -> list[CheckResult]:

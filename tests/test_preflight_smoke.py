@@ -13,7 +13,7 @@ import pytest
 from idmctl.preflight import smoke
 from idmctl.preflight.result import CHECK_NAMES, Measurements, PreflightContext, SmokeMeasurement, Status
 from idmctl.profile import load_profile
-from idmctl.spec import load_spec
+from ground.spec import load_spec
 
 REPO = Path(__file__).resolve().parent.parent
 

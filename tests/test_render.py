@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from idmctl.jobs.render import RenderContext, render_script, resolve_options
-from idmctl.spec.loader import load_spec
+from ground.spec.loader import load_spec
 
 
 def _spec_file(tmp_path: Path, **sections: dict) -> Path:

@@ -16,8 +16,8 @@ STEPS = 22
 
 @pytest.fixture(scope="module")
 def sim_spec(tmp_path_factory: pytest.TempPathFactory):
-    from idmctl.paths import REPO_ROOT
-    from idmctl.spec import load_spec
+    from ground.paths import REPO_ROOT
+    from ground.spec import load_spec
     from trainers.build_hidden_cache import build_hidden_cache
     from trainers.sim.demos import make_demos
 
@@ -63,7 +63,7 @@ def test_oracle_actions_replay_exactly_and_an_untrained_model_does_not(sim_spec)
 
 
 def test_geometry_that_leaves_steps_without_actions_is_refused(sim_spec) -> None:
-    from idmctl.errors import UserError
+    from ground.errors import UserError
     from trainers.sim.evaluate import SimEEFEvaluator
 
     short = sim_spec.model_copy(update={"data": sim_spec.data.model_copy(update={"action_horizon": 2})})

@@ -17,7 +17,7 @@ from sqlmodel import select
 
 from idmctl.store.db import session
 from idmctl.store.models import Chain, Job
-from slurm_support import sh, slurm_conf, squeue_state, wait_until
+from slurm_support import sh, slurm_conf, squeue_state, text_so_far, wait_until
 
 pytestmark = pytest.mark.slurm
 REPO = Path(__file__).resolve().parent.parent
@@ -130,7 +130,7 @@ def test_cancel_records_cancelled(cli, monkeypatch: pytest.MonkeyPatch) -> None:
     # Cancel a job that is really running: the trainer checkpoints on TERM, and the job script must
     # not mistake a cancel for a preemption and requeue itself.
     log = lambda: Path(_job(submitted["job"]).log_path)  # noqa: E731
-    wait_until(lambda: log().exists() and "entry: step 1" in log().read_text(), 60, "the job to run a step")
+    wait_until(lambda: "entry: step 1" in text_so_far(log()), 60, "the job to run a step")
     assert cli("cancel", str(submitted["job"])).exit_code == 0
     job = _sync_until_final(cli, submitted["job"])
     assert job.state.startswith("CANCELLED")
@@ -156,7 +156,7 @@ def test_sub_job_preempted_by_core_own_requeues_and_resumes_from_checkpoint(cli,
     low_id = low["scheduler_id"]
 
     def restarted() -> bool:
-        return "restart 1" in Path(low["log"]).read_text()
+        return "restart 1" in text_so_far(Path(low["log"]))
 
     def release_and_check() -> bool:
         # A requeued job is held for cred_expire+1 s (BeginTime); release it at once (slurm-notes 2).
@@ -189,7 +189,7 @@ def test_preempted_real_trainer_resumes_from_its_checkpoint_with_exact_step_coun
                                 train={"steps": total, "checkpoint_every": 150, "log_every": 10})
     low = _submit(cli, str(spec), "--qos", "sub", "--exclude", "n2")
     log_path = Path(low["log"])
-    wait_until(lambda: log_path.exists() and re.search(r"^step \d+/", log_path.read_text(), re.M), 180,
+    wait_until(lambda: re.search(r"^step \d+/", text_so_far(log_path), re.M), 180,
                "the trainer's first logged step")
     monkeypatch.setenv("IDMCTL_TEST_BEHAVIOR", "steps:2:0.1")
     high = _submit(cli, "quickstart", "--entry", "tests.jobs_entry", "--qos", "core-own", "-c", "2",
@@ -198,7 +198,7 @@ def test_preempted_real_trainer_resumes_from_its_checkpoint_with_exact_step_coun
     def restarted() -> bool:
         if squeue_state(low["scheduler_id"]) == "PENDING":
             sh("scontrol", "update", f"JobId={low['scheduler_id']}", "StartTime=now", check=False)
-        return "restart 1" in log_path.read_text()
+        return "restart 1" in text_so_far(log_path)
 
     wait_until(restarted, 180, "the preempted trainer to restart", poll_s=1.0)
     assert _sync_until_final(cli, high["job"]).state == "COMPLETED"
@@ -231,7 +231,7 @@ def test_node_failure_requeues_resumes_and_excludes_the_node(cli, monkeypatch: p
             # A requeued job is held for cred_expire+1 s (BeginTime); release it at once.
             if squeue_state(job["scheduler_id"]) == "PENDING":
                 sh("scontrol", "update", f"JobId={job['scheduler_id']}", "StartTime=now", check=False)
-            return "restart 1" in Path(job["log"]).read_text()
+            return "restart 1" in text_so_far(Path(job["log"]))
 
         wait_until(release_and_check, 120, f"the job to restart on {survivor}", poll_s=1.0)
         assert cli("sync").exit_code == 0

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from idmctl.errors import UserError
-from idmctl.paths import REPO_ROOT
-from idmctl.spec.loader import load_spec
+from ground.errors import UserError
+from ground.paths import REPO_ROOT
+from ground.spec.loader import load_spec
 from trainers.smoke import run_smoke
 
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from idmctl.errors import UserError
-from idmctl.spec import list_experiments, load_spec
-from idmctl.spec.loader import deep_merge
+from ground.errors import UserError
+from ground.spec import list_experiments, load_spec
+from ground.spec.loader import deep_merge
 
 SHIPPED = ["latent_c_n4", "latent_c_n12_dense", "latent_c_n4_d12", "latent_c_n6_d12", "latent_c_n4_d4", "quickstart"]
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 OPEN_STORE = """
 from mlflow.tracking import MlflowClient
-from idmctl import tracking
-from idmctl.paths import mlflow_tracking_uri
+from ground import tracking
+from ground.paths import mlflow_tracking_uri
 with tracking.store_init_lock():
     client = MlflowClient(tracking_uri=mlflow_tracking_uri())
     client.search_experiments(max_results=1)

@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from idmctl.paths import REPO_ROOT
-from idmctl.spec.loader import load_spec
+from ground.paths import REPO_ROOT
+from ground.spec.loader import load_spec
 from trainers.checkpoint import complete_checkpoints
-from trainers.run_dir import write_run_spec
+from ground.run_dir import write_run_spec
 
 torch.set_num_threads(1)
 
@@ -51,8 +51,8 @@ def run_trainer(run_dir: Path, **env: str) -> subprocess.CompletedProcess[str]:
 def mlflow_runs() -> list:
     from mlflow.tracking import MlflowClient
 
-    from idmctl.paths import mlflow_tracking_uri
-    from idmctl.tracking import MLFLOW_EXPERIMENT
+    from ground.paths import mlflow_tracking_uri
+    from ground.tracking import MLFLOW_EXPERIMENT
 
     client = MlflowClient(tracking_uri=mlflow_tracking_uri())
     experiment = client.get_experiment_by_name(MLFLOW_EXPERIMENT)
@@ -62,7 +62,7 @@ def mlflow_runs() -> list:
 def metric_history(run_id: str, key: str) -> list[tuple[int, float]]:
     from mlflow.tracking import MlflowClient
 
-    from idmctl.paths import mlflow_tracking_uri
+    from ground.paths import mlflow_tracking_uri
 
     history = MlflowClient(tracking_uri=mlflow_tracking_uri()).get_metric_history(run_id, key)
     return sorted((m.step, m.value) for m in history)
@@ -190,7 +190,7 @@ def test_resumed_data_order_skips_by_index(tiny_cache) -> None:
 
 
 def test_run_directory_refuses_another_spec(tiny_cache, tmp_path: Path) -> None:
-    from idmctl.errors import UserError
+    from ground.errors import UserError
 
     run_dir = prepare_run(tiny_cache, tmp_path, "first")
     other = load_spec(str(tiny_cache.spec_file(tmp_path / "specs", "second", train={"steps": 9})))

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from idmctl import tracking
+from ground import tracking
 from idmctl.compare import compare_url
-from idmctl.paths import mlflow_artifacts_dir, mlflow_tracking_uri
+from ground.paths import mlflow_artifacts_dir, mlflow_tracking_uri
 
 REPO = Path(__file__).resolve().parent.parent
 CHROMIUM = "/usr/bin/chromium"

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from idmctl.units import format_bytes, parse_bandwidth, parse_bytes, parse_duration, slurm_time
+from ground.units import format_bytes, parse_bandwidth, parse_bytes, parse_duration, slurm_time
 
 
 def test_sizes_decimal_and_binary():

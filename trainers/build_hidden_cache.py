@@ -33,9 +33,9 @@ import torch
 
 from cache.episodes import EpisodeFile
 from cache.hidden import cache_file, check_matches, inspect_file, write_hidden
-from idmctl.errors import UserError
-from idmctl.paths import REPO_ROOT, expand_path
-from idmctl.spec.schema import DataSpec, ExperimentSpec
+from ground.errors import UserError
+from ground.paths import REPO_ROOT, expand_path
+from ground.spec.schema import DataSpec, ExperimentSpec
 
 PATCH = (1, 2, 2)
 TEXT_DIM = 16

@@ -46,8 +46,8 @@ def build(spec_name: str, mode: str, *, rank: int = 0, world_size: int = 1, reco
     from cache.latent.dataset import LatentCacheDataset, latent_section, needs_pt_hash, prepare_pt_norm
     from cache.latent.files import remove_dead_temp_files
     from cache.latent.pt_hash import pt_meta_for
-    from idmctl.errors import UserError
-    from idmctl.spec import load_spec
+    from ground.errors import UserError
+    from ground.spec import load_spec
 
     torch.set_num_threads(1)
     if mode not in MODES:
@@ -148,8 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report", type=Path, help="write the JSON report here (rank N appends .rankN)")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
-    from idmctl.errors import UserError
-    from idmctl.paths import atomic_write_text
+    from ground.errors import UserError
+    from ground.paths import atomic_write_text
 
     rank, world_size, barrier, share = _accelerate_context()
     try:
@@ -182,8 +182,8 @@ def launch(spec_path: str, mode: str, *, processes: int, recompute_norm: bool = 
     import subprocess
     import tempfile
 
-    from idmctl.errors import CheckFailed
-    from idmctl.paths import REPO_ROOT
+    from ground.errors import CheckFailed
+    from ground.paths import REPO_ROOT
 
     env = dict(env or os.environ)
     if not _has_gpu():

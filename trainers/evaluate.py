@@ -21,10 +21,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from idmctl.errors import UserError
-from idmctl.paths import expand_path
-from idmctl.spec.schema import ExperimentSpec
-from idmctl.tracking import eef_metric
+from ground.errors import UserError
+from ground.paths import expand_path
+from ground.spec.schema import ExperimentSpec
+from ground.tracking import eef_metric
 
 EVALUATORS: dict[str, str] = {
     "offline_eef": "trainers.evaluate:OfflineEEFEvaluator",
@@ -90,9 +90,9 @@ class OfflineEEFEvaluator(Evaluator):
         from cache.registry import build_dataset
 
         self.spec = spec
-        from trainers.run_dir import CACHE_ROOT_ENV
+        from ground.contract import ENV_CACHE_ROOT
 
-        self.dataset = build_dataset(spec, "eval", cache_root=os.environ.get(CACHE_ROOT_ENV))
+        self.dataset = build_dataset(spec, "eval", cache_root=os.environ.get(ENV_CACHE_ROOT))
         self.by_demo: dict[str, list[int]] = defaultdict(list)
         for item, (entry, _) in enumerate(self.dataset.index.windows):
             self.by_demo[entry.demo].append(item)

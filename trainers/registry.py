@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from idmctl.errors import UserError
-from idmctl.spec.schema import ExperimentSpec
+from ground.errors import UserError
+from ground.spec.schema import ExperimentSpec
 
 if TYPE_CHECKING:
     import torch

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from idmctl.spec.schema import ExperimentSpec
+from ground.spec.schema import ExperimentSpec
 
 
 def _device() -> torch.device:

@@ -1,7 +1,7 @@
 """MLflow logging for one training chain: every attempt (Slurm requeue) logs to ONE run.
 
 The run id lives in ``<run_dir>/mlflow_run_id``: the first attempt creates the run and writes it
-(atomically); later attempts reopen it. Names come from :mod:`idmctl.tracking`. Only rank 0 logs.
+(atomically); later attempts reopen it. Names come from :mod:`ground.tracking`. Only rank 0 logs.
 """
 
 from __future__ import annotations
@@ -11,11 +11,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from idmctl import tracking as names
-from idmctl.output import flatten
-from idmctl.paths import atomic_write_text, mlflow_artifacts_dir, mlflow_tracking_uri
+from ground import tracking as names
+from ground.contract import ENV_ATTEMPT, ENV_CHAIN_ID, MLFLOW_RUN_ID_FILE
+from ground.paths import atomic_write_text, mlflow_artifacts_dir, mlflow_tracking_uri
 
-RUN_ID_FILE = "mlflow_run_id"
 TAG_SLURM_RESTARTS = "idmctl.slurm_restart_count"
 _MAX_PARAM_CHARS = 6000
 """MLflow's limit on one param value."""
@@ -29,15 +28,15 @@ def attempt_tags(env: dict[str, str] | None = None) -> dict[str, str]:
         tags[names.TAG_SLURM_JOB] = env["SLURM_JOB_ID"]
     if env.get("SLURM_RESTART_COUNT"):
         tags[TAG_SLURM_RESTARTS] = env["SLURM_RESTART_COUNT"]
-    if env.get("IDMCTL_ATTEMPT"):
-        tags[names.TAG_ATTEMPT] = env["IDMCTL_ATTEMPT"]
+    if env.get(ENV_ATTEMPT):
+        tags[names.TAG_ATTEMPT] = env[ENV_ATTEMPT]
     elif env.get("SLURM_RESTART_COUNT"):
         tags[names.TAG_ATTEMPT] = str(int(env["SLURM_RESTART_COUNT"]) + 1)
     return tags
 
 
 def chain_id(env: dict[str, str] | None = None) -> int | None:
-    value = (os.environ if env is None else env).get("IDMCTL_CHAIN_ID")
+    value = (os.environ if env is None else env).get(ENV_CHAIN_ID)
     return int(value) if value else None
 
 
@@ -50,7 +49,7 @@ class RunLogger:
         with names.store_init_lock():  # the first connect runs MLflow's schema migrations
             self.client = MlflowClient(tracking_uri=mlflow_tracking_uri())
             self.client.search_experiments(max_results=1)
-        id_file = run_dir / RUN_ID_FILE
+        id_file = run_dir / MLFLOW_RUN_ID_FILE
         if id_file.exists():
             self.run_id = id_file.read_text().strip()
             self.client.update_run(self.run_id, status="RUNNING")
@@ -68,7 +67,7 @@ class RunLogger:
                 tags[names.TAG_CHAIN] = str(chain)
             run = self.client.create_run(experiment_id, run_name=names.run_name(name, chain), tags=tags)
             self.run_id = run.info.run_id
-            self._log_params(flatten(canonical))
+            self._log_params(names.flatten(canonical))
             atomic_write_text(id_file, self.run_id + "\n")
             self.resumed = False
         for key, value in {names.TAG_CODE_VERSION: code_version, **attempt_tags()}.items():

@@ -38,11 +38,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from idmctl.errors import UserError
-from idmctl.paths import atomic_write_text
-from idmctl.spec.schema import ExperimentSpec
+from ground.errors import UserError
+from ground.paths import atomic_write_text
+from ground.spec.schema import ExperimentSpec
 from trainers.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from trainers.run_dir import CACHE_ROOT_ENV, RunSpec, read_run_spec, write_run_spec  # noqa: F401  (re-exported)
+from ground.contract import (ENV_CACHE_ROOT, ENV_CODE_VERSION, ENV_INJECT_NAN_AT_STEP, ENV_RANK_DIGESTS, ENV_ROLLBACK,
+                              EXIT_NAN, EXIT_REQUEUE, FAILURE_FILE, code_version)
+from ground.run_dir import RunSpec, read_run_spec, write_run_spec  # noqa: F401  (re-exported)
 
 if TYPE_CHECKING:
     from lightning_fabric import Fabric
@@ -50,16 +52,7 @@ if TYPE_CHECKING:
 
     from trainers.tracking import RunLogger
 
-FAILURE_FILE = "failure.json"
-EXIT_REQUEUE = 75
-"""EX_TEMPFAIL: interrupted by a signal after checkpointing; the job script requeues."""
-EXIT_NAN = 3
-NAN_HOOK_ENV = "IDMCTL_INJECT_NAN_AT_STEP"
-ROLLBACK_ENV = "IDMCTL_ROLLBACK"
-"""Set by `idmctl sync` on the one resubmission a chain gets after a NaN."""
 ROLLBACK_SEED_OFFSET = 1_000_003
-RANK_DIGEST_ENV = "IDMCTL_TEST_RANK_DIGESTS"
-"""Test hook: when set, every rank writes ``DIR/rank_digests/rank-<k>.sha256`` of its final parameters."""
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
 
 
@@ -196,7 +189,7 @@ def fit(fabric: "Fabric", run: RunSpec) -> int:
         return 0
 
     loader = build_dataloader(spec, "train", shuffle=True, seed=spec.train.seed, rank=rank,
-                              world_size=fabric.world_size, cache_root=os.environ.get(CACHE_ROOT_ENV))
+                              world_size=fabric.world_size, cache_root=os.environ.get(ENV_CACHE_ROOT))
     if len(loader) == 0:
         raise UserError("the training split yields no batches", field="data.train_split",
                         hint="add demos or lower loader.batch_size")
@@ -211,7 +204,7 @@ def fit(fabric: "Fabric", run: RunSpec) -> int:
         noise_seed = spec.train.seed + ROLLBACK_SEED_OFFSET
     batches = micro_batches(loader, consumed)
     # The hook stands for a transient NaN: a rolled-back attempt does not see it again.
-    inject_nan_at = 0 if nan_step is not None else int(os.environ.get(NAN_HOOK_ENV, "0"))
+    inject_nan_at = 0 if nan_step is not None else int(os.environ.get(ENV_INJECT_NAN_AT_STEP, "0"))
     window = _Window()
 
     while state["step"] < spec.train.steps:
@@ -257,7 +250,7 @@ def fit(fabric: "Fabric", run: RunSpec) -> int:
                 logger.finish("KILLED")
             return EXIT_REQUEUE
 
-    if os.environ.get(RANK_DIGEST_ENV):
+    if os.environ.get(ENV_RANK_DIGESTS):
         atomic_write_text(run.run_dir / "rank_digests" / f"rank-{rank}.sha256", parameter_digest(model) + "\n")
     if logger:
         logger.log_metrics({f"best_{k}": v for k, v in state["best"].items()}, step=state["step"])
@@ -281,7 +274,7 @@ class _Window:
 
 def _log_window(fabric: "Fabric", logger: "RunLogger | None", spec: ExperimentSpec, step: int, lr: float,
                 window: _Window) -> None:
-    from idmctl import tracking as names
+    from ground import tracking as names
 
     step_time = window.seconds / max(1, window.steps)
     metrics = {
@@ -337,17 +330,16 @@ def _build_evaluators(fabric: "Fabric", spec: ExperimentSpec) -> list[Any]:
 def _open_logger(fabric: "Fabric", run: RunSpec) -> "RunLogger | None":
     if fabric.global_rank != 0:
         return None
-    from idmctl.preflight.record import code_version
     from trainers.tracking import RunLogger
 
-    version = os.environ.get("IDMCTL_CODE_VERSION") or code_version()
+    version = os.environ.get(ENV_CODE_VERSION) or code_version()
     return RunLogger(run.run_dir, run.name, run.hash, run.canonical, version)
 
 
 def _rollback_past(fabric: "Fabric", run: RunSpec, resumed_step: int) -> int | None:
     """The NaN step to roll back past, when this attempt is the chain's rollback (``IDMCTL_ROLLBACK=1``)."""
     marker = run.run_dir / FAILURE_FILE
-    if os.environ.get(ROLLBACK_ENV) != "1" or not marker.exists():
+    if os.environ.get(ENV_ROLLBACK) != "1" or not marker.exists():
         return None
     failure = json.loads(marker.read_text())
     if failure.get("cause") != "nan_loss" or int(failure.get("step", 0)) <= resumed_step:
@@ -364,7 +356,7 @@ def _fail_nan(fabric: "Fabric", run: RunSpec, logger: "RunLogger | None", step: 
         print(f"IDMCTL_FAILURE cause=nan_loss step={step}", file=sys.stderr, flush=True)
         fabric.print(f"loss is {loss} at step {step}: stopped without an optimizer step or checkpoint")
         if logger:
-            from idmctl.tracking import TAG_FAILURE_CAUSE
+            from ground.tracking import TAG_FAILURE_CAUSE
 
             logger.set_tag(TAG_FAILURE_CAUSE, "nan_loss")
             logger.finish("FAILED")

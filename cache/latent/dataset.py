@@ -25,9 +25,9 @@ from cache.latent.files import read_latent, write_latent
 from cache.latent.layout import PT_META_FILE, SLOTS, LatentLayout, latent_section, sample_starts
 from cache.latent.pointmaps import frame_points, normalise, read_norm_file
 from cache.latent.pt_hash import PtMeta, norm_path_for, pt_meta_for
-from idmctl.errors import UserError
-from idmctl.paths import atomic_write_text, expand_path
-from idmctl.spec.schema import ExperimentSpec, LatentCacheSpec
+from ground.errors import UserError
+from ground.paths import atomic_write_text, expand_path
+from ground.spec.schema import ExperimentSpec, LatentCacheSpec
 
 PT_RANGE = 3.0
 """Standardised points are divided by this and clipped to the VAE's [-1, 1] (±3 std kept)."""

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import torch
 
-from idmctl.errors import UserError
-from idmctl.paths import expand_path
+from ground.errors import UserError
+from ground.paths import expand_path
 
 TINY_SEED = 0
 TINY_CONFIG = {

@@ -17,7 +17,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save
 
 from cache.latent.layout import temp_files
-from idmctl.errors import UserError
+from ground.errors import UserError
 
 
 def write_latent(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:

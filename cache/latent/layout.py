@@ -20,9 +20,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from idmctl.errors import UserError
-from idmctl.paths import expand_path
-from idmctl.spec.schema import ExperimentSpec, LatentCacheSpec
+from ground.errors import UserError
+from ground.paths import expand_path
+from ground.spec.schema import ExperimentSpec, LatentCacheSpec
 
 SLOTS = ("rgb", "pt", "ff")
 SOURCE = "robocasa_hdf5"

@@ -20,8 +20,8 @@ import numpy as np
 
 from cache.episodes import EpisodeFile
 from cache.latent import pt_hash
-from idmctl.errors import UserError
-from idmctl.paths import atomic_write_text
+from ground.errors import UserError
+from ground.paths import atomic_write_text
 
 
 def invalid_depth(depth: np.ndarray, max_depth: float) -> np.ndarray:

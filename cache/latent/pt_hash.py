@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from cache.latent.layout import LatentLayout
-from idmctl.errors import UserError
-from idmctl.paths import expand_path
-from idmctl.spec.schema import LatentCacheSpec
+from ground.errors import UserError
+from ground.paths import expand_path
+from ground.spec.schema import LatentCacheSpec
 
 HASH_CHARS = 16
 _identity_memo: dict[str, tuple[str, int, int]] = {}

@@ -13,9 +13,9 @@ from typing import Any
 
 from cache.latent.layout import PT_META_FILE, LatentLayout, cached_files, latent_section, sample_starts, temp_files
 from cache.latent.pt_hash import norm_path_for, pt_meta_for
-from idmctl.errors import UserError
-from idmctl.paths import expand_path
-from idmctl.spec import ResolvedSpec
+from ground.errors import UserError
+from ground.paths import expand_path
+from ground.spec import ResolvedSpec
 
 
 def expected_samples(resolved: ResolvedSpec) -> int | None:

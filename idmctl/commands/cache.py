@@ -8,12 +8,12 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from idmctl.output import console, emit_json
-from idmctl.paths import expand_path
-from idmctl.units import format_bytes
+from ground.paths import expand_path
+from ground.units import format_bytes
 
 if TYPE_CHECKING:
-    from cache.geometry import HiddenGeometry
-    from idmctl.spec.schema import ExperimentSpec
+    from ground.geometry import HiddenGeometry
+    from ground.spec.schema import ExperimentSpec
 
 app = typer.Typer(help="The hidden-state cache: inspect its geometry and I/O, build it.", no_args_is_help=True)
 
@@ -51,7 +51,7 @@ def _on_disk(spec: ExperimentSpec) -> dict[str, Any]:
 
 def cache_report(spec: ExperimentSpec) -> dict[str, Any]:
     """Geometry, bytes per sample for the selection, and the reductions; pure arithmetic plus a disk look."""
-    from cache.geometry import HiddenGeometry, sample_io
+    from ground.geometry import HiddenGeometry, sample_io
 
     data = spec.data
     geometry = HiddenGeometry.from_spec(data)
@@ -87,7 +87,7 @@ def cache_report(spec: ExperimentSpec) -> dict[str, Any]:
 @app.command("inspect")
 def inspect_cmd(experiment: ExperimentArg, as_json: JsonOpt = False) -> None:
     """Cached layers and shapes, bytes per sample for the spec's selection, and what it saves."""
-    from idmctl.spec import load_spec  # pydantic loads only for cache commands
+    from ground.spec import load_spec  # pydantic loads only for cache commands
 
     resolved = load_spec(experiment)
     report = cache_report(resolved.spec)
@@ -132,7 +132,7 @@ def build_hidden_cmd(
     """Run the frozen Cosmos transformer over every episode and cache the spec's blocks' hidden states."""
     from trainers.build_hidden_cache import build_hidden_cache  # imports torch only when building
 
-    from idmctl.spec import load_spec  # pydantic loads only for cache commands
+    from ground.spec import load_spec  # pydantic loads only for cache commands
 
     resolved = load_spec(experiment)
     summary = build_hidden_cache(resolved.spec, processes=processes, model_dir=model_dir)

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 import typer
 
 from idmctl.commands.cache import app
-from idmctl.errors import UserError
+from ground.errors import UserError
 from idmctl.output import console, emit_json, make_table
 
 MODES = ("rgb", "pt", "ff", "all")
@@ -32,7 +32,7 @@ def build_cmd(
     """Build latent slots of EXP; resumable (skips what exists), atomic writes, only the slot asked for."""
     if mode not in MODES:
         raise UserError(f"unknown mode {mode!r}", field="--mode", hint=f"one of {', '.join(MODES)}")
-    from idmctl.spec import load_spec  # pydantic loads only when the command runs
+    from ground.spec import load_spec  # pydantic loads only when the command runs
 
     resolved = load_spec(experiment)
     if resolved.spec.latent is None:
@@ -77,7 +77,7 @@ def status_cmd(experiment: ExperimentArg, as_json: JsonOpt = False) -> None:
     """Per latent slot: directory, hash, files present / expected; and stale PT directories."""
     from cache.latent.status import latent_status
 
-    from idmctl.spec import load_spec  # pydantic loads only when the command runs
+    from ground.spec import load_spec  # pydantic loads only when the command runs
 
     resolved = load_spec(experiment)
     if resolved.spec.latent is None:

@@ -7,9 +7,9 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from idmctl.errors import UserError
+from ground.errors import UserError
 from idmctl.output import console, emit_json
-from idmctl.units import format_bytes
+from ground.units import format_bytes
 
 if TYPE_CHECKING:
     from trainers.sim.demos import RecordedDemo

@@ -8,10 +8,11 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from idmctl.output import console, emit_json, flatten, make_table
+from ground.tracking import flatten
+from idmctl.output import console, emit_json, make_table
 
 if TYPE_CHECKING:
-    from idmctl.spec import ResolvedSpec
+    from ground.spec import ResolvedSpec
 
 # The spec modules (pydantic, yaml) load inside the commands: `idmctl failures` or `jobs` must not pay
 # for them at start-up.
@@ -40,7 +41,7 @@ def _summary(resolved: ResolvedSpec) -> dict[str, Any]:
 @app.command("list")
 def list_cmd(as_json: JsonOpt = False) -> None:
     """Every runnable experiment in experiments/ (bases excluded), validated."""
-    from idmctl.spec import list_experiments, load_spec
+    from ground.spec import list_experiments, load_spec
 
     rows = [_summary(load_spec(str(path))) for path in list_experiments()]
     if as_json:
@@ -58,8 +59,8 @@ def show_cmd(experiment: Annotated[str, typer.Argument(help="Experiment name or 
     """The resolved spec (bases merged, defaults filled) and the values derived from it."""
     import yaml
 
-    from idmctl.spec import load_spec
-    from idmctl.spec.registry import derived_values
+    from ground.spec import load_spec
+    from idmctl.spec_store import derived_values
 
     resolved = load_spec(experiment)
     document = {
@@ -86,7 +87,7 @@ def validate_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Validate specs strictly; exit 2 on the first bad one with a one-line error."""
-    from idmctl.spec import list_experiments, load_spec
+    from ground.spec import list_experiments, load_spec
 
     names = experiments or [str(p) for p in list_experiments(include_bases=True)]
     results = [load_spec(name) for name in names]
@@ -103,8 +104,8 @@ def register_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Validate all given specs, then record their versions in the store (nothing is written if any is bad)."""
-    from idmctl.spec import list_experiments, load_spec
-    from idmctl.spec.registry import register_specs
+    from ground.spec import list_experiments, load_spec
+    from idmctl.spec_store import register_specs
 
     names = experiments or [str(p) for p in list_experiments()]
     results = [load_spec(name) for name in names]
@@ -124,8 +125,8 @@ def diff_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Fields (and derived values) that differ between two resolved specs."""
-    from idmctl.spec import load_spec
-    from idmctl.spec.registry import derived_values
+    from ground.spec import load_spec
+    from idmctl.spec_store import derived_values
 
     left, right = load_spec(a), load_spec(b)
     flat_left = {**flatten(left.canonical), **flatten({"derived": derived_values(left.spec)})}

@@ -52,7 +52,7 @@ def report(
         # Nothing to classify: read the table with sqlite3 and skip the ORM import (most of the time).
         from idmctl.failures.classify import get_cause
         from idmctl.failures.rows import read_table_rows
-        from idmctl.paths import db_path
+        from ground.paths import db_path
 
         if cause is not None:
             get_cause(cause)  # an unknown cause is bad input, not an empty table

@@ -7,9 +7,9 @@ from typing import Annotated
 
 import typer
 
-from idmctl.errors import CheckFailed, UserError
+from ground.errors import CheckFailed, UserError
 from idmctl.output import console, emit_json, make_table
-from idmctl.units import format_duration
+from ground.units import format_duration
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
 ClusterOpt = Annotated[str | None, typer.Option("--cluster", help="Cluster profile (default $IDMCTL_CLUSTER or local).")]

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from idmctl.errors import CheckFailed
+from ground.errors import CheckFailed
 from idmctl.output import console, emit_json, make_table
 
 STYLE = {"PASS": "green", "WARN": "yellow", "FAIL": "bold red", "SKIP": "dim"}
@@ -22,7 +22,7 @@ def preflight(
     """Run the mandatory gate: spec, introspection, loader, shm, io, qos, disk, cache, smoke."""
     from idmctl.preflight.runner import run_preflight
     from idmctl.profile import load_profile
-    from idmctl.spec import load_spec
+    from ground.spec import load_spec
 
     resolved = load_spec(experiment)
     profile, profile_hash = load_profile(cluster)

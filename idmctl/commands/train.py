@@ -15,12 +15,11 @@ from typing import Annotated, Any
 
 import typer
 
-from idmctl.errors import CheckFailed, UserError
+from ground.contract import EXIT_NAN, EXIT_REQUEUE
+from ground.errors import CheckFailed, UserError
 from idmctl.output import console, emit_json, make_table
-from idmctl.paths import REPO_ROOT, home
+from ground.paths import REPO_ROOT, home
 
-EXIT_REQUEUE = 75
-EXIT_NAN = 3
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
 
 
@@ -34,9 +33,9 @@ def train(
     run_dir: Annotated[Path | None, typer.Option("--run-dir", help="Run directory (default: $IDMCTL_HOME/runs/EXP-HASH).")] = None,
 ) -> None:
     """Train EXP on this machine with the real trainer; re-running resumes from the newest checkpoint."""
-    from trainers.run_dir import write_run_spec
+    from ground.run_dir import write_run_spec
 
-    from idmctl.spec import load_spec  # pydantic loads only when the command runs
+    from ground.spec import load_spec  # pydantic loads only when the command runs
 
     resolved = load_spec(experiment)
     directory = run_dir or default_run_dir(resolved.name, resolved.short_hash)
@@ -81,7 +80,7 @@ def summary(
 def model_summary(experiment: str) -> dict[str, Any]:
     from trainers.registry import CARD_PARAMS_N4, build_model, model_class, parameter_table, routing_rows
 
-    from idmctl.spec import load_spec  # pydantic loads only when the command runs
+    from ground.spec import load_spec  # pydantic loads only when the command runs
 
     resolved = load_spec(experiment)
     spec = resolved.spec

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from idmctl.errors import CheckFailed
+from ground.errors import CheckFailed
 from idmctl.output import console
 
 

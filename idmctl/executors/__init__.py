@@ -15,7 +15,7 @@ def executor_for(scheduler: str) -> Executor:
         from idmctl.executors.local import LocalExecutor
 
         return LocalExecutor()
-    from idmctl.errors import UserError
+    from ground.errors import UserError
 
     raise UserError(f"unknown scheduler {scheduler!r}", field="scheduler", hint="use slurm or local")
 

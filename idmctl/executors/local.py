@@ -18,11 +18,11 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from idmctl.errors import CheckFailed, UserError
+from ground import contract
+from ground.errors import CheckFailed, UserError
 from idmctl.executors.base import JobStatus, RunRecord, is_final
-from idmctl.paths import atomic_write_text, home
+from ground.paths import atomic_write_text, home
 
-REQUEUE_EXIT_CODE = 75
 
 
 def jobs_dir() -> Path:
@@ -52,7 +52,7 @@ class LocalExecutor:
         subprocess.Popen(
             [sys.executable, "-m", "idmctl.executors.local", str(script_path), log, str(state_path)],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            start_new_session=True, env={**os.environ, "IDMCTL_LOCAL_JOB_ID": scheduler_id},
+            start_new_session=True, env={**os.environ, contract.ENV_LOCAL_JOB_ID: scheduler_id},
         )
         return scheduler_id
 
@@ -146,7 +146,7 @@ def _run_job(script: str, log: str, state_path: Path) -> int:
         state, reason = "CANCELLED", "Cancelled"
     elif returncode == 0:
         state, reason = "COMPLETED", None
-    elif returncode == REQUEUE_EXIT_CODE:
+    elif returncode == contract.EXIT_REQUEUE:
         state, reason = "PREEMPTED", "CheckpointedForRequeue"
     else:
         state, reason = "FAILED", "NonZeroExitCode"

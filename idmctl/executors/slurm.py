@@ -13,8 +13,8 @@ import subprocess
 from datetime import datetime, timezone
 from pathlib import Path
 
-from idmctl.errors import CheckFailed, UserError
-from idmctl.executors.base import JobStatus, RunRecord
+from ground.errors import CheckFailed, UserError
+from idmctl.executors.base import JobStatus, RunRecord, is_final
 
 SACCT_FIELDS = ("JobID", "State", "ExitCode", "Reason", "Submit", "Start", "End", "NodeList")
 IDS_PER_CALL = 5000
@@ -135,7 +135,10 @@ class SlurmExecutor:
         lagging = [i for i in ids if i not in statuses]
         if lagging:
             result = _run(["squeue", "-h", "-t", "all", "-j", ",".join(lagging), "-o", SQUEUE_FORMAT])
-            statuses.update({k: v for k, v in parse_squeue(result.stdout).items() if k in lagging})
+            # squeue knows no exit code of steps, no earlier runs and no start of a job that never ran:
+            # it may say a job is live, never how it ended. A job it shows ended waits for sacct.
+            statuses.update({k: v for k, v in parse_squeue(result.stdout).items()
+                             if k in lagging and not is_final(v.state)})
         return statuses
 
     def cancel(self, scheduler_id: str) -> None:
@@ -143,7 +146,3 @@ class SlurmExecutor:
         result = _run(["scancel", "-v", scheduler_id])
         if result.returncode != 0 or "Invalid job id" in result.stderr:
             raise CheckFailed(f"scancel {scheduler_id}: {result.stderr.strip().splitlines()[-1] if result.stderr.strip() else 'failed'}")
-
-    def release_now(self, scheduler_id: str) -> None:
-        """Start a requeued job now instead of after ``cred_expire`` (BeginTime hold)."""
-        _run(["scontrol", "update", f"JobId={scheduler_id}", "StartTime=now"])

@@ -14,14 +14,13 @@ from typing import Any
 
 import yaml
 
-from idmctl.errors import UserError
-from idmctl.paths import REPO_ROOT
-from idmctl.units import format_duration
+from ground.contract import FAILURE_MARKER
+from ground.errors import UserError
+from ground.paths import REPO_ROOT
+from ground.units import format_duration
 
 TAXONOMY_PATH = Path(__file__).resolve().parent / "taxonomy.yaml"
-MARKER = "IDMCTL_FAILURE"
-"""Prefix of the one line a job script or trainer prints before failing on purpose:
-``IDMCTL_FAILURE cause=<cause> key=value ...`` (see :func:`marker_line`)."""
+MARKER = FAILURE_MARKER  # ground.contract: the line a job prints before failing on purpose
 MAX_EVIDENCE_LINES = 4
 MAX_LINE_CHARS = 240
 _CONDITIONS = {"state", "started", "exit_code", "derived_exit_code", "reason", "restarts_at_least", "log"}

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from sqlmodel import Session, select
 
-from idmctl.errors import CheckFailed, UserError
+from ground.errors import CheckFailed, UserError
 from idmctl.executors.slurm import parse_time
 from idmctl.store.models import Job
 

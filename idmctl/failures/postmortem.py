@@ -16,12 +16,12 @@ from typing import Any
 from sqlalchemy import exists, func, or_
 from sqlmodel import Session, select
 
-from idmctl.errors import UserError
+from ground.errors import UserError
 from idmctl.failures.classify import Classification, classify, get_cause, is_failed_state
 from idmctl.failures.rows import PostmortemRow, _naive_utc, build_row, setting_of  # noqa: F401 (re-exported)
 from idmctl.output import err_console
 from idmctl.store.models import Chain, Failure, Fix, Job
-from idmctl.units import parse_duration
+from ground.units import parse_duration
 
 LOG_TAIL_BYTES = 64_000
 """How much of a job log's end is read when the store has no tail: a traceback fits easily."""

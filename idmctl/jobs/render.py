@@ -16,14 +16,12 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from idmctl.errors import UserError
-from idmctl.paths import REPO_ROOT, expand_path
-from idmctl.spec.loader import ResolvedSpec
-from idmctl.units import parse_bytes, parse_duration, slurm_time
+from ground import contract
+from ground.errors import UserError
+from ground.paths import REPO_ROOT, expand_path
+from ground.spec.loader import ResolvedSpec
+from ground.units import parse_bytes, parse_duration, slurm_time
 
-REQUEUE_EXIT_CODE = 75
-"""The trainer's exit status after checkpointing on SIGUSR1/SIGTERM: 'requeue me'."""
-STAGE_MARKER = ".idmctl_staged"
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$")
 _NODE_LIST = re.compile(r"^[A-Za-z0-9._\-\[\],]{1,1024}$")
@@ -220,10 +218,10 @@ def render_script(resolved: ResolvedSpec, options: JobOptions, ctx: RenderContex
         f"#SBATCH --signal=B:USR1@{options.signal_lead_s}",
     ]
     env = {
-        "IDMCTL_HOME": str(ctx.idmctl_home),
-        "IDMCTL_CHAIN_ID": str(ctx.chain_id),
-        "IDMCTL_ATTEMPT": str(ctx.attempt),
-        "IDMCTL_SPEC_HASH": resolved.hash,
+        contract.ENV_HOME: str(ctx.idmctl_home),
+        contract.ENV_CHAIN_ID: str(ctx.chain_id),
+        contract.ENV_ATTEMPT: str(ctx.attempt),
+        contract.ENV_SPEC_HASH: resolved.hash,
         "PYTHONUNBUFFERED": "1",
         **ctx.extra_env,
     }
@@ -257,7 +255,7 @@ def render_script(resolved: ResolvedSpec, options: JobOptions, ctx: RenderContex
         '  wait "$TRAINER"; STATUS=$?',
         '  kill -0 "$TRAINER" 2>/dev/null || break  # wait was interrupted by a signal, not the exit',
         "done",
-        f'if [ "$STATUS" -eq {REQUEUE_EXIT_CODE} ] && [ "$REQUEUE_WANTED" -eq 1 ]; then',
+        f'if [ "$STATUS" -eq {contract.EXIT_REQUEUE} ] && [ "$REQUEUE_WANTED" -eq 1 ]; then',
         '  echo "idmctl: trainer checkpointed and asked to be requeued"',
         '  if [ -n "${SLURM_JOB_ID:-}" ]; then',
         "    # A preempted job that exits by itself is not requeued by Slurm: requeue ourselves (slurm-notes 4).",
@@ -276,7 +274,7 @@ def _stage_block(enabled: bool, cache_root: str, dest: str, spec_file: str) -> s
     src_path = check_shell_path(cache_root, "data.cache_root", spec_file)
     dest_path = check_shell_path(dest, "stage.dest", spec_file)
     q = shlex.quote
-    marker = f"{dest_path}/{STAGE_MARKER}"
+    marker = f"{dest_path}/{contract.STAGE_MARKER}"
     return "\n".join([
         "# stage-in: copy the cache to node-local disk once; the marker says a copy finished.",
         f"STAGE_SRC={q(str(src_path))}",

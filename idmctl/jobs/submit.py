@@ -10,7 +10,6 @@ from __future__ import annotations
 import getpass
 import json
 import socket
-import subprocess
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -18,15 +17,17 @@ from typing import Any
 
 from sqlmodel import select
 
-from idmctl.errors import CheckFailed, UserError
+from ground import contract
+from ground.contract import code_version
+from ground.errors import CheckFailed, UserError
 from idmctl.executors import executor_for
 from idmctl.jobs.render import JobOptions, RenderContext, render_script, resolve_options, with_exclusions
-from idmctl.paths import REPO_ROOT, atomic_write_text, home
+from ground.paths import atomic_write_text, home
 from idmctl.profile import ClusterProfile, load_profile
-from idmctl.spec.loader import ResolvedSpec, load_spec
+from ground.spec.loader import ResolvedSpec, load_spec
 from idmctl.store.db import session
 from idmctl.store.models import Chain, Job, NodeExclusion
-from trainers.run_dir import write_run_spec  # torch-free: {"name", "hash", "spec"}
+from ground.run_dir import write_run_spec  # torch-free: {"name", "hash", "spec"}
 
 DRY_RUN_CHAIN_ID = 0
 
@@ -42,25 +43,11 @@ def runs_dir(experiment: str, chain_id: int) -> Path:
     return home() / "runs" / experiment / str(chain_id)
 
 
-def code_version() -> str:
-    """The code version a preflight pass is recorded for (the preflight module's definition when present)."""
-    try:
-        from idmctl.preflight.record import code_version as preflight_code_version
-    except ImportError:
-        result = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"], capture_output=True, text=True)
-        return result.stdout.strip() or "unknown"
-    return preflight_code_version()
-
-
 def require_preflight(resolved: ResolvedSpec, profile: ClusterProfile, profile_hash: str) -> int:
     """The gate: a passing preflight for exactly (spec hash, code version, profile hash), or an error."""
-    try:
-        from idmctl.preflight.record import require_pass
-    except ImportError as exc:
-        raise CheckFailed(f"submit refused: no passing preflight for {resolved.name} {resolved.short_hash} on "
-                          f"{profile.name} (run `idmctl preflight {resolved.name}`, or --force --reason)") from exc
-    run = require_pass(resolved, profile, profile_hash)
-    return int(run.id or 0)
+    from idmctl.preflight.record import require_pass
+
+    return int(require_pass(resolved, profile, profile_hash).id or 0)
 
 
 def active_exclusions() -> list[str]:
@@ -107,7 +94,7 @@ def submit(experiment: str, overrides: dict[str, Any], cluster: str | None,
     else:
         preflight_id = None
         forced = f"{getpass.getuser()}@{socket.gethostname()} at {datetime.now(timezone.utc).isoformat(timespec='seconds')}: {force_reason}"
-    from idmctl.spec.registry import register_specs
+    from idmctl.spec_store import register_specs
 
     register_specs([resolved])
     with session() as db:
@@ -121,13 +108,13 @@ def submit(experiment: str, overrides: dict[str, Any], cluster: str | None,
 def _submit_attempt(resolved: ResolvedSpec, scheduler: str, options: JobOptions, chain_id: int, attempt: int,
                     preflight_id: int | None, forced: str | None, extra_env: dict[str, str]) -> Submitted:
     version = code_version()
-    ctx = _context(resolved, chain_id, attempt, scheduler, {"IDMCTL_CODE_VERSION": version, **extra_env})
+    ctx = _context(resolved, chain_id, attempt, scheduler, {contract.ENV_CODE_VERSION: version, **extra_env})
     script = render_script(resolved, options, ctx)
     write_run_spec(ctx.run_dir, resolved)
     script_path = ctx.run_dir / f"attempt-{attempt}.sbatch"
     atomic_write_text(script_path, script)
     executor = executor_for(scheduler)
-    recorded = {**options.as_dict(), "rollback": bool(extra_env.get("IDMCTL_ROLLBACK"))}
+    recorded = {**options.as_dict(), "rollback": bool(extra_env.get(contract.ENV_ROLLBACK))}
     with session() as db:
         job = Job(chain_id=chain_id, attempt=attempt, experiment=resolved.name, spec_hash=resolved.hash,
                   code_version=version, preflight_id=preflight_id, executor=executor.name,
@@ -176,13 +163,13 @@ def resubmit(job_id: int, extra_env: dict[str, str], reason: str) -> Job:
     resolved = _resolved_from_run(spec_json, old)
     scheduler = "slurm" if old.executor == "slurm" else "local"
     submitted = _submit_attempt(resolved, scheduler, options, old.chain_id, old.attempt + 1,
-                                old.preflight_id, old.forced_reason, {**extra_env, "IDMCTL_RETRY_REASON": reason})
+                                old.preflight_id, old.forced_reason, {**extra_env, contract.ENV_RETRY_REASON: reason})
     return submitted.job
 
 
 def _resolved_from_run(spec_json: dict[str, Any], job: Job) -> ResolvedSpec:
     """The exact spec the chain started with (the YAML may have changed since)."""
-    from idmctl.spec.schema import ExperimentSpec
+    from ground.spec.schema import ExperimentSpec
 
     spec = ExperimentSpec.model_validate(spec_json["spec"])
     return ResolvedSpec(name=spec_json["name"], path=Path(job.script_path or "").with_name("spec.json"), spec=spec)

@@ -54,7 +54,13 @@ def _apply(job: Job, status: JobStatus) -> bool:
     job.state = status.state
     job.reason = status.reason
     job.exit_code = status.exit_code
-    job.started_at = status.started_at or job.started_at
+    if status.runs:
+        # sacct is the record: the first run that reached a node is when the job started (queue wait =
+        # first start − submit), and a job whose runs never reached one never started (5961: cancelled
+        # while pending), whatever squeue guessed earlier.
+        job.started_at = next((r.started_at for r in status.runs if r.started_at), None)
+    else:
+        job.started_at = status.started_at or job.started_at
     job.ended_at = status.ended_at
     job.node_list = status.node_list or job.node_list
     job.restarts = status.restarts

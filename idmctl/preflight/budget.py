@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cache.geometry import HiddenGeometry, sample_io
+from ground.geometry import HiddenGeometry, sample_io
 from idmctl.preflight.result import PreflightContext
-from idmctl.units import format_bytes, format_duration
+from ground.units import format_bytes, format_duration
 
 
 def fmt_bandwidth(bytes_per_s: float) -> str:

@@ -4,9 +4,9 @@ caches separately (~7 min)."""
 
 from __future__ import annotations
 
-from idmctl.paths import expand_path
+from ground.paths import expand_path
 from idmctl.preflight.result import CacheInspection, CheckResult, PreflightContext, Status
-from idmctl.spec.schema import ExperimentSpec
+from ground.spec.schema import ExperimentSpec
 
 NAME = "cache"
 SHOWN = 3
@@ -17,7 +17,7 @@ def inspect_split(spec: ExperimentSpec, split: str) -> CacheInspection:
     """Open every cache file of ``split`` and compare its header with the spec (imports torch)."""
     from cache.episodes import list_demos
     from cache.hidden import cache_file, check_matches, inspect_file
-    from idmctl.errors import UserError
+    from ground.errors import UserError
 
     data = spec.data
     try:

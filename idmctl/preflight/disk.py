@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from idmctl.preflight.budget import staging
 from idmctl.preflight.result import CheckResult, PreflightContext, Status
-from idmctl.units import format_bytes
+from ground.units import format_bytes
 
 NAME = "disk"
 

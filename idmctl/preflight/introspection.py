@@ -11,8 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from idmctl.errors import UserError
-from idmctl.paths import REPO_ROOT
+from ground.errors import UserError
+from ground.paths import REPO_ROOT
 from idmctl.preflight.result import CheckResult, PreflightContext, Status
 
 NAME = "introspection"

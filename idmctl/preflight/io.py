@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from idmctl.preflight.budget import fmt_seconds, fmt_span, step_estimate
 from idmctl.preflight.result import CheckResult, PreflightContext, Status
-from idmctl.units import format_duration
+from ground.units import format_duration
 
 NAME = "io"
 WARN_FRACTION = 0.9

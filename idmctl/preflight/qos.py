@@ -10,7 +10,7 @@ from collections import defaultdict
 
 from idmctl.preflight.budget import fmt_bandwidth, fmt_seconds, staging, step_estimate
 from idmctl.preflight.result import CheckResult, PreflightContext, QueueWait, Status
-from idmctl.units import format_bytes, format_duration
+from ground.units import format_bytes, format_duration
 
 NAME = "qos"
 LONG_QUEUE_WAIT_S = 86400.0

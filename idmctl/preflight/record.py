@@ -3,40 +3,17 @@ gate ``submit`` calls: :func:`require_pass`."""
 
 from __future__ import annotations
 
-import hashlib
 import json
-import subprocess
 from typing import TYPE_CHECKING
 
-from idmctl.errors import CheckFailed
-from idmctl.paths import REPO_ROOT
+from ground.errors import CheckFailed
+from ground.contract import code_version
 from idmctl.preflight.result import CheckResult, Status
 
 if TYPE_CHECKING:
     from idmctl.profile import ClusterProfile
-    from idmctl.spec.loader import ResolvedSpec
+    from ground.spec.loader import ResolvedSpec
     from idmctl.store.models import PreflightCheck, PreflightRun
-
-
-def _git(*args: str) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run(["git", "-C", str(REPO_ROOT), *args], capture_output=True, timeout=30)
-
-
-def code_version() -> str:
-    """``b8f060c`` for a clean tree, ``b8f060c+dirty.3fa2c1`` with uncommitted changes to tracked files
-    (the suffix hashes the diff, so two different dirty trees never share a preflight); ``unknown``
-    outside git."""
-    try:
-        head = _git("rev-parse", "--short", "HEAD")
-        if head.returncode != 0:
-            return "unknown"
-        diff = _git("diff", "HEAD", "--no-color", "--no-ext-diff", "--binary")
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
-    commit = head.stdout.decode().strip()
-    if diff.returncode != 0 or not diff.stdout:
-        return commit
-    return f"{commit}+dirty.{hashlib.sha256(diff.stdout).hexdigest()[:6]}"
 
 
 def record_run(resolved: "ResolvedSpec", profile_name: str, profile_hash: str, version: str,

@@ -13,8 +13,8 @@ from enum import Enum
 from typing import Any
 
 from idmctl.profile import ClusterProfile
-from idmctl.spec.loader import ResolvedSpec
-from idmctl.spec.schema import ExperimentSpec
+from ground.spec.loader import ResolvedSpec
+from ground.spec.schema import ExperimentSpec
 
 CHECK_NAMES = ("spec", "introspection", "loader", "shm", "io", "qos", "disk", "cache", "smoke")
 """Stable names: failure postmortems map each cause to the check that catches it."""

@@ -12,12 +12,12 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from idmctl.paths import expand_path
+from ground.paths import expand_path
 from idmctl.preflight import cache, disk, introspection, io, loader, qos, shm, smoke, spec
 from idmctl.preflight.result import (CHECK_NAMES, CheckResult, Measurements, PreflightContext, QueueWait,
                                      SmokeMeasurement, Status)
 from idmctl.profile import ClusterProfile
-from idmctl.spec.loader import ResolvedSpec
+from ground.spec.loader import ResolvedSpec
 
 STATIC_CHECKS = (spec, introspection, loader, shm, io, qos, disk, cache)
 

@@ -4,9 +4,9 @@ queue × 8 ranks → ENOSPC). ``num_workers 0`` keeps batches in the rank's own 
 
 from __future__ import annotations
 
-from cache.geometry import sample_io
+from ground.geometry import sample_io
 from idmctl.preflight.result import CheckResult, PreflightContext, Status
-from idmctl.units import format_bytes
+from ground.units import format_bytes
 
 NAME = "shm"
 WARN_FRACTION = 0.8

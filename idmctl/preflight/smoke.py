@@ -16,11 +16,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from idmctl.paths import REPO_ROOT, atomic_write_text
+from ground.paths import REPO_ROOT, atomic_write_text
 from idmctl.preflight.budget import fmt_seconds
 from idmctl.preflight.result import CheckResult, PreflightContext, SmokeMeasurement, Status
-from idmctl.spec.loader import ResolvedSpec
-from idmctl.units import format_bytes
+from ground.spec.loader import ResolvedSpec
+from ground.units import format_bytes
 
 NAME = "smoke"
 DEFAULT_TIMEOUT_S = 300.0

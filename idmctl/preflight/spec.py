@@ -4,7 +4,7 @@ asks for what one node of this cluster has: a known QoS, GPUs, CPUs and memory w
 from __future__ import annotations
 
 from idmctl.preflight.result import CheckResult, PreflightContext, Status
-from idmctl.units import format_bytes
+from ground.units import format_bytes
 
 NAME = "spec"
 

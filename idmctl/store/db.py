@@ -16,7 +16,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, create_engine
 
-from idmctl.paths import db_path
+from ground.paths import db_path
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 HEAD_REVISION = "0001"

@@ -16,10 +16,10 @@ from collections import defaultdict
 import numpy as np
 import torch
 
-from idmctl.errors import UserError
-from idmctl.paths import expand_path
-from idmctl.spec.schema import ExperimentSpec
-from idmctl.tracking import eef_metric
+from ground.errors import UserError
+from ground.paths import expand_path
+from ground.spec.schema import ExperimentSpec
+from ground.tracking import eef_metric
 from trainers.evaluate import ChunkPolicy, Evaluator
 from trainers.sim.replay import Replayer, ReplayResult, replay_episodes
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from idmctl.errors import UserError
+from ground.errors import UserError
 from trainers.sim.env import make_env, settle_controllers
 
 EEF_KEY = "robot0_eef_pos"

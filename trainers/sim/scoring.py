@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
-from idmctl.errors import UserError
-from idmctl.spec.schema import ExperimentSpec
+from ground.errors import UserError
+from ground.spec.schema import ExperimentSpec
 from trainers.checkpoint import latest_checkpoint
 
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from ground.contract import ENV_EXPERIMENTS, ENV_HOME
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 def experiments_dir() -> Path:
     """Directory of experiment specs; ``$IDMCTL_EXPERIMENTS`` overrides the shipped one."""
-    return Path(os.environ.get("IDMCTL_EXPERIMENTS", REPO_ROOT / "experiments"))
+    return Path(os.environ.get(ENV_EXPERIMENTS, REPO_ROOT / "experiments"))
 
 
 def clusters_dir() -> Path:
@@ -23,7 +25,7 @@ def home() -> Path:
 
     Defaults to a per-user data directory on the submitting host's local disk (SQLite on NFS corrupts).
     """
-    explicit = os.environ.get("IDMCTL_HOME")
+    explicit = os.environ.get(ENV_HOME)
     if explicit:
         return Path(explicit).expanduser()
     data_home = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
@@ -57,7 +59,7 @@ def atomic_write_text(path: Path, text: str) -> None:
 def expand_path(text: str) -> Path:
     """A spec path with ``~`` and ``$VARS`` expanded; ``$IDMCTL_HOME`` always has its resolved value."""
     env = dict(os.environ)
-    env.setdefault("IDMCTL_HOME", str(home()))
+    env.setdefault(ENV_HOME, str(home()))
     expanded = text
     for key in sorted(env, key=len, reverse=True):
         expanded = expanded.replace(f"${{{key}}}", env[key]).replace(f"${key}", env[key])

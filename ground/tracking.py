@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 MLFLOW_EXPERIMENT = "idmctl"
 
@@ -42,6 +43,18 @@ def run_name(experiment: str, chain_id: int | None) -> str:
     return experiment if chain_id is None else f"{experiment}#{chain_id}"
 
 
+def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"data": {"frames": 24}}`` → ``{"data.frames": 24}``; lists stay values."""
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(flatten(value, f"{dotted}."))
+        else:
+            flat[dotted] = value
+    return flat
+
+
 @contextmanager
 def store_init_lock() -> Iterator[None]:
     """Serialise first use of the MLflow SQLite store across processes.
@@ -52,7 +65,7 @@ def store_init_lock() -> Iterator[None]:
     """
     import fcntl
 
-    from idmctl.paths import home
+    from ground.paths import home
 
     lock_path = home() / ".mlflow-init.lock"
     lock_path.parent.mkdir(parents=True, exist_ok=True)

@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from idmctl.units import parse_bytes, parse_duration
+from ground.units import parse_bytes, parse_duration
 
 
 class Strict(BaseModel):

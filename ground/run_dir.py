@@ -10,16 +10,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from idmctl.errors import UserError
-from idmctl.paths import atomic_write_text
-from idmctl.spec.schema import ExperimentSpec
+from ground.contract import SPEC_FILE
+from ground.errors import UserError
+from ground.paths import atomic_write_text
+from ground.spec.schema import ExperimentSpec
 
 if TYPE_CHECKING:
-    from idmctl.spec.loader import ResolvedSpec
+    from ground.spec.loader import ResolvedSpec
 
-SPEC_FILE = "spec.json"
-CACHE_ROOT_ENV = "IDMCTL_CACHE_ROOT"
-"""Overrides ``data.cache_root`` in the trainer (the staged copy on node-local disk); not in the spec hash."""
 
 
 @dataclass(frozen=True)

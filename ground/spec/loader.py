@@ -1,6 +1,6 @@
 """Load a spec: resolve ``extends:`` bases, deep-merge, validate strictly, hash canonically.
 
-Every problem becomes a :class:`~idmctl.errors.UserError` naming the file and the dotted field.
+Every problem becomes a :class:`~ground.errors.UserError` naming the file and the dotted field.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from idmctl.errors import UserError
-from idmctl.paths import experiments_dir
-from idmctl.spec.schema import ExperimentSpec
+from ground.errors import UserError
+from ground.paths import experiments_dir
+from ground.spec.schema import ExperimentSpec
 
 BASE_PREFIX = "base_"
 """Files named ``base_*.yaml`` are bases: they are extended, never run on their own."""

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from idmctl.spec.schema import DataSpec
-from idmctl.units import format_bytes
+from ground.spec.schema import DataSpec
+from ground.units import format_bytes
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from idmctl.spec.loader import ResolvedSpec
-from idmctl.spec.schema import ExperimentSpec
+from ground.spec.loader import ResolvedSpec
+from ground.spec.schema import ExperimentSpec
 
 
 def derived_values(spec: ExperimentSpec) -> dict[str, Any]:

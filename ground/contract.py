@@ -1,0 +1,74 @@
+"""The job↔trainer contract: what a job script, a trainer and ``idmctl sync`` agree on.
+
+Every exit status, ``IDMCTL_*`` environment variable and run-directory file name that crosses the
+boundary between the control plane (which renders and submits the job) and the data plane (which
+runs inside it) is named here once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+
+# Exit statuses of a trainer / job entry.
+EXIT_OK = 0
+EXIT_NAN = 3
+"""The loss went non-finite: the trainer wrote ``failure.json`` and kept no checkpoint of the bad step."""
+EXIT_REQUEUE = 75
+"""EX_TEMPFAIL: interrupted by SIGUSR1/SIGTERM after checkpointing; the job script requeues itself."""
+
+# Environment variables. Set by the job script (rendered by idmctl/jobs/render.py):
+ENV_HOME = "IDMCTL_HOME"
+ENV_CHAIN_ID = "IDMCTL_CHAIN_ID"
+ENV_ATTEMPT = "IDMCTL_ATTEMPT"
+ENV_SPEC_HASH = "IDMCTL_SPEC_HASH"
+ENV_CODE_VERSION = "IDMCTL_CODE_VERSION"
+ENV_RETRY_REASON = "IDMCTL_RETRY_REASON"
+"""Why sync resubmitted this attempt (the failure cause of the previous one)."""
+ENV_ROLLBACK = "IDMCTL_ROLLBACK"
+"""``1`` on the one resubmission a chain gets after a NaN: resume from the last good checkpoint past it."""
+ENV_CACHE_ROOT = "IDMCTL_CACHE_ROOT"
+"""Overrides ``data.cache_root`` in the trainer (the staged copy on node-local disk); not in the spec hash."""
+ENV_LOCAL_JOB_ID = "IDMCTL_LOCAL_JOB_ID"
+"""The local executor's job id (what ``SLURM_JOB_ID`` is under Slurm)."""
+# Read by the control plane from the user's shell:
+ENV_CLUSTER = "IDMCTL_CLUSTER"
+ENV_EXPERIMENTS = "IDMCTL_EXPERIMENTS"
+# Test hooks, read by the trainer only when set:
+ENV_INJECT_NAN_AT_STEP = "IDMCTL_INJECT_NAN_AT_STEP"
+ENV_RANK_DIGESTS = "IDMCTL_TEST_RANK_DIGESTS"
+"""When set, every rank writes ``DIR/rank_digests/rank-<k>.sha256`` of its final parameters."""
+
+# Files in a run directory ($IDMCTL_HOME/runs/<experiment>/<chain>).
+SPEC_FILE = "spec.json"
+FAILURE_FILE = "failure.json"
+MLFLOW_RUN_ID_FILE = "mlflow_run_id"
+STAGE_MARKER = ".idmctl_staged"
+"""Written into the staged cache copy on node-local disk once stage-in finished."""
+
+# The line a job script or trainer prints before failing on purpose, read by the classifier:
+# ``IDMCTL_FAILURE cause=<cause> key=value ...``.
+FAILURE_MARKER = "IDMCTL_FAILURE"
+
+
+def _git(*args: str) -> subprocess.CompletedProcess[bytes]:
+    from ground.paths import REPO_ROOT  # paths reads this module's variable names
+
+    return subprocess.run(["git", "-C", str(REPO_ROOT), *args], capture_output=True, timeout=30)
+
+
+def code_version() -> str:
+    """``b8f060c`` for a clean tree, ``b8f060c+dirty.3fa2c1`` with uncommitted changes to tracked files
+    (the suffix hashes the diff, so two different dirty trees never share a preflight); ``unknown``
+    outside git."""
+    try:
+        head = _git("rev-parse", "--short", "HEAD")
+        if head.returncode != 0:
+            return "unknown"
+        diff = _git("diff", "HEAD", "--no-color", "--no-ext-diff", "--binary")
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    commit = head.stdout.decode().strip()
+    if diff.returncode != 0 or not diff.stdout:
+        return commit
+    return f"{commit}+dirty.{hashlib.sha256(diff.stdout).hexdigest()[:6]}"
