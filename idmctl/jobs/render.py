@@ -29,6 +29,8 @@ _SBATCH_PATH = re.compile(r"^/[A-Za-z0-9._/+@%=-]{1,4000}$")
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _GRES = re.compile(r"^gpu:(\d{1,3})$")
 _UNSAFE_CHARS = re.compile(r"[\x00-\x1f\x7f`$;|&<>\\'\"]")
+DEFAULT_ENTRY = "trainers.train"
+"""The module a job runs unless ``--entry`` says otherwise."""
 
 
 @dataclass(frozen=True)
@@ -57,7 +59,7 @@ class JobOptions:
     """Nodes to avoid (flag, spec, and active node exclusions)."""
     retries: int = 0
     """Resubmissions allowed for retryable causes."""
-    entry: str = "trainers.train"
+    entry: str = DEFAULT_ENTRY
     """Python module started with ``python -m ENTRY --run-dir RUN_DIR``."""
 
     @property
@@ -148,7 +150,7 @@ def resolve_options(resolved: ResolvedSpec, overrides: dict[str, Any]) -> JobOpt
         time_limit=overrides.get("--time") or res.time_limit,
         exclude=list(overrides.get("--exclude") or res.exclude),
         retries=overrides["--retries"] if overrides.get("--retries") is not None else res.retries,
-        entry=overrides.get("--entry") or "trainers.train",
+        entry=overrides.get("--entry") or DEFAULT_ENTRY,
     )
     check_name(options.job_name, *reversed(source("-J", "resources.job_name")))
     check_name(options.qos, *reversed(source("--qos", "resources.qos")))

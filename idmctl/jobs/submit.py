@@ -1,4 +1,5 @@
-"""Submit: spec + flags → options → gate (passing preflight) → chain + job rows → rendered script → scheduler.
+"""Submit: spec + flags → effective job → submit-time checks + gate (passing preflight) → chain + job rows →
+rendered script → scheduler.
 
 A chain is one logical run: its attempts (resubmissions after preemption, node failure, time limit)
 share one run directory, ``$IDMCTL_HOME/runs/<experiment>/<chain_id>``, holding ``spec.json`` (what
@@ -13,21 +14,24 @@ import socket
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
-
-from sqlmodel import select
+from typing import TYPE_CHECKING, Any
 
 from ground import contract
 from ground.contract import code_version
 from ground.errors import CheckFailed, UserError
 from idmctl.executors import executor_for
-from idmctl.jobs.render import JobOptions, RenderContext, render_script, resolve_options, with_exclusions
+from idmctl.jobs.effective import EffectiveJob, active_exclusions, build as build_effective
+from idmctl.jobs.render import JobOptions, RenderContext, render_script, with_exclusions
 from ground.paths import atomic_write_text, home
-from idmctl.profile import ClusterProfile, load_profile
-from ground.spec.loader import ResolvedSpec, load_spec
+from ground.spec.loader import ResolvedSpec
 from idmctl.store.db import session
-from idmctl.store.models import Chain, Job, NodeExclusion
+from idmctl.store.models import Chain, Job
+
 from ground.run_dir import write_run_spec  # torch-free: {"name", "hash", "spec"}
+
+if TYPE_CHECKING:
+    from idmctl.preflight.admission import Admission
+    from idmctl.store.models import PreflightRun
 
 DRY_RUN_CHAIN_ID = 0
 
@@ -43,31 +47,42 @@ def runs_dir(experiment: str, chain_id: int) -> Path:
     return home() / "runs" / experiment / str(chain_id)
 
 
-def require_preflight(resolved: ResolvedSpec, profile: ClusterProfile, profile_hash: str) -> int:
-    """The gate: a passing preflight for exactly (spec hash, code version, profile hash), or an error."""
+class Refused(CheckFailed):
+    """A submit-time check FAILed on the effective job: nothing was written or sent."""
+
+    def __init__(self, job: EffectiveJob, admission: Admission) -> None:
+        self.job, self.admission = job, admission
+        named = "; ".join(f"{r.name}: {r.summary}" for r in admission.results if r.status.value == "FAIL")
+        super().__init__(f"submit refused: {', '.join(admission.failed)} FAIL on the job as submitted — {named}")
+
+
+def require_preflight(job: EffectiveJob) -> "PreflightRun":
+    """The gate: a passing preflight for exactly (spec hash, code version, profile hash, smoke flags)."""
     from idmctl.preflight.record import require_pass
 
-    return int(require_pass(resolved, profile, profile_hash).id or 0)
+    return require_pass(job.declared, job.profile, job.profile_hash, job.smoke_flags)
 
 
-def active_exclusions() -> list[str]:
-    now = datetime.now(timezone.utc)
-    with session() as db:
-        rows = db.exec(select(NodeExclusion)).all()
-    return sorted({row.node for row in rows if _aware(row.until) > now})
+def prepare(experiment: str, overrides: dict[str, Any], cluster: str | None) -> EffectiveJob:
+    """The effective job, rendered once: bad input fails here, before anything is written."""
+    job = build_effective(experiment, overrides, cluster)
+    render_script(job.resolved, job.options, _context(job.resolved, DRY_RUN_CHAIN_ID, 1, job.profile.scheduler, {}))
+    return job
 
 
-def _aware(moment: datetime) -> datetime:
-    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+def admit(job: EffectiveJob, force_reason: str | None) -> Admission:
+    """Gate + submit-time checks. Checks first: a FAIL on the job as submitted is the more specific
+    answer (and names its flag) than "no preflight for these flags"."""
+    from idmctl.preflight.admission import judge
+    from idmctl.preflight.record import latest_passing
 
-
-def prepare(experiment: str, overrides: dict[str, Any], cluster: str | None) -> tuple[ResolvedSpec, ClusterProfile, str, JobOptions]:
-    resolved = load_spec(experiment)
-    profile, profile_hash = load_profile(cluster)
-    options = resolve_options(resolved, overrides)
-    source = ("command line", "--qos") if overrides.get("--qos") else (str(resolved.path), "resources.qos")
-    profile.tier(options.qos, file=source[0], field=source[1])
-    return resolved, profile, profile_hash, with_exclusions(options, active_exclusions())
+    passing = latest_passing(job.declared, job.profile_hash, job.smoke_flags)
+    admission = judge(job, passing)
+    if admission.failed and force_reason is None:
+        raise Refused(job, admission)
+    if force_reason is None and passing is None:
+        require_preflight(job)  # raises, saying why there is no pass
+    return admission
 
 
 def _context(resolved: ResolvedSpec, chain_id: int, attempt: int, executor: str, extra_env: dict[str, str]) -> RenderContext:
@@ -77,36 +92,50 @@ def _context(resolved: ResolvedSpec, chain_id: int, attempt: int, executor: str,
                          log_path=str(run_dir / log_name), extra_env=extra_env)
 
 
-def dry_run(experiment: str, overrides: dict[str, Any], cluster: str | None) -> str:
-    """The exact script a submit would send (chain id 0 stands in for the one submit would create)."""
-    resolved, profile, _hash, options = prepare(experiment, overrides, cluster)
-    return render_script(resolved, options, _context(resolved, DRY_RUN_CHAIN_ID, 1, profile.scheduler, {}))
+@dataclass
+class DryRun:
+    script: str
+    job: EffectiveJob
+    admission: Admission
+
+
+def dry_run(experiment: str, overrides: dict[str, Any], cluster: str | None) -> DryRun:
+    """The exact script a submit would send (chain id 0 stands in for the one submit would create), and
+    the verdicts submit would reach on it. Never raises on a FAIL: showing it is the point."""
+    from idmctl.preflight.admission import judge
+    from idmctl.preflight.record import latest_passing
+
+    job = prepare(experiment, overrides, cluster)
+    admission = judge(job, latest_passing(job.declared, job.profile_hash, job.smoke_flags))
+    script = render_script(job.resolved, job.options, _context(job.resolved, DRY_RUN_CHAIN_ID, 1, job.profile.scheduler, {}))
+    return DryRun(script, job, admission)
 
 
 def submit(experiment: str, overrides: dict[str, Any], cluster: str | None,
            force_reason: str | None = None) -> Submitted:
-    resolved, profile, profile_hash, options = prepare(experiment, overrides, cluster)
-    # Render once before writing anything: bad input must leave no rows behind.
-    render_script(resolved, options, _context(resolved, DRY_RUN_CHAIN_ID, 1, profile.scheduler, {}))
-    if force_reason is None:
-        preflight_id: int | None = require_preflight(resolved, profile, profile_hash)
-        forced = None
-    else:
-        preflight_id = None
+    job = prepare(experiment, overrides, cluster)
+    admission = admit(job, force_reason)
+    forced = None
+    if force_reason is not None:
         forced = f"{getpass.getuser()}@{socket.gethostname()} at {datetime.now(timezone.utc).isoformat(timespec='seconds')}: {force_reason}"
     from idmctl.spec_store import register_specs
 
-    register_specs([resolved])
+    register_specs([job.declared])
     with session() as db:
-        chain = Chain(experiment=resolved.name, spec_hash=resolved.hash, retries_budget=options.retries)
+        chain = Chain(experiment=job.declared.name, spec_hash=job.declared.hash, retries_budget=job.options.retries)
         db.add(chain)
         db.flush()
         chain_id = int(chain.id or 0)
-    return _submit_attempt(resolved, profile.scheduler, options, chain_id, 1, preflight_id, forced, {})
+    admitted = {"job": job.record(), "admission": admission.as_dict()}
+    return _submit_attempt(job.resolved, job.profile.scheduler, job.options, chain_id, 1, admission.preflight_id, forced,
+                           {}, spec_hash=job.declared.hash, admitted=admitted)
 
 
 def _submit_attempt(resolved: ResolvedSpec, scheduler: str, options: JobOptions, chain_id: int, attempt: int,
-                    preflight_id: int | None, forced: str | None, extra_env: dict[str, str]) -> Submitted:
+                    preflight_id: int | None, forced: str | None, extra_env: dict[str, str], *,
+                    spec_hash: str, admitted: dict[str, Any] | None) -> Submitted:
+    """``resolved`` is the effective spec (what the trainer reads); ``spec_hash`` the spec's own hash (the
+    gate's key, kept on the rows); ``admitted`` the effective job and the checks it passed."""
     version = code_version()
     ctx = _context(resolved, chain_id, attempt, scheduler, {contract.ENV_CODE_VERSION: version, **extra_env})
     script = render_script(resolved, options, ctx)
@@ -114,9 +143,10 @@ def _submit_attempt(resolved: ResolvedSpec, scheduler: str, options: JobOptions,
     script_path = ctx.run_dir / f"attempt-{attempt}.sbatch"
     atomic_write_text(script_path, script)
     executor = executor_for(scheduler)
-    recorded = {**options.as_dict(), "rollback": bool(extra_env.get(contract.ENV_ROLLBACK))}
+    recorded = {**options.as_dict(), "rollback": bool(extra_env.get(contract.ENV_ROLLBACK)),
+                **({"admitted": admitted} if admitted else {})}
     with session() as db:
-        job = Job(chain_id=chain_id, attempt=attempt, experiment=resolved.name, spec_hash=resolved.hash,
+        job = Job(chain_id=chain_id, attempt=attempt, experiment=resolved.name, spec_hash=spec_hash,
                   code_version=version, preflight_id=preflight_id, executor=executor.name,
                   state="SUBMITTING", qos=options.qos, gpus=options.gpus_per_node * options.nodes,
                   routing_n=resolved.spec.data.routing_n, script_path=str(script_path),
@@ -162,8 +192,10 @@ def resubmit(job_id: int, extra_env: dict[str, str], reason: str) -> Job:
     options = with_exclusions(JobOptions(**options_data), active_exclusions())
     resolved = _resolved_from_run(spec_json, old)
     scheduler = "slurm" if old.executor == "slurm" else "local"
+    admitted = json.loads(old.options_json).get("admitted")
     submitted = _submit_attempt(resolved, scheduler, options, old.chain_id, old.attempt + 1,
-                                old.preflight_id, old.forced_reason, {**extra_env, contract.ENV_RETRY_REASON: reason})
+                                old.preflight_id, old.forced_reason, {**extra_env, contract.ENV_RETRY_REASON: reason},
+                                spec_hash=old.spec_hash or resolved.hash, admitted=admitted)
     return submitted.job
 
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from ground.paths import expand_path
 from idmctl.preflight import cache, disk, introspection, io, loader, qos, shm, smoke, spec
@@ -18,6 +19,9 @@ from idmctl.preflight.result import (CHECK_NAMES, CheckResult, Measurements, Pre
                                      SmokeMeasurement, Status)
 from idmctl.profile import ClusterProfile
 from ground.spec.loader import ResolvedSpec
+
+if TYPE_CHECKING:
+    from idmctl.jobs.effective import EffectiveJob
 
 STATIC_CHECKS = (spec, introspection, loader, shm, io, qos, disk, cache)
 
@@ -33,6 +37,8 @@ class PreflightReport:
     results: list[CheckResult]
     seconds: float
     run_id: int | None = None
+    smoke_flags: dict[str, str] = field(default_factory=dict)
+    """Flags that changed what the smoke measured (part of the gate's key): ``--gres``, ``--entry``."""
 
     @property
     def failed(self) -> list[str]:
@@ -46,7 +52,7 @@ class PreflightReport:
         return {"experiment": self.experiment, "spec_hash": self.spec_hash, "code_version": self.code_version,
                 "cluster": self.profile_name, "profile_hash": self.profile_hash, "with_smoke": self.with_smoke,
                 "passed": not self.failed, "unlocks_submit": self.unlocks_submit, "failed": self.failed,
-                "run_id": self.run_id, "seconds": round(self.seconds, 3),
+                "run_id": self.run_id, "seconds": round(self.seconds, 3), "smoke_flags": self.smoke_flags,
                 "checks": [r.as_dict() for r in self.results]}
 
 
@@ -132,11 +138,18 @@ def _safe(check_module: object, ctx: PreflightContext) -> CheckResult:
 
 def run_preflight(resolved: ResolvedSpec, profile: ClusterProfile, profile_hash: str, *, with_smoke: bool = True,
                   smoke_timeout_s: float = smoke.DEFAULT_TIMEOUT_S, record: bool = True,
-                  measurements: Measurements | None = None) -> PreflightReport:
-    """Run all checks; ``measurements`` replaces gathering (tests, benchmarks)."""
+                  measurements: Measurements | None = None, job: "EffectiveJob | None" = None) -> PreflightReport:
+    """Run all checks; ``measurements`` replaces gathering (tests, benchmarks).
+
+    With ``job`` (preflight given submit's flags) the checks and the smoke judge the effective job,
+    and the run is recorded under the spec's own hash with the job's smoke flags in its key.
+    """
     from idmctl.preflight.record import code_version, record_run
 
     started = time.perf_counter()
+    declared = resolved
+    if job is not None:
+        declared, resolved = job.declared, job.resolved
     version = code_version()
     measured = measurements if measurements is not None else gather(resolved, profile)
     ctx = PreflightContext(resolved, profile, measured)
@@ -155,9 +168,11 @@ def run_preflight(resolved: ResolvedSpec, profile: ClusterProfile, profile_hash:
     results[smoke.NAME] = smoke_not_run or _safe(smoke, ctx)
     ordered = [results[name] for name in CHECK_NAMES]
     seconds = time.perf_counter() - started
-    report = PreflightReport(resolved.name, resolved.hash, version, profile.name, profile_hash, with_smoke,
-                             ordered, seconds)
+    smoke_flags = job.smoke_flags if job is not None else {}
+    report = PreflightReport(declared.name, declared.hash, version, profile.name, profile_hash, with_smoke,
+                             ordered, seconds, smoke_flags=smoke_flags)
     if not record:
         return report
-    run = record_run(resolved, profile.name, profile_hash, version, ordered, with_smoke, seconds)
+    run = record_run(declared, profile.name, profile_hash, version, ordered, with_smoke, seconds,
+                     job=job.record() if job is not None else None)
     return replace(report, run_id=run.id)
