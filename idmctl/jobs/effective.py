@@ -50,7 +50,8 @@ def apply_flags(declared: ResolvedSpec, options: JobOptions, flags: list[str]) -
     except ValidationError as exc:
         first = exc.errors()[0]
         message = str(first.get("ctx", {}).get("error") or first["msg"]).removeprefix("Value error, ")
-        shown = " ".join(f"{flag} {changed[SPEC_FLAGS[flag]]}" for flag in flags if flag in SPEC_FLAGS)
+        shown = " ".join(f"{flag} {'gpu:' if flag == '--gres' else ''}{changed[SPEC_FLAGS[flag]]}"
+                         for flag in flags if flag in SPEC_FLAGS)
         raise UserError(f"the spec with {shown} is invalid: {message}", file="command line",
                         field=",".join(f for f in flags if f in SPEC_FLAGS), hint="pick values the spec allows") from exc
     return ResolvedSpec(name=declared.name, path=declared.path, spec=spec, chain=declared.chain)
