@@ -1,6 +1,11 @@
 """The arithmetic io, qos and disk share: bytes staged, bytes read per step, seconds per step.
 
 One place computes them so the three checks can never disagree about the same run.
+
+Per node (issue 14 §4): a job of ``resources.nodes`` nodes stages the whole cache onto each node's
+own NVMe (the sampler may hand any sample to any rank), and each node reads only its ranks' share
+of an optimizer step's samples from its own copy, at its own NVMe bandwidth. The NAS is shared:
+the nodes' concurrent stage-in copies split ``nas_read``, and so do unstaged reads.
 """
 
 from __future__ import annotations
@@ -32,15 +37,23 @@ def fmt_span(seconds: float) -> str:
 
 @dataclass(frozen=True)
 class Staging:
-    """What stage-in copies to node-local disk, and how long the copy takes at NAS bandwidth."""
+    """What stage-in copies to each node's local disk, and how long the nodes' copies take from the NAS."""
 
     enabled: bool
     bytes: int
+    """Bytes one node copies (the whole cache): what one node's scratch must hold."""
     formula: str
     measured: bool
     """True when ``bytes`` is the cache's measured size on this machine, False when estimated."""
     seconds: float
     cache_root: str
+    nodes: int = 1
+    """Nodes staging at once; they share the NAS, so the copy takes ``nodes × bytes ÷ nas_read``."""
+
+    @property
+    def copied(self) -> str:
+        """``2 nodes × 7.2 TB``: what crosses the NAS during stage-in."""
+        return f"{self.nodes} nodes × {format_bytes(self.bytes)}" if self.nodes > 1 else format_bytes(self.bytes)
 
 
 def staging(ctx: PreflightContext) -> Staging:
@@ -59,8 +72,11 @@ def staging(ctx: PreflightContext) -> Staging:
         formula = (f"{files:,} files × {file_bytes:,} B = {size:,} B ({format_bytes(size)}, "
                    f"{format_bytes(size, binary=True)}; estimated from data.cache_files, the cache is not on this machine)")
         is_measured = False
-    seconds = size / nas if stage.enabled else 0.0
-    return Staging(stage.enabled, size, formula, is_measured, seconds, data.cache_root)
+    nodes = ctx.spec.resources.nodes
+    seconds = nodes * size / nas if stage.enabled else 0.0
+    if nodes > 1:
+        formula += f", per node (each of {nodes} nodes stages its own copy)"
+    return Staging(stage.enabled, size, formula, is_measured, seconds, data.cache_root, nodes)
 
 
 @dataclass(frozen=True)
@@ -71,6 +87,8 @@ class StepEstimate:
     sample_formula: str
     effective_batch: int
     step_bytes: int
+    """Bytes the busiest reader moves per optimizer step: one node's share from its NVMe when staged,
+    the whole step from the shared NAS when not."""
     tier: str
     bandwidth: float
     data_s: float
@@ -80,13 +98,22 @@ class StepEstimate:
     steps: int
     train_s: float
     stage_s: float
+    nodes: int = 1
+    per_node: bool = False
+    """True when each node reads its share (staged to NVMe), False when all nodes share the NAS."""
 
     @property
     def wall_s(self) -> float:
         return self.train_s + self.stage_s
 
     def arithmetic(self) -> str:
-        text = (f"{self.sample_formula}; × eff. batch {self.effective_batch:,} = {format_bytes(self.step_bytes)}/step "
+        batch = f"eff. batch {self.effective_batch:,}"
+        if self.nodes > 1 and self.per_node:
+            batch += f" ÷ {self.nodes} nodes = {self.effective_batch // self.nodes:,} samples/node"
+        elif self.nodes > 1:
+            batch += f" (all {self.nodes} nodes share the NAS)"
+        text = (f"{self.sample_formula}; × {batch} = {format_bytes(self.step_bytes)}/step"
+                f"{'/node' if self.per_node and self.nodes > 1 else ''} "
                 f"÷ {self.tier} {fmt_bandwidth(self.bandwidth)} = {fmt_seconds(self.data_s)}/step data")
         if self.compute_s is not None:
             text += f" + {fmt_seconds(self.compute_s)} compute ({self.compute_note}) = {fmt_seconds(self.step_s)}/step"
@@ -99,17 +126,20 @@ class StepEstimate:
 def step_estimate(ctx: PreflightContext) -> StepEstimate:
     spec, profile = ctx.spec, ctx.profile
     io = sample_io(spec.data, spec.loader.mmap)
-    step_bytes = io.bytes * spec.train.effective_batch
+    nodes = spec.resources.nodes
     if spec.stage.enabled:
-        tier, bandwidth = "NVMe (staged)", profile.storage.nvme_read_bps
+        # Each node reads its ranks' share (effective batch ÷ nodes; the schema makes it divide) from its own NVMe.
+        tier, bandwidth, per_node = "NVMe (staged)", profile.storage.nvme_read_bps, True
+        step_bytes = io.bytes * (spec.train.effective_batch // nodes)
     else:
-        tier, bandwidth = "NAS", profile.storage.nas_read_bps
+        tier, bandwidth, per_node = "NAS", profile.storage.nas_read_bps, False
+        step_bytes = io.bytes * spec.train.effective_batch
     data_s = step_bytes / bandwidth
     compute_s, note = _compute_seconds(ctx)
     step_s = data_s + (compute_s or 0.0)
     train_s = step_s * spec.train.steps
     return StepEstimate(io.bytes, io.formula, spec.train.effective_batch, step_bytes, tier, bandwidth, data_s,
-                        compute_s, note, step_s, spec.train.steps, train_s, staging(ctx).seconds)
+                        compute_s, note, step_s, spec.train.steps, train_s, staging(ctx).seconds, nodes, per_node)
 
 
 def _compute_seconds(ctx: PreflightContext) -> tuple[float | None, str]:

@@ -50,7 +50,7 @@ def check(ctx: PreflightContext) -> CheckResult:
         first_checkpoint = stage.seconds + checkpoint_s
         numbers.update(preempt_cycle_s=cycle, stage_s=stage.seconds, stage_bytes=stage.bytes,
                        checkpoint_interval_s=checkpoint_s, first_checkpoint_s=first_checkpoint)
-        stage_text = (f"stage-in {format_bytes(stage.bytes)} ÷ NAS {fmt_bandwidth(profile.storage.nas_read_bps)} = "
+        stage_text = (f"stage-in {stage.copied} ÷ NAS {fmt_bandwidth(profile.storage.nas_read_bps)} = "
                       f"{format_duration(stage.seconds)}" if stage.enabled else "no stage-in")
         ckpt_text = (f"checkpoint every {spec.train.checkpoint_every:,} steps × {fmt_seconds(estimate.step_s)}/step = "
                      f"{format_duration(checkpoint_s)}")
