@@ -76,8 +76,9 @@ def admit(job: EffectiveJob, force_reason: str | None) -> Admission:
     from idmctl.preflight.admission import judge
     from idmctl.preflight.record import latest_passing
 
-    passing = latest_passing(job.declared, job.profile_hash, job.smoke_flags)
-    admission = judge(job, passing)
+    version = code_version()
+    passing = latest_passing(job.declared, job.profile_hash, job.smoke_flags, version)
+    admission = judge(job, passing, version)
     if admission.failed and force_reason is None:
         raise Refused(job, admission)
     if force_reason is None and passing is None:
@@ -106,7 +107,8 @@ def dry_run(experiment: str, overrides: dict[str, Any], cluster: str | None) -> 
     from idmctl.preflight.record import latest_passing
 
     job = prepare(experiment, overrides, cluster)
-    admission = judge(job, latest_passing(job.declared, job.profile_hash, job.smoke_flags))
+    version = code_version()
+    admission = judge(job, latest_passing(job.declared, job.profile_hash, job.smoke_flags, version), version)
     script = render_script(job.resolved, job.options, _context(job.resolved, DRY_RUN_CHAIN_ID, 1, job.profile.scheduler, {}))
     return DryRun(script, job, admission)
 

@@ -16,7 +16,10 @@ from typing import TYPE_CHECKING, Any
 
 from idmctl.preflight import smoke as smoke_check
 from idmctl.preflight.result import CheckResult, Measurements, PreflightContext, SmokeMeasurement, Status
-from idmctl.preflight.runner import STATIC_CHECKS, _safe, gather
+from idmctl.preflight.runner import STATIC_CHECKS, _safe, gather, introspect
+
+FLAG_BLIND = ("introspection", "cache")
+"""Checks no submit flag can change (they read the code, the data section and the files, never resources)."""
 
 if TYPE_CHECKING:
     from idmctl.jobs.effective import EffectiveJob
@@ -74,19 +77,21 @@ def _blame(job: "EffectiveJob", name: str, measured: Measurements) -> list[str]:
     return [flag for flag in changed if fails([flag])] or changed
 
 
-def judge(job: "EffectiveJob", preflight: "PreflightRun | None", measurements: Measurements | None = None) -> Admission:
-    """Run every static check on the effective job and re-judge the preflight's smoke measurement."""
+def judge(job: "EffectiveJob", preflight: "PreflightRun | None", code_version: str | None,
+          measurements: Measurements | None = None) -> Admission:
+    """Run every static check on the effective job and re-judge the preflight's smoke measurement.
+    With the code version, introspection and cache inspection come from the memo when nothing changed."""
     started = time.perf_counter()
     timings: dict[str, float] = {}
     tick = time.perf_counter()
-    measured = measurements if measurements is not None else gather(job.resolved, job.profile)
+    measured = measurements if measurements is not None else gather(job.resolved, job.profile, code_version)
     timings["gather"] = (time.perf_counter() - tick) * 1000
     measured = replace(measured, smoke=stored_smoke(preflight))
     ctx = PreflightContext(job.resolved, job.profile, measured)
     results: list[CheckResult] = []
     for module in STATIC_CHECKS:
         tick = time.perf_counter()
-        results.append(_safe(module, ctx))
+        results.append(introspect(ctx, code_version) if module.NAME == "introspection" else _safe(module, ctx))
         timings[module.NAME] = (time.perf_counter() - tick) * 1000
     if measured.smoke is not None:
         tick = time.perf_counter()
@@ -100,7 +105,9 @@ def judge(job: "EffectiveJob", preflight: "PreflightRun | None", measurements: M
         results.append(CheckResult(smoke_check.NAME, Status.SKIP, why, {}, "" if preflight else "run the preflight the gate asks for"))
     blamed: list[CheckResult] = []
     for result in results:
-        if result.status is Status.FAIL and result.name != smoke_check.NAME:
+        if result.status is Status.FAIL and result.name in FLAG_BLIND:
+            pass
+        elif result.status is Status.FAIL and result.name != smoke_check.NAME:
             flags = _blame(job, result.name, measured)
             if flags:
                 result = replace(result, summary=f"{result.summary} (from {', '.join(job.shown(f) for f in flags)})",

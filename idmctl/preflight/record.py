@@ -114,7 +114,7 @@ def _why_no_match(resolved: "ResolvedSpec", profile_name: str, profile_hash: str
 
 
 def require_pass(resolved: "ResolvedSpec", profile: "ClusterProfile", profile_hash: str,
-                 smoke_flags: dict[str, str] | None = None) -> "PreflightRun":
+                 smoke_flags: dict[str, str] | None = None, version: str | None = None) -> "PreflightRun":
     """The passing full preflight for (this spec, this code, this profile, these smoke flags), or
     CheckFailed saying why not.
 
@@ -124,7 +124,7 @@ def require_pass(resolved: "ResolvedSpec", profile: "ClusterProfile", profile_ha
     from idmctl.jobs.effective import flags_text
 
     wanted = smoke_flags or {}
-    version = code_version()
+    version = version or code_version()
     latest = latest_run(resolved.hash, version, profile_hash, smoke_flags=wanted)
     if latest is None:
         raise CheckFailed(f"preflight required: {_why_no_match(resolved, profile.name, profile_hash, version, wanted)}")
@@ -144,12 +144,12 @@ def require_pass(resolved: "ResolvedSpec", profile: "ClusterProfile", profile_ha
     return full
 
 
-def latest_passing(resolved: "ResolvedSpec", profile_hash: str,
-                   smoke_flags: dict[str, str] | None = None) -> "PreflightRun | None":
+def latest_passing(resolved: "ResolvedSpec", profile_hash: str, smoke_flags: dict[str, str] | None = None,
+                   version: str | None = None) -> "PreflightRun | None":
     """What :func:`require_pass` would return, or None where it would refuse."""
     from types import SimpleNamespace
 
     try:
-        return require_pass(resolved, SimpleNamespace(name="?"), profile_hash, smoke_flags)  # type: ignore[arg-type]
+        return require_pass(resolved, SimpleNamespace(name="?"), profile_hash, smoke_flags, version)  # type: ignore[arg-type]
     except CheckFailed:
         return None

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ground.paths import expand_path
-from idmctl.preflight import cache, disk, introspection, io, loader, qos, shm, smoke, spec
-from idmctl.preflight.result import (CHECK_NAMES, CheckResult, Measurements, PreflightContext, QueueWait,
-                                     SmokeMeasurement, Status)
+from idmctl.preflight import cache, disk, introspection, io, loader, memo, qos, shm, smoke, spec
+from idmctl.preflight.result import (CHECK_NAMES, CacheInspection, CheckResult, Measurements, PreflightContext,
+                                     QueueWait, SmokeMeasurement, Status)
 from idmctl.profile import ClusterProfile
 from ground.spec.loader import ResolvedSpec
 
@@ -68,18 +68,6 @@ def _free_bytes(path: Path) -> int | None:
     return stats.f_bavail * stats.f_frsize
 
 
-def _du(root: Path) -> tuple[int, int]:
-    total = files = 0
-    for directory, _, names in os.walk(root):
-        for name in names:
-            try:
-                total += os.stat(os.path.join(directory, name)).st_size
-                files += 1
-            except OSError:
-                continue
-    return total, files
-
-
 def queue_history(gpus: int) -> list[QueueWait]:
     """Recorded queue waits of jobs with this GPU count (all QoS tiers, so qos can suggest another).
 
@@ -106,17 +94,43 @@ def queue_history(gpus: int) -> list[QueueWait]:
     return waits
 
 
-def gather(resolved: ResolvedSpec, profile: ClusterProfile) -> Measurements:
-    """Everything static checks need from this machine and the store (no smoke)."""
+def _inspections(resolved: ResolvedSpec, tree_digest: str, code_version: str | None) -> list[CacheInspection]:
+    """Every split's cache inspection, remembered per (code, data section, files): see ``memo``."""
+    data = resolved.spec.data
+    key = memo.cache_key(resolved, code_version, tree_digest, expand_path(data.episodes)) if code_version else None
+    stored = memo.load("cache", key)
+    if stored is not None:
+        return [CacheInspection(**found) for found in stored]
+    splits = dict.fromkeys((data.train_split, data.eval_split))
+    found = [cache.inspect_split(resolved.spec, split) for split in splits]
+    memo.store("cache", key, [asdict(f) for f in found])
+    return found
+
+
+def introspect(ctx: PreflightContext, code_version: str | None) -> CheckResult:
+    """The introspection check, remembered per (code version, spec without resources): see ``memo``."""
+    key = memo.introspection_key(ctx.resolved, code_version) if code_version else None
+    stored = memo.load("introspection", key)
+    if stored is not None:
+        return CheckResult(stored["name"], Status(stored["status"]), stored["summary"], stored["numbers"], stored["fix"])
+    result = _safe(introspection, ctx)
+    if not result.summary.startswith(("check crashed", "cannot import")):  # environment trouble: try again next time
+        memo.store("introspection", key, result.as_dict())
+    return result
+
+
+def gather(resolved: ResolvedSpec, profile: ClusterProfile, code_version: str | None = None) -> Measurements:
+    """Everything static checks need from this machine and the store (no smoke). With the code version,
+    cache inspections are remembered until a cache file, the episodes file, the data section or the code
+    changes."""
     data = resolved.spec.data
     root = expand_path(data.cache_root)
     present = root.is_dir()
     cache_bytes = file_count = None
     inspections = []
     if present:
-        cache_bytes, file_count = _du(root)
-        splits = dict.fromkeys((data.train_split, data.eval_split))
-        inspections = [cache.inspect_split(resolved.spec, split) for split in splits]
+        cache_bytes, file_count, tree_digest = memo.tree_fingerprint(root)
+        inspections = _inspections(resolved, tree_digest, code_version)
     res = resolved.spec.resources
     return Measurements(
         shm_free_bytes=_free_bytes(Path("/dev/shm")),
@@ -151,9 +165,9 @@ def run_preflight(resolved: ResolvedSpec, profile: ClusterProfile, profile_hash:
     if job is not None:
         declared, resolved = job.declared, job.resolved
     version = code_version()
-    measured = measurements if measurements is not None else gather(resolved, profile)
+    measured = measurements if measurements is not None else gather(resolved, profile, version)
     ctx = PreflightContext(resolved, profile, measured)
-    early = {module.NAME: _safe(module, ctx) for module in (spec, introspection)}
+    early = {spec.NAME: _safe(spec, ctx), introspection.NAME: introspect(ctx, version)}
     smoke_result: SmokeMeasurement | None = None
     smoke_not_run: CheckResult | None = None
     if with_smoke:
