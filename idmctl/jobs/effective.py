@@ -113,12 +113,18 @@ def active_exclusions() -> list[str]:
     """Nodes excluded by ``sync`` (node failures) whose exclusion has not expired."""
     from datetime import datetime, timezone
 
+    from idmctl.store.fast import connect, from_db_time, rows
+
+    now = datetime.now(timezone.utc)
+    with connect() as fast:
+        if fast is not None:  # the store is at head: no ORM import on the submit path
+            found = rows(fast, "SELECT node, until FROM node_exclusion")
+            return sorted({row.node for row in found if (from_db_time(row.until) or now) > now})
     from sqlmodel import select
 
     from idmctl.store.db import session
     from idmctl.store.models import NodeExclusion
 
-    now = datetime.now(timezone.utc)
     with session() as db:
         rows = db.exec(select(NodeExclusion)).all()
     return sorted({row.node for row in rows if (row.until if row.until.tzinfo else row.until.replace(tzinfo=timezone.utc)) > now})

@@ -24,22 +24,21 @@ from idmctl.jobs.effective import EffectiveJob, active_exclusions, build as buil
 from idmctl.jobs.render import JobOptions, RenderContext, render_script, with_exclusions
 from ground.paths import atomic_write_text, home
 from ground.spec.loader import ResolvedSpec
-from idmctl.store.db import session
-from idmctl.store.models import Chain, Job
 
 from ground.run_dir import write_run_spec  # torch-free: {"name", "hash", "spec"}
 
 if TYPE_CHECKING:
     from idmctl.preflight.admission import Admission
-    from idmctl.store.models import PreflightRun
+    from idmctl.store.models import Chain, Job, PreflightRun
 
 DRY_RUN_CHAIN_ID = 0
 
 
 @dataclass
 class Submitted:
-    job: Job
-    chain: Chain
+    job: "Job"
+    """The job row as stored (an ORM object, or the same columns as attributes on the fast path)."""
+    chain: "Chain"
     script: str
 
 
@@ -120,14 +119,7 @@ def submit(experiment: str, overrides: dict[str, Any], cluster: str | None,
     forced = None
     if force_reason is not None:
         forced = f"{getpass.getuser()}@{socket.gethostname()} at {datetime.now(timezone.utc).isoformat(timespec='seconds')}: {force_reason}"
-    from idmctl.spec_store import register_specs
-
-    register_specs([job.declared])
-    with session() as db:
-        chain = Chain(experiment=job.declared.name, spec_hash=job.declared.hash, retries_budget=job.options.retries)
-        db.add(chain)
-        db.flush()
-        chain_id = int(chain.id or 0)
+    chain_id = _new_chain(job)
     admitted = {"job": job.record(), "admission": admission.as_dict()}
     return _submit_attempt(job.resolved, job.profile.scheduler, job.options, chain_id, 1, admission.preflight_id, forced,
                            {}, spec_hash=job.declared.hash, admitted=admitted)
@@ -147,40 +139,97 @@ def _submit_attempt(resolved: ResolvedSpec, scheduler: str, options: JobOptions,
     executor = executor_for(scheduler)
     recorded = {**options.as_dict(), "rollback": bool(extra_env.get(contract.ENV_ROLLBACK)),
                 **({"admitted": admitted} if admitted else {})}
-    with session() as db:
-        job = Job(chain_id=chain_id, attempt=attempt, experiment=resolved.name, spec_hash=spec_hash,
-                  code_version=version, preflight_id=preflight_id, executor=executor.name,
-                  state="SUBMITTING", qos=options.qos, gpus=options.gpus_per_node * options.nodes,
-                  routing_n=resolved.spec.data.routing_n, script_path=str(script_path),
-                  options_json=json.dumps(recorded), forced_reason=forced)
-        db.add(job)
+    job_id = _insert_job(dict(chain_id=chain_id, attempt=attempt, experiment=resolved.name, spec_hash=spec_hash,
+                              code_version=version, preflight_id=preflight_id, executor=executor.name,
+                              state="SUBMITTING", qos=options.qos, gpus=options.gpus_per_node * options.nodes,
+                              routing_n=resolved.spec.data.routing_n, script_path=str(script_path),
+                              options_json=json.dumps(recorded), forced_reason=forced))
     try:
         scheduler_id = executor.submit(script_path, ctx.log_path)
     except CheckFailed as exc:
-        with session() as db:
-            row = db.get(Job, job.id)
-            if row is not None:
-                row.state, row.reason = "SUBMIT_FAILED", str(exc)[:500]
-                db.add(row)
-            chain = db.get(Chain, chain_id)
-            if chain is not None:
-                chain.status = "FAILED"
-                db.add(chain)
+        _update(job_id, {"state": "SUBMIT_FAILED", "reason": str(exc)[:500]}, chain_id, {"status": "FAILED"})
         raise
-    with session() as db:
-        row = db.get(Job, job.id)
-        assert row is not None
-        row.scheduler_id = scheduler_id
-        row.state = "PENDING"
-        row.log_path = ctx.log_path.replace("%j", scheduler_id)
-        row.submitted_at = datetime.now(timezone.utc)
-        db.add(row)
-        chain = db.get(Chain, chain_id)
-    return Submitted(job=row, chain=chain, script=script)  # type: ignore[arg-type]
+    row, chain = _update(job_id, {"scheduler_id": scheduler_id, "state": "PENDING",
+                                  "log_path": ctx.log_path.replace("%j", scheduler_id),
+                                  "submitted_at": datetime.now(timezone.utc)}, chain_id, {})
+    return Submitted(job=row, chain=chain, script=script)
 
 
-def resubmit(job_id: int, extra_env: dict[str, str], reason: str) -> Job:
+# -- rows: plain sqlite3 when the store is at head (no ORM import on the submit path), else the ORM ----------
+
+def _new_chain(job: EffectiveJob) -> int:
+    """Register the spec version (idempotent) and open the chain; returns its id."""
+    from idmctl.store.fast import connect, db_time, insert
+
+    declared = job.declared
+    with connect() as db:
+        if db is not None:
+            db.execute("INSERT OR IGNORE INTO spec_version (hash, experiment, source_path, resolved_json, registered_at) "
+                       "VALUES (?, ?, ?, ?, ?)", (declared.hash, declared.name, str(declared.path),
+                                                   declared.canonical_json, db_time()))
+            return insert(db, "chain", {"experiment": declared.name, "spec_hash": declared.hash, "mlflow_run_id": None,
+                                        "retries_budget": job.options.retries, "retries_used": 0, "status": "ACTIVE",
+                                        "created_at": db_time()})
+    from idmctl.spec_store import register_specs
+    from idmctl.store.db import session
+    from idmctl.store.models import Chain
+
+    register_specs([declared])
+    with session() as orm:
+        chain = Chain(experiment=declared.name, spec_hash=declared.hash, retries_budget=job.options.retries)
+        orm.add(chain)
+        orm.flush()
+        return int(chain.id or 0)
+
+
+def _insert_job(values: dict[str, Any]) -> int:
+    from idmctl.store.fast import connect, db_time, insert
+
+    with connect() as db:
+        if db is not None:
+            now = db_time()
+            return insert(db, "job", {"restarts": 0, "imported": 0, "created_at": now, "updated_at": now, **values})
+    from idmctl.store.db import session
+    from idmctl.store.models import Job
+
+    with session() as orm:
+        job = Job(**values)
+        orm.add(job)
+        orm.flush()
+        return int(job.id or 0)
+
+
+def _update(job_id: int, job_values: dict[str, Any], chain_id: int, chain_values: dict[str, Any]) -> tuple[Any, Any]:
+    """Update the job (and chain) rows; returns both as read back (ORM objects or attribute rows)."""
+    from idmctl.store.fast import connect, db_time, rows, update
+
+    with connect() as db:
+        if db is not None:
+            stored = {k: db_time(v) if isinstance(v, datetime) else v for k, v in job_values.items()}
+            update(db, "job", job_id, stored)
+            if chain_values:
+                update(db, "chain", chain_id, chain_values)
+            (job,) = rows(db, "SELECT * FROM job WHERE id = ?", (job_id,))
+            (chain,) = rows(db, "SELECT * FROM chain WHERE id = ?", (chain_id,))
+            return job, chain
+    from idmctl.store.db import session
+    from idmctl.store.models import Chain, Job
+
+    with session() as orm:
+        job, chain = orm.get(Job, job_id), orm.get(Chain, chain_id)
+        for target, values in ((job, job_values), (chain, chain_values)):
+            if target is not None:
+                for key, value in values.items():
+                    setattr(target, key, value)
+                orm.add(target)
+    return job, chain
+
+
+def resubmit(job_id: int, extra_env: dict[str, str], reason: str) -> "Job":
     """A new attempt of the job's chain with the same options (plus current node exclusions)."""
+    from idmctl.store.db import session
+    from idmctl.store.models import Chain, Job
+
     with session() as db:
         old = db.get(Job, job_id)
         if old is None or old.chain_id is None:
@@ -201,7 +250,7 @@ def resubmit(job_id: int, extra_env: dict[str, str], reason: str) -> Job:
     return submitted.job
 
 
-def _resolved_from_run(spec_json: dict[str, Any], job: Job) -> ResolvedSpec:
+def _resolved_from_run(spec_json: dict[str, Any], job: "Job") -> ResolvedSpec:
     """The exact spec the chain started with (the YAML may have changed since)."""
     from ground.spec.schema import ExperimentSpec
 

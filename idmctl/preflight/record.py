@@ -49,7 +49,23 @@ def smoke_flags_of(run: "PreflightRun") -> dict[str, str]:
 
 def latest_run(spec_hash: str, code_version: str, profile_hash: str,
                with_smoke: bool | None = None, smoke_flags: dict[str, str] | None = None) -> "PreflightRun | None":
-    """The newest preflight of exactly this key (optionally only full / only static ones)."""
+    """The newest preflight of exactly this key (optionally only full / only static ones).
+
+    Read with plain sqlite3 when the store is at head (submit never imports the ORM), else the ORM."""
+    from idmctl.store.fast import connect, rows
+
+    wanted = smoke_flags or {}
+    with connect() as db:
+        if db is not None:
+            sql = ("SELECT id, experiment, spec_hash, code_version, profile_hash, profile_name, with_smoke, passed, "
+                   "seconds, result_json FROM preflight_run WHERE spec_hash = ? AND code_version = ? AND profile_hash = ?")
+            params: tuple[object, ...] = (spec_hash, code_version, profile_hash)
+            if with_smoke is not None:
+                sql, params = sql + " AND with_smoke = ?", (*params, int(with_smoke))
+            runs = rows(db, sql + " ORDER BY id DESC", params)
+            for run in runs:
+                run.with_smoke, run.passed = bool(run.with_smoke), bool(run.passed)
+            return next((run for run in runs if smoke_flags_of(run) == wanted), None)  # type: ignore[return-value]
     from sqlmodel import col, select
 
     from idmctl.store import session
@@ -59,10 +75,9 @@ def latest_run(spec_hash: str, code_version: str, profile_hash: str,
                                        PreflightRun.profile_hash == profile_hash)
     if with_smoke is not None:
         query = query.where(PreflightRun.with_smoke == with_smoke)
-    wanted = smoke_flags or {}
-    with session() as db:
-        runs = db.exec(query.order_by(col(PreflightRun.id).desc())).all()
-    return next((run for run in runs if smoke_flags_of(run) == wanted), None)
+    with session() as orm:
+        found = orm.exec(query.order_by(col(PreflightRun.id).desc())).all()
+    return next((run for run in found if smoke_flags_of(run) == wanted), None)
 
 
 def run_checks(run_id: int) -> list["PreflightCheck"]:

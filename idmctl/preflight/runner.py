@@ -74,14 +74,28 @@ def queue_history(gpus: int) -> list[QueueWait]:
     Wait = started_at − submitted_at; a job cancelled while pending (card job 5961) counts with
     ended_at − submitted_at, a lower bound on what it would have waited.
     """
+    from idmctl.store.fast import connect, from_db_time, rows as fast_rows
+
+    with connect() as fast:
+        if fast is not None:  # plain sqlite3: submit re-runs this check without importing the ORM
+            rows = fast_rows(fast, "SELECT id, scheduler_id, qos, state, submitted_at, started_at, ended_at FROM job "
+                                   "WHERE gpus = ? AND submitted_at IS NOT NULL", (gpus,))
+            for row in rows:
+                row.submitted_at, row.started_at, row.ended_at = (from_db_time(row.submitted_at), from_db_time(row.started_at),
+                                                                  from_db_time(row.ended_at))
+            return _waits(rows, gpus)
     from sqlmodel import select
 
     from idmctl.store import session
     from idmctl.store.models import Job
 
-    waits: list[QueueWait] = []
     with session() as db:
-        rows = db.exec(select(Job).where(Job.gpus == gpus, Job.submitted_at != None)).all()  # noqa: E711
+        orm_rows = db.exec(select(Job).where(Job.gpus == gpus, Job.submitted_at != None)).all()  # noqa: E711
+    return _waits(orm_rows, gpus)
+
+
+def _waits(rows: list, gpus: int) -> list[QueueWait]:
+    waits: list[QueueWait] = []
     for job in rows:
         if job.started_at is not None:
             seconds, pending_cancel = (job.started_at - job.submitted_at).total_seconds(), False
