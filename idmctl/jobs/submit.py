@@ -69,19 +69,18 @@ def prepare(experiment: str, overrides: dict[str, Any], cluster: str | None) -> 
     return job
 
 
-def admit(job: EffectiveJob, force_reason: str | None) -> Admission:
+def admit(job: EffectiveJob, force_reason: str | None, version: str) -> Admission:
     """Gate + submit-time checks. Checks first: a FAIL on the job as submitted is the more specific
     answer (and names its flag) than "no preflight for these flags"."""
     from idmctl.preflight.admission import judge
     from idmctl.preflight.record import latest_passing
 
-    version = code_version()
     passing = latest_passing(job.declared, job.profile_hash, job.smoke_flags, version)
     admission = judge(job, passing, version)
     if admission.failed and force_reason is None:
         raise Refused(job, admission)
     if force_reason is None and passing is None:
-        require_preflight(job)  # raises, saying why there is no pass
+        require_preflight(job)  # raises, saying why there is no pass (the ORM path: only on refusal)
     return admission
 
 
@@ -115,22 +114,23 @@ def dry_run(experiment: str, overrides: dict[str, Any], cluster: str | None) -> 
 def submit(experiment: str, overrides: dict[str, Any], cluster: str | None,
            force_reason: str | None = None) -> Submitted:
     job = prepare(experiment, overrides, cluster)
-    admission = admit(job, force_reason)
+    version = code_version()  # once per submit: two git calls
+    admission = admit(job, force_reason, version)
     forced = None
     if force_reason is not None:
         forced = f"{getpass.getuser()}@{socket.gethostname()} at {datetime.now(timezone.utc).isoformat(timespec='seconds')}: {force_reason}"
     chain_id = _new_chain(job)
     admitted = {"job": job.record(), "admission": admission.as_dict()}
     return _submit_attempt(job.resolved, job.profile.scheduler, job.options, chain_id, 1, admission.preflight_id, forced,
-                           {}, spec_hash=job.declared.hash, admitted=admitted)
+                           {}, spec_hash=job.declared.hash, admitted=admitted, version=version)
 
 
 def _submit_attempt(resolved: ResolvedSpec, scheduler: str, options: JobOptions, chain_id: int, attempt: int,
                     preflight_id: int | None, forced: str | None, extra_env: dict[str, str], *,
-                    spec_hash: str, admitted: dict[str, Any] | None) -> Submitted:
+                    spec_hash: str, admitted: dict[str, Any] | None, version: str | None = None) -> Submitted:
     """``resolved`` is the effective spec (what the trainer reads); ``spec_hash`` the spec's own hash (the
     gate's key, kept on the rows); ``admitted`` the effective job and the checks it passed."""
-    version = code_version()
+    version = version or code_version()
     ctx = _context(resolved, chain_id, attempt, scheduler, {contract.ENV_CODE_VERSION: version, **extra_env})
     script = render_script(resolved, options, ctx)
     write_run_spec(ctx.run_dir, resolved)

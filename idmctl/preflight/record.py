@@ -24,17 +24,30 @@ def record_run(resolved: "ResolvedSpec", profile_name: str, profile_hash: str, v
     ``job`` is :meth:`EffectiveJob.record` when preflight was given submit's flags; its ``smoke_flags``
     join (spec hash, code version, profile hash) in the key :func:`require_pass` looks up.
     """
-    from idmctl.store import session
-    from idmctl.store.models import PreflightCheck, PreflightRun
+    from idmctl.store.fast import connect, db_time, insert, rows
 
     failed = [r.name for r in results if r.status is Status.FAIL]
     document = {"checks": [r.as_dict() for r in results], "failed": failed,
                 "smoke_flags": (job or {}).get("smoke_flags", {}), "job": job}
+    values = dict(experiment=resolved.name, spec_hash=resolved.hash, code_version=version, profile_hash=profile_hash,
+                  profile_name=profile_name, with_smoke=with_smoke, passed=not failed and with_smoke, seconds=seconds,
+                  result_json=json.dumps(document, default=str))
+    with connect() as fast:
+        if fast is not None:  # the store is at head: plain sqlite3, no ORM import (a repeat preflight stays < 1 s)
+            run_id = insert(fast, "preflight_run", {**values, "with_smoke": int(with_smoke),
+                                                    "passed": int(bool(values["passed"])), "started_at": db_time()})
+            for r in results:
+                insert(fast, "preflight_check", {"run_id": run_id, "name": r.name, "status": r.status.value,
+                                                 "summary": r.summary, "fix": r.fix,
+                                                 "numbers_json": json.dumps(r.numbers, default=str)})
+            (run,) = rows(fast, "SELECT * FROM preflight_run WHERE id = ?", (run_id,))
+            run.with_smoke, run.passed = bool(run.with_smoke), bool(run.passed)
+            return run  # type: ignore[no-any-return]
+    from idmctl.store import session
+    from idmctl.store.models import PreflightCheck, PreflightRun
+
     with session() as db:
-        run = PreflightRun(experiment=resolved.name, spec_hash=resolved.hash, code_version=version,
-                           profile_hash=profile_hash, profile_name=profile_name, with_smoke=with_smoke,
-                           passed=not failed and with_smoke, seconds=seconds,
-                           result_json=json.dumps(document, default=str))
+        run = PreflightRun(**values)
         db.add(run)
         db.flush()
         db.add_all(PreflightCheck(run_id=run.id, name=r.name, status=r.status.value, summary=r.summary,
