@@ -56,3 +56,5 @@ def test_preflight_takes_submits_flags_and_keys_the_smoke_flags(cli) -> None:
     assert report["spec_hash"] == load_spec("latent_c_n4").hash  # the spec's own hash keys the gate
     qos = next(c for c in report["checks"] if c["name"] == "qos")
     assert qos["numbers"]["gpus"] == 4 and qos["numbers"]["qos"] == "sub"
+    # preflight names the flag behind a FAIL as submit does: the spec alone passes qos on core-own.
+    assert qos["status"] == "FAIL" and qos["summary"].endswith("(from --qos sub)") and qos["numbers"]["from_flags"] == ["--qos"]

@@ -77,6 +77,22 @@ def _blame(job: "EffectiveJob", name: str, measured: Measurements) -> list[str]:
     return [flag for flag in changed if fails([flag])] or changed
 
 
+def name_flags(job: "EffectiveJob", results: list[CheckResult], measured: Measurements) -> list[CheckResult]:
+    """Each FAIL the flags caused, with ``(from --qos sub)`` appended and ``from_flags`` in its numbers."""
+    out: list[CheckResult] = []
+    for result in results:
+        flags: list[str] = []
+        if result.status is Status.FAIL and result.name == smoke_check.NAME:
+            flags = [f for f in job.changed_flags if f in ("--mem", "--gres")]  # peak × ranks vs --mem
+        elif result.status is Status.FAIL and result.name not in FLAG_BLIND:
+            flags = _blame(job, result.name, measured)
+        if flags:
+            result = replace(result, summary=f"{result.summary} (from {', '.join(job.shown(f) for f in flags)})",
+                             numbers={**result.numbers, "from_flags": flags})
+        out.append(result)
+    return out
+
+
 def judge(job: "EffectiveJob", preflight: "PreflightRun | None", code_version: str | None,
           measurements: Measurements | None = None) -> Admission:
     """Run every static check on the effective job and re-judge the preflight's smoke measurement.
@@ -103,19 +119,5 @@ def judge(job: "EffectiveJob", preflight: "PreflightRun | None", code_version: s
         why = (f"preflight #{preflight.id} stored no smoke measurement" if preflight is not None
                else "no passing preflight of this key to take the smoke's measurement from")
         results.append(CheckResult(smoke_check.NAME, Status.SKIP, why, {}, "" if preflight else "run the preflight the gate asks for"))
-    blamed: list[CheckResult] = []
-    for result in results:
-        if result.status is Status.FAIL and result.name in FLAG_BLIND:
-            pass
-        elif result.status is Status.FAIL and result.name != smoke_check.NAME:
-            flags = _blame(job, result.name, measured)
-            if flags:
-                result = replace(result, summary=f"{result.summary} (from {', '.join(job.shown(f) for f in flags)})",
-                                 numbers={**result.numbers, "from_flags": flags})
-        elif result.status is Status.FAIL:
-            changed = [f for f in job.changed_flags if f in ("--mem", "--gres")]  # peak × ranks vs --mem
-            if changed:
-                result = replace(result, summary=f"{result.summary} (from {', '.join(job.shown(f) for f in changed)})",
-                                 numbers={**result.numbers, "from_flags": changed})
-        blamed.append(result)
+    blamed = name_flags(job, results, measured)
     return Admission(blamed, preflight.id if preflight else None, time.perf_counter() - started, timings)

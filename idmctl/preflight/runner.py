@@ -195,6 +195,10 @@ def run_preflight(resolved: ResolvedSpec, profile: ClusterProfile, profile_hash:
     results = {**early, **{module.NAME: _safe(module, ctx) for module in STATIC_CHECKS if module.NAME not in early}}
     results[smoke.NAME] = smoke_not_run or _safe(smoke, ctx)
     ordered = [results[name] for name in CHECK_NAMES]
+    if job is not None and job.changed_flags:
+        from idmctl.preflight.admission import name_flags
+
+        ordered = name_flags(job, ordered, ctx.measurements)
     seconds = time.perf_counter() - started
     smoke_flags = job.smoke_flags if job is not None else {}
     report = PreflightReport(declared.name, declared.hash, version, profile.name, profile_hash, with_smoke,
