@@ -6,6 +6,7 @@ on SIGUSR1/SIGTERM and exit 75, resume from the checkpoint. ``IDMCTL_TEST_BEHAVI
 - ``typeerror``: raise TypeError at start (card A 6321)
 - ``oom``: allocate memory until the cgroup kills it
 - ``ranks``: every rank writes ``rank-<SLURM_PROCID>.txt`` and exits 0
+- ``emit:FILE``: print FILE's ``log`` text and exit with its ``exit`` status (a failure sample, JSON)
 """
 
 from __future__ import annotations
@@ -34,6 +35,10 @@ def main() -> int:
         while True:
             hoard.append(bytearray(32 * 2**20))
             time.sleep(0.01)
+    if behavior.startswith("emit:"):
+        sample = json.loads(Path(behavior.removeprefix("emit:")).read_text())
+        print(sample["log"], flush=True)
+        return int(sample["exit"])
     if behavior == "ranks":
         (run_dir / f"rank-{rank}.txt").write_text(os.environ.get("SLURM_NODEID", "?"))
         return 0
