@@ -14,13 +14,14 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from bench.common import Figure, time_command
+from ground.contract import ENV_HOME
 
 VENV_BIN = Path(sys.executable).parent
 
 
 def _populate_store(home: Path, jobs: int, failures: int) -> None:
     """Fill a store with realistic job and failure rows in one transaction."""
-    os.environ["IDMCTL_HOME"] = str(home)
+    os.environ[ENV_HOME] = str(home)
     from idmctl.store import session
     from idmctl.store.models import Failure, Job
 
@@ -58,7 +59,7 @@ def run(fast: bool) -> list[Figure]:
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp) / "home"
         _populate_store(home, jobs, failures)
-        env = {**os.environ, "IDMCTL_HOME": str(home)}
+        env = {**os.environ, ENV_HOME: str(home)}
         python_pass = time_command([sys.executable, "-c", "pass"], max(repeats, 3), env)
         figures = [
             Figure("idmctl --help", "s", time_command([idmctl, "--help"], repeats, env, warmup), "python -c pass",

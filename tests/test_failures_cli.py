@@ -12,6 +12,7 @@ import pytest
 from sqlmodel import select
 
 from ground.paths import REPO_ROOT
+from ground.tracking import TAG_FAILURE_CAUSE, TAG_SLURM_STATE
 from idmctl.store import session
 from idmctl.store.models import Chain, Failure, Fix, Job
 
@@ -170,8 +171,8 @@ def test_failed_run_is_marked_in_mlflow(cli, idmctl_home) -> None:
     assert cli("failures").exit_code == 0
     marked = client.get_run(run.info.run_id)
     assert marked.info.status == "KILLED"
-    assert marked.data.tags["failure_cause"] == "preempted"
-    assert marked.data.tags["slurm_state"] == "PREEMPTED"
+    assert marked.data.tags[TAG_FAILURE_CAUSE] == "preempted"
+    assert marked.data.tags[TAG_SLURM_STATE] == "PREEMPTED"
     del mlflow
 
 

@@ -28,7 +28,8 @@ from idmctl.store.models import Chain, Job, NodeExclusion
 # before it ever started.
 SAMPLES: dict[str, tuple[str, str, str, bool]] = {
     "queue_cancelled": ("CANCELLED by 0", "0:0", "", False),
-    "preempted": ("PREEMPTED", "75:0", "entry: checkpointed at step 3 on signal, exiting 75", True),
+    "preempted": ("PREEMPTED", f"{contract.EXIT_REQUEUE}:0",
+                  f"entry: checkpointed at step 3 on signal, exiting {contract.EXIT_REQUEUE}", True),
     "node_fail": ("FAILED", "1:0", "slurmstepd: error: *** JOB 57 ON n2 CANCELLED AT 2026-11-30T10:01:02 "
                                    "DUE TO NODE FAILURE, SEE SLURMCTLD LOG FOR DETAILS ***", True),
     "timeout": ("FAILED", "1:0", "slurmstepd: error: *** JOB 58 ON n1 CANCELLED AT 2026-11-30T10:01:02 "
@@ -37,7 +38,7 @@ SAMPLES: dict[str, tuple[str, str, str, bool]] = {
                                   "Some of the step tasks have been OOM Killed.", True),
     "stage_failed": ("FAILED", "1:0", "idmctl: stage-in FAILED (cp exit 1): cp: error writing "
                                       "'/scratch/cache/x.pt': No space left on device", True),
-    "nan_loss": ("FAILED", f"{contract.EXIT_NAN}:0", "IDMCTL_FAILURE cause=nan_loss step=12", True),
+    "nan_loss": ("FAILED", f"{contract.EXIT_NAN}:0", f"{contract.FAILURE_MARKER} cause=nan_loss step=12", True),
     "oom_cuda": ("FAILED", "1:0", "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", True),
     "shm_enospc": ("FAILED", "1:0", "RuntimeError: unable to write to file </torch_1234_567_0>: "
                                     "No space left on device (28) /dev/shm", True),

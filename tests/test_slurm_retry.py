@@ -6,7 +6,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from ground.contract import ENV_ROLLBACK
+from ground.contract import ENV_ROLLBACK, FAILURE_MARKER
 from idmctl.failures.classify import classify
 from idmctl.jobs.retry import decide
 from idmctl.store.db import session
@@ -50,7 +50,7 @@ def test_out_of_memory_is_not_retried_blindly(state: str, exit_code: str) -> Non
 
 
 def test_nan_rolls_back_at_most_once() -> None:
-    log = "IDMCTL_FAILURE cause=nan_loss step=12"
+    log = f"{FAILURE_MARKER} cause=nan_loss step=12"
     first = _decide("FAILED", "3:0", log, rollbacks=0)
     assert (first.action, first.extra_env) == ("retry", {ENV_ROLLBACK: "1"})
     assert _decide("FAILED", "3:0", log, rollbacks=1).action == "stop"

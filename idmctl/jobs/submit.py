@@ -18,7 +18,7 @@ from typing import Any
 from sqlmodel import select
 
 from ground import contract
-from ground.contract import code_version
+from ground.contract import SPEC_FILE, code_version
 from ground.errors import CheckFailed, UserError
 from idmctl.executors import executor_for
 from idmctl.jobs.render import JobOptions, RenderContext, render_script, resolve_options, with_exclusions
@@ -157,7 +157,7 @@ def resubmit(job_id: int, extra_env: dict[str, str], reason: str) -> Job:
         assert chain is not None
         chain.retries_used += 1
         db.add(chain)
-        spec_json = json.loads(Path(old.script_path or "").with_name("spec.json").read_text())
+        spec_json = json.loads(Path(old.script_path or "").with_name(SPEC_FILE).read_text())
     options_data = {k: v for k, v in json.loads(old.options_json).items() if k in JobOptions.__dataclass_fields__}
     options = with_exclusions(JobOptions(**options_data), active_exclusions())
     resolved = _resolved_from_run(spec_json, old)
@@ -172,4 +172,4 @@ def _resolved_from_run(spec_json: dict[str, Any], job: Job) -> ResolvedSpec:
     from ground.spec.schema import ExperimentSpec
 
     spec = ExperimentSpec.model_validate(spec_json["spec"])
-    return ResolvedSpec(name=spec_json["name"], path=Path(job.script_path or "").with_name("spec.json"), spec=spec)
+    return ResolvedSpec(name=spec_json["name"], path=Path(job.script_path or "").with_name(SPEC_FILE), spec=spec)

@@ -19,6 +19,7 @@ from idmctl.executors import executor_for
 from idmctl.executors.base import JobStatus, is_final
 from idmctl.store.db import session
 from idmctl.store.models import Chain, Job, NodeExclusion
+from ground.contract import MLFLOW_RUN_ID_FILE
 
 LOG_TAIL_LINES = 40
 LOG_TAIL_BYTES = 8192
@@ -87,7 +88,7 @@ def _note_mlflow_run(db: object, job: Job) -> None:
     if run_dir is None or chain is None or chain.mlflow_run_id:
         return
     try:
-        chain.mlflow_run_id = (run_dir / "mlflow_run_id").read_text().strip() or None
+        chain.mlflow_run_id = (run_dir / MLFLOW_RUN_ID_FILE).read_text().strip() or None
     except OSError:
         return
     db.add(chain)  # type: ignore[attr-defined]
