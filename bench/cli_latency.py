@@ -81,6 +81,9 @@ def run(fast: bool) -> list[Figure]:
                                   f"mlflow runs list ({mlflow_runs:,} failed runs)", mlflow_list,
                                   target="< 0.5 s and ≥ 3× faster than the mlflow listing",
                                   note="rich table of the 50 newest rows (the default), output to a pipe"))
+            figures.append(Figure(f"idmctl ledger ({jobs:,} jobs, {failures:,} failures)", "s",
+                                  time_command([idmctl, "ledger"], repeats, env, warmup), "python -c pass", python_pass,
+                                  target="< 0.5 s", note="GPU-hours per experiment from every run in the store"))
             for flag in ("--json", "--markdown"):  # every row, read with sqlite3 (no ORM import)
                 figures.append(Figure(f"idmctl failures {flag} ({jobs:,} jobs, {failures:,} failures)", "s",
                                       time_command([idmctl, "failures", flag], repeats, env, warmup),

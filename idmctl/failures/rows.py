@@ -113,26 +113,39 @@ def _when(text: str | None) -> datetime | None:
     return moment.replace(tzinfo=timezone.utc) if moment.tzinfo is None else moment.astimezone(timezone.utc)
 
 
-def read_table_rows(db: Path, experiment: str | None, cause: str | None, newest: int | None,
-                    since: datetime | None = None) -> tuple[list[PostmortemRow], int] | None:
-    """The ``newest`` rows (None: all) ended since ``since``, oldest first, and the count of failed runs
-    (before ``since``), read with sqlite3: exactly what :func:`postmortem.postmortem_rows` and
-    ``count_failures`` return. None when the ORM path must run instead (no store, another schema
-    revision, or jobs that still need classifying)."""
+def open_classified(db: Path) -> sqlite3.Connection | None:
+    """A read-only sqlite3 connection to the store (rows as ``sqlite3.Row``), or None when the ORM path
+    must run instead: no store, another schema revision, or jobs that still need classifying."""
     if not db.exists():
         return None
     connection = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10)
     connection.row_factory = sqlite3.Row
     try:
         revision = connection.execute("SELECT version_num FROM alembic_version").fetchone()
-        if revision is None or revision[0] != HEAD_REVISION:
-            return None
         # The same candidates as postmortem.record_failures: anything that may hold an unclassified failed run.
-        unclassified = connection.execute(
+        unclassified = [] if revision is None or revision[0] != HEAD_REVISION else connection.execute(
             "SELECT state, restarts FROM job WHERE (state != 'COMPLETED' OR restarts > 0) AND NOT EXISTS "
             "(SELECT 1 FROM failure f WHERE f.job_id = job.id AND f.classified_at >= job.updated_at)").fetchall()
-        if any(is_failed_state(row["state"]) or row["restarts"] > 0 for row in unclassified):
-            return None
+    except sqlite3.Error:
+        connection.close()
+        return None
+    if revision is None or revision[0] != HEAD_REVISION or any(
+            is_failed_state(row["state"]) or row["restarts"] > 0 for row in unclassified):
+        connection.close()
+        return None
+    return connection
+
+
+def read_table_rows(db: Path, experiment: str | None, cause: str | None, newest: int | None,
+                    since: datetime | None = None) -> tuple[list[PostmortemRow], int] | None:
+    """The ``newest`` rows (None: all) ended since ``since``, oldest first, and the count of failed runs
+    (before ``since``), read with sqlite3: exactly what :func:`postmortem.postmortem_rows` and
+    ``count_failures`` return. None when the ORM path must run instead (no store, another schema
+    revision, or jobs that still need classifying)."""
+    connection = open_classified(db)
+    if connection is None:
+        return None
+    try:
         where, params = ["f.job_id = j.id"], []
         if experiment:
             where.append("j.experiment = ?")
