@@ -18,16 +18,17 @@ import tempfile
 from pathlib import Path
 
 from bench.common import Figure, time_call, print_figures
+from ground.contract import ENV_HOME
 
 
 def run(fast: bool = False) -> list[Figure] | str:
     from idmctl.jobs.submit import dry_run
 
     repeats = 3 if fast else 15
-    saved = {key: os.environ.get(key) for key in ("IDMCTL_HOME",)}
+    saved = {key: os.environ.get(key) for key in (ENV_HOME,)}
     figures: list[Figure] = []
     with tempfile.TemporaryDirectory(prefix="idmctl-bench-submit-") as tmp:
-        os.environ["IDMCTL_HOME"] = str(Path(tmp) / "home")
+        os.environ[ENV_HOME] = str(Path(tmp) / "home")
         try:
             script = dry_run("quickstart", {}, "local-slurm").script
             render = time_call(lambda: dry_run("quickstart", {}, "local-slurm"), repeats)
@@ -106,7 +107,7 @@ def _submit_figures(fast: bool) -> list[Figure | str] | str:
     repeats = 1 if fast else 5
     idmctl = str(Path(sys.executable).parent / "idmctl")
     with tempfile.TemporaryDirectory(prefix="idmctl-bench-submit-real-") as tmp:
-        env = {**os.environ, "IDMCTL_HOME": str(Path(tmp) / "home"), "CUDA_VISIBLE_DEVICES": ""}
+        env = {**os.environ, ENV_HOME: str(Path(tmp) / "home"), "CUDA_VISIBLE_DEVICES": ""}
         spec = write_quickstart_data(Path(tmp))
 
         def preflight() -> None:

@@ -185,7 +185,7 @@ def build_hidden_cache(spec: ExperimentSpec, processes: int = 1, model_dir: str 
         return {**counts, "processes": 1, "demos": len(demos), "cache_root": str(root)}
     cached_before = sum(is_cached(cache_file(root, d, "safetensors"), data) for d in demos)
     with tempfile.TemporaryDirectory(prefix="idmctl_build_") as scratch:
-        spec_file = Path(scratch) / "spec.json"
+        spec_file = Path(scratch) / "canonical_spec.json"  # a spec dict, not a run directory
         spec_file.write_text(json.dumps(spec.model_dump(mode="json")))
         env = {**os.environ, "PYTHONPATH": f"{REPO_ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
                "OMP_NUM_THREADS": "1"}

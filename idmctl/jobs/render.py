@@ -198,8 +198,8 @@ def render_script(resolved: ResolvedSpec, options: JobOptions, ctx: RenderContex
     """The batch script: #SBATCH header, stage-in, then the trainer under srun with USR1 forwarding."""
     spec = resolved.spec
     spec_file = str(resolved.path)
-    log_path = check_sbatch_path(Path(ctx.log_path), "log path", "IDMCTL_HOME")
-    for name, value in (("IDMCTL_HOME", ctx.idmctl_home), ("run dir", ctx.run_dir),
+    log_path = check_sbatch_path(Path(ctx.log_path), "log path", contract.ENV_HOME)
+    for name, value in ((contract.ENV_HOME, ctx.idmctl_home), ("run dir", ctx.run_dir),
                         ("python", Path(ctx.python)), ("repository", ctx.repo_root)):
         check_shell_path(str(value), name, "environment")
     header = [
@@ -237,7 +237,7 @@ def render_script(resolved: ResolvedSpec, options: JobOptions, ctx: RenderContex
         *(f"export {key}={q(value)}" for key, value in env.items()),
         f"RUN_DIR={q(str(ctx.run_dir))}",
         f"cd {q(str(ctx.repo_root))} || exit 1",
-        'echo "idmctl: job ${SLURM_JOB_ID:-local} chain $IDMCTL_CHAIN_ID attempt $IDMCTL_ATTEMPT'
+        f'echo "idmctl: job ${{SLURM_JOB_ID:-local}} chain ${contract.ENV_CHAIN_ID} attempt ${contract.ENV_ATTEMPT}'
         ' restart ${SLURM_RESTART_COUNT:-0} on $(hostname) at $(date -Is)"',
         "",
         stage,
