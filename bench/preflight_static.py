@@ -40,7 +40,7 @@ def _cold_samples(argv: list[str], repeats: int, root: Path) -> list[float]:
     preflight after a code change)."""
     samples = []
     for i in range(repeats):
-        env = {**os.environ, "IDMCTL_HOME": str(root / f"cold-{i}")}
+        env = {**os.environ, ENV_HOME: str(root / f"cold-{i}")}
         samples += time_command(argv, 1, env, warmup=False)
     return samples
 
