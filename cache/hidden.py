@@ -11,8 +11,9 @@ each range queued first with ``POSIX_FADV_WILLNEED`` so the N reads overlap.
 Cache frame ``f`` of a file shows episode timestep ``f × frame_stride`` (clamped to the episode's
 last step when the episode is shorter than ``frames × frame_stride``).
 
-``legacy_pt`` (card A): a ``torch.save`` dict ``{"hidden_multi": (L, T, H, W, C) bf16, "layers": [...]}``
-read with ``torch.load(mmap=True, weights_only=True)`` (never a full unpickle), sliced and cloned.
+``legacy_pt`` (card A): a ``torch.save`` dict ``{"hidden_multi": (L, T, H, W, C) bf16, "layers": [...]}``.
+Its zip directory and a restricted read of its pickle locate the storage (``cache.legacy_pt``; nothing
+is unpickled), and a selection is the same N exact ``preadv`` ranges as ours.
 """
 
 from __future__ import annotations
@@ -58,9 +59,9 @@ class CacheFileInfo:
     file_bytes: int
     meta: dict[str, Any] = field(default_factory=dict)
     data_start: int = 0
-    """safetensors only: byte offset of the data section."""
+    """Byte offset of the first tensor byte (safetensors data section / the legacy zip's storage)."""
     offsets: dict[int, int] = field(default_factory=dict)
-    """safetensors only: block id → absolute byte offset of its (T, H, W, C) tensor."""
+    """Block id → absolute byte offset of its contiguous (T, H, W, C) tensor (both formats)."""
 
     @property
     def geometry(self) -> HiddenGeometry:
@@ -189,19 +190,14 @@ def _load_legacy(path: Path, mmap: bool) -> dict[str, Any]:
 
 
 def _inspect_legacy(path: Path) -> CacheFileInfo:
-    payload = _load_legacy(path, mmap=True)
-    hidden, layers = payload["hidden_multi"], [int(b) for b in payload["layers"]]
-    if not isinstance(hidden, torch.Tensor) or hidden.ndim != 5:
-        raise _bad(path, f"hidden_multi must be a (L, T, H, W, C) tensor, got {getattr(hidden, 'shape', type(hidden))}")
-    if hidden.dtype not in _SPEC_NAME:
-        raise _bad(path, f"hidden_multi dtype {hidden.dtype} is not bf16/fp16/fp32")
-    if hidden.shape[0] != len(layers):
-        raise _bad(path, f"hidden_multi has {hidden.shape[0]} layers but 'layers' lists {len(layers)}")
-    meta = {key: value for key, value in payload.items() if key not in ("hidden_multi",)
-            and isinstance(value, (int, float, str, list))}
-    _, frames, height, width, channels = hidden.shape
-    return CacheFileInfo(path, "legacy_pt", layers, frames, height, width, channels, _SPEC_NAME[hidden.dtype],
-                         path.stat().st_size, meta)
+    """From the zip directory and a restricted read of data.pkl (cache.legacy_pt), never torch.load."""
+    from cache.legacy_pt import read_layout
+
+    layout = read_layout(path)
+    _, frames, height, width, channels = layout.shape
+    offsets = {block: layout.layer_offset(i) for i, block in enumerate(layout.layers)}
+    return CacheFileInfo(path, "legacy_pt", layout.layers, frames, height, width, channels, layout.dtype,
+                         layout.file_bytes, layout.meta, layout.data_offset, offsets)
 
 
 def inspect_file(path: str | Path) -> CacheFileInfo:
@@ -246,9 +242,12 @@ def _check_selection(info: CacheFileInfo, layer_indices: list[int], frame_start:
                         file=str(info.path), field="data.frame_window", hint="shrink the window")
 
 
-def read_safetensors_slice(info: CacheFileInfo, layer_indices: list[int], frame_start: int,
+def read_exact_slice(info: CacheFileInfo, layer_indices: list[int], frame_start: int,
                            frame_count: int) -> torch.Tensor:
-    """N exact byte ranges (one per layer) straight into the output tensor; nothing else is read."""
+    """N exact byte ranges (one per layer) straight into the output tensor; nothing else is read.
+
+    Works for both formats: each layer is one contiguous (T, H, W, C) run at ``info.offsets[block]``.
+    """
     _check_selection(info, layer_indices, frame_start, frame_count)
     frame_bytes = info.geometry.frame_bytes
     out = torch.empty((len(layer_indices), frame_count, info.height, info.width, info.channels),
@@ -274,9 +273,9 @@ def read_safetensors_slice(info: CacheFileInfo, layer_indices: list[int], frame_
     return out
 
 
-def read_legacy_slice(path: Path, layer_indices: list[int], frame_start: int, frame_count: int,
-                      mmap: bool = True) -> torch.Tensor:
-    """``torch.load(mmap=True)`` then slice + clone: only the touched pages are read (plus readahead)."""
+def read_legacy_torch_load(path: Path, layer_indices: list[int], frame_start: int, frame_count: int,
+                           mmap: bool = True) -> torch.Tensor:
+    """The old way: ``torch.load(mmap=...)`` then slice + clone (kept to measure against; 5.06× the slice)."""
     payload = _load_legacy(path, mmap=mmap)
     hidden = payload["hidden_multi"]
     info = CacheFileInfo(path, "legacy_pt", [int(b) for b in payload["layers"]], hidden.shape[1], hidden.shape[2],
@@ -289,15 +288,16 @@ def read_hidden(path: str | Path, layer_indices: list[int], frame_start: int, fr
                 *, mmap: bool = True, info: CacheFileInfo | None = None) -> torch.Tensor:
     """(N, T_w, H, W, C) in the cache's dtype, for cache indices ``layer_indices`` and a frame window.
 
-    ``mmap=False`` reads the whole file first (what the card's N=12 runs did), for comparison.
+    Both formats read exact byte ranges. ``mmap=False`` reads the whole file first (what the card's
+    N=12 runs did: a full ``torch.load`` of a legacy file), for comparison.
     ``info`` (from :func:`inspect_file`) skips re-parsing the header on hot paths.
     """
     path = Path(path)
-    if path.suffix == ".pt":
-        return read_legacy_slice(path, layer_indices, frame_start, frame_count, mmap=mmap)
+    if path.suffix == ".pt" and not mmap:
+        return read_legacy_torch_load(path, layer_indices, frame_start, frame_count, mmap=False)
     info = info or inspect_file(path)
     if mmap:
-        return read_safetensors_slice(info, layer_indices, frame_start, frame_count)
+        return read_exact_slice(info, layer_indices, frame_start, frame_count)
     _check_selection(info, layer_indices, frame_start, frame_count)
     whole = path.read_bytes()
     geometry = info.geometry

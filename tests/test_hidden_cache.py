@@ -112,7 +112,7 @@ def test_truncated_and_corrupt_files_name_the_file(tmp_path: Path) -> None:
     legacy.write_bytes(legacy.read_bytes()[: legacy.stat().st_size // 2])
     with pytest.raises(UserError) as exc:
         inspect_file(legacy)
-    assert exc.value.line().startswith(f"error: {legacy}:cache: unreadable legacy .pt")
+    assert exc.value.line().startswith(f"error: {legacy}:cache: truncated or corrupt zip: no central directory")
     with pytest.raises(UserError, match="cache file does not exist"):
         inspect_file(tmp_path / "demo_9.safetensors")
 
@@ -136,7 +136,7 @@ def test_wrong_shape_dtype_and_selection(tmp_path: Path) -> None:
     with pytest.raises(UserError, match=r"hidden_multi must be a \(L, T, H, W, C\) tensor"):
         inspect_file(legacy)
     write_legacy(legacy, _hidden().double(), BLOCKS)
-    with pytest.raises(UserError, match="hidden_multi dtype torch.float64 is not bf16/fp16/fp32"):
+    with pytest.raises(UserError, match="stored as DoubleStorage, not bf16/fp16/fp32"):
         inspect_file(legacy)
     with pytest.raises(UserError, match="2 layers of hidden states but 6 block ids"):
         write_hidden(tmp_path / "x.safetensors", _hidden(layers=2), BLOCKS, {})
@@ -183,7 +183,8 @@ def test_cold_reads_touch_only_the_slice(tmp_path: Path) -> None:
     got = read_hidden(legacy, selection, start, window)
     legacy_read = _read_bytes() - before
     assert torch.equal(got, hidden[selection, start:start + window])
-    assert slice_bytes <= legacy_read <= 0.6 * legacy.stat().st_size, (legacy_read, legacy.stat().st_size)
+    # Exact ranges in the zip's storage record too (cache.legacy_pt): no torch.load, no readahead.
+    assert slice_bytes <= legacy_read <= 1.1 * slice_bytes, (legacy_read, slice_bytes)
 
 
 def test_cli_inspect_card_geometry(cli) -> None:
