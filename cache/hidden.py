@@ -23,6 +23,7 @@ import os
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Callable, Iterable
 from typing import Any, Literal
 
 import torch
@@ -97,11 +98,7 @@ def _header_bytes(tensors: dict[str, dict[str, Any]], meta: dict[str, str]) -> b
 
 
 def write_hidden(path: str | Path, hidden: torch.Tensor, layers: list[int], meta: dict[str, Any]) -> None:
-    """Write ``hidden`` (L, T, H, W, C) as one tensor per layer, atomically.
-
-    The file is written beside its target under a temp name, fsynced and renamed over it: a crash
-    leaves no file at ``path``, and readers that mapped an older file keep their (unlinked) inode.
-    """
+    """Write ``hidden`` (L, T, H, W, C) as one tensor per layer, atomically (see :func:`write_layers`)."""
     path = Path(path)
     if hidden.ndim != 5:
         raise _bad(path, f"hidden must be (L, T, H, W, C), got shape {tuple(hidden.shape)}", "fix the builder")
@@ -110,23 +107,47 @@ def write_hidden(path: str | Path, hidden: torch.Tensor, layers: list[int], meta
     if hidden.dtype not in _ST_NAME:
         raise _bad(path, f"dtype {hidden.dtype} is not bf16/fp16/fp32", "cast before writing")
     _, frames, height, width, channels = hidden.shape
-    layer_bytes = frames * height * width * channels * hidden.element_size()
-    tensors = {f"layer_{block}": {"dtype": _ST_NAME[hidden.dtype], "shape": [frames, height, width, channels],
+    write_layers(path, layers, (frames, height, width, channels), _SPEC_NAME[hidden.dtype],
+                 (hidden[i].contiguous().view(torch.uint8).numpy() for i in range(len(layers))), meta)
+
+
+def write_layers(path: str | Path, layers: list[int], shape: tuple[int, int, int, int], dtype: str,
+                 chunks: Iterable[Any], meta: dict[str, Any],
+                 verify: Callable[[Path], None] | None = None) -> None:
+    """Write one (T, H, W, C) tensor per block from ``chunks`` (one bytes-like per layer), atomically.
+
+    Layers stream one at a time (a converter never holds a 3.8 GB file in memory). The file is
+    written beside its target under a temp name, fsynced and renamed over it: a crash leaves no file
+    at ``path``, and readers that opened an older file keep their (unlinked) inode. ``verify`` runs
+    on the complete temp file before the rename: if it raises, nothing appears at ``path``.
+    """
+    path = Path(path)
+    frames, height, width, channels = shape
+    layer_bytes = frames * height * width * channels * _SPEC_DTYPES[dtype].itemsize
+    tensors = {f"layer_{block}": {"dtype": _ST_NAME[_SPEC_DTYPES[dtype]], "shape": [frames, height, width, channels],
                                   "data_offsets": [i * layer_bytes, (i + 1) * layer_bytes]}
                for i, block in enumerate(layers)}
-    full_meta = {"format": FORMAT_TAG, "layers": layers, "frames": frames, "token_grid": [height, width],
-                 "channels": channels, "dtype": _SPEC_NAME[hidden.dtype], **meta}
+    full_meta = {"format": FORMAT_TAG, "layers": list(layers), "frames": frames, "token_grid": [height, width],
+                 "channels": channels, "dtype": dtype, **meta}
     header = _header_bytes(tensors, {key: json.dumps(value) for key, value in full_meta.items()})
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
         with open(tmp, "wb") as handle:
             handle.write(header)
-            for i in range(len(layers)):
-                # One layer at a time: the source may be a multi-GB mmap (convert_legacy).
-                handle.write(hidden[i].contiguous().view(torch.uint8).numpy().tobytes())
+            written = 0
+            for chunk in chunks:
+                if memoryview(chunk).nbytes != layer_bytes:
+                    raise _bad(path, f"layer {written} has {memoryview(chunk).nbytes:,} B, its shape needs "
+                                     f"{layer_bytes:,} B", "fix the writer")
+                handle.write(chunk)
+                written += 1
+            if written != len(layers):
+                raise _bad(path, f"{written} layers written for {len(layers)} block ids", "fix the writer")
             handle.flush()
             os.fsync(handle.fileno())
+        if verify is not None:
+            verify(tmp)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
@@ -196,8 +217,9 @@ def _inspect_legacy(path: Path) -> CacheFileInfo:
     layout = read_layout(path)
     _, frames, height, width, channels = layout.shape
     offsets = {block: layout.layer_offset(i) for i, block in enumerate(layout.layers)}
+    meta = {**layout.meta, **({"storage_crc32": layout.storage_crc32} if layout.storage_crc32 is not None else {})}
     return CacheFileInfo(path, "legacy_pt", layout.layers, frames, height, width, channels, layout.dtype,
-                         layout.file_bytes, layout.meta, layout.data_offset, offsets)
+                         layout.file_bytes, meta, layout.data_offset, offsets)
 
 
 def inspect_file(path: str | Path) -> CacheFileInfo:
@@ -216,17 +238,35 @@ def inspect_file(path: str | Path) -> CacheFileInfo:
 
 def check_matches(info: CacheFileInfo, *, layers: list[int] | None = None, frames: int | None = None,
                   token_grid: tuple[int, int] | None = None, channels: int | None = None,
-                  dtype: str | None = None) -> None:
-    """UserError naming the file when its geometry is not what the spec expects."""
+                  dtype: str | None = None, routed: list[int] | None = None) -> None:
+    """UserError naming the file when its geometry is not what the spec expects.
+
+    ``routed`` (the spec's selected blocks) also accepts a routed-only copy, which holds exactly those
+    blocks (``stage.layers: routed`` / ``idmctl cache convert --layers routed``).
+    """
     expected = {"layers": layers, "frames": frames, "token_grid": tuple(token_grid) if token_grid else None,
                 "channels": channels, "dtype": dtype}
     actual = {"layers": info.layers, "frames": info.frames, "token_grid": (info.height, info.width),
               "channels": info.channels, "dtype": info.dtype}
+    if routed is not None and info.layers == list(routed):
+        expected["layers"] = None
     for key, want in expected.items():
         if want is not None and actual[key] != want:
             raise UserError(f"file has {key} {actual[key]} but the spec says {want}", file=str(info.path),
                             field=f"data.{'cached_layers' if key == 'layers' else key}",
                             hint="fix the spec or rebuild the cache")
+
+
+def file_positions(info: CacheFileInfo, cached_layers: list[int] | None, indices: list[int]) -> list[int]:
+    """Where the spec's cache indices lie in this file: themselves in a full file, remapped by block
+    id in a routed-only copy (which holds just the selected blocks, in order)."""
+    if cached_layers is None or info.layers == list(cached_layers):
+        return list(indices)
+    try:
+        return [info.layers.index(cached_layers[i]) for i in indices]
+    except (ValueError, IndexError):
+        raise UserError(f"file holds blocks {info.layers}, not the selected ones", file=str(info.path),
+                        field="data.selected_layer_indices", hint="stage or convert the routed layers again") from None
 
 
 # --- reading ---------------------------------------------------------------------------------------

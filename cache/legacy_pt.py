@@ -135,6 +135,9 @@ class LegacyLayout:
     """Absolute byte offset of element [0, 0, 0, 0, 0] of ``hidden_multi``."""
     meta: dict[str, Any]
     """The dict's other plain entries (ints, floats, strings, lists), e.g. ``frame_stride``."""
+    storage_crc32: int | None = None
+    """The zip's CRC-32 of the storage record, when ``hidden_multi`` is exactly that storage: a
+    converter reading every layer can check the bytes it read against what torch.save wrote."""
 
     @property
     def layer_bytes(self) -> int:
@@ -229,9 +232,11 @@ def read_layout(path: str | Path) -> LegacyLayout:
         os.close(fd)
     meta = {key: value for key, value in payload.items()
             if key not in ("hidden_multi", "layers") and isinstance(value, (int, float, str, list))}
+    whole = tensor.offset == 0 and _numel(tensor.shape) == tensor.storage.numel
     return LegacyLayout(path, size, [int(b) for b in layers], tensor.shape,  # type: ignore[arg-type]
                         tensor.storage.dtype, tensor.storage.itemsize,
-                        start + tensor.offset * tensor.storage.itemsize, meta)
+                        start + tensor.offset * tensor.storage.itemsize, meta,
+                        record.CRC if whole else None)
 
 
 def _numel(shape: tuple[int, ...]) -> int:

@@ -141,3 +141,42 @@ def build_hidden_cmd(
         return
     console.print(f"built {summary['built']} files, skipped {summary['skipped']} already cached, "
                   f"{summary['processes']} process(es) → {summary['cache_root']}", markup=False)
+
+
+def default_convert_out(cache_root: str, blocks: list[int] | None) -> str:
+    """``<cache_root>_safetensors`` for all layers, ``<cache_root>_blocks_5-14-23-32`` for routed ones."""
+    root = str(expand_path(cache_root)).rstrip("/")
+    return f"{root}_blocks_{'-'.join(str(b) for b in blocks)}" if blocks else f"{root}_safetensors"
+
+
+@app.command("convert")
+def convert_cmd(
+    experiment: ExperimentArg,
+    layers: Annotated[str, typer.Option("--layers", help="routed: only the blocks the spec selects; all: every "
+                                        "cached block.")] = "all",
+    out: Annotated[str | None, typer.Option("--out", help="Output directory (default beside data.cache_root).")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Convert the cache to our per-layer safetensors: exact reads, verified, resumable, kill-safe."""
+    from cache.convert import SUFFIXES, convert_dir  # imports torch only when converting
+
+    from ground.errors import UserError
+    from ground.spec import load_spec
+
+    if layers not in ("all", "routed"):
+        raise UserError(f"--layers {layers!r} is not routed|all", field="--layers", hint="use --layers routed or all")
+    resolved = load_spec(experiment)
+    data = resolved.spec.data
+    blocks = data.selected_blocks if layers == "routed" else None
+    dest = out or default_convert_out(data.cache_root, blocks)
+    totals = convert_dir(expand_path(data.cache_root), expand_path(dest), SUFFIXES[data.cache_format], blocks,
+                         progress=not as_json)
+    if as_json:
+        emit_json({"experiment": resolved.name, "out": str(dest), "layers": layers, "blocks": blocks, **totals})
+        return
+    console.print(f"converted {totals['converted']}, already done {totals['skipped']} of {totals['files']} files "
+                  f"→ {dest}: read {format_bytes(totals['bytes_read'])}, wrote {format_bytes(totals['bytes_written'])} "
+                  f"in {totals['seconds']:.1f} s, every layer verified against its source bytes (CRC-32)", markup=False)
+    console.print(f"use it: data.cache_root: {dest} and data.cache_format: safetensors"
+                  + (" (a routed-only copy: the spec's cached_layers and selected_layer_indices stay as they are)"
+                     if blocks else ""), markup=False)

@@ -228,7 +228,9 @@ def render_script(resolved: ResolvedSpec, options: JobOptions, ctx: RenderContex
     for key, value in env.items():
         if not re.match(r"^[A-Z_][A-Z0-9_]*$", key):
             raise UserError(f"{key!r} is not an environment variable name", field="env")
-    stage = _stage_block(spec.stage.enabled, spec.data.cache_root, spec.stage.dest, spec_file)
+    stage = _stage_block(spec.stage.enabled, spec.data.cache_root, spec.stage.dest, spec_file,
+                         routed_blocks=spec.data.selected_blocks if spec.stage.layers == "routed" else None,
+                         suffix=".pt" if spec.data.cache_format == "legacy_pt" else ".safetensors", python=ctx.python)
     q = shlex.quote
     body = [
         "set -uo pipefail",
@@ -268,13 +270,25 @@ def render_script(resolved: ResolvedSpec, options: JobOptions, ctx: RenderContex
     return "\n".join([*header, *body]) + "\n"
 
 
-def _stage_block(enabled: bool, cache_root: str, dest: str, spec_file: str) -> str:
+def _stage_block(enabled: bool, cache_root: str, dest: str, spec_file: str, *, routed_blocks: list[int] | None = None,
+                 suffix: str = ".pt", python: str = "python3") -> str:
     if not enabled:
         return "# stage-in: disabled (stage.enabled: false); the trainer reads data.cache_root in place"
     src_path = check_shell_path(cache_root, "data.cache_root", spec_file)
     dest_path = check_shell_path(dest, "stage.dest", spec_file)
     q = shlex.quote
     marker = f"{dest_path}/{contract.STAGE_MARKER}"
+    tool = "cp" if routed_blocks is None else "cache.convert"
+    if routed_blocks is None:
+        copy = ['  echo "idmctl: stage-in $STAGE_SRC -> $STAGE_DEST ($(du -sb "$STAGE_SRC" | cut -f1) bytes)"',
+                '  mkdir -p "$STAGE_DEST" && cp -a "$STAGE_SRC/." "$STAGE_DEST/" 2>"$RUN_DIR/stage.err"']
+    else:
+        # stage.layers: routed: exact reads of the selected blocks only, written as verified safetensors;
+        # resumable after a preemption (finished files are kept).
+        blocks = ",".join(str(b) for b in routed_blocks)
+        copy = [f'  echo "idmctl: stage-in blocks {blocks} of $STAGE_SRC -> $STAGE_DEST (stage.layers: routed)"',
+                f'  mkdir -p "$STAGE_DEST" && {q(python)} -m cache.convert "$STAGE_SRC" "$STAGE_DEST" '
+                f'--blocks {blocks} --suffix {suffix} >/dev/null 2>"$RUN_DIR/stage.err"']
     return "\n".join([
         "# stage-in: copy the cache to node-local disk once; the marker says a copy finished.",
         f"STAGE_SRC={q(str(src_path))}",
@@ -282,11 +296,10 @@ def _stage_block(enabled: bool, cache_root: str, dest: str, spec_file: str) -> s
         f'if [ -e {q(marker)} ]; then',
         '  echo "idmctl: stage-in skipped: $STAGE_DEST already staged"',
         "else",
-        '  echo "idmctl: stage-in $STAGE_SRC -> $STAGE_DEST ($(du -sb "$STAGE_SRC" | cut -f1) bytes)"',
-        '  mkdir -p "$STAGE_DEST" && cp -a "$STAGE_SRC/." "$STAGE_DEST/" 2>"$RUN_DIR/stage.err"',
+        *copy,
         "  STAGE_STATUS=$?",
         '  if [ "$STAGE_STATUS" -ne 0 ]; then',
-        '    echo "idmctl: stage-in FAILED (cp exit $STAGE_STATUS): $(tail -n 1 "$RUN_DIR/stage.err");'
+        f'    echo "idmctl: stage-in FAILED ({tool} exit $STAGE_STATUS): $(tail -n 1 "$RUN_DIR/stage.err");'
         ' free on $STAGE_DEST: $(df -B1 --output=avail "$STAGE_DEST" | tail -n 1) bytes"',
         "    exit 1",
         "  fi",
