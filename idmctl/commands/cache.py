@@ -46,6 +46,8 @@ def _on_disk(spec: ExperimentSpec) -> dict[str, Any]:
         found["checked_file"] = str(files[0])
         found["frame_stride"] = info.frame_stride
         found["encoder"] = info.meta.get("encoder")
+        for key in ("vae", "transformer", "text_conditioning"):
+            found[key] = info.meta.get(key)
     return found
 
 
@@ -119,23 +121,29 @@ def inspect_cmd(experiment: ExperimentArg, as_json: JsonOpt = False) -> None:
         checked = f", {Path(report['checked_file']).name} matches the spec" if report.get("checked_file") else ""
         out(f"on this machine: {report['files']:,} files, {report['bytes_on_disk']:,} B "
             f"({format_bytes(report['bytes_on_disk'])}){checked}", markup=False)
+        for key in ("vae", "transformer", "text_conditioning"):
+            if report.get("checked_file"):
+                out(f"built by        {key}: {report.get(key) or 'unrecorded'}", markup=False)
 
 
 @app.command("build-hidden")
 def build_hidden_cmd(
     experiment: ExperimentArg,
     processes: Annotated[int, typer.Option("--processes", min=1, help="accelerate processes (work is sharded).")] = 1,
-    model_dir: Annotated[str | None, typer.Option("--model-dir", help="Local Cosmos weights (from_pretrained); "
-                                                  "default: a tiny random-weight config.")] = None,
+    model_dir: Annotated[str | None, typer.Option("--model-dir", help="Local folder with vae/ and transformer/ "
+                                                  "(from_pretrained); default: tiny seeded configs.")] = None,
+    text_encoder_dir: Annotated[str | None, typer.Option("--text-encoder-dir", help="Local T5 (text_encoder/ + "
+                                                         "tokenizer/), used when there is no prompt_embeddings/.")] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Run the frozen Cosmos transformer over every episode and cache the spec's blocks' hidden states."""
+    """Encode every episode with the Wan VAE + frozen Cosmos transformer; cache the spec's blocks' hidden states."""
     from trainers.build_hidden_cache import build_hidden_cache  # imports torch only when building
 
     from ground.spec import load_spec  # pydantic loads only for cache commands
 
     resolved = load_spec(experiment)
-    summary = build_hidden_cache(resolved.spec, processes=processes, model_dir=model_dir)
+    summary = build_hidden_cache(resolved.spec, processes=processes, model_dir=model_dir,
+                                 text_encoder_dir=text_encoder_dir)
     if as_json:
         emit_json({"experiment": resolved.name, **summary})
         return
