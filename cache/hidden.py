@@ -347,18 +347,6 @@ def read_hidden(path: str | Path, layer_indices: list[int], frame_start: int, fr
     return torch.stack([layer[frame_start:frame_start + frame_count] for layer in layers])
 
 
-def convert_legacy(pt_path: str | Path, out_path: str | Path, *, demo: str | None = None,
-                   encoder: str = "cosmos", encoder_version: str = "legacy", frame_stride: int = 1) -> CacheFileInfo:
-    """Rewrite a card-format ``.pt`` in our format, streaming one layer at a time from the mmap."""
-    pt_path = Path(pt_path)
-    payload = _load_legacy(pt_path, mmap=True)
-    info = _inspect_legacy(pt_path)
-    meta = {"encoder": encoder, "encoder_version": encoder_version, "demo": demo or pt_path.stem,
-            "frame_stride": int(payload.get("frame_stride", frame_stride)), "converted_from": str(pt_path)}
-    write_hidden(out_path, payload["hidden_multi"], info.layers, meta)
-    return inspect_file(out_path)
-
-
 def write_legacy(path: str | Path, hidden: torch.Tensor, layers: list[int], **extra: Any) -> None:
     """Write a card-format ``.pt`` dict (tests and converters; the lab's builder made these)."""
     path = Path(path)

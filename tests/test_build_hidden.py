@@ -59,8 +59,8 @@ def test_build_captures_every_cached_block_and_skips_on_rerun(quick: tuple[Exper
     for name, steps in zip(names, STEPS):
         info = inspect_file(cache_file(expand_path(spec.data.cache_root), name, "safetensors"))
         assert (info.layers, info.frames, info.height, info.width, info.channels) == ([0, 1, 2, 3], 8, 4, 4, 32)
-        # 8 latent frames = 29 video frames; latent frame f ends at video frame 4f.
-        assert info.frame_stride == 4 * max(1, (steps - 1) // 28)
+        # 8 latent frames (29 video frames) spanning the episode: cache frame f = timestep f × stride.
+        assert info.frame_stride == max(1, (steps - 1) // 7)
         assert info.meta["demo"] == name and info.meta["text_conditioning"] == "zeros"
         assert info.meta["vae"].startswith("AutoencoderKLWan:tiny config:") and info.meta["vae"].endswith(
             "weights:tiny-seed0")

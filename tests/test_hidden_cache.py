@@ -16,12 +16,12 @@ from safetensors import safe_open
 from cache.hidden import (
     cache_file,
     check_matches,
-    convert_legacy,
     inspect_file,
     read_hidden,
     write_hidden,
     write_legacy,
 )
+from cache.convert import convert_file
 from hidden_quick_spec import use_hidden_quick
 from ground.errors import UserError
 
@@ -88,8 +88,9 @@ def test_legacy_read_and_convert(tmp_path: Path) -> None:
     assert (info.format, info.layers, info.frames, info.dtype) == ("legacy_pt", BLOCKS, 8, "bfloat16")
     torch.testing.assert_close(read_hidden(legacy, [1, 4], 3, 5), hidden[[1, 4], 3:8], rtol=0, atol=0)
     torch.testing.assert_close(read_hidden(legacy, [1, 4], 3, 5, mmap=False), hidden[[1, 4], 3:8], rtol=0, atol=0)
-    converted = convert_legacy(legacy, tmp_path / "out" / "demo_0.safetensors")
-    assert converted.layers == BLOCKS and converted.frame_stride == 2 and converted.meta["demo"] == "demo_0"
+    convert_file(legacy, tmp_path / "out" / "demo_0.safetensors")
+    converted = inspect_file(tmp_path / "out" / "demo_0.safetensors")
+    assert converted.layers == BLOCKS and converted.frame_stride == 2
     torch.testing.assert_close(read_hidden(converted.path, list(range(6)), 0, 8), hidden, rtol=0, atol=0)
 
 

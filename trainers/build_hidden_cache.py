@@ -7,8 +7,10 @@ output of ``transformer_blocks[i]`` for every ``i`` in ``data.cached_layers`` wi
 write ``(L, T, H, W, C)`` in our safetensors format (``cache.hidden``). See ``trainers.cosmos_encode``
 for the pipeline steps and ``trainers.text_condition`` for the prompt.
 
-Cache frame ``f`` is latent frame ``f``, which ends at video frame ``4f``: it shows episode timestep
-``4f × pixel stride`` (``frame_stride`` in the metadata is ``4 × pixel stride``).
+Cache frame ``f`` is latent frame ``f``, which ends at video frame ``4f``. Video frame ``p`` is episode
+timestep ``round(p × stride / 4)`` with ``stride`` the largest that keeps ``data.frames`` latent frames
+inside the episode, so cache frame ``f`` shows timestep ``f × stride`` (``frame_stride`` in the metadata)
+and the cache spans the whole episode, as before the VAE was in the path.
 
 Models are frozen: tiny seeded configs by default (tests, quickstart), or real weights from local
 directories (``--model-dir`` with ``vae/`` and ``transformer/``). Each file records both models'
@@ -64,9 +66,8 @@ def encode_demo(vae: Any, transformer: Any, text: torch.Tensor, episodes: Episod
                 data: DataSpec) -> tuple[torch.Tensor, int]:
     """(L, T, H, W, C) hidden states of the cached blocks, and the cache frame stride in timesteps."""
     steps = episodes.num_samples(demo)
-    video_frames = pixel_frames(data.frames)
-    stride = frame_stride(steps, video_frames)
-    times = [min(f * stride, steps - 1) for f in range(video_frames)]
+    stride = frame_stride(steps, data.frames)
+    times = [min(round(p * stride / VAE_TEMPORAL), steps - 1) for p in range(pixel_frames(data.frames))]
     latents = encode_latents(vae, video_tensor(episodes.obs(demo, camera_key(episodes, demo))[times], data))
     height, width = data.token_grid
     if latents.shape[2] != data.frames or latents.shape[3] != 2 * height or latents.shape[4] != 2 * width:
@@ -76,7 +77,7 @@ def encode_demo(vae: Any, transformer: Any, text: torch.Tensor, episodes: Episod
     captured = hidden_states(transformer, latents, text, list(data.cached_layers))
     # Blocks emit (T·H·W, C) tokens flattened frame-major; unflatten to the cache's (T, H, W, C).
     hidden = torch.stack([tokens.reshape(data.frames, height, width, data.channels) for tokens in captured])
-    return hidden.to(_DTYPES[data.dtype]), VAE_TEMPORAL * stride
+    return hidden.to(_DTYPES[data.dtype]), stride
 
 
 def is_cached(path: Path, data: DataSpec, built_by: dict[str, str] | None = None) -> bool:
@@ -96,7 +97,7 @@ def _require_safetensors(data: DataSpec) -> None:
     if data.cache_format != "safetensors":
         raise UserError(f"the builder writes safetensors, the spec says {data.cache_format}",
                         field="data.cache_format", hint="set data.cache_format: safetensors "
-                        "(convert old .pt files with cache.hidden.convert_legacy)")
+                        "(convert a legacy .pt cache with `idmctl cache convert EXP`)")
 
 
 def build_shard(spec: ExperimentSpec, process_index: int, num_processes: int, model_dir: str | None = None,
