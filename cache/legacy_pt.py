@@ -207,6 +207,8 @@ def read_layout(path: str | Path) -> LegacyLayout:
                                  f"{getattr(tensor, 'shape', type(tensor).__name__)}")
             if not isinstance(layers, list) or not all(isinstance(b, int) for b in layers):
                 raise _bad(path, "'layers' must be a list of block ids")
+            if len(set(layers)) != len(layers):
+                raise _bad(path, f"'layers' lists a block twice: {layers}")
             if tensor.shape[0] != len(layers):
                 raise _bad(path, f"hidden_multi has {tensor.shape[0]} layers but 'layers' lists {len(layers)}")
             if not tensor.contiguous:

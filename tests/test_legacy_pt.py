@@ -111,6 +111,9 @@ def test_not_what_it_claims(tmp_path: Path) -> None:
     _save(path, {"hidden_multi": _hidden().transpose(3, 4), "layers": BLOCKS})
     with pytest.raises(UserError, match="saved non-contiguous"):
         inspect_file(path)
+    _save(path, {"hidden_multi": _hidden(), "layers": [2, 5, 5, 11]})
+    with pytest.raises(UserError, match=r"'layers' lists a block twice: \[2, 5, 5, 11\]"):
+        inspect_file(path)
     _save(path, {"hidden_multi": _hidden(), "layers": BLOCKS[:3]})
     with pytest.raises(UserError, match="hidden_multi has 4 layers but 'layers' lists 3"):
         inspect_file(path)
