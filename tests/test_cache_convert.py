@@ -19,8 +19,10 @@ from cache.registry import build_dataset
 from ground.errors import UserError
 from ground.spec import load_spec
 from idmctl.jobs.render import _stage_block
+from idmctl.preflight import cache as cache_check
 from idmctl.preflight import disk, qos
 from idmctl.preflight.result import Measurements, PreflightContext, Status
+from idmctl.preflight.runner import gather
 from idmctl.profile import load_profile
 from trainers.tiny_data import tiny_spec, write_tiny_routed_data
 
@@ -73,6 +75,13 @@ def test_routed_copy_reads_the_same_samples(cli, legacy) -> None:
     assert len(source) == len(staged) > 0
     for item in range(len(source)):
         assert torch.equal(source[item]["hidden"], staged[item]["hidden"])
+    # Pointed at directly (data.cache_root: the copy), preflight and `cache inspect` accept it too.
+    data = routed_spec.data.model_copy(update={"cache_root": str(routed_root), "cache_format": "safetensors"})
+    on_copy = routed_spec.model_copy(update={"data": data})
+    resolved = load_spec(str(spec))
+    named = type(resolved)(resolved.name, resolved.path, on_copy)
+    local = load_profile("local")[0]
+    assert cache_check.check(PreflightContext(named, local, gather(named, local))).status is Status.PASS
     # The routed copy holds 2 of 4 layers: half the bytes of the tensors.
     legacy_bytes = sum(inspect_file(p).geometry.file_bytes for p in legacy_root.glob("*.pt"))
     routed_bytes = sum(inspect_file(p).geometry.file_bytes for p in routed_root.glob("*.safetensors"))

@@ -42,7 +42,7 @@ def _on_disk(spec: ExperimentSpec) -> dict[str, Any]:
 
         info = inspect_file(files[0])
         check_matches(info, layers=data.cached_layers, frames=data.frames, token_grid=data.token_grid,
-                      channels=data.channels, dtype=data.dtype)
+                      channels=data.channels, dtype=data.dtype, routed=data.selected_blocks)
         found["checked_file"] = str(files[0])
         found["frame_stride"] = info.frame_stride
         found["encoder"] = info.meta.get("encoder")

@@ -35,7 +35,7 @@ def inspect_split(spec: ExperimentSpec, split: str) -> CacheInspection:
         try:
             info = inspect_file(path)
             check_matches(info, layers=data.cached_layers, frames=data.frames, token_grid=data.token_grid,
-                          channels=data.channels, dtype=data.dtype)
+                          channels=data.channels, dtype=data.dtype, routed=data.selected_blocks)
         except UserError as exc:
             mismatched.append(f"{demo}: {exc.what}")
             continue
