@@ -165,3 +165,5 @@ def test_cli_build_then_inspect(cli, quick: tuple[ExperimentSpec, list[str]]) ->
     per_file = 4096 + 4 * 8 * 4 * 4 * 32 * 4  # page-aligned header + (L, T, H, W, C) float32
     assert f"on this machine: 4 files, {4 * per_file:,} B (278.5 kB), demo_0.safetensors matches the spec" in shown.output
     assert "all layers      4 layers × 2 frames × 4 × 4 × 32 × 4 B = 16,384 B (16.4 kB)  → 2.0× less" in shown.output
+    assert "built by        transformer: CosmosTransformer3DModel:tiny config:" in shown.output
+    assert "built by        text_conditioning: zeros" in shown.output
