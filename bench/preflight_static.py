@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from bench.common import Figure, time_call, time_command
+from ground.contract import ENV_HOME
 
 VENV_BIN = Path(sys.executable).parent
 
@@ -39,7 +40,7 @@ def _cold_samples(argv: list[str], repeats: int, root: Path) -> list[float]:
     preflight after a code change)."""
     samples = []
     for i in range(repeats):
-        env = {**os.environ, "IDMCTL_HOME": str(root / f"cold-{i}")}
+        env = {**os.environ, ENV_HOME: str(root / f"cold-{i}")}
         samples += time_command(argv, 1, env, warmup=False)
     return samples
 
@@ -48,8 +49,8 @@ def run(fast: bool) -> list[Figure]:
     repeats = 1 if fast else 5  # a cold preflight process takes seconds here
     argv = [str(VENV_BIN / "idmctl"), "preflight", "latent_c_n4", "--cluster", "card", "--no-smoke", "--json"]
     with tempfile.TemporaryDirectory() as tmp:
-        env = {**os.environ, "IDMCTL_HOME": str(Path(tmp) / "home")}
-        os.environ["IDMCTL_HOME"] = env["IDMCTL_HOME"]
+        env = {**os.environ, ENV_HOME: str(Path(tmp) / "home")}
+        os.environ[ENV_HOME] = env[ENV_HOME]
         time_command(argv, 1, env, warmup=False)  # also warms .pyc files for the cold samples
         cold = _cold_samples(argv, repeats, Path(tmp))
         warm_process = time_command(argv, repeats, env, warmup=False)  # the memo from the runs above
@@ -96,7 +97,7 @@ def write_quickstart_data(root: Path) -> Path:
 def run(fast: bool) -> list[Figure]:  # type: ignore[no-redef]
     figures = _static_figures(fast)
     with tempfile.TemporaryDirectory() as tmp:
-        env = {**os.environ, "IDMCTL_HOME": str(Path(tmp) / "home"), "CUDA_VISIBLE_DEVICES": ""}
+        env = {**os.environ, ENV_HOME: str(Path(tmp) / "home"), "CUDA_VISIBLE_DEVICES": ""}
         spec = write_quickstart_data(Path(tmp))
         argv = [str(VENV_BIN / "idmctl"), "preflight", str(spec), "--cluster", "local", "--json"]
         full = time_command(argv, 1 if fast else 2, env, warmup=not fast)

@@ -18,16 +18,17 @@ import tempfile
 from pathlib import Path
 
 from bench.common import Figure, time_call, print_figures
+from ground.contract import ENV_HOME
 
 
 def run(fast: bool = False) -> list[Figure] | str:
     from idmctl.jobs.submit import dry_run
 
     repeats = 3 if fast else 15
-    saved = {key: os.environ.get(key) for key in ("IDMCTL_HOME",)}
+    saved = {key: os.environ.get(key) for key in (ENV_HOME,)}
     figures: list[Figure] = []
     with tempfile.TemporaryDirectory(prefix="idmctl-bench-submit-") as tmp:
-        os.environ["IDMCTL_HOME"] = str(Path(tmp) / "home")
+        os.environ[ENV_HOME] = str(Path(tmp) / "home")
         try:
             script = dry_run("quickstart", {}, "local-slurm").script
             render = time_call(lambda: dry_run("quickstart", {}, "local-slurm"), repeats)
@@ -106,7 +107,7 @@ def _submit_figures(fast: bool) -> list[Figure | str] | str:
     repeats = 1 if fast else 5
     idmctl = str(Path(sys.executable).parent / "idmctl")
     with tempfile.TemporaryDirectory(prefix="idmctl-bench-submit-real-") as tmp:
-        env = {**os.environ, "IDMCTL_HOME": str(Path(tmp) / "home"), "CUDA_VISIBLE_DEVICES": ""}
+        env = {**os.environ, ENV_HOME: str(Path(tmp) / "home"), "CUDA_VISIBLE_DEVICES": ""}
         spec = write_quickstart_data(Path(tmp))
 
         def preflight() -> None:
@@ -136,7 +137,7 @@ def _submit_figures(fast: bool) -> list[Figure | str] | str:
             raise RuntimeError("the working tree kept changing between preflight and submit")
 
         preflight()
-        checks_figure = _checks_in_process(spec, Path(env["IDMCTL_HOME"]), 3 if fast else 15)
+        checks_figure = _checks_in_process(spec, Path(env[ENV_HOME]), 3 if fast else 15)
         ours = [submit_with_cached_preflight() for _ in range(repeats)]
         script = scripts[0]
         raw = [_timed_submission(["sbatch", "--parsable", script], env, lambda out: out.strip().split(";")[0])
@@ -172,8 +173,8 @@ def _checks_in_process(spec: Path, home: Path, repeats: int) -> Figure:
 
     from bench.common import time_call
 
-    saved = os.environ.get("IDMCTL_HOME")
-    os.environ["IDMCTL_HOME"] = str(home)
+    saved = os.environ.get(ENV_HOME)
+    os.environ[ENV_HOME] = str(home)
     try:
         from ground.contract import code_version
         from idmctl.jobs.effective import build
@@ -187,9 +188,9 @@ def _checks_in_process(spec: Path, home: Path, repeats: int) -> Figure:
         samples = time_call(lambda: admissions.append(judge(job, passing, version)), repeats)
     finally:
         if saved is None:
-            os.environ.pop("IDMCTL_HOME", None)
+            os.environ.pop(ENV_HOME, None)
         else:
-            os.environ["IDMCTL_HOME"] = saved
+            os.environ[ENV_HOME] = saved
     per_check = {name: statistics.median(a.check_ms[name] for a in admissions) for name in admissions[0].check_ms}
     shown = ", ".join(f"{name} {ms:.2f}" for name, ms in per_check.items())
     return Figure("submit-time checks on the effective job (in-process, quickstart data)", "s", samples,

@@ -27,6 +27,14 @@ def emit_json(data: Any) -> None:
     sys.stdout.flush()
 
 
+def emit_json_rows(rows: list[Any]) -> None:
+    """A JSON list with one compact element per line. ``indent`` makes json use its pure-Python encoder
+    (~70 ms for `failures --json`'s 2,000 rows); per-row dumps stay in the C encoder (~10 ms)."""
+    body = ",\n".join(json.dumps(row, default=str) for row in rows)
+    sys.stdout.write(f"[\n{body}\n]\n" if rows else "[]\n")
+    sys.stdout.flush()
+
+
 def make_table(*columns: str, title: str | None = None) -> Table:
     table = Table(title=title, show_lines=False, header_style="bold")
     for column in columns:

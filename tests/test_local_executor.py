@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from sqlmodel import select
 
+from ground.contract import EXIT_REQUEUE
 from idmctl.executors.local import LocalExecutor
 from idmctl.store.db import session
 from idmctl.store.models import Chain, Job
@@ -88,7 +89,7 @@ def test_checkpointed_exit_is_resubmitted_into_the_chain_and_resumes(cli, monkey
     report = json.loads(cli("sync", "--json").stdout)
     assert len(report["resubmitted"]) == 1
     first, second = _jobs()
-    assert (first.state, first.exit_code) == ("PREEMPTED", "75:0")
+    assert (first.state, first.exit_code) == ("PREEMPTED", f"{EXIT_REQUEUE}:0")
     assert (second.chain_id, second.attempt) == (first.chain_id, 2)
     _wait(second.scheduler_id)
     cli("sync")

@@ -9,6 +9,7 @@ from ground.spec.loader import ResolvedSpec
 from idmctl.preflight import disk, io, qos
 from idmctl.preflight.result import PreflightContext, Status
 from idmctl.profile import load_profile
+from ground.contract import ENV_HOME, ENV_RANK_DIGESTS
 
 SAMPLE_BYTES = 4 * 5 * 27 * 48 * 5120 * 2  # latent_c_n4: N=4 layers × 5 frames × 27×48 tokens × 5120 ch × bf16
 CACHE_BYTES = 7_151_073_361_920  # 1,871 files × 3,822,059,520 B (data.cache_files)
@@ -78,8 +79,8 @@ def test_two_node_fabric_job_completes_with_identical_parameters(cli, tiny_cache
 
     monkeypatch.setenv("SLURM_CONF", slurm_conf())
     home = Path(tempfile.mkdtemp(prefix="idmctl-2node-"))  # outlives pytest's pruning while the job runs
-    monkeypatch.setenv("IDMCTL_HOME", str(home))
-    monkeypatch.setenv("IDMCTL_TEST_RANK_DIGESTS", "1")
+    monkeypatch.setenv(ENV_HOME, str(home))
+    monkeypatch.setenv(ENV_RANK_DIGESTS, "1")
     try:
         spec = tiny_cache.spec_file(home / "specs", "two_node", stage={"enabled": True, "dest": str(home / "scratch")},
                                     resources={"nodes": 2, "cpu_ranks": 1, "cpus": 1, "mem": "1500MB"},

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ground.contract import ENV_HOME
+
 REPO = Path(__file__).resolve().parent.parent
 PROBE = """
 import json, runpy, sys
@@ -22,7 +24,7 @@ print(json.dumps({"torch_imported": "torch" in sys.modules}))
 
 
 def _preflight(spec: Path, home: Path, *flags: str) -> tuple[dict, bool]:
-    env = {**os.environ, "IDMCTL_HOME": str(home), "PYTHONPATH": str(REPO)}
+    env = {**os.environ, ENV_HOME: str(home), "PYTHONPATH": str(REPO)}
     done = subprocess.run([sys.executable, "-c", PROBE, str(spec), *flags], capture_output=True, text=True, env=env,
                           cwd=REPO, timeout=300)
     report, probe = done.stdout.strip().rsplit("\n", 1)

@@ -10,6 +10,7 @@ import yaml
 
 from idmctl.jobs.render import RenderContext, render_script, resolve_options
 from ground.spec.loader import load_spec
+from ground.contract import STAGE_MARKER
 
 
 def _spec_file(tmp_path: Path, **sections: dict) -> Path:
@@ -90,7 +91,7 @@ def test_stage_in_disk_full_fails_with_clear_line(tmp_path: Path, idmctl_home: P
     assert result.returncode == 1
     assert "idmctl: stage-in FAILED (cp exit 1)" in result.stdout
     assert "No space left on device" in result.stdout
-    assert not (tmp_path / "dest" / ".idmctl_staged").exists()
+    assert not (tmp_path / "dest" / STAGE_MARKER).exists()
 
 
 SPEC_INJECTIONS = [

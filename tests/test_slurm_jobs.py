@@ -18,6 +18,7 @@ from sqlmodel import select
 from idmctl.store.db import session
 from idmctl.store.models import Chain, Job
 from slurm_support import sh, slurm_conf, squeue_state, text_so_far, wait_until
+from ground.contract import ENV_CLUSTER, ENV_HOME, MLFLOW_RUN_ID_FILE
 
 pytestmark = pytest.mark.slurm
 REPO = Path(__file__).resolve().parent.parent
@@ -26,11 +27,11 @@ REPO = Path(__file__).resolve().parent.parent
 @pytest.fixture(autouse=True)
 def slurm_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     monkeypatch.setenv("SLURM_CONF", slurm_conf())
-    monkeypatch.setenv("IDMCTL_CLUSTER", "local-slurm")
+    monkeypatch.setenv(ENV_CLUSTER, "local-slurm")
     # Jobs outlive a test's assertions by seconds; other pytest sessions on a shared host prune old
     # pytest-of-<user> directories, so run directories live in a directory of this test's own.
     home = Path(tempfile.mkdtemp(prefix="idmctl-slurm-test-"))
-    monkeypatch.setenv("IDMCTL_HOME", str(home))
+    monkeypatch.setenv(ENV_HOME, str(home))
     yield home
     shutil.rmtree(home, ignore_errors=True)
 
@@ -96,7 +97,7 @@ def test_two_task_fabric_job_completes_and_sync_records_times(cli, tiny_cache, s
     with session() as db:
         chain = db.get(Chain, job.chain_id)
         assert chain.status == "COMPLETED"
-        assert chain.mlflow_run_id == (Path(submitted["script"]).parent / "mlflow_run_id").read_text().strip()
+        assert chain.mlflow_run_id == (Path(submitted["script"]).parent / MLFLOW_RUN_ID_FILE).read_text().strip()
     listing = cli("jobs", "--json")
     (row,) = json.loads(listing.stdout)
     assert row["state"] == "COMPLETED" and row["queue_wait_s"] is not None and row["queue_wait_s"] >= 0

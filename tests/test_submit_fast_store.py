@@ -10,6 +10,8 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
+from ground.contract import ENV_HOME
+
 REPO = Path(__file__).resolve().parent.parent
 PROBE = """
 import json, runpy, sys
@@ -23,7 +25,7 @@ print(json.dumps({"modules": sorted(m for m in ("sqlalchemy", "sqlmodel", "torch
 
 
 def _run(home: Path, *argv: str) -> tuple[str, list[str]]:
-    env = {**os.environ, "IDMCTL_HOME": str(home), "PYTHONPATH": str(REPO), "IDMCTL_TEST_BEHAVIOR": "steps:1:0.01"}
+    env = {**os.environ, ENV_HOME: str(home), "PYTHONPATH": str(REPO), "IDMCTL_TEST_BEHAVIOR": "steps:1:0.01"}
     done = subprocess.run([sys.executable, "-c", PROBE, *argv], capture_output=True, text=True, env=env, cwd=REPO,
                           timeout=300)
     out, probe = done.stdout.strip().rsplit("\n", 1)

@@ -21,6 +21,7 @@ from sqlmodel import select
 from idmctl.store.db import session
 from idmctl.store.models import Chain, Job
 from slurm_support import slurm_conf, text_so_far, wait_until
+from ground.contract import ENV_HOME, SPEC_FILE
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 REPO = Path(__file__).resolve().parent.parent
@@ -31,7 +32,7 @@ def home(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     monkeypatch.setenv("SLURM_CONF", slurm_conf())
     # Jobs outlive assertions by seconds and other sessions prune pytest's directories: a directory of our own.
     path = Path(tempfile.mkdtemp(prefix="idmctl-overrides-"))
-    monkeypatch.setenv("IDMCTL_HOME", str(path))
+    monkeypatch.setenv(ENV_HOME, str(path))
     yield path
     shutil.rmtree(path, ignore_errors=True)
 
@@ -126,7 +127,7 @@ def test_flags_are_checked_on_the_job_as_submitted(cli, tiny_cache, home: Path, 
     assert (options["qos"], options["time_limit"], options["mem"]) == ("share", "0:20:00", "1500MB")
     assert options["admitted"]["job"]["changed"] == ["--qos", "--time", "--mem"]
     assert options["admitted"]["admission"]["failed"] == [] and options["admitted"]["admission"]["preflight_id"] == report["run_id"]
-    run_spec = json.loads((Path(submitted["script"]).parent / "spec.json").read_text())
+    run_spec = json.loads((Path(submitted["script"]).parent / SPEC_FILE).read_text())
     assert run_spec["spec"]["resources"]["qos"] == "share"  # the trainer reads the job as it runs
     assert job.spec_hash == report["spec_hash"]  # rows keep the spec's own hash (the gate's key)
     done = _sync_until_final(cli, submitted["job"], timeout_s=300)

@@ -198,8 +198,8 @@ def render_script(resolved: ResolvedSpec, options: JobOptions, ctx: RenderContex
     """The batch script: #SBATCH header, stage-in, then the trainer under srun with USR1 forwarding."""
     spec = resolved.spec
     spec_file = str(resolved.path)
-    log_path = check_sbatch_path(Path(ctx.log_path), "log path", "IDMCTL_HOME")
-    for name, value in (("IDMCTL_HOME", ctx.idmctl_home), ("run dir", ctx.run_dir),
+    log_path = check_sbatch_path(Path(ctx.log_path), "log path", contract.ENV_HOME)
+    for name, value in ((contract.ENV_HOME, ctx.idmctl_home), ("run dir", ctx.run_dir),
                         ("python", Path(ctx.python)), ("repository", ctx.repo_root)):
         check_shell_path(str(value), name, "environment")
     header = [
@@ -230,14 +230,16 @@ def render_script(resolved: ResolvedSpec, options: JobOptions, ctx: RenderContex
     for key, value in env.items():
         if not re.match(r"^[A-Z_][A-Z0-9_]*$", key):
             raise UserError(f"{key!r} is not an environment variable name", field="env")
-    stage = _stage_block(spec.stage.enabled, spec.data.cache_root, spec.stage.dest, spec_file)
+    stage = _stage_block(spec.stage.enabled, spec.data.cache_root, spec.stage.dest, spec_file,
+                         routed_blocks=spec.data.selected_blocks if spec.stage.layers == "routed" else None,
+                         suffix=".pt" if spec.data.cache_format == "legacy_pt" else ".safetensors", python=ctx.python)
     q = shlex.quote
     body = [
         "set -uo pipefail",
         *(f"export {key}={q(value)}" for key, value in env.items()),
         f"RUN_DIR={q(str(ctx.run_dir))}",
         f"cd {q(str(ctx.repo_root))} || exit 1",
-        'echo "idmctl: job ${SLURM_JOB_ID:-local} chain $IDMCTL_CHAIN_ID attempt $IDMCTL_ATTEMPT'
+        f'echo "idmctl: job ${{SLURM_JOB_ID:-local}} chain ${contract.ENV_CHAIN_ID} attempt ${contract.ENV_ATTEMPT}'
         ' restart ${SLURM_RESTART_COUNT:-0} on $(hostname) at $(date -Is)"',
         "",
         stage,
@@ -287,15 +289,27 @@ def _multi_node_env(options: JobOptions) -> list[str]:
     ]
 
 
-def _stage_block(enabled: bool, cache_root: str, dest: str, spec_file: str) -> str:
+def _stage_block(enabled: bool, cache_root: str, dest: str, spec_file: str, *, routed_blocks: list[int] | None = None,
+                 suffix: str = ".pt", python: str = "python3") -> str:
     """Stage-in as a shell function run once on every node of the job (each node reads its own copy):
     under Slurm with more than one node through one ``srun`` task per node, else in the batch shell.
-    A lock serialises copies that land on the same disk (nodes sharing a host, as n1/n2 here)."""
+    A lock serialises copies that land on the same disk (nodes sharing a host, as n1/n2 here).
+    ``routed_blocks`` (stage.layers: routed) copies only the selected blocks, as exact reads written
+    to verified safetensors; a copy cut by a preemption resumes (finished files are kept)."""
     if not enabled:
         return "# stage-in: disabled (stage.enabled: false); the trainer reads data.cache_root in place"
     src_path = check_shell_path(cache_root, "data.cache_root", spec_file)
     dest_path = check_shell_path(dest, "stage.dest", spec_file)
     q = shlex.quote
+    tool = "cp" if routed_blocks is None else "cache.convert"
+    if routed_blocks is None:
+        copy = ['  echo "idmctl: stage-in on $node $STAGE_SRC -> $STAGE_DEST ($(du -sb "$STAGE_SRC" | cut -f1) bytes)"',
+                '  mkdir -p "$STAGE_DEST" && cp -a "$STAGE_SRC/." "$STAGE_DEST/" 2>"$err"']
+    else:
+        blocks = ",".join(str(b) for b in routed_blocks)
+        copy = [f'  echo "idmctl: stage-in on $node blocks {blocks} of $STAGE_SRC -> $STAGE_DEST (stage.layers: routed)"',
+                f'  mkdir -p "$STAGE_DEST" && {q(python)} -m cache.convert "$STAGE_SRC" "$STAGE_DEST" '
+                f'--blocks {blocks} --suffix {suffix} >/dev/null 2>"$err"']
     return "\n".join([
         "# stage-in: copy the cache to each node's local disk once; the marker says a copy finished.",
         f"export STAGE_SRC={q(str(src_path))}",
@@ -310,12 +324,11 @@ def _stage_block(enabled: bool, cache_root: str, dest: str, spec_file: str) -> s
         '    echo "idmctl: stage-in skipped on $node: $STAGE_DEST already staged"',
         "    exit 0",
         "  fi",
-        '  echo "idmctl: stage-in on $node $STAGE_SRC -> $STAGE_DEST ($(du -sb "$STAGE_SRC" | cut -f1) bytes)"',
         '  err="$RUN_DIR/stage-$node.err"',
-        '  mkdir -p "$STAGE_DEST" && cp -a "$STAGE_SRC/." "$STAGE_DEST/" 2>"$err"',
+        *copy,
         "  status=$?",
         '  if [ "$status" -ne 0 ]; then',
-        '    echo "idmctl: stage-in FAILED (cp exit $status): $(tail -n 1 "$err");'
+        f'    echo "idmctl: stage-in FAILED ({tool} exit $status): $(tail -n 1 "$err");'
         ' free on $STAGE_DEST: $(df -B1 --output=avail "$STAGE_DEST" | tail -n 1) bytes"',
         "    exit 1",
         "  fi",

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ground import contract
-from ground.contract import code_version
+from ground.contract import SPEC_FILE, code_version
 from ground.errors import CheckFailed, UserError
 from idmctl.executors import executor_for
 from idmctl.jobs.effective import EffectiveJob, active_exclusions, build as build_effective
@@ -238,7 +238,7 @@ def resubmit(job_id: int, extra_env: dict[str, str], reason: str) -> "Job":
         assert chain is not None
         chain.retries_used += 1
         db.add(chain)
-        spec_json = json.loads(Path(old.script_path or "").with_name("spec.json").read_text())
+        spec_json = json.loads(Path(old.script_path or "").with_name(SPEC_FILE).read_text())
     options_data = {k: v for k, v in json.loads(old.options_json).items() if k in JobOptions.__dataclass_fields__}
     options = with_exclusions(JobOptions(**options_data), active_exclusions())
     resolved = _resolved_from_run(spec_json, old)
@@ -255,4 +255,4 @@ def _resolved_from_run(spec_json: dict[str, Any], job: "Job") -> ResolvedSpec:
     from ground.spec.schema import ExperimentSpec
 
     spec = ExperimentSpec.model_validate(spec_json["spec"])
-    return ResolvedSpec(name=spec_json["name"], path=Path(job.script_path or "").with_name("spec.json"), spec=spec)
+    return ResolvedSpec(name=spec_json["name"], path=Path(job.script_path or "").with_name(SPEC_FILE), spec=spec)

@@ -10,6 +10,7 @@ the nodes' concurrent stage-in copies split ``nas_read``, and so do unstaged rea
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ground.geometry import HiddenGeometry, sample_io
@@ -56,27 +57,56 @@ class Staging:
         return f"{self.nodes} nodes × {format_bytes(self.bytes)}" if self.nodes > 1 else format_bytes(self.bytes)
 
 
-def staging(ctx: PreflightContext) -> Staging:
+def staging(ctx: PreflightContext, layers: str | None = None) -> Staging:
+    """What stage-in copies; ``layers`` (``all``/``routed``) overrides ``stage.layers`` for what-ifs."""
     data, stage = ctx.spec.data, ctx.spec.stage
+    layers = layers or stage.layers
     nas = ctx.profile.storage.nas_read_bps
     measured = ctx.measurements
+    geometry = HiddenGeometry.from_spec(data)
+    n = data.routing_n
     if measured.cache_present and measured.cache_bytes is not None:
         count = measured.cache_file_count
         size = measured.cache_bytes
         formula = f"{format_bytes(size)} measured under {data.cache_root} ({count:,} files)"
+        if layers == "routed":
+            size = count * n * geometry.layer_bytes
+            formula = (f"routed layers only: {count:,} files × {n} layers × {geometry.layer_bytes:,} B = {size:,} B "
+                       f"({format_bytes(size)}) of the {format_bytes(measured.cache_bytes)} measured under "
+                       f"{data.cache_root}")
         is_measured = True
     else:
-        file_bytes = HiddenGeometry.from_spec(data).file_bytes
         files = data.cache_files or 0
-        size = files * file_bytes
-        formula = (f"{files:,} files × {file_bytes:,} B = {size:,} B ({format_bytes(size)}, "
-                   f"{format_bytes(size, binary=True)}; estimated from data.cache_files, the cache is not on this machine)")
+        if layers == "routed":
+            size = files * n * geometry.layer_bytes
+            formula = (f"routed layers only: {files:,} files × {n} layers × {geometry.layer_bytes:,} B = {size:,} B "
+                       f"({format_bytes(size)}; estimated from data.cache_files)")
+        else:
+            file_bytes = geometry.file_bytes
+            size = files * file_bytes
+            formula = (f"{files:,} files × {file_bytes:,} B = {size:,} B ({format_bytes(size)}, "
+                       f"{format_bytes(size, binary=True)}; estimated from data.cache_files, the cache is not on "
+                       "this machine)")
         is_measured = False
     nodes = ctx.spec.resources.nodes
     seconds = nodes * size / nas if stage.enabled else 0.0
     if nodes > 1:
         formula += f", per node (each of {nodes} nodes stages its own copy)"
     return Staging(stage.enabled, size, formula, is_measured, seconds, data.cache_root, nodes)
+
+
+def routed_staging_fix(ctx: PreflightContext, fits: Callable[[Staging], bool]) -> str | None:
+    """The fix line "stage only the routed layers", with its numbers, when it would make ``fits`` true
+    and the spec stages every layer today; ``None`` otherwise."""
+    data, stage = ctx.spec.data, ctx.spec.stage
+    if not stage.enabled or stage.layers == "routed" or data.routing_n >= len(data.cached_layers):
+        return None
+    routed = staging(ctx, "routed")
+    if not fits(routed):
+        return None
+    return (f"stage only the routed layers (stage.layers: routed; {data.routing_n} of {len(data.cached_layers)} "
+            f"blocks {data.selected_blocks}): {routed.formula} ÷ NAS "
+            f"{fmt_bandwidth(ctx.profile.storage.nas_read_bps)} = {format_duration(routed.seconds)}")
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@ cache to /tmp before training; too little scratch is ENOSPC two hours in)."""
 
 from __future__ import annotations
 
-from idmctl.preflight.budget import staging
+from idmctl.preflight.budget import routed_staging_fix, staging
 from idmctl.preflight.result import CheckResult, PreflightContext, Status
 from ground.units import format_bytes
 
@@ -31,7 +31,9 @@ def check(ctx: PreflightContext) -> CheckResult:
     if stage.nodes > 1:
         arithmetic += " (per node)"
     if stage.bytes > capacity:
-        return CheckResult(NAME, Status.FAIL, f"does not fit → ENOSPC during stage-in: {arithmetic}", numbers,
-                           "stage fewer layers/episodes, use a node with more scratch, or read from NAS "
-                           "(stage.enabled: false; see the io check)")
+        routed_fix = routed_staging_fix(ctx, lambda routed: routed.bytes <= capacity)
+        fix = "stage fewer layers/episodes, use a node with more scratch, or read from NAS (stage.enabled: false; see the io check)"
+        if routed_fix:
+            fix = f"{routed_fix}, fits in {format_bytes(capacity)}; or {fix}"
+        return CheckResult(NAME, Status.FAIL, f"does not fit → ENOSPC during stage-in: {arithmetic}", numbers, fix)
     return CheckResult(NAME, Status.PASS, f"fits ({stage.bytes / capacity:.0%}): {arithmetic}", numbers)
