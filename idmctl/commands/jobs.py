@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Annotated
 
@@ -70,7 +71,9 @@ def submit(
     console.print(f"script {job.script_path}", markup=False)
     console.print(f"log    {job.log_path}", markup=False)
     if job.forced_reason:
-        console.print(f"FORCED without preflight: {job.forced_reason}", markup=False)
+        failed = json.loads(job.options_json).get("admitted", {}).get("admission", {}).get("failed", [])
+        past = f" and past FAILs ({', '.join(failed)})" if failed else ""
+        console.print(f"FORCED without preflight{past}: {job.forced_reason}", markup=False)
 
 
 def sync(
