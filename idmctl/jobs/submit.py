@@ -76,7 +76,9 @@ def admit(job: EffectiveJob, force_reason: str | None, version: str) -> Admissio
     from idmctl.preflight.record import latest_passing
 
     passing = latest_passing(job.declared, job.profile_hash, job.smoke_flags, version)
-    admission = judge(job, passing, version)
+    # Without a pass (and no --force) submit refuses anyway: the flags' FAILs are still named, but a
+    # check nothing remembers for this code is SKIPped rather than importing torch to refuse slowly.
+    admission = judge(job, passing, version, memo_only=passing is None and force_reason is None)
     if admission.failed and force_reason is None:
         raise Refused(job, admission)
     if force_reason is None and passing is None:

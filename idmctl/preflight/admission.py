@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from idmctl.preflight import smoke as smoke_check
 from idmctl.preflight.result import CheckResult, Measurements, PreflightContext, SmokeMeasurement, Status
-from idmctl.preflight.runner import STATIC_CHECKS, _safe, gather, introspect
+from idmctl.preflight.runner import NOT_RERUN, STATIC_CHECKS, _safe, gather, introspect
 
 FLAG_BLIND = ("introspection", "cache")
 """Checks no submit flag can change (they read the code, the data section and the files, never resources)."""
@@ -94,20 +94,27 @@ def name_flags(job: "EffectiveJob", results: list[CheckResult], measured: Measur
 
 
 def judge(job: "EffectiveJob", preflight: "PreflightRun | None", code_version: str | None,
-          measurements: Measurements | None = None) -> Admission:
+          measurements: Measurements | None = None, memo_only: bool = False) -> Admission:
     """Run every static check on the effective job and re-judge the preflight's smoke measurement.
-    With the code version, introspection and cache inspection come from the memo when nothing changed."""
+    With the code version, introspection and cache inspection come from the memo when nothing changed;
+    ``memo_only`` (submit is refusing anyway: no passing preflight) SKIPs them rather than import torch."""
     started = time.perf_counter()
     timings: dict[str, float] = {}
     tick = time.perf_counter()
-    measured = measurements if measurements is not None else gather(job.resolved, job.profile, code_version)
+    measured = (measurements if measurements is not None
+                else gather(job.resolved, job.profile, code_version, memo_only=memo_only))
     timings["gather"] = (time.perf_counter() - tick) * 1000
     measured = replace(measured, smoke=stored_smoke(preflight))
     ctx = PreflightContext(job.resolved, job.profile, measured)
     results: list[CheckResult] = []
     for module in STATIC_CHECKS:
         tick = time.perf_counter()
-        results.append(introspect(ctx, code_version) if module.NAME == "introspection" else _safe(module, ctx))
+        if module.NAME == "introspection":
+            results.append(introspect(ctx, code_version, memo_only))
+        elif module.NAME == "cache" and not measured.cache_inspected:
+            results.append(CheckResult(module.NAME, Status.SKIP, NOT_RERUN, {}, ""))
+        else:
+            results.append(_safe(module, ctx))
         timings[module.NAME] = (time.perf_counter() - tick) * 1000
     if measured.smoke is not None:
         tick = time.perf_counter()

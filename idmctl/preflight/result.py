@@ -112,6 +112,8 @@ class Measurements:
     queue_waits: list[QueueWait] = field(default_factory=list)
     """Recorded jobs with the same QoS and GPU count (and others with the same GPU count)."""
     smoke: SmokeMeasurement | None = None
+    cache_inspected: bool = True
+    """False when gathering skipped the cache inspection (``memo_only`` and nothing remembered)."""
 
 
 @dataclass(frozen=True)
