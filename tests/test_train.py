@@ -237,3 +237,35 @@ def test_rollback_after_a_nan_skips_the_bad_batches_and_finishes(tiny_cache, tmp
     plain = prepare_run(tiny_cache, tmp_path, "tiny_no_rollback", train={"steps": 6, "checkpoint_every": 1})
     assert run_trainer(plain, **{ENV_INJECT_NAN_AT_STEP: "3"}).returncode == EXIT_NAN
     assert run_trainer(plain, **{ENV_INJECT_NAN_AT_STEP: "3"}).returncode == EXIT_NAN
+
+
+
+EARLY_NOTICE = """
+import os, runpy, signal, sys
+original = signal.signal
+sent = []
+def install(signum, handler):
+    result = original(signum, handler)
+    if signum == signal.SIGTERM and not sent:  # the trainer's first stop handler is in place: notice now
+        sent.append(1)
+        print(f"notice sent, torch imported: {'torch' in sys.modules}", flush=True)
+        os.kill(os.getpid(), signal.SIGUSR1)
+    return result
+signal.signal = install
+sys.argv = ["trainers.train", "--run-dir", sys.argv[1]]
+runpy.run_module("trainers.train", run_name="__main__")
+"""
+
+
+def test_a_preemption_notice_during_start_up_still_ends_in_a_requeue(tiny_cache, tmp_path: Path) -> None:
+    """USR1 while torch is still importing (seconds on a loaded node) must not kill the trainer: it is
+    remembered, and the first step boundary checkpoints and exits 75 like any later notice. The notice
+    is sent the moment the trainer installs its first stop handler, which must be before torch loads."""
+    run_dir = prepare_run(tiny_cache, tmp_path, "early_signal", train={"steps": 40, "checkpoint_every": 100})
+    done = subprocess.run([sys.executable, "-c", EARLY_NOTICE, str(run_dir)], capture_output=True, text=True,
+                          env=trainer_env(**{ENV_ATTEMPT: "1"}), cwd=REPO_ROOT, timeout=300)
+    assert "notice sent, torch imported: False" in done.stdout, done.stdout[-2000:]
+    assert done.returncode == EXIT_REQUEUE, (done.stdout + done.stderr)[-3000:]
+    assert "stop signal received" in done.stdout
+    [(stopped_at, _)] = complete_checkpoints(run_dir)
+    assert 1 <= stopped_at < 40

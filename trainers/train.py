@@ -35,8 +35,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import torch
+# A preemption notice (USR1) or a scancel (TERM) can arrive while torch is still importing — 6–9 s
+# on a loaded node — and Python's default action for both is to die: no checkpoint, no requeue, the
+# job ends FAILED 10:0 (seen on the shared test cluster). Until fit() installs the real handler,
+# remember the signal; StopSignals honours one that came first.
+EARLY_SIGNALS: list[int] = []
+if __name__ == "__main__":
+    for _sig in (signal.SIGUSR1, signal.SIGTERM):
+        signal.signal(_sig, lambda signum, _frame: EARLY_SIGNALS.append(signum))
+
+import numpy as np  # noqa: E402  (after the early signal handlers, on purpose)
+import torch  # noqa: E402
 
 from ground.errors import UserError
 from ground.paths import atomic_write_text
@@ -126,7 +135,7 @@ class StopSignals:
     """Remembers SIGUSR1/SIGTERM; the loop checks between steps so a step is never cut in half."""
 
     def __init__(self) -> None:
-        self.received: int | None = None
+        self.received: int | None = EARLY_SIGNALS[0] if EARLY_SIGNALS else None
         for sig in STOP_SIGNALS:
             signal.signal(sig, self._handle)
 
