@@ -18,6 +18,11 @@ from ground.errors import EXIT_BAD_INPUT, EXIT_FAILED, CheckFailed, UserError
 _debug = {"on": False}
 
 
+def debug_on() -> bool:
+    """Whether ``--debug`` was given: commands then let exceptions (and their tracebacks) through."""
+    return _debug["on"]
+
+
 class _ContractGroup(TyperGroup):
     """Turns UserError/CheckFailed from any subcommand into the one-line contract."""
 
@@ -73,6 +78,8 @@ def _register_commands() -> None:
     app.command("train")(train.train); app.add_typer(train.model_app, name="model")
     from idmctl.commands import data
     app.add_typer(data.app, name="data")
+    from idmctl.commands import doctor
+    app.command("doctor")(doctor.doctor)
 
 
 _register_commands()

@@ -180,6 +180,23 @@ class Camera:
             pass
 
 
+def render_check(size: int = 64) -> dict[str, Any]:
+    """One agentview frame of a freshly reset Lift scene, checked like every demo frame (``idmctl doctor``)."""
+    env = make_env("Lift", seed=0)
+    try:
+        env.reset()
+        with Camera(env.sim, size) as camera:
+            frame = camera.frame()
+            from OpenGL import GL  # the camera's context is current right after a frame
+
+            renderer = GL.glGetString(GL.GL_RENDERER)
+    finally:
+        env.close()
+    return {"camera": CAMERA, "size": size, "gradient": frame_gradient(frame), "noise_above": NOISE_GRADIENT,
+            "mujoco_gl": os.environ.get("MUJOCO_GL", ""),
+            "gl_renderer": renderer.decode(errors="replace") if isinstance(renderer, bytes) else str(renderer)}
+
+
 def settle_controllers(env: Any) -> None:
     """Make every controller's cached state a function of the sim state alone.
 
