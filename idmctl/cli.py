@@ -23,6 +23,11 @@ def debug_on() -> bool:
     return _debug["on"]
 
 
+def set_debug() -> None:
+    """For a command's own ``--debug`` (``idmctl quickstart --debug`` as well as ``idmctl --debug quickstart``)."""
+    _debug["on"] = True
+
+
 class _ContractGroup(TyperGroup):
     """Turns UserError/CheckFailed from any subcommand into the one-line contract."""
 
