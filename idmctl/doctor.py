@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ground.contract import ENV_CLUSTER
+from ground.contract import ENV_CLUSTER, ENV_HOME
 from ground.paths import REPO_ROOT, clusters_dir, db_path, home, mlflow_tracking_uri
 from ground.units import format_bytes
 
@@ -135,7 +135,7 @@ def _existing_ancestor(path: Path) -> Path:
 def check_home(mounts_text: str | None = None) -> Row:
     path = home()
     if path.exists() and not path.is_dir():
-        return Row("IDMCTL_HOME", FAIL, f"{path} is a file, not a directory", "point IDMCTL_HOME at a directory")
+        return Row(ENV_HOME, FAIL, f"{path} is a file, not a directory", f"point {ENV_HOME} at a directory")
     probe_dir = path if path.exists() else _existing_ancestor(path)
     resolved = probe_dir.resolve()
     point, fstype = mount_of(resolved, mounts_text)
@@ -144,13 +144,13 @@ def check_home(mounts_text: str | None = None) -> Row:
         with tempfile.NamedTemporaryFile(dir=path, prefix=".doctor-"):
             pass
     except OSError as exc:
-        return Row("IDMCTL_HOME", FAIL, f"{path} is not writable ({exc.strerror or exc})",
-                   "set IDMCTL_HOME to a directory you can write on a local disk")
+        return Row(ENV_HOME, FAIL, f"{path} is not writable ({exc.strerror or exc})",
+                   f"set {ENV_HOME} to a directory you can write on a local disk")
     where = f"{path} ({fstype} on {point})"
     if fstype in NETWORK_FILESYSTEMS or fstype.startswith("nfs"):
-        return Row("IDMCTL_HOME", FAIL, f"{where}: a network filesystem; SQLite on it corrupts",
-                   "set IDMCTL_HOME to a local disk (e.g. ~/.local/share/idmctl on the login node's disk)")
-    return Row("IDMCTL_HOME", OK, f"{where}, writable")
+        return Row(ENV_HOME, FAIL, f"{where}: a network filesystem; SQLite on it corrupts",
+                   f"set {ENV_HOME} to a local disk (e.g. ~/.local/share/idmctl on the login node's disk)")
+    return Row(ENV_HOME, OK, f"{where}, writable")
 
 
 def migration_head(versions_dir: Path) -> str | None:
@@ -353,7 +353,7 @@ def check_scratch() -> Row:
 
 
 CHECKS: tuple[tuple[str, Callable[[], Row]], ...] = (
-    ("python", check_python), ("packages", check_packages), ("IDMCTL_HOME", check_home), ("store", check_store),
+    ("python", check_python), ("packages", check_packages), (ENV_HOME, check_home), ("store", check_store),
     ("mlflow store", check_mlflow), ("slurm", check_slurm), ("rendering", check_render), ("/dev/shm", check_shm),
     ("scratch", check_scratch),
 )

@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from ground.contract import ENV_CLUSTER, ENV_HOME
+
 REPO = Path(__file__).resolve().parent.parent
-ROWS = ["python", "packages", "IDMCTL_HOME", "store", "mlflow store", "slurm", "rendering", "/dev/shm", "scratch"]
+ROWS = ["python", "packages", ENV_HOME, "store", "mlflow store", "slurm", "rendering", "/dev/shm", "scratch"]
 
 
 def _rows(result) -> dict[str, dict]:  # type: ignore[no-untyped-def]
@@ -29,7 +31,7 @@ def test_a_ready_machine_passes_every_row_and_renders_one_clean_frame(cli, idmct
     assert all(row["status"] in ("OK", "WARN") for row in rows.values()), rows
     assert rows["python"]["detail"].startswith("3.11.")
     assert "torch 2.13.0" in rows["packages"]["detail"] and "mlflow 3.17.2" in rows["packages"]["detail"]
-    assert rows["IDMCTL_HOME"]["status"] == "OK" and str(idmctl_home) in rows["IDMCTL_HOME"]["detail"]
+    assert rows[ENV_HOME]["status"] == "OK" and str(idmctl_home) in rows[ENV_HOME]["detail"]
     assert "not created yet" in rows["store"]["detail"]
     assert rows["rendering"]["status"] == "OK"
     assert "64×64 agentview frame" in rows["rendering"]["detail"] and "noise > 40" in rows["rendering"]["detail"]
@@ -37,23 +39,23 @@ def test_a_ready_machine_passes_every_row_and_renders_one_clean_frame(cli, idmct
 
 
 def test_unwritable_home_and_a_slurm_profile_without_sbatch_fail_with_their_fixes(cli, monkeypatch) -> None:
-    monkeypatch.setenv("IDMCTL_HOME", "/proc/idmctl-doctor")  # not writable, even for root
-    monkeypatch.setenv("IDMCTL_CLUSTER", "card")  # scheduler: slurm
+    monkeypatch.setenv(ENV_HOME, "/proc/idmctl-doctor")  # not writable, even for root
+    monkeypatch.setenv(ENV_CLUSTER, "card")  # scheduler: slurm
     monkeypatch.setenv("PATH", "/nonexistent")
     result = cli("doctor", "--json", "--no-render")
     assert result.exit_code == 1
     rows = _rows(result)
-    assert rows["IDMCTL_HOME"]["status"] == "FAIL"
-    assert "not writable" in rows["IDMCTL_HOME"]["detail"] and "IDMCTL_HOME" in rows["IDMCTL_HOME"]["fix"]
+    assert rows[ENV_HOME]["status"] == "FAIL"
+    assert "not writable" in rows[ENV_HOME]["detail"] and ENV_HOME in rows[ENV_HOME]["fix"]
     assert rows["slurm"]["status"] == "FAIL"
     assert "'card'" in rows["slurm"]["detail"] and "sbatch, sacct, squeue not on PATH" in rows["slurm"]["detail"]
     assert "IDMCTL_CLUSTER=local" in rows["slurm"]["fix"]
     assert rows["rendering"]["status"] == "SKIP"
-    assert json.loads(result.output)["failed"] == ["IDMCTL_HOME", "slurm"]
+    assert json.loads(result.output)["failed"] == [ENV_HOME, "slurm"]
 
 
 def test_the_table_shows_each_failing_row_with_its_fix_and_a_verdict(cli, monkeypatch) -> None:
-    monkeypatch.setenv("IDMCTL_CLUSTER", "no-such-cluster")
+    monkeypatch.setenv(ENV_CLUSTER, "no-such-cluster")
     result = cli("doctor", "--no-render")
     assert result.exit_code == 1
     line = next(line for line in result.output.splitlines() if line.startswith("│ slurm"))
@@ -85,7 +87,7 @@ def test_a_network_filesystem_home_fails(monkeypatch, tmp_path: Path) -> None:
     mounts = f"/dev/sda1 / ext4 rw 0 0\nnas:/export {tmp_path} nfs4 rw 0 0\ntmpfs /dev/shm tmpfs rw 0 0\n"
     assert mount_of(tmp_path / "deep" / "idmctl", mounts) == (str(tmp_path), "nfs4")
     assert mount_of(Path("/dev/shmother"), mounts) == ("/", "ext4")
-    monkeypatch.setenv("IDMCTL_HOME", str(tmp_path / "idmctl"))
+    monkeypatch.setenv(ENV_HOME, str(tmp_path / "idmctl"))
     row = check_home(mounts)
     assert row.status == "FAIL" and "nfs4" in row.detail and "SQLite on it corrupts" in row.detail
     assert "local disk" in row.fix
@@ -107,7 +109,7 @@ def test_the_doctor_command_imports_nothing_heavy(tmp_path: Path) -> None:
             "heavy = sorted({m.split('.')[0] for m in sys.modules} & "
             "{'torch', 'mlflow', 'robosuite', 'mujoco', 'sqlalchemy', 'lightning_fabric', 'diffusers'}); "
             "print(json.dumps({'exit': r.exit_code, 'heavy': heavy}))")
-    env = {**os.environ, "IDMCTL_HOME": str(tmp_path / "home")}
+    env = {**os.environ, ENV_HOME: str(tmp_path / "home")}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO, env=env)
     report = json.loads(out.stdout.strip().splitlines()[-1])
     assert report == {"exit": 0, "heavy": []}

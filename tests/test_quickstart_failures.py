@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from ground.contract import ENV_CLUSTER, ENV_HOME
+
 REPO = Path(__file__).resolve().parent.parent
 JUNK = "E: Unable to locate package libegl1\n" * 5
 
@@ -32,7 +34,7 @@ def _clone_scripts(root: Path, system_deps: str, setup: str) -> Path:
 
 def _run(script: Path, *args: str, tmp: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "TMPDIR": str(tmp)}
-    env.pop("IDMCTL_HOME", None)
+    env.pop(ENV_HOME, None)
     return subprocess.run(["bash", str(script), *args], capture_output=True, text=True, env=env, timeout=60)
 
 
@@ -109,7 +111,7 @@ def test_a_bad_spec_names_the_stage_and_keeps_exit_2(cli, monkeypatch) -> None:
 
 def test_a_machine_that_is_not_ready_stops_at_the_doctor_in_one_line(tmp_path: Path) -> None:
     """The real command in its own process: no traceback, the failing rows with their fixes, one last line."""
-    env = {**os.environ, "IDMCTL_HOME": "/proc/idmctl-quickstart", "IDMCTL_CLUSTER": "no-such-cluster"}
+    env = {**os.environ, ENV_HOME: "/proc/idmctl-quickstart", ENV_CLUSTER: "no-such-cluster"}
     done = subprocess.run([sys.executable, "-m", "idmctl", "quickstart"], capture_output=True, text=True, env=env,
                           cwd=REPO, timeout=300)
     assert done.returncode == 1
