@@ -29,27 +29,31 @@ stop_pids() {
   for pid in "$@"; do wait "$pid" 2>/dev/null || true; done
 }
 
+mode=run
 while [[ $# -gt 0 ]]; do
   case $1 in
     -n) [[ $# -ge 2 && $2 =~ ^[1-9][0-9]*$ ]] || usage; n=$2; shift 2 ;;
     --) shift; break ;;
-    start)
-      [[ -s $PIDFILE ]] && { echo "cpu_hog: already running (pids in $PIDFILE; \`$0 stop\` first)" >&2; exit 1; }
-      start_hogs
-      printf '%s\n' "${hogs[@]}" >"$PIDFILE"
-      echo "cpu_hog: $n busy loop(s) started, pids ${hogs[*]} (stop: $0 stop)"
-      exit 0 ;;
-    stop)
-      [[ -s $PIDFILE ]] || { echo "cpu_hog: not running"; exit 0; }
-      mapfile -t pids <"$PIDFILE"
-      for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-      rm -f "$PIDFILE"
-      echo "cpu_hog: stopped ${#pids[@]} busy loop(s)"
-      exit 0 ;;
-    -h|--help) usage ;;
+    start|stop) mode=$1; shift ;;
     *) usage ;;
   esac
 done
+
+if [[ $mode == start ]]; then
+  [[ -s $PIDFILE ]] && { echo "cpu_hog: already running (pids in $PIDFILE; \`$0 stop\` first)" >&2; exit 1; }
+  start_hogs
+  printf '%s\n' "${hogs[@]}" >"$PIDFILE"
+  echo "cpu_hog: $n busy loop(s) started, pids ${hogs[*]} (stop: $0 stop)"
+  exit 0
+fi
+if [[ $mode == stop ]]; then
+  [[ -s $PIDFILE ]] || { echo "cpu_hog: not running"; exit 0; }
+  mapfile -t pids <"$PIDFILE"
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  rm -f "$PIDFILE"
+  echo "cpu_hog: stopped ${#pids[@]} busy loop(s)"
+  exit 0
+fi
 [[ $# -gt 0 ]] || usage
 
 start_hogs
