@@ -18,6 +18,16 @@ from ground.errors import EXIT_BAD_INPUT, EXIT_FAILED, CheckFailed, UserError
 _debug = {"on": False}
 
 
+def debug_on() -> bool:
+    """Whether ``--debug`` was given: commands then let exceptions (and their tracebacks) through."""
+    return _debug["on"]
+
+
+def set_debug() -> None:
+    """For a command's own ``--debug`` (``idmctl quickstart --debug`` as well as ``idmctl --debug quickstart``)."""
+    _debug["on"] = True
+
+
 class _ContractGroup(TyperGroup):
     """Turns UserError/CheckFailed from any subcommand into the one-line contract."""
 
@@ -75,6 +85,8 @@ def _register_commands() -> None:
     app.add_typer(data.app, name="data")
     from idmctl.commands import ledger
     app.command("ledger")(ledger.ledger)
+    from idmctl.commands import doctor
+    app.command("doctor")(doctor.doctor)
 
 
 _register_commands()

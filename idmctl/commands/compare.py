@@ -56,5 +56,10 @@ def compare(
     if runs:
         link = compare_url([row.run_id or "" for row in runs], [row.experiment_id or "" for row in runs], ui_url)
         console.print(f"MLflow compare page (idmctl ui): {link}", markup=False, soft_wrap=True)
+        from idmctl.runs_view import runs_chart_line
+
+        keys = sorted({key for row in runs for key in row.metrics if key != "loss"})
+        console.print(runs_chart_line("MLflow runs, EEF mm charts first (idmctl ui)", ui_url, keys),
+                      markup=False, soft_wrap=True)
     if plot is not None:
         console.print(f"plot: {plot} ({plot.stat().st_size:,} B)", markup=False)

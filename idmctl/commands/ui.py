@@ -35,6 +35,9 @@ def ui(
         console.print(f"MLflow UI: {server.url}  (ready in {time.monotonic() - started:.1f} s; Ctrl-C stops it)",
                       markup=False)
         console.print(f"store: {backend_store_uri()}  log: {server.log_path}", markup=False)
+        from idmctl.runs_view import runs_chart_line
+
+        console.print(runs_chart_line("runs, EEF mm charts first", server.url), markup=False, soft_wrap=True)
         code = server.process.wait()
         raise CheckFailed(f"mlflow server exited on its own with code {code}; see {server.log_path}")
     except KeyboardInterrupt:
