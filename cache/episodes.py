@@ -25,6 +25,7 @@ import h5py
 import numpy as np
 
 from ground.errors import UserError
+from ground.paths import sweep_dead_temp_files, temp_path
 
 ALL_SPLIT = "all"
 """Split name meaning every demo in ``data/``."""
@@ -89,7 +90,8 @@ def write_episodes(path: str | Path, demos: list[Demo], env_args: dict[str, Any]
     for demo in demos:
         _validate_demo(demo, path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    sweep_dead_temp_files(path.parent, of=path.name)  # what a killed earlier `data demos` left
+    tmp = temp_path(path)
     try:
         with h5py.File(tmp, "w") as handle:
             data = handle.create_group("data")

@@ -34,7 +34,7 @@ import torch
 from cache.episodes import EpisodeFile
 from cache.hidden import cache_file, check_matches, inspect_file, write_hidden
 from ground.errors import UserError
-from ground.paths import REPO_ROOT, expand_path
+from ground.paths import REPO_ROOT, expand_path, sweep_dead_temp_files
 from ground.spec.schema import DataSpec, ExperimentSpec
 
 PATCH = (1, 2, 2)
@@ -156,6 +156,7 @@ def build_shard(spec: ExperimentSpec, process_index: int, num_processes: int, mo
     episodes = EpisodeFile(expand_path(data.episodes))
     root = expand_path(data.cache_root)
     mine = episodes.demos("all")[process_index::num_processes]
+    sweep_dead_temp_files(root)  # a killed earlier build's half-written files (live writers' stay)
     todo = [demo for demo in mine if not is_cached(cache_file(root, demo, "safetensors"), data)]
     if todo:
         model, name, version = load_encoder(data, model_dir)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from ground.errors import UserError
 from ground.paths import expand_path
+from ground.paths import temp_files as ground_temp_files
 from ground.spec.schema import ExperimentSpec, LatentCacheSpec
 
 SLOTS = ("rgb", "pt", "ff")
@@ -130,9 +131,7 @@ def cached_files(directory: Path) -> list[Path]:
 
 def temp_files(directory: Path) -> list[Path]:
     """Leftovers of killed writers; never read as cached, removed by the next build."""
-    if not directory.is_dir():
-        return []
-    return sorted(p for p in directory.iterdir() if p.name.startswith(".") and ".tmp" in p.name)
+    return ground_temp_files(directory)
 
 
 def latent_section(spec: ExperimentSpec) -> LatentCacheSpec:
