@@ -26,7 +26,7 @@ def parse_bytes(value: int | float | str) -> int:
         if value < 0:
             raise ValueError(f"negative size: {value}")
         return int(value)
-    match = _SIZE.match(value)
+    match = _SIZE.fullmatch(value)
     unit = match.group(2).lower() if match else None
     if not match or unit not in _BYTE_UNITS:
         raise ValueError(f"not a size: {value!r} (use e.g. 512MB, 24GiB, 6.6TB)")
@@ -70,10 +70,10 @@ def parse_duration(value: int | float | str) -> float:
     text = value.strip()
     if text.upper() in ("UNLIMITED", "INFINITE"):
         return float("inf")
-    suffixed = _SUFFIX.match(text)
+    suffixed = _SUFFIX.fullmatch(text)
     if suffixed:
         return float(suffixed.group(1)) * _SUFFIX_SECONDS[suffixed.group(2).lower()]
-    match = _SLURM.match(text)
+    match = _SLURM.fullmatch(text)
     if not match:
         raise ValueError(f"not a duration: {value!r} (use Slurm's D-HH:MM:SS, or 90s / 2h / 18d)")
     days, first, second, third = match.groups()

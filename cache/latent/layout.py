@@ -35,7 +35,7 @@ _KEY = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,199}$")
 
 def validate_key(key: str) -> str:
     """An episode key names one file stem inside a slot dir: no separators, no ``..``, no hidden names."""
-    if not isinstance(key, str) or not _KEY.match(key) or ".." in key:
+    if not isinstance(key, str) or not _KEY.fullmatch(key) or ".." in key:
         raise UserError(f"episode key {key!r} is not a plain file name and could escape the cache root",
                         field="key", hint="use letters, digits, '_', '-' and '.' (e.g. demo_12)")
     return key

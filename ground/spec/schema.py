@@ -345,7 +345,7 @@ class Goal(Strict):
 
     @classmethod
     def parse(cls, text: str) -> "Goal":
-        match = _GOAL.match(text)
+        match = _GOAL.fullmatch(text)
         if not match:
             raise ValueError(f"goal {text!r} is not '<metric> <op> <number>' (e.g. 'eef_mm_24ep <= 125')")
         return cls(metric=match.group(1), op=match.group(2), value=float(match.group(3)))

@@ -87,7 +87,7 @@ def _bad(what: str, field_name: str, source: str, hint: str) -> UserError:
 
 
 def check_name(value: str, field_name: str, source: str) -> str:
-    if not _NAME.match(value):
+    if not _NAME.fullmatch(value):
         raise _bad(f"{value!r} is not a safe name", field_name, source,
                    "use letters, digits, '.', '_', '+', '-' (no spaces, newlines, ';', '$(' or backticks)")
     return value
@@ -95,7 +95,7 @@ def check_name(value: str, field_name: str, source: str) -> str:
 
 def check_nodes(values: list[str], field_name: str, source: str) -> list[str]:
     for value in values:
-        if not _NODE_LIST.match(value):
+        if not _NODE_LIST.fullmatch(value):
             raise _bad(f"{value!r} is not a node name or list", field_name, source,
                        "use Slurm host names such as worker-5 or n[1-2]")
     return values
@@ -114,14 +114,14 @@ def check_shell_path(value: str, field_name: str, source: str) -> Path:
 def check_sbatch_path(path: Path, field_name: str, source: str) -> str:
     """A path in an ``#SBATCH`` line: sbatch does not quote, so only a conservative charset passes."""
     text = str(path)
-    if not _SBATCH_PATH.match(text):
+    if not _SBATCH_PATH.fullmatch(text):
         raise _bad(f"{text!r} is not usable in an #SBATCH line", field_name, source,
                    "use an absolute path of letters, digits and ._/+@%=- (set IDMCTL_HOME accordingly)")
     return text
 
 
 def parse_gres(value: str) -> int:
-    match = _GRES.match(value)
+    match = _GRES.fullmatch(value)
     if not match:
         raise UserError(f"{value!r} is not gpu:N", file="--gres", hint="e.g. --gres gpu:8")
     return int(match.group(1))
@@ -155,7 +155,7 @@ def resolve_options(resolved: ResolvedSpec, overrides: dict[str, Any]) -> JobOpt
     if options.partition is not None:
         check_name(options.partition, "resources.partition", spec_file)
     check_nodes(options.exclude, *reversed(source("--exclude", "resources.exclude")))
-    if not _MODULE.match(options.entry):
+    if not _MODULE.fullmatch(options.entry):
         raise UserError(f"{options.entry!r} is not a Python module name", file="command line", field="--entry",
                         hint="e.g. trainers.train")
     for flag, spec_field, parse in (("--mem", "resources.mem", parse_bytes), ("--time", "resources.time_limit", parse_duration)):
@@ -226,7 +226,7 @@ def render_script(resolved: ResolvedSpec, options: JobOptions, ctx: RenderContex
         **ctx.extra_env,
     }
     for key, value in env.items():
-        if not re.match(r"^[A-Z_][A-Z0-9_]*$", key):
+        if not re.fullmatch(r"[A-Z_][A-Z0-9_]*", key):
             raise UserError(f"{key!r} is not an environment variable name", field="env")
     stage = _stage_block(spec.stage.enabled, spec.data.cache_root, spec.stage.dest, spec_file)
     q = shlex.quote

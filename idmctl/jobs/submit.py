@@ -67,6 +67,9 @@ def prepare(experiment: str, overrides: dict[str, Any], cluster: str | None) -> 
     options = resolve_options(resolved, overrides)
     source = ("command line", "--qos") if overrides.get("--qos") else (str(resolved.path), "resources.qos")
     profile.tier(options.qos, file=source[0], field=source[1])
+    # Render once before the store is opened for the node exclusions: a bad value (an IDMCTL_HOME with
+    # shell syntax, a path with a newline) must leave no file behind, not even an empty store.
+    render_script(resolved, options, _context(resolved, DRY_RUN_CHAIN_ID, 1, profile.scheduler, {}))
     return resolved, profile, profile_hash, with_exclusions(options, active_exclusions())
 
 
