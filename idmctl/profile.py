@@ -157,12 +157,11 @@ def profile_path(name_or_path: str | None = None) -> Path:
 def load_profile(name_or_path: str | None = None) -> tuple[ClusterProfile, str]:
     """The profile and its content hash (part of a preflight's identity)."""
     path = profile_path(name_or_path)
-    text = path.read_text(encoding="utf-8")
+    from ground.spec.loader import load_yaml_file
+
+    data = load_yaml_file(path, what="cluster profile")
     try:
-        data = yaml.safe_load(text)
         profile = ClusterProfile.model_validate(data)
-    except yaml.YAMLError as exc:
-        raise UserError(f"invalid YAML: {exc}".splitlines()[0], file=str(path)) from exc
     except ValidationError as exc:
         first = exc.errors()[0]
         dotted = ".".join(str(p) for p in first["loc"])

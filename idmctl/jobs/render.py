@@ -20,6 +20,7 @@ from ground import contract
 from ground.errors import UserError
 from ground.paths import REPO_ROOT, expand_path
 from ground.spec.loader import ResolvedSpec
+from ground.spec.schema import MAX_COUNT, check_job_mem, check_job_time
 from ground.units import parse_bytes, parse_duration, slurm_time
 
 
@@ -135,20 +136,24 @@ def resolve_options(resolved: ResolvedSpec, overrides: dict[str, Any]) -> JobOpt
     def source(flag: str, spec_field: str) -> tuple[str, str]:
         return ("command line", flag) if overrides.get(flag) is not None else (spec_file, spec_field)
 
+    def flag(name: str, default: Any) -> Any:
+        # `is not None`, not `or`: `-c 0` or `-J ""` is a value to check, never a silent fall-back.
+        return overrides[name] if overrides.get(name) is not None else default
+
     gpus = parse_gres(overrides["--gres"]) if overrides.get("--gres") is not None else res.gpus_per_node
     options = JobOptions(
-        job_name=overrides.get("-J") or res.job_name or resolved.name,
-        qos=overrides.get("--qos") or res.qos,
+        job_name=flag("-J", res.job_name or resolved.name),
+        qos=flag("--qos", res.qos),
         partition=res.partition,
         nodes=res.nodes,
         ranks_per_node=gpus if gpus > 0 else res.cpu_ranks,
-        cpus_per_node=overrides.get("-c") or res.cpus,
-        mem=overrides.get("--mem") or res.mem,
+        cpus_per_node=flag("-c", res.cpus),
+        mem=flag("--mem", res.mem),
         gpus_per_node=gpus,
-        time_limit=overrides.get("--time") or res.time_limit,
-        exclude=list(overrides.get("--exclude") or res.exclude),
-        retries=overrides["--retries"] if overrides.get("--retries") is not None else res.retries,
-        entry=overrides.get("--entry") or "trainers.train",
+        time_limit=flag("--time", res.time_limit),
+        exclude=list(flag("--exclude", res.exclude)),
+        retries=flag("--retries", res.retries),
+        entry=flag("--entry", "trainers.train"),
     )
     check_name(options.job_name, *reversed(source("-J", "resources.job_name")))
     check_name(options.qos, *reversed(source("--qos", "resources.qos")))
@@ -158,17 +163,20 @@ def resolve_options(resolved: ResolvedSpec, overrides: dict[str, Any]) -> JobOpt
     if not _MODULE.fullmatch(options.entry):
         raise UserError(f"{options.entry!r} is not a Python module name", file="command line", field="--entry",
                         hint="e.g. trainers.train")
-    for flag, spec_field, parse in (("--mem", "resources.mem", parse_bytes), ("--time", "resources.time_limit", parse_duration)):
-        value = overrides.get(flag)
+    for name, spec_field, check in (("--mem", "resources.mem", check_job_mem), ("--time", "resources.time_limit", check_job_time)):
+        value = overrides.get(name)
         if value is not None:
             try:
-                parse(value)
+                check(value)
             except ValueError as exc:
-                raise UserError(str(exc), file="command line", field=flag, hint=f"same format as {spec_field}") from exc
+                raise UserError(str(exc), file="command line", field=name, hint=f"same format as {spec_field}") from exc
     if options.cpus_per_node < 1:
         raise UserError("must be at least 1", file="command line", field="-c", hint="CPUs per node")
-    if options.retries < 0:
-        raise UserError("must be 0 or more", file="command line", field="--retries", hint="resubmission budget")
+    if options.cpus_per_node > MAX_COUNT:
+        raise UserError(f"{options.cpus_per_node} is more CPUs than any node has", file="command line", field="-c",
+                        hint="CPUs per node")
+    if not 0 <= options.retries <= 1_000:
+        raise UserError("must be 0 … 1000", file="command line", field="--retries", hint="resubmission budget")
     return options
 
 
