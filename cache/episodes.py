@@ -208,7 +208,11 @@ class EpisodeFile:
         return _list_demos(self.handle, self.path, split)
 
     def num_samples(self, name: str) -> int:
-        return int(self._group(name).attrs["num_samples"])
+        attrs = self._group(name).attrs
+        if "num_samples" not in attrs:
+            raise UserError("demo has no num_samples attribute", file=str(self.path), field=f"data/{name}",
+                            hint="robomimic files set data/<demo>.attrs['num_samples'] = len(actions)")
+        return int(attrs["num_samples"])
 
     def actions(self, name: str, start: int = 0, stop: int | None = None) -> np.ndarray:
         return self._group(name)["actions"][start:stop]

@@ -250,6 +250,12 @@ def _error_from_validation(exc: ValidationError, file: Path) -> UserError:
             text = rest
         return UserError(text, file=str(file), field=dotted or None, hint="fix the value")
     value = first.get("input")
+    if first["type"] == "string_pattern_mismatch":
+        # The Slurm-name and node-list patterns (schema.SLURM_NAME, NODE_LIST): say what is allowed.
+        dotted = ".".join(str(p) for p in loc if not isinstance(p, int))
+        return UserError(f"{_short_repr(value)} is not a safe Slurm name", file=str(file), field=dotted,
+                         hint="use letters, digits, '.', '_', '+', '-' (node lists also '[', ']', ','); "
+                              "no spaces, newlines, ';', '$(' or backticks")
     shown = _short_repr(value) if not isinstance(value, dict) else "a mapping"
     return UserError(f"{message}, got {shown}", file=str(file), field=dotted or None, hint="fix the value")
 

@@ -23,6 +23,11 @@ MAX_DEPTH = 1_024
 MAX_COUNT = 1_000_000
 MAX_STEPS = 1_000_000_000
 
+SLURM_NAME = r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}"
+"""A job name, QoS or partition that is safe in an ``#SBATCH`` line (matched against the whole value)."""
+NODE_LIST = r"[A-Za-z0-9._\-\[\],]{1,1024}"
+"""A Slurm host name or host list (``worker-5``, ``n[1-2]``)."""
+
 PositiveFloat = Annotated[float, Field(gt=0)]
 Episodes = Annotated[int, Field(ge=1, le=MAX_COUNT)]
 BlockId = Annotated[int, Field(ge=0, le=MAX_COUNT)]
@@ -208,15 +213,15 @@ class ResourcesSpec(Strict):
     """CPUs per node (``-c``)."""
     mem: str = "1GB"
     """Memory per node (``--mem``), e.g. 1600GB."""
-    qos: str
+    qos: str = Field(pattern=f"^{SLURM_NAME}$")
     """Quality-of-service tier, from the cluster profile."""
-    partition: str | None = None
+    partition: str | None = Field(default=None, pattern=f"^{SLURM_NAME}$")
     """Partition, when the cluster wants one besides the QoS."""
-    exclude: list[str] = []
+    exclude: list[Annotated[str, Field(pattern=f"^{NODE_LIST}$")]] = []
     """Nodes to avoid (``--exclude``)."""
     time_limit: str
     """Wall-clock limit, Slurm format (e.g. 30-00:00:00)."""
-    job_name: str | None = None
+    job_name: str | None = Field(default=None, pattern=f"^{SLURM_NAME}$")
     """``-J``; defaults to the experiment name."""
     retries: int = Field(default=0, ge=0, le=1_000)
     """Resubmissions allowed for retryable causes (preemption, node failure), like ``sbmr N``."""

@@ -20,12 +20,12 @@ from ground import contract
 from ground.errors import UserError
 from ground.paths import REPO_ROOT, expand_path
 from ground.spec.loader import ResolvedSpec
-from ground.spec.schema import MAX_COUNT, check_job_mem, check_job_time
+from ground.spec.schema import MAX_COUNT, NODE_LIST, SLURM_NAME, check_job_mem, check_job_time
 from ground.units import parse_bytes, parse_duration, slurm_time
 
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$")
-_NODE_LIST = re.compile(r"^[A-Za-z0-9._\-\[\],]{1,1024}$")
+_NAME = re.compile(SLURM_NAME)
+_NODE_LIST = re.compile(NODE_LIST)
 _SBATCH_PATH = re.compile(r"^/[A-Za-z0-9._/+@%=-]{1,4000}$")
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _GRES = re.compile(r"^gpu:(\d{1,3})$")
