@@ -7,12 +7,13 @@ numbers a check uses are the cluster's, not guesses in code. ``$IDMCTL_CLUSTER``
 
 from __future__ import annotations
 
+from typing import Literal
+
 import difflib
 import hashlib
 import os
 from pathlib import Path
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ground.contract import ENV_CLUSTER
@@ -113,7 +114,7 @@ class ClusterProfile(_Strict):
 
     name: str
     description: str = ""
-    scheduler: str = "slurm"
+    scheduler: Literal["slurm", "local"] = "slurm"
     """``slurm`` submits with sbatch; ``local`` runs the job script as a subprocess."""
     qos: dict[str, QosTier]
     node: NodeFacts
