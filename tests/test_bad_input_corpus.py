@@ -151,7 +151,17 @@ def _cache_list_header(tmp: Path, home: Path) -> None:
     _cache_file(home, [1, 2, 3])
 
 
+def _big_spec(tmp: Path, home: Path) -> None:
+    """A 1 MB spec with one unknown key took 15.8 s to reject; the size cap answers before parsing."""
+    (tmp / "big.yaml").write_text("extends: base_latent_c\ndescription: '" + "x" * 1_000_000 + "'\nbogus: 1\n")
+
+
+def _deep_spec(tmp: Path, home: Path) -> None:
+    (tmp / "deep.yaml").write_text("extends: base_latent_c\ndescription: " + "[" * 100_000 + "]" * 100_000 + "\n")
+
+
 SETUPS: dict[str, Callable[[Path, Path], None]] = {
+    "big_spec": _big_spec, "deep_spec": _deep_spec,
     "cluster_files": _write_cluster_files, "store_random_bytes": _store_random_bytes,
     "store_truncated": _store_truncated, "store_newer": _store_newer, "store_directory": _store_directory,
     "home_regular_file": _home_regular_file, "cluster_dir_yaml": _cluster_dir_yaml,
@@ -172,3 +182,20 @@ def test_bad_command_line_or_state(case: dict, cli, idmctl_home: Path, tmp_path:
     result = cli(*(arg.format(tmp=tmp_path) for arg in case["args"]))
     _assert_contract(result, case["expect"], case["id"])
     assert _store_state(idmctl_home) == before, f"{case['id']}: the store changed"
+
+
+def test_hdf5_demo_without_num_samples_is_a_user_error(tmp_path: Path) -> None:
+    """`cache build-hidden` and the dataset read num_samples per demo: a KeyError traceback before."""
+    import h5py
+    import numpy as np
+
+    from cache.episodes import EpisodeFile
+    from ground.errors import UserError
+
+    path = tmp_path / "demos.hdf5"
+    with h5py.File(path, "w") as handle:
+        handle.create_dataset("data/demo_0/actions", data=np.zeros((5, 7), np.float32))
+    with pytest.raises(UserError) as caught:
+        EpisodeFile(path).num_samples("demo_0")
+    assert caught.value.line() == (f"error: {path}:data/demo_0: demo has no num_samples attribute "
+                                   "(robomimic files set data/<demo>.attrs['num_samples'] = len(actions))")
