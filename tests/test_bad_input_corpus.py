@@ -12,6 +12,7 @@ import json
 import shutil
 import sqlite3
 import struct
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
@@ -160,8 +161,19 @@ def _deep_spec(tmp: Path, home: Path) -> None:
     (tmp / "deep.yaml").write_text("extends: base_latent_c\ndescription: " + "[" * 100_000 + "]" * 100_000 + "\n")
 
 
+def _home_read_only(tmp: Path, home: Path) -> None:
+    """Read-only for root too: the immutable attribute (chmod does not stop root). Undone after the case."""
+    subprocess.run(["chattr", "+i", str(home)], check=True)
+
+
+def _home_read_only_empty(tmp: Path, home: Path) -> None:
+    (home / "idmctl.sqlite").unlink()
+    _home_read_only(tmp, home)
+
+
 SETUPS: dict[str, Callable[[Path, Path], None]] = {
-    "big_spec": _big_spec, "deep_spec": _deep_spec,
+    "big_spec": _big_spec, "deep_spec": _deep_spec, "home_read_only": _home_read_only,
+    "home_read_only_empty": _home_read_only_empty,
     "cluster_files": _write_cluster_files, "store_random_bytes": _store_random_bytes,
     "store_truncated": _store_truncated, "store_newer": _store_newer, "store_directory": _store_directory,
     "home_regular_file": _home_regular_file, "cluster_dir_yaml": _cluster_dir_yaml,
@@ -174,14 +186,18 @@ def test_bad_command_line_or_state(case: dict, cli, idmctl_home: Path, tmp_path:
                                    monkeypatch: pytest.MonkeyPatch) -> None:
     idmctl_home.mkdir(parents=True, exist_ok=True)
     shutil.copy(populated_store, idmctl_home / "idmctl.sqlite")
-    if "setup" in case:
-        SETUPS[case["setup"]](tmp_path, idmctl_home)
-    for key, value in case.get("env", {}).items():
-        monkeypatch.setenv(key, value.format(tmp=tmp_path))
-    before = _store_state(idmctl_home)
-    result = cli(*(arg.format(tmp=tmp_path) for arg in case["args"]))
-    _assert_contract(result, case["expect"], case["id"])
-    assert _store_state(idmctl_home) == before, f"{case['id']}: the store changed"
+    try:
+        if "setup" in case:
+            SETUPS[case["setup"]](tmp_path, idmctl_home)
+        for key, value in case.get("env", {}).items():
+            monkeypatch.setenv(key, value.format(tmp=tmp_path))
+        before = _store_state(idmctl_home)
+        result = cli(*(arg.format(tmp=tmp_path) for arg in case["args"]))
+        _assert_contract(result, case["expect"], case["id"])
+        assert _store_state(idmctl_home) == before, f"{case['id']}: the store changed"
+    finally:
+        if case.get("setup", "").startswith("home_read_only"):
+            subprocess.run(["chattr", "-i", str(idmctl_home)], check=True)
 
 
 def test_hdf5_demo_without_num_samples_is_a_user_error(tmp_path: Path) -> None:

@@ -61,8 +61,23 @@ def _stored_revision(path: Path) -> str | None:
 
 
 def _unusable(path: Path, exc: BaseException) -> UserError:
+    if "unable to open" in str(exc) and not _writable(path.parent):
+        # SQLite in WAL mode creates -wal/-shm files beside the store even to read it.
+        return UserError(f"cannot open the store: {path.parent} is read-only", file=str(path),
+                         hint=f"make {ENV_HOME} a writable directory on local disk")
     return UserError(f"the store is unreadable: {exc}", file=str(path),
                      hint="restore it from a backup, or move it aside to start an empty store")
+
+
+def _writable(directory: Path) -> bool:
+    """Whether a file can be created there (os.access says yes to root even on a read-only mount)."""
+    import tempfile
+
+    try:
+        with tempfile.TemporaryFile(dir=directory):
+            return True
+    except OSError:
+        return False
 
 
 def known_revisions() -> set[str]:
