@@ -16,6 +16,8 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
+from ground.contract import ENV_HOME
+
 import pytest
 import yaml
 
@@ -41,8 +43,8 @@ def populated_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from idmctl.store.db import _engine_for
 
     home = tmp_path_factory.mktemp("template_home")
-    old = os.environ.get("IDMCTL_HOME")
-    os.environ["IDMCTL_HOME"] = str(home)
+    old = os.environ.get(ENV_HOME)
+    os.environ[ENV_HOME] = str(home)
     try:
         result = CliRunner().invoke(app, ["exp", "register", "quickstart"])
         assert result.exit_code == 0, result.output
@@ -50,7 +52,7 @@ def populated_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
         with sqlite3.connect(home / "idmctl.sqlite") as db:
             db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     finally:
-        os.environ["IDMCTL_HOME"] = old or ""
+        os.environ[ENV_HOME] = old or ""
     return home / "idmctl.sqlite"
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+from ground.contract import ENV_HOME
+
 import pytest
 import yaml
 
@@ -87,7 +89,7 @@ def test_every_spec_field_that_reaches_the_script(cli, idmctl_home: Path, tmp_pa
 @pytest.mark.parametrize("payload", ["\n", ";id", "$(id)", "`id`", "'"])
 def test_idmctl_home_that_reaches_the_script(cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, payload: str) -> None:
     home = tmp_path / f"home{payload}x"
-    monkeypatch.setenv("IDMCTL_HOME", str(home))
+    monkeypatch.setenv(ENV_HOME, str(home))
     result = cli("submit", "quickstart", "--dry-run")
     assert result.exit_code == 2 and "Traceback" not in result.output, result.output
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr

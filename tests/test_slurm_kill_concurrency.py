@@ -20,6 +20,8 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from ground.contract import ENV_HOME, ENV_CLUSTER
+
 import pytest
 import torch
 from sqlmodel import select
@@ -36,9 +38,9 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 @pytest.fixture(autouse=True)
 def slurm_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     monkeypatch.setenv("SLURM_CONF", slurm_conf())
-    monkeypatch.setenv("IDMCTL_CLUSTER", "local-slurm")
+    monkeypatch.setenv(ENV_CLUSTER, "local-slurm")
     home = Path(tempfile.mkdtemp(prefix="idmctl-kill-test-"))
-    monkeypatch.setenv("IDMCTL_HOME", str(home))
+    monkeypatch.setenv(ENV_HOME, str(home))
     yield home
     shutil.rmtree(home, ignore_errors=True)
 

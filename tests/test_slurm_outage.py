@@ -21,6 +21,8 @@ import tempfile
 from datetime import datetime, timezone
 from collections.abc import Iterator
 from pathlib import Path
+
+from ground.contract import ENV_HOME, ENV_CLUSTER
 from typing import Any
 
 import pytest
@@ -37,9 +39,9 @@ pytestmark = pytest.mark.slurm
 @pytest.fixture(autouse=True)
 def slurm_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     monkeypatch.setenv("SLURM_CONF", slurm_conf())
-    monkeypatch.setenv("IDMCTL_CLUSTER", "local-slurm")
+    monkeypatch.setenv(ENV_CLUSTER, "local-slurm")
     home = Path(tempfile.mkdtemp(prefix="idmctl-outage-test-"))
-    monkeypatch.setenv("IDMCTL_HOME", str(home))
+    monkeypatch.setenv(ENV_HOME, str(home))
     yield home
     shutil.rmtree(home, ignore_errors=True)
 

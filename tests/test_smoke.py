@@ -33,7 +33,7 @@ def test_run_smoke_reports_timings_and_finite_losses(tiny_cache) -> None:
 
 
 def test_smoke_module_prints_one_json_line_for_preflight(tiny_cache, tmp_path: Path) -> None:
-    spec_json = tmp_path / "spec.json"
+    spec_json = tmp_path / "canonical_spec.json"
     spec_json.write_text(load_spec(str(tiny_cache.spec_path)).canonical_json)
     done = subprocess.run([sys.executable, "-m", "trainers.smoke", "--spec-json", str(spec_json)],
                           capture_output=True, text=True, cwd=REPO_ROOT, timeout=300,

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ground.contract import ENV_HOME
+
 from idmctl.store.db import HEAD_REVISION
 from slurm_support import wait_until
 
@@ -32,7 +34,7 @@ print("ok")
 
 def test_sixteen_simultaneous_first_opens_all_succeed_and_every_write_lands(idmctl_home: Path, tmp_path: Path):
     start = tmp_path / "go"
-    env = {**os.environ, "IDMCTL_HOME": str(idmctl_home), "PYTHONPATH": str(Path(__file__).parent.parent)}
+    env = {**os.environ, ENV_HOME: str(idmctl_home), "PYTHONPATH": str(Path(__file__).parent.parent)}
     ready = tmp_path / "ready"
     ready.mkdir()
     procs = [subprocess.Popen([sys.executable, "-c", OPEN_AND_WRITE, str(start), str(ready / str(k))], env=env,

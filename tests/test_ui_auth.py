@@ -15,6 +15,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from ground.contract import ENV_HOME
+
 import pytest
 
 from ground.paths import REPO_ROOT
@@ -31,7 +33,7 @@ def _idmctl(*args: str) -> list[str]:
 
 
 def _env(home: Path) -> dict[str, str]:
-    return {**os.environ, "IDMCTL_HOME": str(home), "PYTHONPATH": str(REPO_ROOT)}
+    return {**os.environ, ENV_HOME: str(home), "PYTHONPATH": str(REPO_ROOT)}
 
 
 def test_binding_beyond_loopback_without_auth_is_refused_and_starts_nothing(idmctl_home: Path) -> None:
