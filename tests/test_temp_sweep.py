@@ -96,6 +96,16 @@ def test_a_killed_hidden_cache_build_is_swept_by_the_rerun(tmp_path: Path, monke
     summary = build_hidden_cache(spec)
     assert (summary["built"], summary["skipped"]) == (1, 1)
     assert temp_files(root) == []
+    # A file whose header lacks `layers` (a KeyError in `cache inspect` before) is rebuilt, as the runbook says.
+    import json
+    import struct
+
+    from cache.hidden import FORMAT_TAG, cache_file, inspect_file
+
+    broken = json.dumps({"__metadata__": {"format": json.dumps(FORMAT_TAG)}}).encode()
+    cache_file(root, "demo_0", "safetensors").write_bytes(struct.pack("<Q", len(broken)) + broken)
+    assert build_hidden_cache(spec)["built"] == 1
+    assert inspect_file(cache_file(root, "demo_0", "safetensors")).layers == list(spec.data.cached_layers)
 
 
 @pytest.mark.slow
