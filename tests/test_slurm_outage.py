@@ -73,7 +73,8 @@ def _one_line(result) -> str:  # type: ignore[no-untyped-def]
 
 @pytest.mark.slow
 def test_slurmdbd_outage_during_a_requeued_job_changes_no_row_and_sync_confirms_after(cli, monkeypatch) -> None:
-    monkeypatch.setenv("IDMCTL_TEST_BEHAVIOR", "steps:40:0.25")
+    # Long enough (~30 s after the restart) that the requeued run is still RUNNING when the outage starts.
+    monkeypatch.setenv("IDMCTL_TEST_BEHAVIOR", "steps:120:0.25")
     sub = _submit(cli, "-J", "outage")
     slurm_id, log = sub["scheduler_id"], Path(sub["log"])
     wait_until(lambda: "entry: step 2" in text_so_far(log), 90, f"job {slurm_id} to run 2 steps")
@@ -109,7 +110,7 @@ def test_slurmdbd_outage_during_a_requeued_job_changes_no_row_and_sync_confirms_
         row = _row(sub["job"])
         return row if is_final(row["state"]) else None
 
-    final = wait_until(confirmed, 90, f"sync to record job {slurm_id}'s end from sacct")
+    final = wait_until(confirmed, 180, f"sync to record job {slurm_id}'s end from sacct")
     assert final["state"] == "COMPLETED" and final["exit_code"] == "0:0", final
     assert final["restarts"] == 1
     runs = json.loads(final["options_json"])["runs"]

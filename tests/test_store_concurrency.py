@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from ground.contract import ENV_HOME
 
 from idmctl.store.db import HEAD_REVISION
@@ -32,6 +34,7 @@ print("ok")
 """
 
 
+@pytest.mark.slow
 def test_sixteen_simultaneous_first_opens_all_succeed_and_every_write_lands(idmctl_home: Path, tmp_path: Path):
     start = tmp_path / "go"
     env = {**os.environ, ENV_HOME: str(idmctl_home), "PYTHONPATH": str(Path(__file__).parent.parent)}
