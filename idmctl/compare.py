@@ -120,7 +120,7 @@ def _baseline_row(entry: Any, index: int, path: Path) -> CompareRow:
     for key, value in entry.items():
         if key in _BASELINE_KEYS:
             continue
-        if not tracking.EEF_METRIC.match(str(key)):
+        if not tracking.EEF_METRIC.fullmatch(str(key)):
             raise UserError("unknown key", file=str(path), field=f"{where}.{key}",
                             hint=f"allowed: {', '.join(sorted(_BASELINE_KEYS))}, eef_mm_<n>ep, sim_eef_mm_<n>ep")
         if value is None:
@@ -172,7 +172,7 @@ def load_runs(tracking_uri: str | None = None) -> list[CompareRow]:
 def _run_row(client: Any, run: Any) -> CompareRow:
     tags: dict[str, str] = dict(run.data.tags)
     params: dict[str, str] = dict(run.data.params)
-    wanted = [key for key in run.data.metrics if key == tracking.M_LOSS or tracking.EEF_METRIC.match(key)]
+    wanted = [key for key in run.data.metrics if key == tracking.M_LOSS or tracking.EEF_METRIC.fullmatch(key)]
     metrics: dict[str, MetricSummary] = {}
     for key in wanted:
         history = [(int(m.step), float(m.value)) for m in client.get_metric_history(run.info.run_id, key)]
@@ -341,7 +341,7 @@ def _metric_columns(rows: list[CompareRow], metric: str) -> list[str]:
     names.discard(tracking.M_LOSS)
 
     def order(name: str) -> tuple[int, int, str]:
-        match = tracking.EEF_METRIC.match(name)
+        match = tracking.EEF_METRIC.fullmatch(name)
         if match:
             return (1 if match.group(1) else 0, int(match.group(2)), name)
         return (2, 0, name)

@@ -34,7 +34,7 @@ def complete_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
     directory = checkpoint_dir(run_dir)
     if not directory.is_dir():
         return []
-    found = [(int(m.group(1)), directory / name) for name in os.listdir(directory) if (m := _NAME.match(name))]
+    found = [(int(m.group(1)), directory / name) for name in os.listdir(directory) if (m := _NAME.fullmatch(name))]
     return sorted(found)
 
 

@@ -48,10 +48,10 @@ import numpy as np  # noqa: E402  (after the early signal handlers, on purpose)
 import torch  # noqa: E402
 
 from ground.errors import UserError
-from ground.paths import atomic_write_text
+from ground.paths import atomic_write_text, sweep_dead_temp_files
 from ground.spec.schema import ExperimentSpec
 from ground.tracking import best_metric
-from trainers.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from trainers.checkpoint import checkpoint_dir, latest_checkpoint, load_checkpoint, save_checkpoint
 from ground.contract import (CAUSE_NAN_LOSS, ENV_CACHE_ROOT, ENV_CODE_VERSION, ENV_INJECT_NAN_AT_STEP, ENV_RANK_DIGESTS,
                              ENV_ROLLBACK, EXIT_NAN, EXIT_REQUEUE, FAILURE_FILE, FAILURE_MARKER, code_version)
 from ground.run_dir import RunSpec, read_run_spec, write_run_spec  # noqa: F401  (re-exported)
@@ -189,6 +189,9 @@ def fit(fabric: "Fabric", run: RunSpec) -> int:
     optimizer = torch.optim.AdamW(model.parameters(), lr=spec.train.lr, weight_decay=spec.train.weight_decay)
     model, optimizer = fabric.setup(model, optimizer)
     state: dict[str, Any] = {"model": model, "optimizer": optimizer, "step": 0, "best": {}}
+    if rank == 0:  # one trainer per run directory at a time: temp files here are a killed attempt's
+        sweep_dead_temp_files(run.run_dir)
+        sweep_dead_temp_files(checkpoint_dir(run.run_dir))
     resumed_from = latest_checkpoint(run.run_dir)
     if resumed_from is not None:
         load_checkpoint(fabric, resumed_from, state)

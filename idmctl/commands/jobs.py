@@ -80,17 +80,30 @@ def sync(
     """Update every unfinished job with one scheduler call; retry ended ones by cause."""
     from idmctl.jobs.sync import sync as run_sync
 
-    report = run_sync(retry=not no_retry)
+    report = _sync_or_say_who_did_not_answer(run_sync, retry=not no_retry)
     if as_json:
         emit_json({"checked": report.checked, "changed": report.changed, "finished": report.finished,
-                   "resubmitted": report.resubmitted, "stopped": report.stopped})
+                   "resubmitted": report.resubmitted, "stopped": report.stopped, "unconfirmed": report.unconfirmed})
         return
-    console.print(f"synced {report.checked} unfinished jobs: {len(report.changed)} changed, {len(report.finished)} ended",
-                  markup=False)
+    unconfirmed = f", {len(report.unconfirmed)} unconfirmed (squeue says ended; sacct has not recorded it yet)" \
+        if report.unconfirmed else ""
+    console.print(f"synced {report.checked} unfinished jobs: {len(report.changed)} changed, {len(report.finished)} ended"
+                  f"{unconfirmed}", markup=False)
     for old, new in report.resubmitted:
         console.print(f"  job {old} → resubmitted as job {new}", markup=False)
     for job_id, why in report.stopped:
         console.print(f"  job {job_id}: chain stopped — {why}", markup=False)
+
+
+def _sync_or_say_who_did_not_answer(run_sync, **kwargs):  # type: ignore[no-untyped-def]
+    """A daemon that does not answer is exit 1 with one line naming it; the store is left as it was."""
+    from idmctl.executors.base import SchedulerUnreachable
+
+    try:
+        return run_sync(**kwargs)
+    except SchedulerUnreachable as exc:
+        raise CheckFailed(f"error: {exc}; no job record changed (sync again once {exc.daemon} answers; "
+                          "runbook: When Slurm is unreachable)") from exc
 
 
 def jobs(
@@ -145,11 +158,12 @@ def watch(
         raise UserError("must be positive", file="command line", field="--interval", hint="e.g. --interval 30")
     done = 0
     while True:
-        report = run_sync()
+        report = _sync_or_say_who_did_not_answer(run_sync)
         done += 1
         left = len(unfinished_jobs())
         console.print(f"[{time.strftime('%H:%M:%S')}] {report.checked} checked, {len(report.finished)} ended, "
-                      f"{len(report.resubmitted)} resubmitted, {left} unfinished", markup=False)
+                      f"{len(report.resubmitted)} resubmitted, {left} unfinished"
+                      + (f" ({len(report.unconfirmed)} waiting for sacct)" if report.unconfirmed else ""), markup=False)
         if (count and done >= count) or (not count and left == 0):
             return
         time.sleep(interval)

@@ -167,7 +167,7 @@ def find_jobs(db: Session, job_ids: list[str]) -> list[Job]:
             matches = list(db.exec(select(Job).where(Job.scheduler_id == text)))
         if not matches:
             raise UserError(f"no job {text} in the store", field="JOB",
-                            hint="run `idmctl jobs sync`, or `idmctl jobs import --since D` for jobs not submitted by idmctl")
+                            hint="run `idmctl sync`, or `idmctl jobs import --since D` for jobs not submitted by idmctl")
         found += matches
     return found
 

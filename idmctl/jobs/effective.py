@@ -113,8 +113,11 @@ def active_exclusions() -> list[str]:
     """Nodes excluded by ``sync`` (node failures) whose exclusion has not expired."""
     from datetime import datetime, timezone
 
+    from ground.paths import db_path
     from idmctl.store.fast import connect, from_db_time, rows
 
+    if not db_path().exists():  # no store, no exclusions; and a dry run or a refused submit creates none
+        return []
     now = datetime.now(timezone.utc)
     with connect() as fast:
         if fast is not None:  # the store is at head: no ORM import on the submit path
