@@ -38,7 +38,7 @@ def run_smoke(spec: ExperimentSpec, steps: int = 3, batch_size: int = 2) -> dict
     """
     from torch.utils.data import DataLoader
 
-    from cache.registry import build_dataset
+    from cache.registry import build_dataset, repeat_samples
     from trainers.registry import build_model
     from trainers.train import noise_generator
 
@@ -66,7 +66,11 @@ def run_smoke(spec: ExperimentSpec, steps: int = 3, batch_size: int = 2) -> dict
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=spec.train.lr, weight_decay=spec.train.weight_decay)
     # num_workers=0: the smoke measures the model and one sample's read, not the loader's workers.
-    loader = DataLoader(dataset, batch_size=batch_size, shuffle=True, generator=torch.Generator().manual_seed(0))
+    # Sample repeats as the trainer does them: batch_size // K distinct samples, each K times.
+    repeats = spec.loader.repeats
+    distinct = max(1, batch_size // repeats)
+    report["batch_size"] = distinct * repeats
+    loader = DataLoader(dataset, batch_size=distinct, shuffle=True, generator=torch.Generator().manual_seed(0))
     batches = iter(loader)
     losses, step_seconds = [], []
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
@@ -78,8 +82,9 @@ def run_smoke(spec: ExperimentSpec, steps: int = 3, batch_size: int = 2) -> dict
             batch = next(batches)
         started = time.perf_counter()
         with autocast:
-            loss = model(batch["hidden"].to(device), batch["actions"].to(device), batch["action_mask"].to(device),
-                         generator=noise_generator(spec.train.seed, step, 0, 0))
+            hidden, actions, mask = (repeat_samples(batch[k].to(device), repeats)
+                                     for k in ("hidden", "actions", "action_mask"))
+            loss = model(hidden, actions, mask, generator=noise_generator(spec.train.seed, step, 0, 0))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()

@@ -169,7 +169,7 @@ def host_peak_rss_bytes() -> int:
 
 def fit(fabric: "Fabric", run: RunSpec) -> int:
     """Train to ``train.steps`` (resuming if a checkpoint exists); returns the process exit code."""
-    from cache.registry import build_dataloader
+    from cache.registry import build_dataloader, repeat_samples
     from trainers.registry import build_model
 
     spec, rank = run.spec, fabric.global_rank
@@ -215,7 +215,8 @@ def fit(fabric: "Fabric", run: RunSpec) -> int:
             waited = time.perf_counter()
             batch = next(batches)
             window.data_wait_s += time.perf_counter() - waited
-            hidden, actions, mask = (fabric.to_device(batch[k]) for k in ("hidden", "actions", "action_mask"))
+            hidden, actions, mask = (repeat_samples(fabric.to_device(batch[k]), spec.loader.repeats)
+                                     for k in ("hidden", "actions", "action_mask"))
             with fabric.no_backward_sync(model, enabled=micro < spec.grad_accum - 1):
                 loss = model(hidden, actions, mask, generator=noise_generator(noise_seed, step, rank, micro))
                 if step == inject_nan_at:

@@ -36,7 +36,7 @@ class ResolvedSpec:
 
     @property
     def canonical(self) -> dict[str, Any]:
-        return self.spec.model_dump(mode="json")
+        return canonical_spec(self.spec)
 
     @property
     def canonical_json(self) -> str:
@@ -50,6 +50,19 @@ class ResolvedSpec:
     @property
     def short_hash(self) -> str:
         return self.hash[:12]
+
+
+HASH_NEUTRAL_DEFAULTS: dict[tuple[str, str], Any] = {("loader", "repeats"): 1}
+"""Fields added after specs were recorded, left out of the canonical form at their default: a spec
+that does not use them keeps the hash (and the preflight passes) it had before they existed."""
+
+
+def canonical_spec(spec: ExperimentSpec) -> dict[str, Any]:
+    dumped = spec.model_dump(mode="json")
+    for (section, key), default in HASH_NEUTRAL_DEFAULTS.items():
+        if isinstance(dumped.get(section), dict) and dumped[section].get(key) == default:
+            del dumped[section][key]
+    return dumped
 
 
 def canonical_json(data: Any) -> str:

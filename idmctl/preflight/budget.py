@@ -70,6 +70,8 @@ class StepEstimate:
     sample_bytes: int
     sample_formula: str
     effective_batch: int
+    repeats: int
+    """``loader.repeats``: each sample read serves K rows, so a step reads effective_batch / K samples."""
     step_bytes: int
     tier: str
     bandwidth: float
@@ -86,7 +88,10 @@ class StepEstimate:
         return self.train_s + self.stage_s
 
     def arithmetic(self) -> str:
-        text = (f"{self.sample_formula}; × eff. batch {self.effective_batch:,} = {format_bytes(self.step_bytes)}/step "
+        batch = f"eff. batch {self.effective_batch:,}"
+        if self.repeats > 1:
+            batch = f"({batch} ÷ repeats {self.repeats} = {self.effective_batch // self.repeats:,} samples read)"
+        text = (f"{self.sample_formula}; × {batch} = {format_bytes(self.step_bytes)}/step "
                 f"÷ {self.tier} {fmt_bandwidth(self.bandwidth)} = {fmt_seconds(self.data_s)}/step data")
         if self.compute_s is not None:
             text += f" + {fmt_seconds(self.compute_s)} compute ({self.compute_note}) = {fmt_seconds(self.step_s)}/step"
@@ -99,7 +104,7 @@ class StepEstimate:
 def step_estimate(ctx: PreflightContext) -> StepEstimate:
     spec, profile = ctx.spec, ctx.profile
     io = sample_io(spec.data, spec.loader.mmap)
-    step_bytes = io.bytes * spec.train.effective_batch
+    step_bytes = io.bytes * spec.samples_read_per_step
     if spec.stage.enabled:
         tier, bandwidth = "NVMe (staged)", profile.storage.nvme_read_bps
     else:
@@ -108,7 +113,7 @@ def step_estimate(ctx: PreflightContext) -> StepEstimate:
     compute_s, note = _compute_seconds(ctx)
     step_s = data_s + (compute_s or 0.0)
     train_s = step_s * spec.train.steps
-    return StepEstimate(io.bytes, io.formula, spec.train.effective_batch, step_bytes, tier, bandwidth, data_s,
+    return StepEstimate(io.bytes, io.formula, spec.train.effective_batch, spec.loader.repeats, step_bytes, tier, bandwidth, data_s,
                         compute_s, note, step_s, spec.train.steps, train_s, staging(ctx).seconds)
 
 
