@@ -18,6 +18,9 @@ def preflight(
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
     cluster: Annotated[str | None, typer.Option("--cluster", help="Cluster profile (default $IDMCTL_CLUSTER or local).")] = None,
     smoke_timeout: Annotated[float, typer.Option("--smoke-timeout", help="Seconds before the smoke is killed.")] = 300.0,
+    what_if: Annotated[list[str] | None, typer.Option(
+        "--what-if", help="section.field=value: rerun the static checks on the altered spec (never edited, "
+                          "nothing recorded) beside the original. Repeatable.")] = None,
 ) -> None:
     """Run the mandatory gate: spec, introspection, loader, shm, io, qos, disk, cache, smoke."""
     from idmctl.preflight.runner import run_preflight
@@ -26,6 +29,11 @@ def preflight(
 
     resolved = load_spec(experiment)
     profile, profile_hash = load_profile(cluster)
+    if what_if:
+        from idmctl.preflight.whatif_report import run_what_if
+
+        run_what_if(resolved, profile, profile_hash, what_if, as_json=as_json)
+        return
     report = run_preflight(resolved, profile, profile_hash, with_smoke=not no_smoke, smoke_timeout_s=smoke_timeout)
     if as_json:
         emit_json(report.as_dict())

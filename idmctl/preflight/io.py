@@ -32,7 +32,8 @@ def check(ctx: PreflightContext) -> CheckResult:
     if estimate.wall_s > limit:
         affordable = int(max(limit - estimate.stage_s, 0) / estimate.step_s)
         stage = "" if spec.stage.enabled else ", or stage the cache to NVMe (stage.enabled)"
-        fix = (f"read less per step: fewer routed layers (N), a smaller frame window or effective batch{stage}; "
+        fix = (f"read less per step: repeat each sample (loader.repeats), fewer routed layers (N), a smaller frame "
+               f"window or effective batch{stage}; "
                f"at {fmt_seconds(estimate.step_s)}/step only {affordable:,} steps fit")
         return CheckResult(NAME, Status.FAIL, f"too slow: {summary}", numbers, fix)
     if estimate.wall_s > WARN_FRACTION * limit:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ground.paths import expand_path
-from idmctl.preflight import cache, disk, introspection, io, loader, qos, shm, smoke, spec
+from idmctl.preflight import cache, disk, introspection, io, loader, qos, shm, smoke, spec, whatif
 from idmctl.preflight.result import (CHECK_NAMES, CheckResult, Measurements, PreflightContext, QueueWait,
                                      SmokeMeasurement, Status)
 from idmctl.profile import ClusterProfile
@@ -121,10 +121,11 @@ def gather(resolved: ResolvedSpec, profile: ClusterProfile) -> Measurements:
 
 
 def _safe(check_module: object, ctx: PreflightContext) -> CheckResult:
-    """A crashing check is a FAIL with its error, never a traceback that hides the other rows."""
+    """A crashing check is a FAIL with its error, never a traceback that hides the other rows.
+    A FAIL or WARN comes with its fixes recomputed by the same check on the altered spec (whatif)."""
     name = getattr(check_module, "NAME")
     try:
-        return check_module.check(ctx)  # type: ignore[attr-defined]
+        return whatif.with_fixes(ctx, check_module, check_module.check(ctx))  # type: ignore[attr-defined]
     except Exception as exc:
         return CheckResult(name, Status.FAIL, f"check crashed: {type(exc).__name__}: {exc}", {},
                            "report this as an idmctl bug")

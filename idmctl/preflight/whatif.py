@@ -1,0 +1,257 @@
+"""What-ifs: a spec altered by ``section.field=value`` overrides, never written back, and the fixes every
+FAIL/WARN carries, each recomputed by running the very same check on the altered spec.
+
+``idmctl preflight EXP --what-if loader.repeats=8`` and sweeps (``sweep:`` axes) both go through
+:func:`apply_overrides`, so a bad override is the same one-line error with a did-you-mean everywhere.
+"""
+
+from __future__ import annotations
+
+import difflib
+import types
+import typing
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Iterable
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from ground.errors import UserError
+from ground.spec.loader import ResolvedSpec
+from ground.spec.schema import ExperimentSpec
+from ground.units import format_bytes
+from idmctl.preflight.budget import fmt_seconds, fmt_span, staging
+from idmctl.preflight.result import CheckResult, PreflightContext, Status
+
+SOURCE = "--what-if"
+"""Where a bad override came from, in the error line's file position."""
+
+
+# -- overrides -------------------------------------------------------------------------------------
+
+def _submodel(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model behind ``Model`` or ``Model | None``, else None (a leaf)."""
+    candidates = typing.get_args(annotation) if isinstance(annotation, types.UnionType) or \
+        typing.get_origin(annotation) is typing.Union else (annotation,)
+    for candidate in candidates:
+        if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+            return candidate
+    return None
+
+
+def field_paths(model: type[BaseModel] = ExperimentSpec, prefix: str = "") -> list[str]:
+    """Every settable dotted leaf of the spec: ``loader.repeats``, ``data.selected_layer_indices``, ..."""
+    paths: list[str] = []
+    for name, info in model.model_fields.items():
+        sub = _submodel(info.annotation)
+        paths += field_paths(sub, f"{prefix}{name}.") if sub else [f"{prefix}{name}"]
+    return paths
+
+
+def check_path(dotted: str, source: str = SOURCE) -> None:
+    """Raise the one-line error for a dotted path the spec has no field for, with a did-you-mean."""
+    model: type[BaseModel] | None = ExperimentSpec
+    parts = dotted.split(".")
+    for depth, part in enumerate(parts):
+        if model is None or part not in model.model_fields:
+            known = field_paths()
+            close = difflib.get_close_matches(dotted, known, n=1, cutoff=0.5)
+            if not close and model is not None:  # "loader.repeat" → the nearest field of that section
+                near = difflib.get_close_matches(part, list(model.model_fields), n=1)
+                close = [".".join([*parts[:depth], near[0]])] if near else []
+            if not close:  # "repeats" alone → "loader.repeats"
+                close = [p for p in known if p.rsplit(".", 1)[-1] == parts[-1]][:1]
+            hint = f"did you mean {close[0]!r}?" if close else "see `idmctl exp show EXP` for the fields"
+            raise UserError("unknown field", file=source, field=dotted, hint=hint)
+        sub = _submodel(model.model_fields[part].annotation)
+        if depth < len(parts) - 1:
+            model = sub
+        elif sub is not None:
+            raise UserError("is a section, not a field", file=source, field=dotted,
+                            hint=f"set one of its fields, e.g. {dotted}.{next(iter(sub.model_fields))}")
+
+
+def parse_override(text: str, source: str = SOURCE) -> tuple[str, Any]:
+    """``loader.repeats=8`` → ("loader.repeats", 8); the value is YAML (``[1,4,7,10]``, ``true``, ``7-00:00:00``)."""
+    dotted, sep, raw = text.partition("=")
+    dotted = dotted.strip()
+    if not sep or not dotted:
+        raise UserError(f"{text!r} is not section.field=value", file=source, hint="e.g. --what-if loader.repeats=8")
+    check_path(dotted, source)
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return dotted, value
+
+
+def _get(document: dict[str, Any], dotted: str) -> Any:
+    node: Any = document
+    for part in dotted.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
+def _set(document: dict[str, Any], dotted: str, value: Any) -> None:
+    *parents, leaf = dotted.split(".")
+    node = document
+    for part in parents:
+        if not isinstance(node.get(part), dict):
+            node[part] = {}
+        node = node[part]
+    node[leaf] = value
+
+
+def apply_overrides(resolved: ResolvedSpec, overrides: dict[str, Any], source: str = SOURCE,
+                    name: str | None = None) -> ResolvedSpec:
+    """The spec with ``overrides`` applied and validated again; the file on disk is never touched."""
+    document = resolved.spec.model_dump(mode="json")
+    for dotted, value in overrides.items():
+        check_path(dotted, source)
+        _set(document, dotted, value)
+    try:
+        spec = ExperimentSpec.model_validate(document)
+    except ValidationError as exc:
+        raise _override_error(exc, resolved, overrides, source) from None
+    return ResolvedSpec(name=name or resolved.name, path=resolved.path, spec=spec, chain=resolved.chain)
+
+
+def _override_error(exc: ValidationError, resolved: ResolvedSpec, overrides: dict[str, Any],
+                    source: str) -> UserError:
+    first = exc.errors()[0]
+    loc = ".".join(str(p) for p in first["loc"])
+    message = first["msg"].removeprefix("Value error, ")
+    head, sep, rest = message.partition(": ")
+    if sep and " " not in head:  # cross-field validators name their field: "repeats: 3 does not divide ..."
+        loc, message = ".".join([*filter(None, loc.split(".")), head]), rest
+    dotted = next((d for d in overrides if loc == d or loc.startswith(d + ".")), None) or \
+        next((d for d in overrides if d.startswith(loc)), None) or loc
+    now = _get(resolved.spec.model_dump(mode="json"), dotted)
+    if first["type"] in ("value_error", "assertion_error"):
+        hint = f"it is {yaml.safe_dump(now, default_flow_style=True).strip().removesuffix('...').strip()} now"
+    else:
+        message = f"{message}, got {first.get('input')!r}"
+        example = yaml.safe_dump(now, default_flow_style=True).strip().removesuffix("...").strip()
+        hint = f"a value like its current one, e.g. {dotted}={example}"
+    return UserError(message, file=source, field=dotted, hint=hint)
+
+
+# -- fixes with numbers ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Alternative:
+    """One fix: the overrides, and what the same check says about the altered spec."""
+
+    overrides: dict[str, Any]
+    status: Status
+    headline: str
+
+    def text(self) -> str:
+        sets = " ".join(f"{k}={_show(v)}" + (f" (N={len(v)})" if k == "data.selected_layer_indices" else "")
+                        for k, v in self.overrides.items())
+        shown = self.status is Status.PASS or self.headline == self.status.value
+        return f"{sets} → {self.headline}" + ("" if shown else f" ({self.status.value})")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"set": self.overrides, "status": self.status.value, "headline": self.headline}
+
+
+def _show(value: Any) -> str:
+    return "[" + ",".join(map(str, value)) + "]" if isinstance(value, list) else str(value)
+
+
+def headline(result: CheckResult) -> str:
+    """The numbers a fix changes, short: s/step and wall clock for io, bytes for shm and disk."""
+    n = result.numbers
+    if result.name == "io" and "step_s" in n:
+        return f"{fmt_seconds(n['step_s'])}/step, {fmt_span(n['wall_s'])}"
+    if result.name in ("shm", "disk") and n.get("capacity_bytes"):
+        need = n.get("need_bytes", n.get("stage_bytes", 0))
+        return f"{format_bytes(need)} of {format_bytes(n['capacity_bytes'])}"
+    if result.name == "qos":
+        parts = []
+        if n.get("first_checkpoint_s") is not None:
+            parts.append(f"first checkpoint at {fmt_span(n['first_checkpoint_s'])} vs preempt cycle "
+                         f"{fmt_span(n['preempt_cycle_s'])}")
+        if n.get("expected_wait_s") is not None:
+            parts.append(f"expected queue wait {fmt_span(n['expected_wait_s'])}")
+        if parts:
+            return ", ".join(parts)
+    return result.status.value
+
+
+def evenly_spread(cached: int, n: int) -> list[int]:
+    """N cache indices spread evenly over the cached layers (12 cached, N=4 → 1,4,7,10: the card's choice)."""
+    return [int((i + 0.5) * cached / n) for i in range(n)]
+
+
+def _candidates_io(ctx: PreflightContext) -> Iterable[list[dict[str, Any]]]:
+    spec = ctx.spec
+    batch = spec.loader.batch_size
+    yield [{"loader.repeats": k} for k in range(spec.loader.repeats + 1, batch + 1) if batch % k == 0]
+    cached = len(spec.data.cached_layers)
+    yield [{"data.selected_layer_indices": evenly_spread(cached, n)} for n in range(spec.data.routing_n - 1, 0, -1)]
+    if not spec.stage.enabled:
+        yield [{"stage.enabled": True}]
+
+
+def _candidates_shm(ctx: PreflightContext) -> Iterable[list[dict[str, Any]]]:
+    loader = ctx.spec.loader
+    yield [{"loader.num_workers": w} for w in range(loader.num_workers - 1, -1, -1)]
+    yield [{"loader.repeats": k} for k in range(loader.repeats + 1, loader.batch_size + 1) if loader.batch_size % k == 0]
+
+
+def _candidates_qos(ctx: PreflightContext) -> Iterable[list[dict[str, Any]]]:
+    res, gpus = ctx.spec.resources, ctx.spec.resources.gpus_per_node * ctx.spec.resources.nodes
+    steady = [name for name, tier in ctx.profile.qos.items()
+              if name != res.qos and not tier.preemptible and (tier.max_gpus is None or gpus <= tier.max_gpus)]
+    yield [{"resources.qos": name} for name in steady]
+    tier = ctx.profile.qos.get(res.qos)
+    if tier is None or not tier.preemptible or staging(ctx).seconds >= (tier.preempt_cycle_seconds or 0):
+        return  # checkpointing more often cannot help a job preempted before its first step
+    every = ctx.spec.train.checkpoint_every
+    yield [{"train.checkpoint_every": e} for e in sorted({max(1, every // d) for d in (2, 4, 10, 100)}, reverse=True)
+           if e < every]
+
+
+def _candidates_disk(ctx: PreflightContext) -> Iterable[list[dict[str, Any]]]:
+    if ctx.spec.stage.enabled:
+        yield [{"stage.enabled": False}]
+
+
+CANDIDATES: dict[str, Callable[[PreflightContext], Iterable[list[dict[str, Any]]]]] = {
+    "io": _candidates_io, "shm": _candidates_shm, "qos": _candidates_qos, "disk": _candidates_disk,
+}
+"""Per check: families of overrides, each tried in order, mildest first; the first member the check
+PASSes is the fix shown, or the last one tried when none does (the most that family can buy)."""
+
+
+def alternatives(ctx: PreflightContext, module: Any, result: CheckResult) -> list[Alternative]:
+    """For a FAIL/WARN, the fixes worth showing, each with the same check rerun on the altered spec."""
+    found: list[Alternative] = []
+    for family in CANDIDATES.get(result.name, lambda _: [])(ctx):
+        best: Alternative | None = None
+        for overrides in family:
+            try:
+                altered = apply_overrides(ctx.resolved, overrides)
+            except UserError:
+                continue  # e.g. repeats that break another rule: not a fix
+            rerun = module.check(replace(ctx, resolved=altered))
+            best = Alternative(overrides, rerun.status, headline(rerun))
+            if rerun.status is Status.PASS:
+                break
+        if best is not None:
+            found.append(best)
+    return found
+
+
+def with_fixes(ctx: PreflightContext, module: Any, result: CheckResult) -> CheckResult:
+    """``result`` with its fix extended by recomputed alternatives (and them under numbers['what_ifs'])."""
+    if result.status not in (Status.FAIL, Status.WARN) or result.name not in CANDIDATES:
+        return result
+    found = alternatives(ctx, module, result)
+    if not found:
+        return result
+    lines = "; ".join(alt.text() for alt in found)
+    fix = f"{result.fix}; what-ifs: {lines}" if result.fix else f"what-ifs: {lines}"
+    return replace(result, fix=fix, numbers={**result.numbers, "what_ifs": [alt.as_dict() for alt in found]})
