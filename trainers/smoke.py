@@ -96,7 +96,27 @@ def run_smoke(spec: ExperimentSpec, steps: int = 3, batch_size: int = 2) -> dict
     report["all_finite"] = all(math.isfinite(x) for x in losses)
     report["step_s"] = statistics.median(step_seconds)
     report["peak_mem_bytes"] = _peak_bytes(device)
+    report["checkpoint_s"], report["checkpoint_bytes"] = _time_checkpoint(model, optimizer)
     return report
+
+
+def _time_checkpoint(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[float, int]:
+    """Write model + optimizer state once, fsynced, as the trainer's checkpoint holds them; the derived
+    checkpoint interval and signal lead are sized from this time. Written where run directories live."""
+    import os
+    import tempfile
+
+    from ground.paths import home
+
+    parent = home() / "runs"
+    parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".smoke_ckpt_", dir=parent) as tmp:
+        path = Path(tmp) / "step.ckpt"
+        started = time.perf_counter()
+        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": 0}, path)
+        with open(path, "rb") as handle:
+            os.fsync(handle.fileno())
+        return time.perf_counter() - started, path.stat().st_size
 
 
 def _load_spec_json(path: Path) -> ExperimentSpec:

@@ -184,8 +184,9 @@ class TrainSpec(Strict):
     """Linear warm-up steps before cosine decay."""
     effective_batch: int = Field(ge=1)
     """Samples per optimizer step over all ranks; gradient accumulation is derived from it."""
-    checkpoint_every: int = Field(ge=1)
-    """Steps between checkpoints (also written on SIGUSR1/SIGTERM)."""
+    checkpoint_every: int | None = Field(default=None, ge=1)
+    """Steps between checkpoints (also written on SIGUSR1/SIGTERM). Unset: derived at submit from the
+    measured step and checkpoint write times (``idmctl exp show`` prints the arithmetic)."""
     log_every: int = Field(default=10, ge=1)
     """Steps between metric logs."""
     seed: int = 0
@@ -213,8 +214,12 @@ class ResourcesSpec(Strict):
     """Partition, when the cluster wants one besides the QoS."""
     exclude: list[str] = []
     """Nodes to avoid (``--exclude``)."""
-    time_limit: str
-    """Wall-clock limit, Slurm format (e.g. 30-00:00:00)."""
+    time_limit: str | None = None
+    """Wall-clock limit, Slurm format (e.g. 30-00:00:00). Unset: derived from the estimated wall clock
+    with a margin, capped at the QoS max wall (``idmctl exp show`` prints the arithmetic)."""
+    signal_lead: str | None = None
+    """How long before the time limit the job gets USR1 to checkpoint (e.g. 5:00). Unset: derived from
+    the measured step + checkpoint write time with a margin."""
     job_name: str | None = None
     """``-J``; defaults to the experiment name."""
     retries: int = Field(default=0, ge=0)
@@ -226,10 +231,11 @@ class ResourcesSpec(Strict):
         parse_bytes(value)
         return value
 
-    @field_validator("time_limit")
+    @field_validator("time_limit", "signal_lead")
     @classmethod
-    def _time_is_duration(cls, value: str) -> str:
-        parse_duration(value)
+    def _time_is_duration(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_duration(value)
         return value
 
     @property
@@ -245,8 +251,9 @@ class ResourcesSpec(Strict):
         return parse_bytes(self.mem)
 
     @property
-    def time_limit_seconds(self) -> float:
-        return parse_duration(self.time_limit)
+    def time_limit_seconds(self) -> float | None:
+        """The spec's limit; None when it is left to derivation (``idmctl.preflight.limits``)."""
+        return parse_duration(self.time_limit) if self.time_limit is not None else None
 
 
 class StageSpec(Strict):

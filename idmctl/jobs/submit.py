@@ -21,6 +21,7 @@ from ground import contract
 from ground.contract import code_version
 from ground.errors import CheckFailed, UserError
 from idmctl.executors import executor_for
+from idmctl.preflight.limits import job_limits
 from idmctl.jobs.render import JobOptions, RenderContext, render_script, resolve_options, with_exclusions
 from ground.paths import atomic_write_text, home
 from idmctl.profile import ClusterProfile, load_profile
@@ -67,6 +68,7 @@ def prepare(experiment: str, overrides: dict[str, Any], cluster: str | None) -> 
     options = resolve_options(resolved, overrides)
     source = ("command line", "--qos") if overrides.get("--qos") else (str(resolved.path), "resources.qos")
     profile.tier(options.qos, file=source[0], field=source[1])
+    options = job_limits(resolved, profile, options)  # time limit, checkpoint interval, signal lead
     return resolved, profile, profile_hash, with_exclusions(options, active_exclusions())
 
 

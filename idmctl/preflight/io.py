@@ -8,6 +8,7 @@ N=4 sparse ≈ 270 GB/step ≈ 34 s/step (the card measured 25–30 s).
 from __future__ import annotations
 
 from idmctl.preflight.budget import fmt_seconds, fmt_span, step_estimate
+from idmctl.preflight.limits import derive
 from idmctl.preflight.result import CheckResult, PreflightContext, Status
 from ground.units import format_duration
 
@@ -19,8 +20,11 @@ WARN_FRACTION = 0.9
 def check(ctx: PreflightContext) -> CheckResult:
     spec = ctx.spec
     estimate = step_estimate(ctx)
-    limit = spec.resources.time_limit_seconds
-    limit_name = f"resources.time_limit {spec.resources.time_limit}"
+    limits = derive(ctx)
+    if spec.resources.time_limit is not None:
+        limit, limit_name = limits.time_limit.effective, f"resources.time_limit {spec.resources.time_limit}"
+    else:
+        limit, limit_name = limits.time_limit.derived, f"derived time limit {limits.derived_time_limit_slurm}"
     tier = ctx.profile.qos.get(spec.resources.qos)
     if tier is not None and tier.max_wall_seconds < limit:
         limit, limit_name = tier.max_wall_seconds, f"QoS {spec.resources.qos} max wall {tier.max_wall}"
@@ -39,4 +43,9 @@ def check(ctx: PreflightContext) -> CheckResult:
     if estimate.wall_s > WARN_FRACTION * limit:
         return CheckResult(NAME, Status.WARN, f"tight: {summary}", numbers,
                            "leave headroom: raise the time limit or lower steps")
+    numbers["derived_time_limit_s"] = limits.time_limit.derived
+    if limits.time_warning:
+        return CheckResult(NAME, Status.WARN, f"{summary}; {limits.time_warning}", numbers,
+                           f"set resources.time_limit: {limits.derived_time_limit_slurm} or leave it unset to derive it "
+                           f"({limits.time_limit.arithmetic})")
     return CheckResult(NAME, Status.PASS, summary, numbers)

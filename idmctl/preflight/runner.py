@@ -15,7 +15,7 @@ from pathlib import Path
 from ground.paths import expand_path
 from idmctl.preflight import cache, disk, introspection, io, loader, qos, shm, smoke, spec, whatif
 from idmctl.preflight.result import (CHECK_NAMES, CheckResult, Measurements, PreflightContext, QueueWait,
-                                     SmokeMeasurement, Status)
+                                     RecordedRun, SmokeMeasurement, Status)
 from idmctl.profile import ClusterProfile
 from ground.spec.loader import ResolvedSpec
 
@@ -117,7 +117,15 @@ def gather(resolved: ResolvedSpec, profile: ClusterProfile) -> Measurements:
         scratch_free_bytes=_free_bytes(expand_path(resolved.spec.stage.dest)),
         cache_present=present, cache_bytes=cache_bytes, cache_file_count=file_count,
         cache_inspections=inspections, queue_waits=queue_history(res.gpus_per_node * res.nodes),
+        recorded_runs=recorded_runs(),
     )
+
+
+def recorded_runs() -> list[RecordedRun]:
+    from ground.paths import home
+    from idmctl.preflight.limits import recorded_runs as scan
+
+    return scan(home() / "runs")
 
 
 def _safe(check_module: object, ctx: PreflightContext) -> CheckResult:
@@ -140,6 +148,8 @@ def run_preflight(resolved: ResolvedSpec, profile: ClusterProfile, profile_hash:
     started = time.perf_counter()
     version = code_version()
     measured = measurements if measurements is not None else gather(resolved, profile)
+    # Step times of earlier runs count only when they ran this very code (limits.derive).
+    measured = replace(measured, recorded_runs=[r for r in measured.recorded_runs if r.code_version == version])
     ctx = PreflightContext(resolved, profile, measured)
     early = {module.NAME: _safe(module, ctx) for module in (spec, introspection)}
     smoke_result: SmokeMeasurement | None = None

@@ -21,6 +21,7 @@ from ground.spec.loader import ResolvedSpec
 from ground.spec.schema import ExperimentSpec
 from ground.units import format_bytes
 from idmctl.preflight.budget import fmt_seconds, fmt_span, staging
+from idmctl.preflight.limits import derive
 from idmctl.preflight.result import CheckResult, PreflightContext, Status
 
 SOURCE = "--what-if"
@@ -187,6 +188,10 @@ def evenly_spread(cached: int, n: int) -> list[int]:
 
 def _candidates_io(ctx: PreflightContext) -> Iterable[list[dict[str, Any]]]:
     spec = ctx.spec
+    limits = derive(ctx)
+    if limits.time_warning:  # the run fits; the spec over-asks: the fix is the derived limit
+        yield [{"resources.time_limit": limits.derived_time_limit_slurm}]
+        return
     batch = spec.loader.batch_size
     yield [{"loader.repeats": k} for k in range(spec.loader.repeats + 1, batch + 1) if batch % k == 0]
     cached = len(spec.data.cached_layers)
@@ -203,11 +208,17 @@ def _candidates_shm(ctx: PreflightContext) -> Iterable[list[dict[str, Any]]]:
 
 def _candidates_qos(ctx: PreflightContext) -> Iterable[list[dict[str, Any]]]:
     res, gpus = ctx.spec.resources, ctx.spec.resources.gpus_per_node * ctx.spec.resources.nodes
+    limits = derive(ctx)
+    if limits.checkpoint_warning:
+        yield [{"train.checkpoint_every": int(limits.checkpoint_every.derived)}]
+    tier = ctx.profile.qos.get(res.qos)
+    waits = [w for w in ctx.measurements.queue_waits if w.qos == res.qos and w.gpus == gpus]
+    if tier is None or not (tier.preemptible or waits):
+        return  # nothing another tier would change
     steady = [name for name, tier in ctx.profile.qos.items()
               if name != res.qos and not tier.preemptible and (tier.max_gpus is None or gpus <= tier.max_gpus)]
     yield [{"resources.qos": name} for name in steady]
-    tier = ctx.profile.qos.get(res.qos)
-    if tier is None or not tier.preemptible or staging(ctx).seconds >= (tier.preempt_cycle_seconds or 0):
+    if not tier.preemptible or staging(ctx).seconds >= (tier.preempt_cycle_seconds or 0):
         return  # checkpointing more often cannot help a job preempted before its first step
     every = ctx.spec.train.checkpoint_every
     yield [{"train.checkpoint_every": e} for e in sorted({max(1, every // d) for d in (2, 4, 10, 100)}, reverse=True)
