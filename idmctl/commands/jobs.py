@@ -93,10 +93,15 @@ def jobs(
     from idmctl.store.db import session
     from idmctl.store.models import Chain, Job
 
+    from idmctl.jobs.eta import eta_for_job
+
     with session() as db:
         rows = db.exec(select(Job).order_by(Job.id.desc()).limit(limit)).all()  # type: ignore[union-attr]
         chain_ids = {j.chain_id for j in rows if j.chain_id is not None}
-        run_of_chain = {c.id: c.mlflow_run_id for c in db.exec(select(Chain).where(Chain.id.in_(chain_ids)))}
+        chains = {c.id: c for c in db.exec(select(Chain).where(Chain.id.in_(chain_ids)))}
+    run_of_chain = {cid: c.mlflow_run_id for cid, c in chains.items()}
+    now = time.time()
+    etas = {j.id: eta_for_job(j, chains.get(j.chain_id), now) for j in rows if j.state == "RUNNING"}
     records = [{
         "job": j.id, "chain": j.chain_id, "attempt": j.attempt, "experiment": j.experiment, "executor": j.executor,
         "scheduler_id": j.scheduler_id, "state": j.state, "reason": j.reason, "exit_code": j.exit_code,
@@ -104,18 +109,47 @@ def jobs(
         "submitted_at": j.submitted_at, "started_at": j.started_at, "ended_at": j.ended_at,
         "forced": j.forced_reason, "mlflow_run_id": run_of_chain.get(j.chain_id),
         "run_url": run_url(run_of_chain[j.chain_id], ui_url) if run_of_chain.get(j.chain_id) else None,
+        "eta": etas[j.id].as_dict() if etas.get(j.id) else None,
     } for j in rows]
     if as_json:
         emit_json(records)
         return
     table = make_table("job", "chain/att", "experiment", "id", "state", "exit", "restarts", "qos", "nodes", "queue wait",
-                       "MLflow run")
+                       "step", "s/step", "ETA", "MLflow run")
     for r in records:
         wait = format_duration(r["queue_wait_s"]) if r["queue_wait_s"] is not None else "—"
+        eta = etas.get(r["job"])
         table.add_row(str(r["job"]), f"{r['chain']}/{r['attempt']}", r["experiment"], r["scheduler_id"] or "—",
                       r["state"], r["exit_code"] or "—", str(r["restarts"]), r["qos"] or "—", r["nodes"] or "—", wait,
+                      eta.progress_text if eta else "—", _rate(eta), eta.finish_text(now) if eta else "—",
                       r["run_url"] or "—")
     console.print(table)
+
+
+def _rate(eta: object) -> str:
+    from idmctl.preflight.budget import fmt_seconds
+
+    rate = getattr(eta, "s_per_step", None)
+    return f"{fmt_seconds(rate)} (last {getattr(eta, 'window_steps')})" if rate is not None else "—"
+
+
+def print_etas(now: float | None = None) -> None:
+    """One line per running job with a progress file: step/total, s/step, ETA against the limit."""
+    from sqlmodel import select
+
+    from idmctl.jobs.eta import eta_for_job
+    from idmctl.store.db import session
+    from idmctl.store.models import Chain, Job
+
+    now = now if now is not None else time.time()
+    with session() as db:
+        running = db.exec(select(Job).where(Job.state == "RUNNING")).all()
+        chains = {c.id: c for c in db.exec(select(Chain).where(Chain.id.in_({j.chain_id for j in running})))}
+    for job in running:
+        eta = eta_for_job(job, chains.get(job.chain_id), now)
+        if eta is not None:
+            console.print(f"  job {job.id} {job.experiment}: step {eta.progress_text}, {_rate(eta)}, "
+                          f"{eta.finish_text(now)}", markup=False)
 
 
 def watch(
@@ -134,6 +168,7 @@ def watch(
         left = len(unfinished_jobs())
         console.print(f"[{time.strftime('%H:%M:%S')}] {report.checked} checked, {len(report.finished)} ended, "
                       f"{len(report.resubmitted)} resubmitted, {left} unfinished", markup=False)
+        print_etas()
         if (count and done >= count) or (not count and left == 0):
             return
         time.sleep(interval)
