@@ -41,9 +41,9 @@ def _summary(resolved: ResolvedSpec) -> dict[str, Any]:
 @app.command("list")
 def list_cmd(as_json: JsonOpt = False) -> None:
     """Every runnable experiment in experiments/ (bases excluded), validated."""
-    from ground.spec import list_experiments, load_spec
+    from ground.spec import list_experiments, load_experiments
 
-    rows = [_summary(load_spec(str(path))) for path in list_experiments()]
+    rows = [_summary(variant) for path in list_experiments() for variant in load_experiments(str(path))]
     if as_json:
         emit_json(rows)
         return
@@ -102,10 +102,10 @@ def validate_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Validate specs strictly; exit 2 on the first bad one with a one-line error."""
-    from ground.spec import list_experiments, load_spec
+    from ground.spec import list_experiments, load_experiments
 
     names = experiments or [str(p) for p in list_experiments(include_bases=True)]
-    results = [load_spec(name) for name in names]
+    results = [variant for name in names for variant in load_experiments(name)]  # a sweep: every variant
     if as_json:
         emit_json([{"name": r.name, "hash": r.hash, "valid": True} for r in results])
         return
@@ -119,11 +119,11 @@ def register_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Validate all given specs, then record their versions in the store (nothing is written if any is bad)."""
-    from ground.spec import list_experiments, load_spec
+    from ground.spec import list_experiments, load_experiments
     from idmctl.spec_store import register_specs
 
     names = experiments or [str(p) for p in list_experiments()]
-    results = [load_spec(name) for name in names]
+    results = [variant for name in names for variant in load_experiments(name)]  # a sweep: every variant
     new = register_specs(results)
     if as_json:
         emit_json([{"name": r.name, "hash": r.hash, "new": r.hash in new} for r in results])

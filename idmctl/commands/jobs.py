@@ -38,6 +38,16 @@ def submit(
     overrides = {"--qos": qos, "--gres": gres, "-c": cpus, "--mem": mem, "-J": job_name, "--time": time_limit,
                  "--retries": retries, "--entry": entry,
                  "--exclude": [n for n in exclude.split(",") if n] if exclude is not None else None}
+    from ground.spec import load_experiments
+
+    variants = load_experiments(experiment)
+    if variants[0].sweep is not None and (len(variants) > 1 or experiment.endswith((".yaml", ".yml"))
+                                          or experiment == variants[0].sweep):
+        if force and not (reason and reason.strip()):
+            raise UserError("--force needs --reason", file="command line", field="--reason", hint='e.g. --reason "smoke passed on login node"')
+        _submit_sweep(experiment, [v.name.rsplit(".", 1)[1] for v in variants], overrides, cluster, dry_run,
+                      reason.strip() if force and reason else None, as_json)
+        return
     if dry_run:
         typer.echo(submitting.dry_run(experiment, overrides, cluster), nl=False)
         return
@@ -55,6 +65,39 @@ def submit(
     console.print(f"log    {job.log_path}", markup=False)
     if job.forced_reason:
         console.print(f"FORCED without preflight: {job.forced_reason}", markup=False)
+
+
+def _submit_sweep(reference: str, variant_names: list[str], overrides: dict, cluster: str | None, dry_run: bool,
+                  force_reason: str | None, as_json: bool) -> None:
+    """Every variant that passes its own gate, each as its own chain (own hash, run directory, MLflow run);
+    a variant without a passing preflight is skipped and named, the others still go."""
+    from idmctl.jobs import submit as submitting
+
+    refs = [f"{reference}.{name}" for name in variant_names]  # `<sweep name or file>.<variant>` resolves a variant
+    if dry_run:
+        for ref in refs:
+            typer.echo(f"# ---- variant {ref} ----")
+            typer.echo(submitting.dry_run(ref, overrides, cluster), nl=False)
+        return
+    done, skipped = [], []
+    for ref in refs:
+        try:
+            done.append(submitting.submit(ref, overrides, cluster, force_reason=force_reason))
+        except CheckFailed as exc:
+            skipped.append((ref, str(exc)))
+    if as_json:
+        emit_json({"submitted": [{"experiment": d.job.experiment, "job": d.job.id, "chain": d.job.chain_id,
+                                  "scheduler_id": d.job.scheduler_id, "script": d.job.script_path, "log": d.job.log_path}
+                                 for d in done],
+                   "skipped": [{"variant": ref, "why": why} for ref, why in skipped]})
+    else:
+        for d in done:
+            console.print(f"submitted {d.job.experiment}: job {d.job.id} ({d.job.executor} {d.job.scheduler_id}) "
+                          f"chain {d.job.chain_id}", markup=False)
+        for ref, why in skipped:
+            console.print(f"skipped {ref}: {why}", markup=False)
+    if not done:
+        raise CheckFailed(f"no variant of {reference} was submitted")
 
 
 def sync(

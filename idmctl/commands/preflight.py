@@ -25,10 +25,22 @@ def preflight(
     """Run the mandatory gate: spec, introspection, loader, shm, io, qos, disk, cache, smoke."""
     from idmctl.preflight.runner import run_preflight
     from idmctl.profile import load_profile
-    from ground.spec import load_spec
+    from ground.spec import load_experiments
 
-    resolved = load_spec(experiment)
+    variants = load_experiments(experiment)
     profile, profile_hash = load_profile(cluster)
+    if variants[0].sweep is not None and len(variants) > 1 or experiment == variants[0].sweep:
+        if what_if:
+            from idmctl.preflight.whatif import apply_overrides, parse_override
+
+            overrides = dict(parse_override(text) for text in what_if)
+            variants = [apply_overrides(v, overrides, name=v.name, sweep=v.sweep, axes=v.axes) for v in variants]
+        from idmctl.preflight.sweep_report import run_sweep_preflight
+
+        run_sweep_preflight(variants, profile, profile_hash, with_smoke=not no_smoke and not what_if,
+                            smoke_timeout_s=smoke_timeout, as_json=as_json)
+        return
+    resolved = variants[0]
     if what_if:
         from idmctl.preflight.whatif_report import run_what_if
 
