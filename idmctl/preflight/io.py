@@ -30,7 +30,8 @@ def check(ctx: PreflightContext) -> CheckResult:
         limit, limit_name = tier.max_wall_seconds, f"QoS {spec.resources.qos} max wall {tier.max_wall}"
     numbers = {"sample_bytes": estimate.sample_bytes, "step_bytes": estimate.step_bytes, "bandwidth_bps": estimate.bandwidth,
                "data_s_per_step": estimate.data_s, "compute_s_per_step": estimate.compute_s, "step_s": estimate.step_s,
-               "train_s": estimate.train_s, "stage_s": estimate.stage_s, "wall_s": estimate.wall_s, "limit_s": limit}
+               "train_s": estimate.train_s, "stage_s": estimate.stage_s, "wall_s": estimate.wall_s, "limit_s": limit,
+               "derived_time_limit_s": limits.time_limit.derived}
     verdict = f"{fmt_span(estimate.wall_s)} vs {limit_name} ({format_duration(limit)})"
     summary = f"{estimate.arithmetic()}; {verdict}"
     if estimate.wall_s > limit:
@@ -43,7 +44,6 @@ def check(ctx: PreflightContext) -> CheckResult:
     if estimate.wall_s > WARN_FRACTION * limit:
         return CheckResult(NAME, Status.WARN, f"tight: {summary}", numbers,
                            "leave headroom: raise the time limit or lower steps")
-    numbers["derived_time_limit_s"] = limits.time_limit.derived
     if limits.time_warning:
         return CheckResult(NAME, Status.WARN, f"{summary}; {limits.time_warning}", numbers,
                            f"set resources.time_limit: {limits.derived_time_limit_slurm} or leave it unset to derive it "

@@ -33,7 +33,9 @@ def check(ctx: PreflightContext) -> CheckResult:
     limits = derive(ctx)
     time_limit = res.time_limit or f"{limits.time_limit_slurm} (derived)"
     numbers: dict[str, object] = {"qos": res.qos, "gpus": gpus, "max_gpus": tier.max_gpus,
-                                  "time_limit_s": limits.time_limit.effective, "max_wall_s": tier.max_wall_seconds}
+                                  "time_limit_s": limits.time_limit.effective, "max_wall_s": tier.max_wall_seconds,
+                                  "checkpoint_every": int(limits.checkpoint_every.effective),
+                                  "checkpoint_work_s": limits.checkpoint_every.effective * limits.step_s}
 
     if tier.max_gpus is not None and gpus > tier.max_gpus:
         fails.append(f"{gpus} GPUs > {res.qos} max {tier.max_gpus}")
