@@ -108,9 +108,8 @@ def _time_checkpoint(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -
 
     from ground.paths import home
 
-    parent = home() / "runs"
-    parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=".smoke_ckpt_", dir=parent) as tmp:
+    parent = home() / "runs"  # the disk checkpoints will go to; the system temp dir before any run exists
+    with tempfile.TemporaryDirectory(prefix=".smoke_ckpt_", dir=parent if parent.is_dir() else None) as tmp:
         path = Path(tmp) / "step.ckpt"
         started = time.perf_counter()
         torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": 0}, path)

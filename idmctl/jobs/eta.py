@@ -93,5 +93,7 @@ def eta_for_job(job: Any, chain: Any | None, now: float) -> Eta | None:
     except (ValueError, TypeError):
         limit_s = None
     retries_left = chain.retries_budget - chain.retries_used if chain is not None else None
-    return estimate(progress, started_at=_epoch(job.started_at), time_limit_s=limit_s, retries_left=retries_left,
-                    now=now)
+    # A requeued job keeps its first start in the store, but each run gets a fresh limit: after a
+    # requeue the limit counts from this attempt's start (the trainer's, a lower bound on Slurm's).
+    started = _epoch(job.started_at) if not job.restarts else None
+    return estimate(progress, started_at=started, time_limit_s=limit_s, retries_left=retries_left, now=now)
