@@ -38,6 +38,9 @@ class Alternative:
 
 
 def _show(value: Any) -> str:
+    """As it is typed after ``--what-if field=`` (YAML: ``true``, ``[1,4,7,10]``)."""
+    if isinstance(value, bool):
+        return str(value).lower()
     return "[" + ",".join(map(str, value)) + "]" if isinstance(value, list) else str(value)
 
 
@@ -95,12 +98,12 @@ def _candidates_qos(ctx: PreflightContext) -> Iterable[list[dict[str, Any]]]:
     waits = [w for w in ctx.measurements.queue_waits if w.qos == res.qos and w.gpus == gpus]
     if tier is None or not (tier.preemptible or waits):
         return  # nothing another tier would change
-    steady = [name for name, tier in ctx.profile.qos.items()
-              if name != res.qos and not tier.preemptible and (tier.max_gpus is None or gpus <= tier.max_gpus)]
+    steady = [name for name, other in ctx.profile.qos.items()
+              if name != res.qos and not other.preemptible and (other.max_gpus is None or gpus <= other.max_gpus)]
     yield [{"resources.qos": name} for name in steady]
     if not tier.preemptible or staging(ctx).seconds >= (tier.preempt_cycle_seconds or 0):
         return  # checkpointing more often cannot help a job preempted before its first step
-    every = ctx.spec.train.checkpoint_every
+    every = int(limits.checkpoint_every.effective)  # the spec's, or the derived one when it sets none
     yield [{"train.checkpoint_every": e} for e in sorted({max(1, every // d) for d in (2, 4, 10, 100)}, reverse=True)
            if e < every]
 
