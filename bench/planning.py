@@ -41,6 +41,7 @@ def _populate_running(home: Path, jobs: int, with_progress: bool) -> None:
         db.flush()
         db.add_all(Job(chain_id=c.id, experiment=c.experiment, scheduler_id=str(200000 + i), state="RUNNING",
                        submitted_at=started, started_at=started, qos="core-own", gpus=8,
+                       script_path=str(home / "runs" / c.experiment / str(c.id) / "attempt-1.sbatch"),
                        options_json=json.dumps({"time_limit": "1-00:00:00"})) for i, c in enumerate(chains))
         ids = [(c.experiment, c.id) for c in chains]
     if with_progress:

@@ -53,8 +53,10 @@ def _running_job(idmctl_home: Path, experiment: str, time_limit: str, retries: i
         chain = Chain(experiment=experiment, spec_hash="h", retries_budget=retries)
         db.add(chain)
         db.flush()
+        run_dir = idmctl_home / "runs" / experiment / str(chain.id)
         job = Job(chain_id=chain.id, experiment=experiment, executor="slurm", scheduler_id="77", state="RUNNING",
-                  started_at=started, submitted_at=started, options_json=json.dumps({"time_limit": time_limit}))
+                  started_at=started, submitted_at=started, options_json=json.dumps({"time_limit": time_limit}),
+                  script_path=str(run_dir / "attempt-1.sbatch"))
         db.add(job)
         db.flush()
         return int(job.id), int(chain.id)
@@ -131,3 +133,20 @@ def test_real_training_job_on_slurm_reports_its_eta_and_the_limit_warning(cli, t
     finally:
         cli("cancel", str(json.loads(cli("jobs", "--json").stdout)[0]["job"])) if (home / "idmctl.sqlite").exists() else None
         shutil.rmtree(home, ignore_errors=True)
+
+
+def test_plain_sqlite_listing_equals_the_orm_listing(cli, idmctl_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`idmctl jobs` reads with sqlite3 (no ORM import); the rows must be exactly what the ORM path lists."""
+    job_id, chain_id = _running_job(idmctl_home, "fast", "1:00:00", 1, 60)
+    write_progress(idmctl_home / "runs" / "fast" / str(chain_id), _progress(5, 10, 0.5, updated_at=time.time()))
+    from idmctl.jobs import listing
+
+    fast = json.loads(cli("jobs", "--json").stdout)
+    assert listing.read_jobs(idmctl_home / "idmctl.sqlite", 30) is not None
+    monkeypatch.setattr(listing, "read_jobs", lambda db, limit: None)  # the ORM path, as on a store without one
+    orm = json.loads(cli("jobs", "--json").stdout)
+    for rows in (fast, orm):  # ETAs depend on the moment of the call
+        for row in rows:
+            for key in ("eta_s", "finish_at", "updated_s_ago"):
+                row["eta"].pop(key)
+    assert fast == orm and fast[0]["job"] == job_id and fast[0]["eta"]["step"] == 5

@@ -129,19 +129,24 @@ def jobs(
     """Recorded jobs, newest first: state as the scheduler reports it, queue wait, restarts, MLflow run."""
     if ctx.invoked_subcommand is not None:
         return
-    from sqlmodel import select
-
+    from ground.paths import db_path
     from idmctl.compare import run_url
-    from idmctl.jobs.sync import queue_wait_seconds
-    from idmctl.store.db import session
-    from idmctl.store.models import Chain, Job
-
     from idmctl.jobs.eta import eta_for_job
+    from idmctl.jobs.listing import queue_wait_seconds, read_jobs
 
-    with session() as db:
-        rows = db.exec(select(Job).order_by(Job.id.desc()).limit(limit)).all()  # type: ignore[union-attr]
-        chain_ids = {j.chain_id for j in rows if j.chain_id is not None}
-        chains = {c.id: c for c in db.exec(select(Chain).where(Chain.id.in_(chain_ids)))}
+    fast = read_jobs(db_path(), limit)
+    if fast is not None:
+        rows, chains = fast
+    else:
+        from sqlmodel import select
+
+        from idmctl.store.db import session
+        from idmctl.store.models import Chain, Job
+
+        with session() as db:
+            rows = db.exec(select(Job).order_by(Job.id.desc()).limit(limit)).all()  # type: ignore[union-attr]
+            chain_ids = {j.chain_id for j in rows if j.chain_id is not None}
+            chains = {c.id: c for c in db.exec(select(Chain).where(Chain.id.in_(chain_ids)))}
     run_of_chain = {cid: c.mlflow_run_id for cid, c in chains.items()}
     now = time.time()
     etas = {j.id: eta_for_job(j, chains.get(j.chain_id), now) for j in rows if j.state == "RUNNING"}

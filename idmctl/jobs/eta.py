@@ -8,6 +8,7 @@ import json
 import math
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 from ground.progress import Progress, read_progress
@@ -80,11 +81,9 @@ def estimate(progress: Progress, *, started_at: float | None, time_limit_s: floa
 
 def eta_for_job(job: Any, chain: Any | None, now: float) -> Eta | None:
     """ETA of a running job (store rows ``Job``/``Chain``), or None when it has no progress yet."""
-    from idmctl.jobs.submit import runs_dir
-
-    if job.chain_id is None:
+    if not job.script_path:
         return None
-    progress = read_progress(runs_dir(job.experiment, job.chain_id))
+    progress = read_progress(Path(job.script_path).parent)  # the run directory holds every attempt's script
     if progress is None:
         return None
     try:
