@@ -21,6 +21,7 @@ from pathlib import Path
 
 from bench.common import Figure
 from ground.paths import REPO_ROOT
+from ground.contract import ENV_HOME
 
 
 def _spec(home: Path, size: int) -> Path:
@@ -30,7 +31,7 @@ def _spec(home: Path, size: int) -> Path:
 
 
 def _prepare(home: Path, demos: int, steps: int, size: int) -> Path:
-    os.environ["IDMCTL_HOME"] = str(home)
+    os.environ[ENV_HOME] = str(home)
     from cache.latent.scenes import write_scene_episodes
 
     write_scene_episodes(home / "latent_smoke" / "demos.hdf5", demos=demos, steps=steps, size=size)
@@ -38,7 +39,7 @@ def _prepare(home: Path, demos: int, steps: int, size: int) -> Path:
 
 
 def _builder(spec: Path, mode: str, home: Path, report: Path, *extra: str) -> subprocess.Popen:
-    env = {**os.environ, "IDMCTL_HOME": str(home), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, ENV_HOME: str(home), "OMP_NUM_THREADS": "1"}
     argv = [sys.executable, "-m", "trainers.build_latent_cache", "--spec", str(spec), "--mode", mode,
             "--no-progress", "--report", str(report), *extra]
     return subprocess.Popen(argv, cwd=REPO_ROOT, env=env)
@@ -72,7 +73,7 @@ def _one_round(root: Path, demos: int, steps: int, size: int) -> dict[str, float
     # Counts, not times: run in this process to spare two interpreter start-ups.
     from trainers.build_latent_cache import build
 
-    os.environ["IDMCTL_HOME"] = str(parallel_home)
+    os.environ[ENV_HOME] = str(parallel_home)
     rerun = build(str(spec), "pt", recompute_norm=True, progress=False)["slots"]
     after = build(str(spec), "all", progress=False)["slots"]
     figures["rgb_reencoded_after_pt_rerun"] = float(after["rgb"]["encoded"])
@@ -85,7 +86,7 @@ def measure(fast: bool) -> dict[str, float | list[float]]:
     # so the whole suite fits in minutes; the ratio, not the absolute time, is the figure).
     demos, steps, size, rounds = (3, 9, 32, 1) if fast else (4, 13, 32, 3)
     results: dict[str, list[float]] = {}
-    home_before = os.environ.get("IDMCTL_HOME")
+    home_before = os.environ.get(ENV_HOME)
     try:
         for _ in range(rounds):
             with tempfile.TemporaryDirectory(prefix="bench_latent_") as tmp:
@@ -93,9 +94,9 @@ def measure(fast: bool) -> dict[str, float | list[float]]:
                     results.setdefault(name, []).append(value)
     finally:
         if home_before is None:
-            os.environ.pop("IDMCTL_HOME", None)
+            os.environ.pop(ENV_HOME, None)
         else:
-            os.environ["IDMCTL_HOME"] = home_before
+            os.environ[ENV_HOME] = home_before
     speedups = [s / p for s, p in zip(results["sequential_s"], results["parallel_s"])]
     return {**results, "speedup": speedups, "geometry": f"{demos} demos × {steps} steps, 2 cameras, 5×{size}×{size}"}
 

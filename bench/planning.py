@@ -21,6 +21,7 @@ from pathlib import Path
 import yaml
 
 from bench.common import Figure, time_call, time_command
+from ground.contract import ENV_HOME
 
 VENV_BIN = Path(sys.executable).parent
 SWEEP = {"extends": "latent_c_n4", "description": "12 variants for the sweep benchmark",
@@ -28,7 +29,7 @@ SWEEP = {"extends": "latent_c_n4", "description": "12 variants for the sweep ben
 
 
 def _populate_running(home: Path, jobs: int, with_progress: bool) -> None:
-    os.environ["IDMCTL_HOME"] = str(home)
+    os.environ[ENV_HOME] = str(home)
     from ground.progress import Progress, write_progress
     from idmctl.store import session
     from idmctl.store.models import Chain, Job
@@ -53,7 +54,7 @@ def _populate_running(home: Path, jobs: int, with_progress: bool) -> None:
 
 def _in_process_listing(home: Path, repeats: int) -> list[float]:
     """The listing without process start: what the ETAs add is file reads and arithmetic."""
-    os.environ["IDMCTL_HOME"] = str(home)
+    os.environ[ENV_HOME] = str(home)
     from typer.testing import CliRunner
 
     from idmctl.cli import app
@@ -69,7 +70,7 @@ def run(fast: bool) -> list[Figure]:
     idmctl = str(VENV_BIN / "idmctl")
     figures: list[Figure] = []
     with tempfile.TemporaryDirectory() as tmp:
-        env = {**os.environ, "IDMCTL_HOME": str(Path(tmp) / "home")}
+        env = {**os.environ, ENV_HOME: str(Path(tmp) / "home")}
         sweep = Path(tmp) / "sweep12.yaml"
         sweep.write_text(yaml.safe_dump(SWEEP))
         single = time_command([idmctl, "preflight", "latent_c_n4", "--cluster", "card", "--no-smoke", "--json"],
@@ -82,7 +83,7 @@ def run(fast: bool) -> list[Figure]:
         with tempfile.TemporaryDirectory() as tmp:
             home = Path(tmp) / "home"
             _populate_running(home, jobs, with_progress)
-            env = {**os.environ, "IDMCTL_HOME": str(home)}
+            env = {**os.environ, ENV_HOME: str(home)}
             process = time_command([idmctl, "jobs", "--limit", str(jobs), "--json"], repeats if fast else 5, env)
             inproc = _in_process_listing(home, 1 if fast else 5)
         if not with_progress:

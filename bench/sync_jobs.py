@@ -17,6 +17,7 @@ from collections import Counter
 from pathlib import Path
 
 from bench.common import Figure, print_figures
+from ground.contract import ENV_HOME
 
 SLURM_TOOLS = ("sacct", "squeue", "scontrol", "sbatch", "scancel", "sinfo")
 
@@ -61,7 +62,7 @@ def _one_sync(n_jobs: int, real_ids: list[str]) -> tuple[float, Counter[str]]:
     from idmctl.jobs.sync import sync
 
     with tempfile.TemporaryDirectory(prefix="idmctl-bench-sync-") as tmp:
-        os.environ["IDMCTL_HOME"] = str(Path(tmp) / "home")
+        os.environ[ENV_HOME] = str(Path(tmp) / "home")
         populate(n_jobs, real_ids)
         log = make_counting_shim(Path(tmp) / "shim")
         old_path = os.environ["PATH"]
@@ -81,14 +82,14 @@ def run(fast: bool = False) -> list[Figure] | str:
         return "not measured: no local Slurm cluster (scripts/slurm/up.sh, then source its env file)"
     n_jobs, repeats = (200, 1) if fast else (1000, 3)
     real_ids = known_job_ids(n_jobs)
-    saved_home = os.environ.get("IDMCTL_HOME")
+    saved_home = os.environ.get(ENV_HOME)
     try:
         results = [_one_sync(n_jobs, real_ids) for _ in range(repeats)]
     finally:
         if saved_home is None:
-            os.environ.pop("IDMCTL_HOME", None)
+            os.environ.pop(ENV_HOME, None)
         else:
-            os.environ["IDMCTL_HOME"] = saved_home
+            os.environ[ENV_HOME] = saved_home
     per_job = []
     for job_id in (real_ids or ["1"])[:3]:
         start = time.perf_counter()

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from bench.common import Figure
+from ground.contract import ENV_HOME, MLFLOW_RUN_ID_FILE
 
 
 def _spec(root: Path, steps: int, fast: bool) -> Path:
@@ -49,7 +50,7 @@ def _fabric_step_times(spec_path: Path, run_dir: Path) -> list[float]:
     run = read_run_spec(run_dir)
     fabric = setup_fabric(run.spec)
     assert fit(fabric, run) == 0
-    run_id = (run_dir / "mlflow_run_id").read_text().strip()
+    run_id = (run_dir / MLFLOW_RUN_ID_FILE).read_text().strip()
     history = MlflowClient(tracking_uri=mlflow_tracking_uri()).get_metric_history(run_id, "step_time_s")
     return [m.value for m in sorted(history, key=lambda m: m.step)]
 
@@ -94,7 +95,7 @@ def run(fast: bool) -> list[Figure]:
     fabric_s, bare_s = [], []
     with tempfile.TemporaryDirectory(prefix="bench_trainer_") as tmp:
         root = Path(tmp)
-        os.environ["IDMCTL_HOME"] = str(root / "home")
+        os.environ[ENV_HOME] = str(root / "home")
         spec_path = _spec(root, steps, fast)
         for index in range(rounds):
             bare_s.append(statistics.median(_bare_step_times(spec_path)[warmup:]))
@@ -134,13 +135,13 @@ def _data_wait_fractions(fast: bool) -> list[float]:
     steps = 12 if fast else 30
     with tempfile.TemporaryDirectory(prefix="bench_datawait_") as tmp:
         root = Path(tmp)
-        os.environ["IDMCTL_HOME"] = str(root / "home")
+        os.environ[ENV_HOME] = str(root / "home")
         spec_path = _spec(root, steps, fast)
         spec = yaml.safe_load(spec_path.read_text())
         spec["data"]["selected_layer_indices"] = [0, 1, 2, 3]
         spec_path.write_text(yaml.safe_dump(spec, sort_keys=False))
         _fabric_step_times(spec_path, root / "run")
-        run_id = (root / "run" / "mlflow_run_id").read_text().strip()
+        run_id = (root / "run" / MLFLOW_RUN_ID_FILE).read_text().strip()
         history = MlflowClient(tracking_uri=mlflow_tracking_uri()).get_metric_history(run_id, M_DATA_WAIT)
         return [m.value for m in sorted(history, key=lambda m: m.step)][2:]  # same warm-up as above
 

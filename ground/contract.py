@@ -55,6 +55,9 @@ STAGE_MARKER = ".idmctl_staged"
 # The line a job script or trainer prints before failing on purpose, read by the classifier:
 # ``IDMCTL_FAILURE cause=<cause> key=value ...``.
 FAILURE_MARKER = "IDMCTL_FAILURE"
+CAUSE_NAN_LOSS = "nan_loss"
+"""The cause the trainer reports for a non-finite loss (marker line, ``failure.json``, MLflow tag): a cause
+name of idmctl/failures/taxonomy.yaml, whose ``action`` decides what sync does (a test checks the name)."""
 
 
 def _git(*args: str) -> subprocess.CompletedProcess[bytes]:

@@ -6,6 +6,7 @@ No mlflow import here: this module only names things.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -21,8 +22,19 @@ TAG_SLURM_JOB = "idmctl.slurm_job_id"
 TAG_ATTEMPT = "idmctl.attempt"
 TAG_QOS = "idmctl.qos"
 TAG_ROUTING_N = "idmctl.routing_n"
+TAG_SLURM_RESTARTS = "idmctl.slurm_restart_count"
 TAG_FAILURE_CAUSE = "failure_cause"
 TAG_SLURM_STATE = "slurm_state"
+
+# Params: the trainer logs the canonical spec flattened (``flatten``), so a param key is the spec
+# field's dotted path. These are the ones the control plane reads back (compare); a test checks each
+# is a key of a real spec's flattened params, so a renamed spec field cannot silently empty a column.
+P_TRAIN_STEPS = "train.steps"
+P_EFFECTIVE_BATCH = "train.effective_batch"
+P_GOAL = "goal"
+P_CACHED_LAYERS = "data.cached_layers"
+P_SELECTED_LAYERS = "data.selected_layer_indices"
+READ_PARAMS = (P_TRAIN_STEPS, P_EFFECTIVE_BATCH, P_GOAL, P_CACHED_LAYERS, P_SELECTED_LAYERS)
 
 # Metrics (per step unless noted)
 M_LOSS = "loss"
@@ -36,6 +48,17 @@ M_PEAK_MEM = "peak_mem_bytes"
 def eef_metric(episodes: int, simulator: bool = False) -> str:
     """``eef_mm_24ep`` (offline) or ``sim_eef_mm_24ep`` (robosuite replay)."""
     return f"{'sim_' if simulator else ''}eef_mm_{episodes}ep"
+
+
+EEF_METRIC = re.compile(r"^(sim_)?eef_mm_(\d+)ep$")
+"""Matches every name :func:`eef_metric` makes; group 1 is ``sim_`` or None, group 2 the episode count."""
+DEFAULT_RANK_METRIC = eef_metric(24)
+"""Card A decides on 24 held-out episodes (its goal: ``eef_mm_24ep <= 125``)."""
+
+
+def best_metric(metric: str) -> str:
+    """``best_eef_mm_24ep``: the running best of an eval metric, logged beside it (MLflow keeps only the last)."""
+    return f"best_{metric}"
 
 
 def run_name(experiment: str, chain_id: int | None) -> str:

@@ -73,6 +73,8 @@ def _register_commands() -> None:
     app.command("train")(train.train); app.add_typer(train.model_app, name="model")
     from idmctl.commands import data
     app.add_typer(data.app, name="data")
+    from idmctl.commands import ledger
+    app.command("ledger")(ledger.ledger)
 
 
 _register_commands()

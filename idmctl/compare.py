@@ -12,7 +12,6 @@ mlflow is imported only inside the functions that read runs (it costs ~1.3 s).
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -26,7 +25,6 @@ from ground.paths import experiments_dir, home, mlflow_tracking_uri
 from ground.spec.loader import BASELINES_FILE
 from ground.spec.schema import Goal
 
-EEF_METRIC = re.compile(r"^(sim_)?eef_mm_(\d+)ep$")
 _BASELINE_KEYS = {"name", "label", "steps", "effective_batch", "note", "state"}
 _BASELINE_STATES = ("finished", "preempted")
 # Slurm states after which the MLflow status (possibly stuck at RUNNING after a kill) is stale.
@@ -122,7 +120,7 @@ def _baseline_row(entry: Any, index: int, path: Path) -> CompareRow:
     for key, value in entry.items():
         if key in _BASELINE_KEYS:
             continue
-        if not EEF_METRIC.match(str(key)):
+        if not tracking.EEF_METRIC.match(str(key)):
             raise UserError("unknown key", file=str(path), field=f"{where}.{key}",
                             hint=f"allowed: {', '.join(sorted(_BASELINE_KEYS))}, eef_mm_<n>ep, sim_eef_mm_<n>ep")
         if value is None:
@@ -174,7 +172,7 @@ def load_runs(tracking_uri: str | None = None) -> list[CompareRow]:
 def _run_row(client: Any, run: Any) -> CompareRow:
     tags: dict[str, str] = dict(run.data.tags)
     params: dict[str, str] = dict(run.data.params)
-    wanted = [key for key in run.data.metrics if key == tracking.M_LOSS or EEF_METRIC.match(key)]
+    wanted = [key for key in run.data.metrics if key == tracking.M_LOSS or tracking.EEF_METRIC.match(key)]
     metrics: dict[str, MetricSummary] = {}
     for key in wanted:
         history = [(int(m.step), float(m.value)) for m in client.get_metric_history(run.info.run_id, key)]
@@ -188,9 +186,9 @@ def _run_row(client: Any, run: Any) -> CompareRow:
     return CompareRow(
         kind="run", name=experiment, label=run.info.run_name or run.info.run_id[:8],
         status=_run_status(run.info.status, tags.get(tracking.TAG_SLURM_STATE)),
-        steps_done=steps_done, steps_planned=_int(params.get("train.steps")),
-        effective_batch=_int(params.get("train.effective_batch")), metrics=metrics,
-        note=_run_note(tags, params), goal=_goal_param(params.get("goal")), run_id=run.info.run_id,
+        steps_done=steps_done, steps_planned=_int(params.get(tracking.P_TRAIN_STEPS)),
+        effective_batch=_int(params.get(tracking.P_EFFECTIVE_BATCH)), metrics=metrics,
+        note=_run_note(tags, params), goal=_goal_param(params.get(tracking.P_GOAL)), run_id=run.info.run_id,
         experiment_id=run.info.experiment_id, tags=tags,
     )
 
@@ -218,8 +216,8 @@ def _run_note(tags: dict[str, str], params: dict[str, str]) -> str:
 def _routing_text(params: dict[str, str]) -> str | None:
     """Cosmos blocks the run was routed to (``5/14/23/32``), from the logged spec params."""
     try:
-        cached = json.loads(params["data.cached_layers"])
-        selected = json.loads(params["data.selected_layer_indices"])
+        cached = json.loads(params[tracking.P_CACHED_LAYERS])
+        selected = json.loads(params[tracking.P_SELECTED_LAYERS])
         return "/".join(str(cached[index]) for index in selected)
     except (KeyError, ValueError, TypeError, IndexError):
         return None
@@ -274,7 +272,7 @@ class CompareReport:
                 "rows": [row.to_json() for row in self.rows], "sweeps": [g.to_json() for g in self.sweeps]}
 
 
-def build_report(selection: list[str] | None = None, metric: str = "eef_mm_24ep",
+def build_report(selection: list[str] | None = None, metric: str = tracking.DEFAULT_RANK_METRIC,
                  tracking_uri: str | None = None) -> CompareReport:
     """Baselines, then the chosen runs (all when ``selection`` is empty) ranked by best ``metric``,
     then chosen experiments that have no run yet ("not started", like card A's planned row)."""
@@ -402,7 +400,7 @@ def _metric_columns(rows: list[CompareRow], metric: str) -> list[str]:
     names.discard(tracking.M_LOSS)
 
     def order(name: str) -> tuple[int, int, str]:
-        match = EEF_METRIC.match(name)
+        match = tracking.EEF_METRIC.match(name)
         if match:
             return (1 if match.group(1) else 0, int(match.group(2)), name)
         return (2, 0, name)

@@ -6,7 +6,8 @@ the goal and its verdict. A tracked run's metric cell reads ``best (last X)`` wh
 
 from __future__ import annotations
 
-from idmctl.compare import EEF_METRIC, CompareReport, CompareRow, MetricSummary
+from ground import tracking
+from idmctl.compare import CompareReport, CompareRow, MetricSummary
 from ground.spec.schema import Goal
 
 DASH = "—"
@@ -26,7 +27,7 @@ def value_text(value: float) -> str:
 
 
 def metric_header(metric: str) -> str:
-    match = EEF_METRIC.match(metric)
+    match = tracking.EEF_METRIC.match(metric)
     if not match:
         return metric
     prefix = "sim EEF mm" if match.group(1) else "EEF mm"

@@ -18,12 +18,20 @@ def _width() -> int | None:
 
 
 console = Console(highlight=False, soft_wrap=False, width=_width())
-err_console = Console(stderr=True, highlight=False, soft_wrap=True)
+err_console = Console(stderr=True, highlight=False, soft_wrap=True, width=_width())
 
 
 def emit_json(data: Any) -> None:
     """One JSON document on stdout (no rich markup, no wrapping)."""
     sys.stdout.write(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def emit_json_rows(rows: list[Any]) -> None:
+    """A JSON list with one compact element per line. ``indent`` makes json use its pure-Python encoder
+    (~70 ms for `failures --json`'s 2,000 rows); per-row dumps stay in the C encoder (~10 ms)."""
+    body = ",\n".join(json.dumps(row, default=str) for row in rows)
+    sys.stdout.write(f"[\n{body}\n]\n" if rows else "[]\n")
     sys.stdout.flush()
 
 

@@ -7,16 +7,18 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from ground.contract import ENV_CLUSTER, ENV_EXPERIMENTS, ENV_HOME
+
 REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(autouse=True)
 def idmctl_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     home = tmp_path / "idmctl_home"
-    monkeypatch.setenv("IDMCTL_HOME", str(home))
+    monkeypatch.setenv(ENV_HOME, str(home))
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    monkeypatch.delenv("IDMCTL_CLUSTER", raising=False)
-    monkeypatch.delenv("IDMCTL_EXPERIMENTS", raising=False)
+    monkeypatch.delenv(ENV_CLUSTER, raising=False)
+    monkeypatch.delenv(ENV_EXPERIMENTS, raising=False)
     return home
 
 

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from ground.contract import ENV_EXPERIMENTS
+
 QUICK_YAML = """\
 description: frozen quickstart geometry for the hidden-cache tests
 data:
@@ -65,5 +67,5 @@ def use_hidden_quick(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     folder = tmp_path / "experiments"
     folder.mkdir(exist_ok=True)
     (folder / "quickstart.yaml").write_text(QUICK_YAML)
-    monkeypatch.setenv("IDMCTL_EXPERIMENTS", str(folder))
+    monkeypatch.setenv(ENV_EXPERIMENTS, str(folder))
     return folder

@@ -6,6 +6,7 @@ on SIGUSR1/SIGTERM and exit 75, resume from the checkpoint. ``IDMCTL_TEST_BEHAVI
 - ``typeerror``: raise TypeError at start (card A 6321)
 - ``oom``: allocate memory until the cgroup kills it
 - ``ranks``: every rank writes ``rank-<SLURM_PROCID>.txt`` and exits 0
+- ``emit:FILE``: print FILE's ``log`` text and exit with its ``exit`` status (a failure sample, JSON)
 """
 
 from __future__ import annotations
@@ -18,12 +19,14 @@ import sys
 import time
 from pathlib import Path
 
+from ground.contract import EXIT_REQUEUE, SPEC_FILE
+
 
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--run-dir", required=True, type=Path)
     run_dir = parser.parse_args().run_dir
-    spec = json.loads((run_dir / "spec.json").read_text())
+    spec = json.loads((run_dir / SPEC_FILE).read_text())
     behavior = os.environ.get("IDMCTL_TEST_BEHAVIOR", "steps:3")
     rank = int(os.environ.get("SLURM_PROCID", "0"))
     print(f"entry: {spec['name']} {spec['hash'][:12]} rank {rank} behavior {behavior}", flush=True)
@@ -34,6 +37,10 @@ def main() -> int:
         while True:
             hoard.append(bytearray(32 * 2**20))
             time.sleep(0.01)
+    if behavior.startswith("emit:"):
+        sample = json.loads(Path(behavior.removeprefix("emit:")).read_text())
+        print(sample["log"], flush=True)
+        return int(sample["exit"])
     if behavior == "ranks":
         (run_dir / f"rank-{rank}.txt").write_text(os.environ.get("SLURM_NODEID", "?"))
         return 0
@@ -50,8 +57,8 @@ def _steps(run_dir: Path, total: int, seconds: float) -> int:
     signal.signal(signal.SIGTERM, lambda *_: notice.update(got=True))
     while step < total:
         if notice["got"]:
-            print(f"entry: checkpointed at step {step} on signal, exiting 75", flush=True)
-            return 75
+            print(f"entry: checkpointed at step {step} on signal, exiting {EXIT_REQUEUE}", flush=True)
+            return EXIT_REQUEUE
         time.sleep(seconds)
         step += 1
         tmp = ckpt.with_suffix(".tmp")

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from ground.contract import ENV_HOME
+
 CORPUS = sorted((Path(__file__).parent / "data" / "bad_specs").glob("*.yaml"))
 
 
@@ -36,7 +38,7 @@ def test_bad_spec_is_one_line_exit_2_no_write(path: Path, cli, idmctl_home: Path
 
 def test_debug_flag_shows_the_traceback(tmp_path: Path):
     bad = CORPUS[0]
-    env = {"IDMCTL_HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    env = {ENV_HOME: str(tmp_path), "PATH": "/usr/bin:/bin"}
     quiet = subprocess.run([sys.executable, "-m", "idmctl", "exp", "validate", str(bad)], capture_output=True, text=True, env=env)
     loud = subprocess.run([sys.executable, "-m", "idmctl", "--debug", "exp", "validate", str(bad)], capture_output=True, text=True, env=env)
     assert quiet.returncode == 2 and "Traceback" not in quiet.stderr

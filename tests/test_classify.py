@@ -208,7 +208,7 @@ def test_parse_traceback_without_project_frames() -> None:
 
 def test_bad_taxonomy_is_a_user_error(tmp_path: Path) -> None:
     bad = tmp_path / "taxonomy.yaml"
-    bad.write_text("causes:\n  - {name: x, meaning: m, fix: f, caught_by: none, retryable: false,"
+    bad.write_text("causes:\n  - {name: x, meaning: m, fix: f, caught_by: none, action: stop,"
                    " mlflow_status: FAILED, rules: [{stat: [FAILED]}]}\n")
     with pytest.raises(UserError) as error:
         load_taxonomy(bad)

@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from ground.contract import ENV_HOME
+
 HEAVY = ["torch", "mlflow", "lightning", "lightning_fabric", "diffusers", "accelerate", "robosuite"]
 
 PROBE = """
@@ -24,7 +26,7 @@ print(json.dumps({{"exit": result.exit_code, "heavy": heavy}}))
 def test_light_commands_import_no_heavy_module(args: list[str], tmp_path):
     code = PROBE.format(args=args, heavy=HEAVY)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env={"IDMCTL_HOME": str(tmp_path), "PATH": "/usr/bin:/bin"})
+                         env={ENV_HOME: str(tmp_path), "PATH": "/usr/bin:/bin"})
     report = json.loads(out.stdout.strip().splitlines()[-1])
     assert report["exit"] == 0
     assert report["heavy"] == []

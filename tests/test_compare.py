@@ -20,6 +20,7 @@ from ground import tracking
 from idmctl.compare import compare_url, run_url, summarize
 from ground.tracking import flatten
 from ground.spec import load_spec
+from ground.contract import ENV_EXPERIMENTS, ENV_HOME
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -88,7 +89,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
         shutil.copy(REPO / "experiments" / f"{name}.yaml", specs)
     (specs / "quickstart.yaml").write_text(TINY_SPEC)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("IDMCTL_EXPERIMENTS", str(specs))  # _log_run resolves the specs
+        patch.setenv(ENV_EXPERIMENTS, str(specs))  # _log_run resolves the specs
         experiment_id, ids = _log_runs(root)
     return {"uri": f"sqlite:///{root / 'mlflow.sqlite'}", "ids": ids, "experiment_id": experiment_id, "specs": specs}
 
@@ -121,7 +122,7 @@ def _log_runs(root: Path) -> tuple[str, dict[str, str]]:
 @pytest.fixture
 def tracked(store: dict[str, object], monkeypatch: pytest.MonkeyPatch) -> dict[str, object]:
     monkeypatch.setenv("MLFLOW_TRACKING_URI", str(store["uri"]))
-    monkeypatch.setenv("IDMCTL_EXPERIMENTS", str(store["specs"]))
+    monkeypatch.setenv(ENV_EXPERIMENTS, str(store["specs"]))
     return store
 
 
@@ -224,7 +225,7 @@ def test_unknown_experiment_is_one_line(cli):
 
 def test_bad_baselines_entry_names_file_and_field(cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     (tmp_path / "baselines.yaml").write_text("- name: a\n  eef_mm_24ep: 1.0\n- name: b\n  eef_mm_24: 3\n")
-    monkeypatch.setenv("IDMCTL_EXPERIMENTS", str(tmp_path))
+    monkeypatch.setenv(ENV_EXPERIMENTS, str(tmp_path))
     result = cli("compare")
     assert result.exit_code == 2
     assert result.output.startswith(f"error: {tmp_path / 'baselines.yaml'}:[1].eef_mm_24: unknown key (allowed: ")
@@ -249,5 +250,5 @@ def test_compare_without_runs_imports_no_heavy_module(tmp_path: Path):
              "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'mlflow', 'matplotlib', 'pandas'})\n"
              "print(json.dumps([result.exit_code, heavy]))\n")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
-                         env={"IDMCTL_HOME": str(tmp_path), "PATH": "/usr/bin:/bin"})
+                         env={ENV_HOME: str(tmp_path), "PATH": "/usr/bin:/bin"})
     assert json.loads(out.stdout.strip().splitlines()[-1]) == [0, []]

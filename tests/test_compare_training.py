@@ -18,6 +18,7 @@ import yaml
 
 from ground import tracking
 from ground.paths import mlflow_artifacts_dir, mlflow_tracking_uri
+from ground.contract import ENV_EXPERIMENTS, ENV_HOME
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -35,13 +36,13 @@ def test_two_routings_are_compared_with_verdicts(tiny_cache, cli, idmctl_home: P
         spec = tiny_spec(tiny_cache.data)
         spec["data"]["selected_layer_indices"] = selected
         (specs / f"{name}.yaml").write_text(yaml.safe_dump({**spec, "goal": goal}, sort_keys=False))
-    monkeypatch.setenv("IDMCTL_EXPERIMENTS", str(specs))
+    monkeypatch.setenv(ENV_EXPERIMENTS, str(specs))
     # Create the MLflow store once, so the two concurrent trainers do not both run its migrations.
     idmctl_home.mkdir(parents=True, exist_ok=True)
     MlflowClient(tracking_uri=mlflow_tracking_uri()).create_experiment(
         tracking.MLFLOW_EXPERIMENT, artifact_location=mlflow_artifacts_dir().as_uri())
 
-    env = {**os.environ, "IDMCTL_HOME": str(idmctl_home), "IDMCTL_EXPERIMENTS": str(specs)}
+    env = {**os.environ, ENV_HOME: str(idmctl_home), ENV_EXPERIMENTS: str(specs)}
     trainings = [subprocess.Popen([sys.executable, "-m", "idmctl", "train", name], cwd=REPO, env=env,
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
                  for name in routings]

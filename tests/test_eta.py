@@ -3,6 +3,8 @@ job on the local Slurm cluster."""
 
 from __future__ import annotations
 
+from ground.contract import ENV_CLUSTER, ENV_EXPERIMENTS, ENV_HOME  # noqa: F401
+
 import json
 import time
 from datetime import datetime, timezone
@@ -105,9 +107,9 @@ def test_real_training_job_on_slurm_reports_its_eta_and_the_limit_warning(cli, t
     from slurm_support import slurm_conf, text_so_far, wait_until
 
     monkeypatch.setenv("SLURM_CONF", slurm_conf())
-    monkeypatch.setenv("IDMCTL_CLUSTER", "local-slurm")
+    monkeypatch.setenv(ENV_CLUSTER, "local-slurm")
     home = Path(tempfile.mkdtemp(prefix="idmctl-eta-test-"))
-    monkeypatch.setenv("IDMCTL_HOME", str(home))
+    monkeypatch.setenv(ENV_HOME, str(home))
     try:
         spec = tiny_cache.spec_file(home / "specs", "tiny_eta", resources={"cpus": 1, "mem": "1500MB",
                                                                           "time_limit": "0:01:00"},

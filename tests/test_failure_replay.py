@@ -23,6 +23,7 @@ from sqlmodel import select
 from idmctl.store.db import session
 from idmctl.store.models import Job
 from slurm_support import sh, slurm_conf, squeue_state, text_so_far, wait_until
+from ground.contract import ENV_CLUSTER
 
 pytestmark = pytest.mark.slurm
 REPO = Path(__file__).resolve().parent.parent
@@ -43,7 +44,7 @@ TINY = {
 @pytest.fixture(autouse=True)
 def slurm_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SLURM_CONF", slurm_conf())
-    monkeypatch.setenv("IDMCTL_CLUSTER", "local-slurm")
+    monkeypatch.setenv(ENV_CLUSTER, "local-slurm")
 
 
 def replay_spec(tmp_path: Path, mistake: str, *, grid: tuple[int, int] = (2, 2), channels: int = 16,

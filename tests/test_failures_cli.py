@@ -12,6 +12,7 @@ import pytest
 from sqlmodel import select
 
 from ground.paths import REPO_ROOT
+from ground.tracking import TAG_FAILURE_CAUSE, TAG_SLURM_STATE
 from idmctl.store import session
 from idmctl.store.models import Chain, Failure, Fix, Job
 
@@ -170,8 +171,8 @@ def test_failed_run_is_marked_in_mlflow(cli, idmctl_home) -> None:
     assert cli("failures").exit_code == 0
     marked = client.get_run(run.info.run_id)
     assert marked.info.status == "KILLED"
-    assert marked.data.tags["failure_cause"] == "preempted"
-    assert marked.data.tags["slurm_state"] == "PREEMPTED"
+    assert marked.data.tags[TAG_FAILURE_CAUSE] == "preempted"
+    assert marked.data.tags[TAG_SLURM_STATE] == "PREEMPTED"
     del mlflow
 
 
@@ -217,10 +218,44 @@ def test_fast_table_read_matches_the_orm_rows_and_steps_aside_for_unclassified_j
     add_card_a_jobs()
     assert read_table_rows(db_path(), None, None, 50) is None  # unclassified failures: the ORM path must run
     assert cli("failures").exit_code == 0  # classifies them
-    for experiment, cause, newest in [(None, None, 50), (None, None, 2), ("latent_c_n12_dense", "preempted", 50)]:
-        fast_rows, fast_total = read_table_rows(db_path(), experiment, cause, newest)
+    since = T0 + timedelta(days=6, hours=4)  # after 5961 and 6054 ended, before 6108
+    for experiment, cause, newest, after in [(None, None, 50, None), (None, None, 2, None),
+                                             ("latent_c_n12_dense", "preempted", 50, None), (None, None, None, None),
+                                             (None, None, None, since), (None, "preempted", None, since)]:
+        fast_rows, fast_total = read_table_rows(db_path(), experiment, cause, newest, after)
         with session() as db:
-            orm_rows = postmortem_rows(db, experiment=experiment, cause=cause, newest=newest)
+            orm_rows = postmortem_rows(db, experiment=experiment, cause=cause, newest=newest, since=after)
             orm_total = count_failures(db, experiment=experiment, cause=cause)
         assert [r.as_json() for r in fast_rows] == [r.as_json() for r in orm_rows]
         assert fast_total == orm_total
+    assert [row.job for row in read_table_rows(db_path(), None, None, None, since)[0]] == ["6108", "6158", "6262", "6321"]
+
+
+def test_json_and_markdown_take_the_fast_path_and_print_what_the_orm_rows_give(cli):
+    """`failures --json/--markdown/--since` read with sqlite3 (no ORM import) once every failure is
+    classified, and print exactly what the ORM rows would."""
+    import subprocess
+    import sys
+
+    from idmctl.failures.postmortem import postmortem_rows
+    from idmctl.failures.report import markdown
+
+    add_card_a_jobs()
+    assert cli("failures").exit_code == 0  # the ORM path classifies them once
+    with session() as db:
+        orm_rows = postmortem_rows(db)
+        recent = postmortem_rows(db, since=datetime(2026, 11, 26, 12))
+    fast_json = cli("failures", "--json")
+    assert fast_json.exit_code == 0
+    assert fast_json.output.startswith("[\n{") and fast_json.output.count("\n") == len(orm_rows) + 2
+    assert json.loads(fast_json.output) == json.loads(json.dumps([r.as_json() for r in orm_rows], default=str))
+    assert cli("failures", "--markdown").output == markdown(orm_rows)
+    since = cli("failures", "--json", "--since", "2026-11-26T12:00:00")
+    assert [row["job"] for row in json.loads(since.output)] == [r.job for r in recent] and recent
+    probe = ("import sys; from typer.testing import CliRunner; from idmctl.cli import app; "
+             "r = CliRunner().invoke(app, sys.argv[1:]); assert r.exit_code == 0, r.output; "
+             "print(sorted(m for m in ('sqlalchemy', 'sqlmodel', 'mlflow') if m in sys.modules))")
+    for args in (["failures", "--json"], ["failures", "--markdown"], ["failures", "--since", "30d"]):
+        done = subprocess.run([sys.executable, "-c", probe, *args], capture_output=True, text=True,
+                              cwd=REPO_ROOT, timeout=120)
+        assert done.stdout.strip().splitlines()[-1:] == ["[]"], (args, done.stdout[-500:], done.stderr[-2000:])

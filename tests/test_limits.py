@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from ground.contract import ENV_CHECKPOINT_EVERY
 from ground.progress import Progress, timing_key, write_progress
 from ground.spec.loader import load_spec
 from idmctl.preflight.limits import derive
@@ -112,7 +113,7 @@ def test_submit_dry_run_uses_and_explains_the_derived_limits(tmp_path: Path, cli
     script = result.stdout
     assert "#SBATCH --time=26-03:46:00\n" in script  # (7,946 s stage + 60,000 × 30 s) × 1.25 = 2,259,932 s
     assert "#SBATCH --signal=B:USR1@126\n" in script  # (30 s + 12 s) × 3
-    assert "export IDMCTL_CHECKPOINT_EVERY=480\n" in script  # 4 h ÷ 30 s
+    assert f"export {ENV_CHECKPOINT_EVERY}=480\n" in script  # 4 h ÷ 30 s
     assert ("# idmctl: step time 30.0 s/step (median of 1 earlier run(s) with code " in script
             and "this geometry: planned/7); checkpoint write 12.0 s (median of 1 earlier run(s))" in script)
     assert "# idmctl: signal lead = 126 s (derived): (30.0 s step + 12.0 s write) × 3 = 126.0 s → 126 s" in script
@@ -123,6 +124,6 @@ def test_trainer_interval_spec_then_derived_then_a_tenth(tiny_cache, tmp_path: P
                                                          spec_value: int | None, env: str, expected: int) -> None:
     from trainers.train import checkpoint_interval
 
-    monkeypatch.setenv("IDMCTL_CHECKPOINT_EVERY", env)
+    monkeypatch.setenv(ENV_CHECKPOINT_EVERY, env)
     spec = load_spec(str(tiny_cache.spec_file(tmp_path, "interval", train={"steps": 200, "checkpoint_every": spec_value}))).spec
     assert checkpoint_interval(spec) == expected

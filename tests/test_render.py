@@ -10,6 +10,7 @@ import yaml
 
 from idmctl.jobs.render import RenderContext, render_script, resolve_options
 from ground.spec.loader import load_spec
+from ground.contract import STAGE_MARKER
 
 
 def _spec_file(tmp_path: Path, **sections: dict) -> Path:
@@ -25,7 +26,7 @@ def test_dry_run_renders_header_stage_and_srun_from_spec_and_flags(cli, tmp_path
     result = cli("submit", str(spec), "--dry-run", "--qos", "sub", "--mem", "2GB", "--exclude", "n2,worker-5",
                  "-J", "latentC_n4_60k", "--time", "1:00:00", "--gres", "gpu:2", "--cluster", "local-slurm")
     assert result.exit_code == 0, result.output
-    script = result.output
+    script = result.stdout
     header = [line for line in script.splitlines() if line.startswith("#SBATCH")]
     assert header == [
         "#SBATCH --job-name=latentC_n4_60k",
@@ -90,7 +91,7 @@ def test_stage_in_disk_full_fails_with_clear_line(tmp_path: Path, idmctl_home: P
     assert result.returncode == 1
     assert "idmctl: stage-in FAILED (cp exit 1)" in result.stdout
     assert "No space left on device" in result.stdout
-    assert not (tmp_path / "dest" / ".idmctl_staged").exists()
+    assert not (tmp_path / "dest" / STAGE_MARKER).exists()
 
 
 SPEC_INJECTIONS = [

@@ -18,6 +18,7 @@ from sqlmodel import select
 from idmctl.store.db import session
 from idmctl.store.models import Chain, Job
 from slurm_support import sh, slurm_conf, squeue_state, text_so_far, wait_until
+from ground.contract import ENV_CLUSTER, ENV_HOME, MLFLOW_RUN_ID_FILE
 
 pytestmark = pytest.mark.slurm
 REPO = Path(__file__).resolve().parent.parent
@@ -26,11 +27,11 @@ REPO = Path(__file__).resolve().parent.parent
 @pytest.fixture(autouse=True)
 def slurm_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     monkeypatch.setenv("SLURM_CONF", slurm_conf())
-    monkeypatch.setenv("IDMCTL_CLUSTER", "local-slurm")
+    monkeypatch.setenv(ENV_CLUSTER, "local-slurm")
     # Jobs outlive a test's assertions by seconds; other pytest sessions on a shared host prune old
     # pytest-of-<user> directories, so run directories live in a directory of this test's own.
     home = Path(tempfile.mkdtemp(prefix="idmctl-slurm-test-"))
-    monkeypatch.setenv("IDMCTL_HOME", str(home))
+    monkeypatch.setenv(ENV_HOME, str(home))
     yield home
     shutil.rmtree(home, ignore_errors=True)
 
@@ -68,12 +69,12 @@ def test_dry_run_script_is_accepted_by_sbatch_test_only(cli, tmp_path: Path) -> 
     result = cli("submit", "quickstart", "--dry-run", "--qos", "sub", "--gres", "gpu:2", "--exclude", "n2")
     assert result.exit_code == 0, result.stderr
     script = tmp_path / "job.sbatch"
-    script.write_text(result.output)
+    script.write_text(result.stdout)
     test_only = subprocess.run(["sbatch", "--test-only", str(script)], capture_output=True, text=True)
     assert test_only.returncode == 0, test_only.stderr
     assert re.search(r"sbatch: Job \d+ to start at .* using 2 processors on nodes n1 in partition main", test_only.stderr)
     # The same header with a GPU count no node has is refused: --test-only really checks.
-    script.write_text(result.output.replace("--gres=gpu:2", "--gres=gpu:3"))
+    script.write_text(result.stdout.replace("--gres=gpu:2", "--gres=gpu:3"))
     assert subprocess.run(["sbatch", "--test-only", str(script)], capture_output=True).returncode != 0
 
 
@@ -96,7 +97,7 @@ def test_two_task_fabric_job_completes_and_sync_records_times(cli, tiny_cache, s
     with session() as db:
         chain = db.get(Chain, job.chain_id)
         assert chain.status == "COMPLETED"
-        assert chain.mlflow_run_id == (Path(submitted["script"]).parent / "mlflow_run_id").read_text().strip()
+        assert chain.mlflow_run_id == (Path(submitted["script"]).parent / MLFLOW_RUN_ID_FILE).read_text().strip()
     listing = cli("jobs", "--json")
     (row,) = json.loads(listing.stdout)
     assert row["state"] == "COMPLETED" and row["queue_wait_s"] is not None and row["queue_wait_s"] >= 0
@@ -237,7 +238,7 @@ def test_node_failure_requeues_resumes_and_excludes_the_node(cli, monkeypatch: p
         assert cli("sync").exit_code == 0
         # The node that failed is left out of the next submission's script.
         dry = cli("submit", "quickstart", "--dry-run")
-        assert dry.exit_code == 0 and re.search(rf"#SBATCH --exclude=\S*{failed}", dry.output), dry.output
+        assert dry.exit_code == 0 and re.search(rf"#SBATCH --exclude=\S*{failed}", dry.stdout), dry.stdout
         final = _sync_until_final(cli, job["job"], timeout_s=120)
     finally:
         sh("scontrol", "update", f"NodeName={failed}", "State=RESUME", check=False)

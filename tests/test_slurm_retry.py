@@ -6,6 +6,8 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
+from ground.contract import ENV_ROLLBACK, FAILURE_MARKER
+from idmctl.failures.classify import classify
 from idmctl.jobs.retry import decide
 from idmctl.store.db import session
 from idmctl.store.models import NodeExclusion
@@ -18,8 +20,9 @@ srun: error: n1: task 0: Exited with exit code 1"""
 
 def _decide(state: str, exit_code: str = "0:0", log: str = "", retries_left: int = 5, rollbacks: int = 0,
             nodes: str | None = "n2"):
-    return decide(state, None, exit_code, log, nodes, started=True, restarts=0,
-                  retries_left=retries_left, rollbacks_used=rollbacks)
+    """Classify a sacct-style record the way sync does, then decide (``rollbacks``: earlier NaNs in the chain)."""
+    cause = None if state == "COMPLETED" else classify(state, exit_code=exit_code, log_tail=log, started=True).cause
+    return decide(cause, nodes, retries_left, earlier_for_cause=rollbacks)
 
 
 @pytest.mark.parametrize("state", ["PREEMPTED", "NODE_FAIL", "TIMEOUT"])
@@ -47,9 +50,9 @@ def test_out_of_memory_is_not_retried_blindly(state: str, exit_code: str) -> Non
 
 
 def test_nan_rolls_back_at_most_once() -> None:
-    log = "IDMCTL_FAILURE cause=nan_loss step=12"
+    log = f"{FAILURE_MARKER} cause=nan_loss step=12"
     first = _decide("FAILED", "3:0", log, rollbacks=0)
-    assert (first.action, first.extra_env) == ("retry", {"IDMCTL_ROLLBACK": "1"})
+    assert (first.action, first.extra_env) == ("retry", {ENV_ROLLBACK: "1"})
     assert _decide("FAILED", "3:0", log, rollbacks=1).action == "stop"
 
 

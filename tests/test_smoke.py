@@ -42,7 +42,7 @@ def test_smoke_with_repeats_steps_on_distinct_samples_times_k(tiny_cache, tmp_pa
 
 
 def test_smoke_module_prints_one_json_line_for_preflight(tiny_cache, tmp_path: Path) -> None:
-    spec_json = tmp_path / "spec.json"
+    spec_json = tmp_path / "canonical_spec.json"
     spec_json.write_text(load_spec(str(tiny_cache.spec_path)).canonical_json)
     done = subprocess.run([sys.executable, "-m", "trainers.smoke", "--spec-json", str(spec_json)],
                           capture_output=True, text=True, cwd=REPO_ROOT, timeout=300,

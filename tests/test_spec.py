@@ -11,6 +11,7 @@ import pytest
 from ground.errors import UserError
 from ground.spec import load_experiments, list_experiments, load_spec
 from ground.spec.loader import deep_merge
+from ground.contract import ENV_EXPERIMENTS
 
 SHIPPED = ["latent_c_n4", "latent_c_n12_dense", "latent_c_n4_d12", "latent_c_n6_d12", "latent_c_n4_d4", "quickstart"]
 
@@ -89,7 +90,7 @@ def test_unknown_experiment_suggests_the_close_name():
 
 def test_experiments_dir_override(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cli):
     shutil.copy(Path(__file__).parents[1] / "experiments" / "quickstart.yaml", tmp_path / "mine.yaml")
-    monkeypatch.setenv("IDMCTL_EXPERIMENTS", str(tmp_path))
+    monkeypatch.setenv(ENV_EXPERIMENTS, str(tmp_path))
     result = cli("exp", "list", "--json")
     assert [row["name"] for row in json.loads(result.output)] == ["mine"]
 

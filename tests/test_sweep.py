@@ -3,6 +3,8 @@ compare grouped by sweep with the swept axes as columns; bad axes are one-line e
 
 from __future__ import annotations
 
+from ground.contract import ENV_CLUSTER, ENV_EXPERIMENTS, ENV_HOME  # noqa: F401
+
 import json
 from pathlib import Path
 
@@ -100,12 +102,12 @@ def test_three_variant_sweep_end_to_end_on_slurm(cli, tiny_cache, monkeypatch: p
     from slurm_support import slurm_conf, wait_until
 
     monkeypatch.setenv("SLURM_CONF", slurm_conf())
-    monkeypatch.setenv("IDMCTL_CLUSTER", "local-slurm")
+    monkeypatch.setenv(ENV_CLUSTER, "local-slurm")
     home = Path(tempfile.mkdtemp(prefix="idmctl-sweep-test-"))
-    monkeypatch.setenv("IDMCTL_HOME", str(home))
+    monkeypatch.setenv(ENV_HOME, str(home))
     specs = home / "specs"
     specs.mkdir()
-    monkeypatch.setenv("IDMCTL_EXPERIMENTS", str(specs))
+    monkeypatch.setenv(ENV_EXPERIMENTS, str(specs))
     document = tiny_spec(tiny_cache.data, resources={"cpus": 1, "mem": "1500MB", "time_limit": "0:10:00"},
                          train={"steps": 4, "checkpoint_every": 4, "log_every": 2})
     document["sweep"] = {"zip": {"data.selected_layer_indices": [[0], [0, 2], [1, 3]]}, "names": ["n1", "n2", "n2b"]}

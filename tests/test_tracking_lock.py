@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ground.contract import ENV_HOME
+
 OPEN_STORE = """
 from mlflow.tracking import MlflowClient
 from ground import tracking
@@ -20,7 +22,7 @@ print("ok")
 
 
 def test_three_processes_initialise_one_new_store_without_crashing(idmctl_home: Path):
-    env = {**os.environ, "IDMCTL_HOME": str(idmctl_home)}
+    env = {**os.environ, ENV_HOME: str(idmctl_home)}
     procs = [subprocess.Popen([sys.executable, "-c", OPEN_STORE], env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for _ in range(3)]
     results = [proc.communicate(timeout=180) for proc in procs]

@@ -21,6 +21,9 @@ from ground.paths import REPO_ROOT
 from ground.spec.loader import load_spec
 from trainers.checkpoint import complete_checkpoints
 from ground.run_dir import write_run_spec
+from ground import tracking
+from ground.contract import (CAUSE_NAN_LOSS, ENV_ATTEMPT, ENV_INJECT_NAN_AT_STEP, ENV_RANK_DIGESTS, ENV_ROLLBACK,
+                             EXIT_NAN, EXIT_REQUEUE, FAILURE_FILE, FAILURE_MARKER, MLFLOW_RUN_ID_FILE)
 
 torch.set_num_threads(1)
 
@@ -86,9 +89,9 @@ def test_train_command_learns_and_logs_to_mlflow(tiny_cache, tmp_path: Path, cli
     assert "step 40/40" in result.output and "eval at step 40: eef_mm_2ep" in result.output
     [run] = mlflow_runs()
     assert run.info.status == "FINISHED"
-    assert run.info.run_id == (run_dir / "mlflow_run_id").read_text().strip()
+    assert run.info.run_id == (run_dir / MLFLOW_RUN_ID_FILE).read_text().strip()
     assert run.info.run_name == "tiny_learn"
-    assert run.data.tags["idmctl.spec_hash"] == load_spec(str(spec_path)).hash
+    assert run.data.tags[tracking.TAG_SPEC_HASH] == load_spec(str(spec_path)).hash
     assert run.data.params["model.hidden_dim"] == "32" and run.data.params["train.steps"] == "40"
     losses = metric_history(run.info.run_id, "loss")
     assert [step for step, _ in losses] == [10, 20, 30, 40]
@@ -106,7 +109,7 @@ def test_train_command_learns_and_logs_to_mlflow(tiny_cache, tmp_path: Path, cli
 def test_two_cpu_ranks_over_gloo_end_with_identical_parameters(tiny_cache, tmp_path: Path) -> None:
     run_dir = prepare_run(tiny_cache, tmp_path, "tiny_ddp", resources={"cpu_ranks": 2},
                           train={"steps": 6, "checkpoint_every": 6, "log_every": 3})
-    done = run_trainer(run_dir, IDMCTL_TEST_RANK_DIGESTS="1")
+    done = run_trainer(run_dir, **{ENV_RANK_DIGESTS: "1"})
     assert done.returncode == 0, done.stderr[-3000:]
     assert "world 2, grad_accum 1" in done.stdout
     digests = {path.name: path.read_text().strip() for path in (run_dir / "rank_digests").iterdir()}
@@ -131,19 +134,19 @@ def test_sigusr1_then_resume_equals_an_uninterrupted_run_in_one_mlflow_run(tiny_
     write_run_spec(interrupted, load_spec(str(tmp_path / "specs" / "straight.yaml")))
     process = subprocess.Popen([sys.executable, "-m", "trainers.train", "--run-dir", str(interrupted)],
                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                               env=trainer_env(IDMCTL_ATTEMPT="1"), cwd=REPO_ROOT)
+                               env=trainer_env(**{ENV_ATTEMPT: "1"}), cwd=REPO_ROOT)
     assert process.stdout is not None
     for line in process.stdout:
         if line.startswith("step 3/"):
             process.send_signal(signal.SIGUSR1)
             break
     rest = process.stdout.read()
-    assert process.wait(timeout=120) == 75
+    assert process.wait(timeout=120) == EXIT_REQUEUE
     assert "stop signal received" in rest
     [(stopped_at, _)] = complete_checkpoints(interrupted)
     assert 3 <= stopped_at < 40
 
-    resumed = run_trainer(interrupted, IDMCTL_ATTEMPT="2")
+    resumed = run_trainer(interrupted, **{ENV_ATTEMPT: "2"})
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resumed from step-{stopped_at:08d}.ckpt at step {stopped_at}" in resumed.stdout
 
@@ -153,26 +156,26 @@ def test_sigusr1_then_resume_equals_an_uninterrupted_run_in_one_mlflow_run(tiny_
     assert weights_a.keys() == weights_b.keys()
     assert all(torch.equal(weights_a[k], weights_b[k]) for k in weights_a)
 
-    run_id = (interrupted / "mlflow_run_id").read_text().strip()
+    run_id = (interrupted / MLFLOW_RUN_ID_FILE).read_text().strip()
     runs = {run.info.run_id: run for run in mlflow_runs()}
     assert len(runs) == 2  # the straight run and the interrupted chain: one run each
     chain = runs[run_id]
-    assert chain.info.status == "FINISHED" and chain.data.tags["idmctl.attempt"] == "2"
+    assert chain.info.status == "FINISHED" and chain.data.tags[tracking.TAG_ATTEMPT] == "2"
     assert [step for step, _ in metric_history(run_id, "loss")][-1] == 40
 
 
 def test_injected_nan_stops_at_once_with_marker_and_no_checkpoint(tiny_cache, tmp_path: Path) -> None:
     run_dir = prepare_run(tiny_cache, tmp_path, "tiny_nan", train={"steps": 8, "checkpoint_every": 1})
-    done = run_trainer(run_dir, IDMCTL_INJECT_NAN_AT_STEP="3")
-    assert done.returncode == 3, done.stderr[-3000:]
-    assert "IDMCTL_FAILURE cause=nan_loss step=3" in done.stderr.splitlines()
-    assert json.loads((run_dir / "failure.json").read_text()) == {"cause": "nan_loss", "step": 3}
+    done = run_trainer(run_dir, **{ENV_INJECT_NAN_AT_STEP: "3"})
+    assert done.returncode == EXIT_NAN, done.stderr[-3000:]
+    assert f"{FAILURE_MARKER} cause=nan_loss step=3" in done.stderr.splitlines()
+    assert json.loads((run_dir / FAILURE_FILE).read_text()) == {"cause": "nan_loss", "step": 3}
     assert [step for step, _ in complete_checkpoints(run_dir)] == [1, 2]
     assert not list((run_dir / "checkpoints").glob(".*"))  # no half-written temp file either
     _, weights = final_weights(run_dir)
     assert all(torch.isfinite(w).all() for w in weights.values())
     [run] = mlflow_runs()
-    assert run.info.status == "FAILED" and run.data.tags["failure_cause"] == "nan_loss"
+    assert run.info.status == "FAILED" and run.data.tags[tracking.TAG_FAILURE_CAUSE] == CAUSE_NAN_LOSS
 
 
 def test_resumed_data_order_skips_by_index(tiny_cache) -> None:
@@ -222,9 +225,9 @@ def test_a_half_written_checkpoint_is_never_resumed(tmp_path: Path) -> None:
 
 def test_rollback_after_a_nan_skips_the_bad_batches_and_finishes(tiny_cache, tmp_path: Path) -> None:
     run_dir = prepare_run(tiny_cache, tmp_path, "tiny_rollback", train={"steps": 6, "checkpoint_every": 1})
-    first = run_trainer(run_dir, IDMCTL_INJECT_NAN_AT_STEP="3")
-    assert first.returncode == 3
-    again = run_trainer(run_dir, IDMCTL_INJECT_NAN_AT_STEP="3", IDMCTL_ROLLBACK="1")
+    first = run_trainer(run_dir, **{ENV_INJECT_NAN_AT_STEP: "3"})
+    assert first.returncode == EXIT_NAN
+    again = run_trainer(run_dir, **{ENV_INJECT_NAN_AT_STEP: "3", ENV_ROLLBACK: "1"})
     assert again.returncode == 0, again.stderr[-3000:]
     assert "rollback: resumed at step 2, skipping the batches of steps 3..3" in again.stdout + again.stderr
     assert [step for step, _ in complete_checkpoints(run_dir)][-1] == 6
@@ -232,5 +235,5 @@ def test_rollback_after_a_nan_skips_the_bad_batches_and_finishes(tiny_cache, tmp
     assert all(torch.isfinite(w).all() for w in weights.values())
     # Without the rollback flag the same hook fails the same step again: the flag is what changes it.
     plain = prepare_run(tiny_cache, tmp_path, "tiny_no_rollback", train={"steps": 6, "checkpoint_every": 1})
-    assert run_trainer(plain, IDMCTL_INJECT_NAN_AT_STEP="3").returncode == 3
-    assert run_trainer(plain, IDMCTL_INJECT_NAN_AT_STEP="3").returncode == 3
+    assert run_trainer(plain, **{ENV_INJECT_NAN_AT_STEP: "3"}).returncode == EXIT_NAN
+    assert run_trainer(plain, **{ENV_INJECT_NAN_AT_STEP: "3"}).returncode == EXIT_NAN

@@ -22,6 +22,7 @@ import pytest
 from ground import tracking
 from idmctl.compare import compare_url
 from ground.paths import mlflow_artifacts_dir, mlflow_tracking_uri
+from ground.contract import ENV_HOME
 
 REPO = Path(__file__).resolve().parent.parent
 CHROMIUM = "/usr/bin/chromium"
@@ -89,7 +90,7 @@ def test_compare_page_shows_both_runs(idmctl_home: Path, tmp_path: Path):
     idmctl_home.mkdir(parents=True, exist_ok=True)
     experiment_id, first = _log_run("latent_c_n4", 1, [(20000, 130.0), (60000, 121.25)])
     port = _free_port()
-    env = {**os.environ, "IDMCTL_HOME": str(idmctl_home), "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, ENV_HOME: str(idmctl_home), "PYTHONUNBUFFERED": "1"}
     ui = subprocess.Popen([sys.executable, "-m", "idmctl", "ui", "--port", str(port)], cwd=REPO, env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:

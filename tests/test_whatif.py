@@ -61,7 +61,9 @@ def test_what_if_repeats_shows_changed_numbers_beside_the_originals_and_records_
     for change in ("step_s: 101.9 s → 12.7 s", "train_s: 70.8 d → 8.8 d", "wall_s: 70.9 d → 8.9 d",
                    "data_s_per_step: 101.9 s/step → 12.7 s/step"):
         assert change in out
-    assert "what-if PASS (static) — was FAIL: io; spec 2c056280e672 → " in out
+    from ground.spec.loader import load_spec
+
+    assert f"what-if PASS (static) — was FAIL: io; spec {load_spec('latent_c_n12_dense').short_hash} → " in out
     assert _preflight_rows(idmctl_home) == 0
     spec_file = Path(__file__).resolve().parent.parent / "experiments" / "latent_c_n12_dense.yaml"
     assert "repeats" not in spec_file.read_text()

@@ -15,7 +15,6 @@ from ground import tracking as names
 from ground.contract import ENV_ATTEMPT, ENV_CHAIN_ID, MLFLOW_RUN_ID_FILE
 from ground.paths import atomic_write_text, mlflow_artifacts_dir, mlflow_tracking_uri
 
-TAG_SLURM_RESTARTS = "idmctl.slurm_restart_count"
 _MAX_PARAM_CHARS = 6000
 """MLflow's limit on one param value."""
 
@@ -27,7 +26,7 @@ def attempt_tags(env: dict[str, str] | None = None) -> dict[str, str]:
     if env.get("SLURM_JOB_ID"):
         tags[names.TAG_SLURM_JOB] = env["SLURM_JOB_ID"]
     if env.get("SLURM_RESTART_COUNT"):
-        tags[TAG_SLURM_RESTARTS] = env["SLURM_RESTART_COUNT"]
+        tags[names.TAG_SLURM_RESTARTS] = env["SLURM_RESTART_COUNT"]
     if env.get(ENV_ATTEMPT):
         tags[names.TAG_ATTEMPT] = env[ENV_ATTEMPT]
     elif env.get("SLURM_RESTART_COUNT"):

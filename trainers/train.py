@@ -42,9 +42,11 @@ import torch
 from ground.errors import UserError
 from ground.paths import atomic_write_text
 from ground.spec.schema import ExperimentSpec
+from ground.tracking import best_metric
 from trainers.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from ground.contract import (ENV_CACHE_ROOT, ENV_CHECKPOINT_EVERY, ENV_CODE_VERSION, ENV_INJECT_NAN_AT_STEP, ENV_RANK_DIGESTS, ENV_ROLLBACK,
-                              EXIT_NAN, EXIT_REQUEUE, FAILURE_FILE, code_version)
+from ground.contract import (CAUSE_NAN_LOSS, ENV_CACHE_ROOT, ENV_CHECKPOINT_EVERY, ENV_CODE_VERSION,
+                             ENV_INJECT_NAN_AT_STEP, ENV_RANK_DIGESTS, ENV_ROLLBACK, EXIT_NAN, EXIT_REQUEUE,
+                             FAILURE_FILE, FAILURE_MARKER, code_version)
 from ground.progress import WINDOW_STEPS, WRITE_EVERY_S
 from ground.run_dir import RunSpec, read_run_spec, write_run_spec  # noqa: F401  (re-exported)
 
@@ -264,7 +266,7 @@ def fit(fabric: "Fabric", run: RunSpec) -> int:
     if os.environ.get(ENV_RANK_DIGESTS):
         atomic_write_text(run.run_dir / "rank_digests" / f"rank-{rank}.sha256", parameter_digest(model) + "\n")
     if logger:
-        logger.log_metrics({f"best_{k}": v for k, v in state["best"].items()}, step=state["step"])
+        logger.log_metrics({best_metric(k): v for k, v in state["best"].items()}, step=state["step"])
         logger.finish("FINISHED")
     fabric.print(f"done: step {state['step']}" + "".join(f", {k} {v:.2f}" for k, v in state["best"].items()))
     return 0
@@ -376,7 +378,7 @@ def validate(fabric: "Fabric", model: torch.nn.Module, evaluators: list[Any], sp
         state["best"][name] = min(value, state["best"].get(name, math.inf))
     fabric.print(f"eval at step {step}: " + ", ".join(f"{k} {v:.2f} mm" for k, v in results.items()))
     if logger:
-        logger.log_metrics({**results, **{f"best_{k}": v for k, v in state["best"].items()}}, step)
+        logger.log_metrics({**results, **{best_metric(k): v for k, v in state["best"].items()}}, step)
     return results
 
 
@@ -408,7 +410,7 @@ def _rollback_past(fabric: "Fabric", run: RunSpec, resumed_step: int) -> int | N
     if os.environ.get(ENV_ROLLBACK) != "1" or not marker.exists():
         return None
     failure = json.loads(marker.read_text())
-    if failure.get("cause") != "nan_loss" or int(failure.get("step", 0)) <= resumed_step:
+    if failure.get("cause") != CAUSE_NAN_LOSS or int(failure.get("step", 0)) <= resumed_step:
         return None
     nan_step = int(failure["step"])
     fabric.print(f"rollback: resumed at step {resumed_step}, skipping the batches of steps "
@@ -418,13 +420,13 @@ def _rollback_past(fabric: "Fabric", run: RunSpec, resumed_step: int) -> int | N
 
 def _fail_nan(fabric: "Fabric", run: RunSpec, logger: "RunLogger | None", step: int, loss: float) -> int:
     if fabric.global_rank == 0:
-        atomic_write_text(run.run_dir / FAILURE_FILE, json.dumps({"cause": "nan_loss", "step": step}) + "\n")
-        print(f"IDMCTL_FAILURE cause=nan_loss step={step}", file=sys.stderr, flush=True)
+        atomic_write_text(run.run_dir / FAILURE_FILE, json.dumps({"cause": CAUSE_NAN_LOSS, "step": step}) + "\n")
+        print(f"{FAILURE_MARKER} cause={CAUSE_NAN_LOSS} step={step}", file=sys.stderr, flush=True)
         fabric.print(f"loss is {loss} at step {step}: stopped without an optimizer step or checkpoint")
         if logger:
             from ground.tracking import TAG_FAILURE_CAUSE
 
-            logger.set_tag(TAG_FAILURE_CAUSE, "nan_loss")
+            logger.set_tag(TAG_FAILURE_CAUSE, CAUSE_NAN_LOSS)
             logger.finish("FAILED")
     return EXIT_NAN
 

@@ -8,13 +8,14 @@ from typing import Annotated
 import typer
 from rich.text import Text
 
+from ground.tracking import DEFAULT_RANK_METRIC
 from idmctl.output import console, emit_json, make_table
 
 
 def compare(
     experiments: Annotated[list[str] | None, typer.Argument(
         help="Experiments, run names (exp#chain) or run ids; default: every tracked run.")] = None,
-    metric: Annotated[str, typer.Option("--metric", help="Metric that ranks the runs (lower is better).")] = "eef_mm_24ep",
+    metric: Annotated[str, typer.Option("--metric", help="Metric that ranks the runs (lower is better).")] = DEFAULT_RANK_METRIC,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
     as_markdown: Annotated[bool, typer.Option("--markdown", help="A Markdown table (for notes and cards).")] = False,
     plot: Annotated[Path | None, typer.Option("--plot", help="Also draw loss and EEF-mm curves to this PNG.")] = None,

@@ -2,14 +2,27 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from ground.errors import CheckFailed
-from idmctl.output import console, emit_json, make_table
+from idmctl.commands import job_flags
+from idmctl.output import console, emit_json, err_console, make_table
+
+if TYPE_CHECKING:
+    from idmctl.preflight.result import CheckResult
 
 STYLE = {"PASS": "green", "WARN": "yellow", "FAIL": "bold red", "SKIP": "dim"}
+
+
+def print_checks(results: "list[CheckResult]", title: str, err: bool = False) -> None:
+    """One row per check: the table preflight prints, and submit prints when it refuses."""
+    table = make_table("check", "status", "numbers and reason", "fix", title=title)
+    for result in results:
+        status = result.status.value
+        table.add_row(result.name, f"[{STYLE[status]}]{status}[/]", result.summary, result.fix or "")
+    (err_console if err else console).print(table, markup=True)
 
 
 def preflight(
@@ -18,18 +31,32 @@ def preflight(
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
     cluster: Annotated[str | None, typer.Option("--cluster", help="Cluster profile (default $IDMCTL_CLUSTER or local).")] = None,
     smoke_timeout: Annotated[float, typer.Option("--smoke-timeout", help="Seconds before the smoke is killed.")] = 300.0,
+    qos: job_flags.Qos = None,
+    gres: job_flags.Gres = None,
+    cpus: job_flags.Cpus = None,
+    mem: job_flags.Mem = None,
+    exclude: job_flags.Exclude = None,
+    job_name: job_flags.JobName = None,
+    time_limit: job_flags.Time = None,
+    retries: job_flags.Retries = None,
+    entry: job_flags.Entry = None,
     what_if: Annotated[list[str] | None, typer.Option(
         "--what-if", help="section.field=value: rerun the static checks on the altered spec (never edited, "
                           "nothing recorded) beside the original. Repeatable.")] = None,
 ) -> None:
-    """Run the mandatory gate: spec, introspection, loader, shm, io, qos, disk, cache, smoke."""
+    """Run the mandatory gate: spec, introspection, loader, shm, io, qos, disk, cache, smoke.
+
+    Submit's flags check the job as it will be submitted; --gres and --entry change what the smoke
+    measures, so a submit with them needs a preflight with them. A sweep runs every variant in one
+    table; --what-if reruns the static checks on an altered spec beside the original."""
+    from ground.spec import load_experiments
+    from idmctl.jobs.effective import build
     from idmctl.preflight.runner import run_preflight
     from idmctl.profile import load_profile
-    from ground.spec import load_experiments
 
     variants = load_experiments(experiment)
-    profile, profile_hash = load_profile(cluster)
     if variants[0].sweep is not None and len(variants) > 1 or experiment == variants[0].sweep:
+        profile, profile_hash = load_profile(cluster)
         if what_if:
             from idmctl.preflight.whatif import apply_overrides, parse_override
 
@@ -40,22 +67,22 @@ def preflight(
         run_sweep_preflight(variants, profile, profile_hash, with_smoke=not no_smoke and not what_if,
                             smoke_timeout_s=smoke_timeout, as_json=as_json)
         return
-    resolved = variants[0]
     if what_if:
         from idmctl.preflight.whatif_report import run_what_if
 
-        run_what_if(resolved, profile, profile_hash, what_if, as_json=as_json)
+        profile, profile_hash = load_profile(cluster)
+        run_what_if(variants[0], profile, profile_hash, what_if, as_json=as_json)
         return
-    report = run_preflight(resolved, profile, profile_hash, with_smoke=not no_smoke, smoke_timeout_s=smoke_timeout)
+    job = build(experiment, job_flags.flags(qos, gres, cpus, mem, exclude, job_name, time_limit, retries, entry),
+                cluster)
+    resolved, profile, profile_hash = job.declared, job.profile, job.profile_hash
+    report = run_preflight(resolved, profile, profile_hash, with_smoke=not no_smoke, smoke_timeout_s=smoke_timeout,
+                           job=job)
     if as_json:
         emit_json(report.as_dict())
     else:
-        table = make_table("check", "status", "numbers and reason", "fix",
-                           title=f"preflight {resolved.name} on {profile.name}")
-        for result in report.results:
-            status = result.status.value
-            table.add_row(result.name, f"[{STYLE[status]}]{status}[/]", result.summary, result.fix or "")
-        console.print(table, markup=True)
+        shown = "".join(f" {job.shown(flag)}" for flag in job.flags)
+        print_checks(report.results, f"preflight {resolved.name}{shown} on {profile.name}")
         verdict = ("FAIL: " + ", ".join(report.failed) if report.failed
                    else "PASS (submit unlocked)" if report.unlocks_submit else "PASS, static only (submit stays locked)")
         console.print(f"preflight #{report.run_id} {verdict} — spec {resolved.short_hash}, code {report.code_version}, "

@@ -15,7 +15,7 @@ from typing import Annotated, Any
 
 import typer
 
-from ground.contract import EXIT_NAN, EXIT_REQUEUE
+from ground.contract import EXIT_NAN, EXIT_REQUEUE, FAILURE_FILE
 from ground.errors import CheckFailed, UserError
 from idmctl.output import console, emit_json, make_table
 from ground.paths import REPO_ROOT, home
@@ -56,7 +56,7 @@ def train(
     if code == EXIT_REQUEUE:
         raise CheckFailed(f"interrupted after {seconds:.1f} s (checkpoint saved): run `idmctl train {experiment}` again to resume")
     if code == EXIT_NAN:
-        failure = (directory / "failure.json").read_text().strip() if (directory / "failure.json").exists() else "?"
+        failure = (directory / FAILURE_FILE).read_text().strip() if (directory / FAILURE_FILE).exists() else "?"
         raise CheckFailed(f"training stopped on a non-finite loss: {failure}")
     raise CheckFailed(f"trainer exited {code} after {seconds:.1f} s (see the output above)")
 

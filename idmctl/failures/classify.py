@@ -17,12 +17,15 @@ import yaml
 from ground.contract import FAILURE_MARKER
 from ground.errors import UserError
 from ground.paths import REPO_ROOT
-from ground.units import format_duration
+from ground.units import format_duration, parse_duration
 
 TAXONOMY_PATH = Path(__file__).resolve().parent / "taxonomy.yaml"
 MARKER = FAILURE_MARKER  # ground.contract: the line a job prints before failing on purpose
 MAX_EVIDENCE_LINES = 4
 MAX_LINE_CHARS = 240
+ACTIONS = ("resume", "exclude_node_and_resume", "rollback", "stop")
+"""What sync may do after a cause (``action:`` in taxonomy.yaml, whose header says what each means)."""
+RETRY_ACTIONS = ("resume", "exclude_node_and_resume", "rollback")
 _CONDITIONS = {"state", "started", "exit_code", "derived_exit_code", "reason", "restarts_at_least", "log"}
 _TERMINAL_OK = {"COMPLETED"}
 _NOT_FINISHED = {"PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "SUSPENDED", "RESIZING"}
@@ -37,9 +40,14 @@ class Cause:
     fix: str
     caught_by: str
     """The preflight check that now stops this cause before submit ("none" when none can)."""
-    retryable: bool
+    action: str
+    """One of :data:`ACTIONS`: what sync does after a job ends this way (the retry policy is this data)."""
     mlflow_status: str
     rules: tuple[dict[str, Any], ...]
+    max_per_chain: int | None = None
+    """At most this many resubmissions for this cause in one chain (None: only the chain's retries budget)."""
+    exclude_node_for_s: float | None = None
+    """``exclude_node_and_resume``: seconds the job's node is left out of later submissions."""
 
 
 @dataclass(frozen=True)
@@ -74,7 +82,9 @@ def load_taxonomy(path: Path = TAXONOMY_PATH) -> list[Cause]:
 
 @lru_cache(maxsize=4)
 def _load_taxonomy(path: str) -> tuple[Cause, ...]:
-    data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    # libyaml's loader when present: the pure-Python one takes ~15 ms of every `failures`/`sync` on this file.
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    data = yaml.load(Path(path).read_text(encoding="utf-8"), Loader=loader)  # noqa: S506 (a safe loader)
     causes: list[Cause] = []
     for index, entry in enumerate(data.get("causes", [])):
         where = f"causes[{index}]"
@@ -90,12 +100,39 @@ def _load_taxonomy(path: str) -> tuple[Cause, ...]:
                     raise UserError(f"bad regex {pattern!r}: {exc}", file=path, field=f"{where}.rules.log",
                                     hint="fix the regular expression") from exc
         causes.append(Cause(name=entry["name"], meaning=entry["meaning"], fix=entry["fix"],
-                            caught_by=entry["caught_by"], retryable=bool(entry["retryable"]),
-                            mlflow_status=entry["mlflow_status"], rules=tuple(entry.get("rules", []))))
+                            caught_by=entry["caught_by"], action=entry.get("action"),
+                            mlflow_status=entry["mlflow_status"], rules=tuple(entry.get("rules", [])),
+                            **_policy(entry, path, where)))
     if not causes or causes[-1].rules:
         raise UserError("the last cause must be the rule-less fallback", file=path, field="causes",
                         hint="end the list with `name: unknown` and `rules: []`")
     return tuple(causes)
+
+
+def _policy(entry: dict[str, Any], path: str, where: str) -> dict[str, Any]:
+    """The retry policy fields of one cause, checked: a typo here must not silently become "stop"."""
+    action = entry.get("action")
+    if action not in ACTIONS:
+        raise UserError(f"action {action!r} is not one of {', '.join(ACTIONS)}", file=path, field=f"{where}.action",
+                        hint="say what sync does after this cause (see the file's header)")
+    policy: dict[str, Any] = {}
+    limit = entry.get("max_per_chain")
+    if limit is not None:
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1 or action not in RETRY_ACTIONS:
+            raise UserError(f"max_per_chain {limit!r} needs a retrying action and an integer >= 1", file=path,
+                            field=f"{where}.max_per_chain", hint="e.g. `action: rollback` with `max_per_chain: 1`")
+        policy["max_per_chain"] = limit
+    exclude = entry.get("exclude_node_for")
+    if (exclude is None) != (action != "exclude_node_and_resume"):
+        raise UserError("exclude_node_for goes with, and only with, action exclude_node_and_resume", file=path,
+                        field=f"{where}.exclude_node_for", hint="e.g. `exclude_node_for: 6h`")
+    if exclude is not None:
+        try:
+            policy["exclude_node_for_s"] = parse_duration(exclude)
+        except ValueError as exc:
+            raise UserError(f"not a duration: {exclude!r}", file=path, field=f"{where}.exclude_node_for",
+                            hint="e.g. 6h or 30min") from exc
+    return policy
 
 
 def cause_names() -> list[str]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +18,10 @@ from sqlmodel import Session, select
 
 from ground.errors import UserError
 from idmctl.failures.classify import Classification, classify, get_cause, is_failed_state
-from idmctl.failures.rows import PostmortemRow, _naive_utc, build_row, setting_of  # noqa: F401 (re-exported)
+from idmctl.failures.rows import (PostmortemRow, _naive_utc, build_row, is_since, parse_since,  # noqa: F401 (re-exported)
+                                  setting_of)
 from idmctl.output import err_console
 from idmctl.store.models import Chain, Failure, Fix, Job
-from ground.units import parse_duration
 
 LOG_TAIL_BYTES = 64_000
 """How much of a job log's end is read when the store has no tail: a traceback fits easily."""
@@ -156,19 +156,6 @@ def _mark_chain_run(db: Session, job: Job, cause: str) -> None:
         err_console.print(f"warning: could not mark MLflow run {chain.mlflow_run_id}: {exc}", markup=False)
 
 
-def parse_since(text: str) -> datetime:
-    """``2026-11-01`` / an ISO time, or a look-back such as ``7d`` / ``12h`` → naive UTC."""
-    try:
-        moment = datetime.fromisoformat(text)
-    except ValueError:
-        try:
-            return datetime.now(timezone.utc).replace(tzinfo=None) - timedelta(seconds=parse_duration(text))
-        except ValueError as exc:
-            raise UserError(f"not a date or a look-back: {text!r}", field="--since",
-                            hint="use e.g. 2026-11-01 or 7d") from exc
-    return _naive_utc(moment) if moment.tzinfo else moment
-
-
 def find_jobs(db: Session, job_ids: list[str]) -> list[Job]:
     """Jobs by Slurm id (``6054``) or store id (``#12``); a missing one is a UserError."""
     found: list[Job] = []
@@ -224,8 +211,7 @@ def postmortem_rows(db: Session, experiment: str | None = None, since: datetime 
     rows: list[PostmortemRow] = []
     fixes = {fix.id: fix for fix in db.exec(select(Fix))}
     for failure, job in db.exec(query):
-        when = _naive_utc(job.ended_at or job.submitted_at or job.created_at)
-        if since is not None and when is not None and when < since:
+        if not is_since(job.ended_at or job.submitted_at or job.created_at, since):
             continue
         rows.append(build_row(failure, job, fixes.get(failure.fix_id) if failure.fix_id else None))
     rows.sort(key=lambda row: (_naive_utc(row.ended_at) or datetime.min, row.job_pk, row.detail.get("run", 1)))

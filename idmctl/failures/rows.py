@@ -1,7 +1,8 @@
 """Postmortem table rows, built from a failure and its job: shared by the ORM path and the fast read.
 
-No SQLAlchemy here. ``idmctl failures`` on a store that needs no classifying reads its table with
-plain sqlite3 (:func:`read_table_rows`) and never imports the ORM (~0.45 s of a 0.8 s command).
+No SQLAlchemy here. ``idmctl failures`` (table, ``--json``, ``--markdown``, ``--since``) on a store
+that needs no classifying reads its rows with plain sqlite3 (:func:`read_table_rows`) and never
+imports the ORM (~0.45 s of a 0.8 s command).
 """
 
 from __future__ import annotations
@@ -9,11 +10,13 @@ from __future__ import annotations
 import json
 import sqlite3
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from ground.errors import UserError
+from ground.units import parse_duration
 from idmctl.failures.classify import Classification, get_cause, is_failed_state
 
 HEAD_REVISION = "0001"
@@ -25,6 +28,25 @@ def _naive_utc(moment: datetime | None) -> datetime | None:
     if moment is None or moment.tzinfo is None:
         return moment
     return moment.astimezone(timezone.utc).replace(tzinfo=None)
+
+
+def parse_since(text: str) -> datetime:
+    """``2026-11-01`` / an ISO time, or a look-back such as ``7d`` / ``12h`` → naive UTC."""
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        try:
+            return datetime.now(timezone.utc).replace(tzinfo=None) - timedelta(seconds=parse_duration(text))
+        except ValueError as exc:
+            raise UserError(f"not a date or a look-back: {text!r}", field="--since",
+                            hint="use e.g. 2026-11-01 or 7d") from exc
+    return _naive_utc(moment) if moment.tzinfo else moment
+
+
+def is_since(when: datetime | None, since: datetime | None) -> bool:
+    """``--since``: a job counts from when it ended (or was submitted/created); undated jobs always show."""
+    moment, since = _naive_utc(when), _naive_utc(since)
+    return since is None or moment is None or moment >= since
 
 
 def setting_of(job: Any) -> str:
@@ -91,24 +113,39 @@ def _when(text: str | None) -> datetime | None:
     return moment.replace(tzinfo=timezone.utc) if moment.tzinfo is None else moment.astimezone(timezone.utc)
 
 
-def read_table_rows(db: Path, experiment: str | None, cause: str | None,
-                    newest: int) -> tuple[list[PostmortemRow], int] | None:
-    """The ``newest`` rows and the total count, read with sqlite3; None when the ORM path must run
-    instead (no store, another schema revision, or jobs that still need classifying)."""
+def open_classified(db: Path) -> sqlite3.Connection | None:
+    """A read-only sqlite3 connection to the store (rows as ``sqlite3.Row``), or None when the ORM path
+    must run instead: no store, another schema revision, or jobs that still need classifying."""
     if not db.exists():
         return None
     connection = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10)
     connection.row_factory = sqlite3.Row
     try:
         revision = connection.execute("SELECT version_num FROM alembic_version").fetchone()
-        if revision is None or revision[0] != HEAD_REVISION:
-            return None
         # The same candidates as postmortem.record_failures: anything that may hold an unclassified failed run.
-        unclassified = connection.execute(
+        unclassified = [] if revision is None or revision[0] != HEAD_REVISION else connection.execute(
             "SELECT state, restarts FROM job WHERE (state != 'COMPLETED' OR restarts > 0) AND NOT EXISTS "
             "(SELECT 1 FROM failure f WHERE f.job_id = job.id AND f.classified_at >= job.updated_at)").fetchall()
-        if any(is_failed_state(row["state"]) or row["restarts"] > 0 for row in unclassified):
-            return None
+    except sqlite3.Error:
+        connection.close()
+        return None
+    if revision is None or revision[0] != HEAD_REVISION or any(
+            is_failed_state(row["state"]) or row["restarts"] > 0 for row in unclassified):
+        connection.close()
+        return None
+    return connection
+
+
+def read_table_rows(db: Path, experiment: str | None, cause: str | None, newest: int | None,
+                    since: datetime | None = None) -> tuple[list[PostmortemRow], int] | None:
+    """The ``newest`` rows (None: all) ended since ``since``, oldest first, and the count of failed runs
+    (before ``since``), read with sqlite3: exactly what :func:`postmortem.postmortem_rows` and
+    ``count_failures`` return. None when the ORM path must run instead (no store, another schema
+    revision, or jobs that still need classifying)."""
+    connection = open_classified(db)
+    if connection is None:
+        return None
+    try:
         where, params = ["f.job_id = j.id"], []
         if experiment:
             where.append("j.experiment = ?")
@@ -123,13 +160,15 @@ def read_table_rows(db: Path, experiment: str | None, cause: str | None,
             "j.qos, j.routing_n, j.scheduler_id, j.restarts, j.imported, j.ended_at, j.submitted_at, j.created_at, "
             "x.note, x.\"commit\" FROM failure f, job j LEFT JOIN fix x ON x.id = f.fix_id "
             f"WHERE {clause} ORDER BY coalesce(j.ended_at, j.submitted_at, j.created_at) DESC, j.id DESC LIMIT ?",
-            [*params, newest]).fetchall()
+            [*params, -1 if newest is None else newest]).fetchall()  # LIMIT -1: no limit
     except sqlite3.Error:
         return None
     finally:
         connection.close()
     rows = []
     for row in selected:
+        if not is_since(_when(row["ended_at"] or row["submitted_at"] or row["created_at"]), since):
+            continue
         failure = SimpleNamespace(cause=row["cause"], evidence=row["evidence"], detail_json=row["detail_json"],
                                   fix_id=row["fix_id"])
         job = SimpleNamespace(id=row["id"], chain_id=row["chain_id"], experiment=row["experiment"], state=row["state"],

@@ -1,13 +1,12 @@
-"""``idmctl jobs`` rows read with plain sqlite3: the listing (and its ETAs) never imports the ORM, which is
-most of the command's time (sqlmodel ~0.3–0.45 s). The ORM path still runs when there is no store yet
-(it creates and migrates one) or the read fails (a schema this read does not know)."""
+"""``idmctl jobs`` rows read with plain sqlite3 (``idmctl.store.fast``): the listing and its ETAs never
+import the ORM, which was most of the command's time. The ORM path still runs when the store is not
+at head (none yet, or another revision: the ORM migrates it)."""
 
 from __future__ import annotations
 
 import sqlite3
 from datetime import datetime, timezone
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 JOB_COLUMNS = ("id", "chain_id", "attempt", "experiment", "executor", "scheduler_id", "state", "reason", "exit_code",
@@ -17,36 +16,24 @@ CHAIN_COLUMNS = ("id", "mlflow_run_id", "retries_budget", "retries_used")
 _DATES = ("submitted_at", "started_at", "ended_at")
 
 
-def _date(text: str | None) -> datetime | None:
-    # Stored as UTC "YYYY-MM-DD HH:MM:SS.ffffff"; the ORM's column type hands it back UTC-aware.
-    if not text:
-        return None
-    moment = datetime.fromisoformat(text)
-    return moment.replace(tzinfo=timezone.utc) if moment.tzinfo is None else moment.astimezone(timezone.utc)
-
-
 def read_jobs(db: Path, limit: int) -> tuple[list[Any], dict[int, Any]] | None:
     """The newest ``limit`` jobs and their chains, as attribute rows like the ORM's; None → use the ORM."""
-    if not db.exists():
-        return None
+    from idmctl.store.fast import connect, from_db_time, rows
+
     try:
-        connection = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10)
+        with connect(db) as fast:
+            if fast is None:
+                return None
+            jobs = rows(fast, f"SELECT {', '.join(JOB_COLUMNS)} FROM job ORDER BY id DESC LIMIT ?", (limit,))
+            chain_ids = sorted({job.chain_id for job in jobs if job.chain_id is not None})
+            chains = rows(fast, f"SELECT {', '.join(CHAIN_COLUMNS)} FROM chain WHERE id IN "
+                                f"({', '.join('?' * len(chain_ids))})", tuple(chain_ids)) if chain_ids else []
     except sqlite3.Error:
         return None
-    connection.row_factory = sqlite3.Row
-    try:
-        rows = connection.execute(f"SELECT {', '.join(JOB_COLUMNS)} FROM job ORDER BY id DESC LIMIT ?",
-                                  (limit,)).fetchall()
-        chain_ids = sorted({row["chain_id"] for row in rows if row["chain_id"] is not None})
-        chains = connection.execute(
-            f"SELECT {', '.join(CHAIN_COLUMNS)} FROM chain WHERE id IN ({', '.join('?' * len(chain_ids))})",
-            chain_ids).fetchall() if chain_ids else []
-    except sqlite3.Error:
-        return None
-    finally:
-        connection.close()
-    jobs = [SimpleNamespace(**{k: (_date(row[k]) if k in _DATES else row[k]) for k in JOB_COLUMNS}) for row in rows]
-    return jobs, {row["id"]: SimpleNamespace(**dict(row)) for row in chains}
+    for job in jobs:  # the ORM hands datetimes back UTC-aware
+        for name in _DATES:
+            setattr(job, name, from_db_time(getattr(job, name)))
+    return jobs, {chain.id: chain for chain in chains}
 
 
 def queue_wait_seconds(job: Any) -> float | None:

@@ -1,28 +1,25 @@
 """Retries by cause, not blindly (card A's ``sbmr 5`` retried whatever failed).
 
-The cause comes from the failure classifier (``idmctl.failures.classify``, taxonomy as data); this
-module only decides what to do about it:
-
-- preempted, node failure, time limit: resubmit into the same chain; the trainer resumes from the
-  chain's checkpoint. After a node failure the node is excluded from later submissions for a while.
-- a deterministic error (Python exception, loader config, stage-in failure): never retried, even with
-  budget left: the same code fails the same way.
-- out of memory (host or GPU, /dev/shm): not retried blindly; the fix is a different spec.
-- non-finite loss: one rollback to the last good checkpoint per chain, never more.
+The policy is data: each cause's ``action`` (resume, exclude_node_and_resume, rollback, stop), its
+``max_per_chain`` and ``exclude_node_for`` live in ``idmctl/failures/taxonomy.yaml`` beside the
+patterns that recognise it. This module only carries the policy out; it names no cause. The cause
+comes from the same classifier ``idmctl failures`` uses, so the table and the retry always agree.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
-from idmctl.failures.classify import classify
+from ground import contract
+from ground.units import format_duration
+from idmctl.failures.classify import get_cause
 
-NODE_EXCLUSION_TIME = timedelta(hours=6)
-"""How long a node that failed under a job is left out of later submissions."""
-RESUME_CAUSES = {"preempted", "node_fail", "timeout"}
-HARDWARE_CAUSES = {"node_fail"}
-ROLLBACK_CAUSES = {"nan_loss"}
+if TYPE_CHECKING:
+    from sqlmodel import Session
+
+    from idmctl.store.models import Chain, Job
 
 
 @dataclass(frozen=True)
@@ -32,41 +29,58 @@ class Decision:
     cause: str
     why: str
     exclude_nodes: list[str] = field(default_factory=list)
+    exclude_for: timedelta | None = None
+    """How long ``exclude_nodes`` stay out of later submissions (the cause's ``exclude_node_for``)."""
     extra_env: dict[str, str] = field(default_factory=dict)
 
 
-def decide(
-    state: str,
-    reason: str | None,
-    exit_code: str | None,
-    log_tail: str,
-    node_list: str | None,
-    started: bool,
-    restarts: int,
-    retries_left: int,
-    rollbacks_used: int,
-) -> Decision:
-    """What to do after a job reached a final state."""
-    if state == "COMPLETED":
+def node_exclusion_time(cause: str) -> timedelta:
+    """The cause's ``exclude_node_for`` (zero for a cause that excludes no node)."""
+    return timedelta(seconds=get_cause(cause).exclude_node_for_s or 0)
+
+
+def decide(cause: str | None, node_list: str | None, retries_left: int, earlier_for_cause: int = 0) -> Decision:
+    """What to do after a job ended: ``cause`` None means it completed.
+
+    ``retries_left`` is the chain's budget (0 under ``sync --no-retry``); ``earlier_for_cause`` counts
+    the chain's earlier attempts that ended with this same cause (each was resubmitted once).
+    """
+    if cause is None:
         return Decision("done", "completed", "finished")
-    classification = classify(state, reason=reason, exit_code=exit_code, log_tail=log_tail,
-                              restarts=restarts, started=started)
-    cause = classification.cause
-    exclude = [node_list] if cause in HARDWARE_CAUSES and node_list else []
-    if cause in ROLLBACK_CAUSES:
-        if rollbacks_used >= 1:
-            return Decision("stop", cause, "non-finite loss again after one rollback: not retried")
-        if retries_left <= 0:
-            return Decision("stop", cause, "non-finite loss; no retries left in the budget")
-        return Decision("retry", cause, "non-finite loss: roll back to the last good checkpoint (once)",
-                        extra_env={"IDMCTL_ROLLBACK": "1"})
-    if cause in RESUME_CAUSES:
-        if retries_left <= 0:
-            return Decision("stop", cause, f"{cause}; no retries left in the budget", exclude_nodes=exclude)
-        return Decision("retry", cause, f"{cause}: resubmit and resume from the chain's checkpoint",
-                        exclude_nodes=exclude)
-    if cause in ("oom_host", "oom_cuda", "shm_enospc"):
-        return Decision("stop", cause, "out of memory: not retried blindly (raise --mem or shrink the batch/workers)")
-    if cause == "cancelled" or cause == "queue_cancelled":
-        return Decision("stop", cause, "cancelled: not retried")
-    return Decision("stop", cause, f"{cause}: deterministic or unknown; retrying would fail the same way")
+    policy = get_cause(cause)
+    if policy.action == "stop":
+        return Decision("stop", cause, f"not retried (taxonomy action: stop); fix: {policy.fix}")
+    exclude = [node_list] if policy.action == "exclude_node_and_resume" and node_list else []
+    exclude_for = timedelta(seconds=policy.exclude_node_for_s) if exclude and policy.exclude_node_for_s else None
+    if policy.max_per_chain is not None and earlier_for_cause >= policy.max_per_chain:
+        return Decision("stop", cause, f"already resubmitted {earlier_for_cause}× for {cause} in this chain "
+                                       f"(max_per_chain {policy.max_per_chain}); fix: {policy.fix}",
+                        exclude_nodes=exclude, exclude_for=exclude_for)
+    if retries_left <= 0:
+        return Decision("stop", cause, "no retries left in the chain's budget (--retries)",
+                        exclude_nodes=exclude, exclude_for=exclude_for)
+    if policy.action == "rollback":
+        return Decision("retry", cause, "roll back to the last good checkpoint and skip past the failing step",
+                        extra_env={contract.ENV_ROLLBACK: "1"})
+    why = "resubmit and resume from the chain's checkpoint"
+    if exclude and exclude_for is not None:
+        why = f"exclude {', '.join(exclude)} for {format_duration(exclude_for.total_seconds())}, then {why}"
+    return Decision("retry", cause, why, exclude_nodes=exclude, exclude_for=exclude_for)
+
+
+def decide_for_job(db: Session, job: Job, chain: Chain, retry: bool = True) -> Decision:
+    """:func:`decide` for a stored job that reached a final state, classified like ``idmctl failures`` does."""
+    from sqlmodel import select
+
+    from idmctl.failures.classify import is_failed_state
+    from idmctl.failures.postmortem import classify_job
+    from idmctl.store.models import Job as JobRow
+
+    if job.state == "COMPLETED":
+        return decide(None, job.node_list, 0)
+    cause = classify_job(job).cause
+    earlier = [other for other in db.exec(select(JobRow).where(JobRow.chain_id == chain.id))
+               if other.id != job.id and other.attempt < job.attempt and is_failed_state(other.state)]
+    same = sum(1 for other in earlier if classify_job(other).cause == cause)
+    retries_left = chain.retries_budget - chain.retries_used if retry else 0
+    return decide(cause, job.node_list, retries_left, same)

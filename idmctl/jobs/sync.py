@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from sqlmodel import Session, select
@@ -20,6 +20,7 @@ from idmctl.jobs.listing import aware as _aware, queue_wait_seconds  # noqa: F40
 from idmctl.executors.base import JobStatus, is_final
 from idmctl.store.db import session
 from idmctl.store.models import Chain, Job, NodeExclusion
+from ground.contract import MLFLOW_RUN_ID_FILE
 
 LOG_TAIL_LINES = 40
 LOG_TAIL_BYTES = 8192
@@ -88,7 +89,7 @@ def _note_mlflow_run(db: object, job: Job) -> None:
     if run_dir is None or chain is None or chain.mlflow_run_id:
         return
     try:
-        chain.mlflow_run_id = (run_dir / "mlflow_run_id").read_text().strip() or None
+        chain.mlflow_run_id = (run_dir / MLFLOW_RUN_ID_FILE).read_text().strip() or None
     except OSError:
         return
     db.add(chain)  # type: ignore[attr-defined]
@@ -102,7 +103,7 @@ def unfinished_jobs() -> list[Job]:
 
 def sync(retry: bool = True) -> SyncReport:
     """One status call per executor for all unfinished jobs, then retries for the ones that ended."""
-    from idmctl.jobs.retry import NODE_EXCLUSION_TIME, decide
+    from idmctl.jobs.retry import decide_for_job
     from idmctl.jobs.submit import resubmit
 
     report = SyncReport()
@@ -135,15 +136,10 @@ def sync(retry: bool = True) -> SyncReport:
             chain = db.get(Chain, job.chain_id) if job and job.chain_id else None
             if job is None or chain is None or chain.status != "ACTIVE":
                 continue
-            rollbacks = sum(1 for j in db.exec(select(Job).where(Job.chain_id == chain.id)).all()
-                            if json.loads(j.options_json or "{}").get("rollback"))
-            decision = decide(job.state, job.reason, job.exit_code, job.log_tail or "", job.node_list,
-                              started=job.started_at is not None, restarts=job.restarts,
-                              retries_left=(chain.retries_budget - chain.retries_used) if retry else 0,
-                              rollbacks_used=rollbacks)
+            decision = decide_for_job(db, job, chain, retry)  # the policy is taxonomy.yaml's `action`
             now = datetime.now(timezone.utc)
             for node in decision.exclude_nodes:
-                db.add(NodeExclusion(node=node, until=now + NODE_EXCLUSION_TIME,
+                db.add(NodeExclusion(node=node, until=now + (decision.exclude_for or timedelta(0)),
                                      reason=f"{decision.cause} under job {job.scheduler_id}"))
             if decision.action == "done":
                 chain.status = "COMPLETED"
@@ -168,13 +164,13 @@ def _exclude_nodes_that_failed(db: Session, job: Job, status: JobStatus) -> None
     failed_nodes = {run.node_list for run in status.runs[:-1] if run.state == "NODE_FAIL" and run.node_list}
     if not failed_nodes:
         return
-    from idmctl.jobs.retry import NODE_EXCLUSION_TIME
+    from idmctl.jobs.retry import node_exclusion_time
 
     reason = f"node_fail under job {job.scheduler_id}"
     known = {e.node for e in db.exec(select(NodeExclusion).where(NodeExclusion.reason == reason))}
     now = datetime.now(timezone.utc)
     for node in sorted(failed_nodes - known):
-        db.add(NodeExclusion(node=node, until=now + NODE_EXCLUSION_TIME, reason=reason))
+        db.add(NodeExclusion(node=node, until=now + node_exclusion_time("node_fail"), reason=reason))
 
 
 

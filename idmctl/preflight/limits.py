@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ground.paths import home
 from ground.progress import read_progress, timing_key
 from ground.units import format_duration, slurm_time
 from idmctl.preflight.budget import fmt_seconds, fmt_span, step_estimate
@@ -234,32 +235,30 @@ def _checkpoint_warning(checkpoint: Derived, step_s: float, write_s: float | Non
     return None
 
 
-def with_history(ctx: PreflightContext, runs_root: Path | None = None) -> PreflightContext:
-    """``ctx`` with the recorded runs under ``runs_root`` (default ``$IDMCTL_HOME/runs``)."""
-    from ground.paths import home
-
-    root = runs_root if runs_root is not None else home() / "runs"
-    return replace(ctx, measurements=replace(ctx.measurements, recorded_runs=recorded_runs(root)))
-
-
 def latest_smoke(spec_hash: str) -> "SmokeMeasurement | None":
-    """The newest recorded smoke of this spec (any cluster): its measured compute and checkpoint write."""
+    """The newest recorded smoke of this spec (any cluster): its measured compute and checkpoint write.
+    Plain sqlite3 when the store is at head (submit imports no ORM), else the ORM."""
     import json
 
-    from sqlmodel import col, select
-
     from idmctl.preflight.result import SmokeMeasurement
-    from idmctl.store import session
-    from idmctl.store.models import PreflightCheck, PreflightRun
+    from idmctl.store.fast import connect, rows
 
-    with session() as db:
-        row = db.exec(select(PreflightCheck).join(PreflightRun, col(PreflightCheck.run_id) == col(PreflightRun.id))
-                      .where(PreflightRun.spec_hash == spec_hash, PreflightCheck.name == "smoke",
-                             PreflightCheck.status != "SKIP")
-                      .order_by(col(PreflightRun.id).desc())).first()
-    if row is None:
+    query = ("SELECT c.numbers_json FROM preflight_check c JOIN preflight_run r ON c.run_id = r.id "
+             "WHERE r.spec_hash = ? AND c.name = 'smoke' AND c.status != 'SKIP' ORDER BY r.id DESC LIMIT 1")
+    text = None
+    for attempt in range(2):
+        with connect() as fast:
+            if fast is not None:
+                found = rows(fast, query, (spec_hash,))
+                text = found[0].numbers_json if found else None
+                break
+        if attempt == 0:
+            from idmctl.store.db import open_store
+
+            open_store()  # no store yet or an older revision: the ORM creates or migrates it, once
+    if not text:
         return None
-    numbers = json.loads(row.numbers_json or "{}")
+    numbers = json.loads(text)
     known = set(SmokeMeasurement.__dataclass_fields__)
     try:
         return SmokeMeasurement(**{k: v for k, v in numbers.items() if k in known})
@@ -271,16 +270,22 @@ def limits_for(resolved: "ResolvedSpec", profile: "ClusterProfile", *, qos: str 
                time_override: float | None = None) -> Limits:
     """Derive outside a preflight (exp show, submit): this machine's measurements, the latest recorded
     smoke of this spec, and earlier runs of this code. ``qos`` is a ``--qos`` flag (its preempt cycle counts)."""
+    from ground.paths import expand_path
     from idmctl.preflight.record import code_version
-    from idmctl.preflight.runner import gather
+    from idmctl.preflight.result import Measurements
+    from idmctl.preflight.memo import tree_fingerprint
 
     if qos is not None and qos != resolved.spec.resources.qos:
         spec = resolved.spec.model_copy(update={"resources": resolved.spec.resources.model_copy(update={"qos": qos})})
         resolved = type(resolved)(resolved.name, resolved.path, spec, resolved.chain)
+    # Only what the derivation reads: the cache's size for stage-in, earlier runs, the latest smoke. No
+    # cache inspection (it imports torch) and no queue history: submit stays light.
+    root = expand_path(resolved.spec.data.cache_root)
+    cache_bytes, files = tree_fingerprint(root)[:2] if root.is_dir() else (None, None)
     version = code_version()
-    measured = replace(gather(resolved, profile), smoke=latest_smoke(resolved.hash))
-    ctx = PreflightContext(resolved, profile, measured)
-    return derive(ctx, version, time_override=time_override)
+    measured = Measurements(cache_present=cache_bytes is not None, cache_bytes=cache_bytes, cache_file_count=files,
+                            recorded_runs=recorded_runs(home() / "runs"), smoke=latest_smoke(resolved.hash))
+    return derive(PreflightContext(resolved, profile, measured), version, time_override=time_override)
 
 
 def job_limits(resolved: "ResolvedSpec", profile: "ClusterProfile", options: "JobOptions") -> "JobOptions":

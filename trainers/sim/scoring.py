@@ -14,6 +14,7 @@ import torch
 from ground.errors import UserError
 from ground.spec.schema import ExperimentSpec
 from trainers.checkpoint import latest_checkpoint
+from ground.contract import MLFLOW_RUN_ID_FILE
 
 
 def initial_model(spec: ExperimentSpec) -> torch.nn.Module:
@@ -61,7 +62,7 @@ def score_trained_and_untrained(spec: ExperimentSpec, run_dir: Path) -> dict[str
     per_episode = []
     if len(replays) == 2:
         per_episode = [(a.demo, a.eef_mm, b.eef_mm) for a, b in zip(replays[0], replays[1])]
-    run_id_file = run_dir / "mlflow_run_id"
+    run_id_file = run_dir / MLFLOW_RUN_ID_FILE
     return {
         "trained": scores["trained"], "untrained": scores["untrained"], "checkpoint": str(checkpoint),
         "mlflow_run_id": run_id_file.read_text().strip() if run_id_file.exists() else None,
