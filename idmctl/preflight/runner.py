@@ -175,8 +175,10 @@ def _safe(check_module: object, ctx: PreflightContext) -> CheckResult:
 
 def run_preflight(resolved: ResolvedSpec, profile: ClusterProfile, profile_hash: str, *, with_smoke: bool = True,
                   smoke_timeout_s: float = smoke.DEFAULT_TIMEOUT_S, record: bool = True,
-                  measurements: Measurements | None = None, job: "EffectiveJob | None" = None) -> PreflightReport:
-    """Run all checks; ``measurements`` replaces gathering (tests, benchmarks).
+                  measurements: Measurements | None = None, job: "EffectiveJob | None" = None,
+                  version: str | None = None) -> PreflightReport:
+    """Run all checks; ``measurements`` replaces gathering (tests, benchmarks); ``version`` is the code
+    version when the caller already has it (a sweep computes it once for all variants: two git calls).
 
     With ``job`` (preflight given submit's flags) the checks and the smoke judge the effective job,
     and the run is recorded under the spec's own hash with the job's smoke flags in its key.
@@ -187,7 +189,7 @@ def run_preflight(resolved: ResolvedSpec, profile: ClusterProfile, profile_hash:
     declared = resolved
     if job is not None:
         declared, resolved = job.declared, job.resolved
-    version = code_version()
+    version = version or code_version()
     measured = measurements if measurements is not None else gather(resolved, profile, version)
     # Step times of earlier runs count only when they ran this very code (limits.derive).
     measured = replace(measured, recorded_runs=[r for r in measured.recorded_runs if r.code_version == version])

@@ -64,8 +64,11 @@ def run_what_if(resolved: ResolvedSpec, profile: ClusterProfile, profile_hash: s
 
     overrides = dict(parse_override(text) for text in texts)  # every bad override exits 2 before any work
     altered = apply_overrides(resolved, overrides)
-    before = run_preflight(resolved, profile, profile_hash, with_smoke=False, record=False)
-    after = run_preflight(altered, profile, profile_hash, with_smoke=False, record=False)
+    from ground.contract import code_version
+
+    version = code_version()
+    before = run_preflight(resolved, profile, profile_hash, with_smoke=False, record=False, version=version)
+    after = run_preflight(altered, profile, profile_hash, with_smoke=False, record=False, version=version)
     rows = [RowChange(a.name, a, b) for a, b in zip(before.results, after.results)]
     original = resolved.spec.model_dump(mode="json")
     settings = []
