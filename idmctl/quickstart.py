@@ -63,10 +63,10 @@ def detail(text: str) -> None:
 
 
 def register_specs_stage(result: QuickstartResult) -> ResolvedSpec:
-    from ground.spec import list_experiments, load_spec
+    from ground.spec import list_experiments, load_experiments
     from idmctl.spec_store import register_specs
 
-    specs = [load_spec(str(path)) for path in list_experiments()]
+    specs = [variant for path in list_experiments() for variant in load_experiments(str(path))]
     new = register_specs(specs)
     stage(1, "specs", f"{len(specs)} experiments valid, {len(new)} new versions registered")
     resolved = next(r for r in specs if r.name == EXPERIMENT)

@@ -33,10 +33,14 @@ class ResolvedSpec:
     spec: ExperimentSpec
     chain: list[Path] = field(default_factory=list)
     """The files merged, base first."""
+    sweep: str | None = None
+    """For a variant of a ``sweep:`` spec, the sweep's name (the file's stem); its name is ``<sweep>.<variant>``."""
+    axes: dict[str, Any] = field(default_factory=dict)
+    """For a sweep variant, the swept fields and this variant's values."""
 
     @property
     def canonical(self) -> dict[str, Any]:
-        return self.spec.model_dump(mode="json")
+        return canonical_spec(self.spec)
 
     @property
     def canonical_json(self) -> str:
@@ -50,6 +54,19 @@ class ResolvedSpec:
     @property
     def short_hash(self) -> str:
         return self.hash[:12]
+
+
+HASH_NEUTRAL_DEFAULTS: dict[tuple[str, str], Any] = {("loader", "repeats"): 1, ("resources", "signal_lead"): None}
+"""Fields added after specs were recorded, left out of the canonical form at their default: a spec
+that does not use them keeps the hash (and the preflight passes) it had before they existed."""
+
+
+def canonical_spec(spec: ExperimentSpec) -> dict[str, Any]:
+    dumped = spec.model_dump(mode="json")
+    for (section, key), default in HASH_NEUTRAL_DEFAULTS.items():
+        if isinstance(dumped.get(section), dict) and dumped[section].get(key) == default:
+            del dumped[section][key]
+    return dumped
 
 
 def canonical_json(data: Any) -> str:
@@ -281,14 +298,66 @@ def _file_defining(chain: list[Path], loc: tuple[Any, ...]) -> Path:
     return chain[-1]
 
 
-def load_spec(name_or_path: str) -> ResolvedSpec:
-    """Resolve, merge and validate one experiment; raises UserError on any problem."""
-    path = resolve_spec_path(name_or_path)
+SWEEP_KEY = "sweep"
+"""A top-level ``sweep:`` section makes a spec file a family of named variants (``ground.spec.sweep``)."""
+
+
+def _resolve_with_variant(name_or_path: str) -> tuple[Path, str | None]:
+    """``latent_c_phase2.n4_d4`` → (the sweep's file, ``n4_d4``) when no file has the dotted name."""
+    try:
+        return resolve_spec_path(name_or_path), None
+    except UserError:
+        stem, dot, variant = name_or_path.rpartition(".")
+        if not dot or not stem or Path(name_or_path).suffix in (".yaml", ".yml"):
+            raise
+        try:
+            return resolve_spec_path(stem), variant
+        except UserError:
+            pass
+        raise
+
+
+def _load(name_or_path: str) -> tuple[ResolvedSpec, Any, str | None]:
+    path, variant = _resolve_with_variant(name_or_path)
     merged, chain = _load_merged(path, ())
+    sweep = merged.pop(SWEEP_KEY, None)
     try:
         spec = ExperimentSpec.model_validate(merged)
     except ValidationError as exc:
         # A bad value inherited from a base is reported in the base, where it must be fixed.
         loc = tuple(str(p) for p in exc.errors()[0]["loc"])
         raise _error_from_validation(exc, _file_defining(chain, loc) if loc else path) from exc
-    return ResolvedSpec(name=path.stem, path=path, spec=spec, chain=chain)
+    return ResolvedSpec(name=path.stem, path=path, spec=spec, chain=chain), sweep, variant
+
+
+def load_spec(name_or_path: str) -> ResolvedSpec:
+    """Resolve, merge and validate one experiment (or one variant ``<sweep>.<variant>``); UserError on any problem."""
+    resolved, sweep, variant = _load(name_or_path)
+    if sweep is None:
+        if variant is not None:
+            raise UserError(f"no experiment named {name_or_path!r}", file=name_or_path,
+                            hint=f"{resolved.name} is not a sweep; see `idmctl exp list`")
+        return resolved
+    from ground.spec.sweep import expand
+
+    variants = expand(resolved, sweep)
+    names = [v.name for v in variants]
+    if variant is None:
+        raise UserError(f"is a sweep of {len(variants)} variants", file=str(resolved.path), field=SWEEP_KEY,
+                        hint=f"name one ({', '.join(names)}); exp list, preflight and submit take the whole sweep")
+    for candidate in variants:
+        if candidate.name == f"{resolved.name}.{variant}":
+            return candidate
+    close = difflib.get_close_matches(f"{resolved.name}.{variant}", names, n=1)
+    raise UserError(f"no variant {variant!r} in sweep {resolved.name}", file=str(resolved.path), field=SWEEP_KEY,
+                    hint=f"did you mean {close[0]!r}?" if close else f"variants: {', '.join(names)}")
+
+
+def load_experiments(name_or_path: str) -> list[ResolvedSpec]:
+    """One experiment, one named variant, or every variant of a sweep, in the sweep's order."""
+    resolved, sweep, variant = _load(name_or_path)
+    if sweep is None or variant is not None:
+        return [load_spec(name_or_path)]
+    from ground.spec.sweep import expand
+
+    return expand(resolved, sweep)

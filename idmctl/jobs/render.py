@@ -54,14 +54,20 @@ class JobOptions:
     """Memory per node as written (e.g. ``4GB``)."""
     gpus_per_node: int
     """``--gres=gpu:N``; 0 asks for none."""
-    time_limit: str
-    """Wall-clock limit as written."""
+    time_limit: str | None
+    """Wall-clock limit as written; None until :func:`idmctl.preflight.limits.job_limits` derives it."""
     exclude: list[str] = field(default_factory=list)
     """Nodes to avoid (flag, spec, and active node exclusions)."""
     retries: int = 0
     """Resubmissions allowed for retryable causes."""
     entry: str = DEFAULT_ENTRY
     """Python module started with ``python -m ENTRY --run-dir RUN_DIR``."""
+    signal_lead: int | None = None
+    """Seconds of USR1 warning; derived from measured step + checkpoint write time (or the spec's)."""
+    checkpoint_every: int | None = None
+    """Derived steps between checkpoints, passed as IDMCTL_CHECKPOINT_EVERY when the spec sets none."""
+    derivation: list[str] = field(default_factory=list)
+    """How the limits were derived, one line each: printed as comments at the top of the script."""
 
     @property
     def cpus_per_task(self) -> int:
@@ -74,11 +80,17 @@ class JobOptions:
 
     @property
     def time_seconds(self) -> float:
+        if self.time_limit is None:
+            raise UserError("no time limit: none in the spec or flags, and none derived", field="resources.time_limit",
+                            hint="set resources.time_limit or pass --time")
         return parse_duration(self.time_limit)
 
     @property
     def signal_lead_s(self) -> int:
-        """Seconds before the time limit the batch shell gets USR1 (Slurm may send it up to 60 s earlier)."""
+        """Seconds before the time limit the batch shell gets USR1 (Slurm may send it up to 60 s earlier):
+        the derived lead when there is one, else 5% of the limit within [60 s, 600 s]."""
+        if self.signal_lead is not None:
+            return int(self.signal_lead)
         return int(min(600, max(60, self.time_seconds * 0.05)))
 
     def as_dict(self) -> dict[str, Any]:
@@ -226,6 +238,7 @@ def render_script(resolved: ResolvedSpec, options: JobOptions, ctx: RenderContex
         "#SBATCH --open-mode=append",
         "#SBATCH --requeue",
         f"#SBATCH --signal=B:USR1@{options.signal_lead_s}",
+        *(f"# idmctl: {_comment(line)}" for line in options.derivation),
     ]
     env = {
         contract.ENV_HOME: str(ctx.idmctl_home),
@@ -233,6 +246,7 @@ def render_script(resolved: ResolvedSpec, options: JobOptions, ctx: RenderContex
         contract.ENV_ATTEMPT: str(ctx.attempt),
         contract.ENV_SPEC_HASH: resolved.hash,
         "PYTHONUNBUFFERED": "1",
+        **({contract.ENV_CHECKPOINT_EVERY: str(options.checkpoint_every)} if options.checkpoint_every else {}),
         **ctx.extra_env,
     }
     for key, value in env.items():
@@ -279,6 +293,11 @@ def render_script(resolved: ResolvedSpec, options: JobOptions, ctx: RenderContex
         'exit "$STATUS"',
     ]
     return "\n".join([*header, *body]) + "\n"
+
+
+def _comment(text: str) -> str:
+    """One comment line: no newline or control character can end it early."""
+    return re.sub(r"[\x00-\x1f\x7f]", " ", text)
 
 
 def _multi_node_env(options: JobOptions) -> list[str]:

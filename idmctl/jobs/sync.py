@@ -17,6 +17,7 @@ from sqlmodel import Session, select
 
 from idmctl.executors import executor_for
 from idmctl.executors.base import UNCONFIRMED, JobStatus, is_final
+from idmctl.jobs.listing import aware as _aware, queue_wait_seconds  # noqa: F401  (re-exported; one home)
 from idmctl.store.db import session
 from idmctl.store.models import Chain, Job, NodeExclusion
 from ground.contract import MLFLOW_RUN_ID_FILE
@@ -202,14 +203,6 @@ def _exclude_nodes_that_failed(db: Session, job: Job, status: JobStatus) -> None
         db.add(NodeExclusion(node=node, until=now + node_exclusion_time("node_fail"), reason=reason))
 
 
-def queue_wait_seconds(job: Job) -> float | None:
-    if job.started_at is None or job.submitted_at is None:
-        return None
-    return (_aware(job.started_at) - _aware(job.submitted_at)).total_seconds()
-
-
-def _aware(moment: datetime) -> datetime:
-    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
 
 
 def run_dir_of(job: Job) -> Path | None:
