@@ -43,6 +43,8 @@ ENV_RANK_DIGESTS = "IDMCTL_TEST_RANK_DIGESTS"
 SPEC_FILE = "spec.json"
 FAILURE_FILE = "failure.json"
 MLFLOW_RUN_ID_FILE = "mlflow_run_id"
+PROGRESS_FILE = "progress.jsonl"
+"""The trainer's start and checkpoint times (ground/progress.py), read by ``idmctl ledger``."""
 STAGE_MARKER = ".idmctl_staged"
 """Written into the staged cache copy on node-local disk once stage-in finished."""
 
