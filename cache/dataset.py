@@ -26,7 +26,8 @@ import torch
 from torch.utils.data import Dataset
 
 from cache.episodes import EpisodeFile
-from cache.hidden import CacheFileInfo, CacheFormat, cache_file, check_matches, inspect_file, read_hidden
+from cache.hidden import (CacheFileInfo, CacheFormat, cache_file, check_matches, file_positions, inspect_file,
+                          read_hidden)
 from ground.errors import UserError
 
 EEF_KEY = "robot0_eef_pos"
@@ -37,6 +38,8 @@ class _EpisodeCache:
     demo: str
     steps: int
     info: CacheFileInfo
+    positions: tuple[int, ...] = ()
+    """File positions of the dataset's layer indices (a routed-only copy remaps them)."""
 
 
 class _CacheIndex:
@@ -73,14 +76,18 @@ class _CacheIndex:
             self.episodes.close()  # never carry an open HDF5 handle into forked workers
         self.windows = [(e, start) for e in self.entries for start in range(e.info.frames - frame_window + 1)]
 
-    def check_layer_indices(self, indices: list[int]) -> None:
-        for entry in self.entries:
-            cached = entry.info.layers
+    def check_layer_indices(self, indices: list[int], cached_layers: list[int] | None = None) -> None:
+        """Validate ``indices`` against each file and record where they lie in it."""
+        for number, entry in enumerate(self.entries):
+            cached = cached_layers if cached_layers is not None else entry.info.layers
             for index in indices:
                 if not 0 <= index < len(cached):
                     raise UserError(f"selected layer index {index} is outside the {len(cached)} cached layers "
                                     f"{cached}", file=str(entry.info.path), field="data.selected_layer_indices",
                                     hint=f"use indices 0..{len(cached) - 1}")
+            self.entries[number] = _EpisodeCache(entry.demo, entry.steps, entry.info,
+                                                 tuple(file_positions(entry.info, cached_layers, indices)))
+        self.windows = [(e, start) for e in self.entries for start in range(e.info.frames - self.frame_window + 1)]
 
     def targets(self, entry: _EpisodeCache, start: int, horizon: int) -> dict[str, torch.Tensor]:
         t0 = min(start * entry.info.frame_stride, entry.steps - 1)
@@ -104,10 +111,12 @@ class HiddenMultiLayerDataset(Dataset):
                  mmap: bool = True, expected_layers: list[int] | None = None, frames: int | None = None,
                  token_grid: tuple[int, int] | None = None, channels: int | None = None,
                  dtype: str | None = None, action_dim: int | None = None):
+        routed = [expected_layers[i] for i in selected_layer_indices
+                  if 0 <= i < len(expected_layers)] if expected_layers else None
         expected = {"layers": expected_layers, "frames": frames, "token_grid": token_grid, "channels": channels,
-                    "dtype": dtype}
+                    "dtype": dtype, "routed": routed}
         self.index = _CacheIndex(episodes, cache_root, split, frame_window, cache_format, expected, action_dim)
-        self.index.check_layer_indices(selected_layer_indices)
+        self.index.check_layer_indices(selected_layer_indices, expected_layers)
         self.selected_layer_indices = list(selected_layer_indices)
         self.frame_window = frame_window
         self.action_horizon = action_horizon
@@ -118,8 +127,8 @@ class HiddenMultiLayerDataset(Dataset):
 
     def __getitem__(self, item: int) -> dict[str, Any]:
         entry, start = self.index.windows[item]
-        hidden = read_hidden(entry.info.path, self.selected_layer_indices, start, self.frame_window,
-                             mmap=self.mmap, info=entry.info if entry.info.format == "safetensors" else None)
+        hidden = read_hidden(entry.info.path, list(entry.positions), start, self.frame_window,
+                             mmap=self.mmap, info=entry.info)
         return {"hidden": hidden.float(), **self.index.targets(entry, start, self.action_horizon),
                 "demo": entry.demo, "start": start}
 
@@ -141,7 +150,7 @@ class HiddenSingleLayerDataset(Dataset):
         self.index = _CacheIndex(episodes, cache_root, split, frame_window, cache_format, expected, action_dim)
         if layer_index is None:  # Latent-A v1 read the deepest cached layer ("L27 sliced")
             layer_index = len(self.index.entries[0].info.layers) - 1
-        self.index.check_layer_indices([layer_index])
+        self.index.check_layer_indices([layer_index], expected_layers)
         self.layer_index = layer_index
         self.frame_window = frame_window
         self.action_horizon = action_horizon
@@ -152,7 +161,7 @@ class HiddenSingleLayerDataset(Dataset):
 
     def __getitem__(self, item: int) -> dict[str, Any]:
         entry, start = self.index.windows[item]
-        hidden = read_hidden(entry.info.path, [self.layer_index], start, self.frame_window, mmap=self.mmap,
-                             info=entry.info if entry.info.format == "safetensors" else None)
+        hidden = read_hidden(entry.info.path, list(entry.positions), start, self.frame_window, mmap=self.mmap,
+                             info=entry.info)
         return {"hidden": hidden[0].float(), **self.index.targets(entry, start, self.action_horizon),
                 "demo": entry.demo, "start": start}

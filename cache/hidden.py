@@ -11,8 +11,9 @@ each range queued first with ``POSIX_FADV_WILLNEED`` so the N reads overlap.
 Cache frame ``f`` of a file shows episode timestep ``f × frame_stride`` (clamped to the episode's
 last step when the episode is shorter than ``frames × frame_stride``).
 
-``legacy_pt`` (card A): a ``torch.save`` dict ``{"hidden_multi": (L, T, H, W, C) bf16, "layers": [...]}``
-read with ``torch.load(mmap=True, weights_only=True)`` (never a full unpickle), sliced and cloned.
+``legacy_pt`` (card A): a ``torch.save`` dict ``{"hidden_multi": (L, T, H, W, C) bf16, "layers": [...]}``.
+Its zip directory and a restricted read of its pickle locate the storage (``cache.legacy_pt``; nothing
+is unpickled), and a selection is the same N exact ``preadv`` ranges as ours.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import os
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Callable, Iterable
 from typing import Any, Literal
 
 import torch
@@ -58,9 +60,9 @@ class CacheFileInfo:
     file_bytes: int
     meta: dict[str, Any] = field(default_factory=dict)
     data_start: int = 0
-    """safetensors only: byte offset of the data section."""
+    """Byte offset of the first tensor byte (safetensors data section / the legacy zip's storage)."""
     offsets: dict[int, int] = field(default_factory=dict)
-    """safetensors only: block id → absolute byte offset of its (T, H, W, C) tensor."""
+    """Block id → absolute byte offset of its contiguous (T, H, W, C) tensor (both formats)."""
 
     @property
     def geometry(self) -> HiddenGeometry:
@@ -96,11 +98,7 @@ def _header_bytes(tensors: dict[str, dict[str, Any]], meta: dict[str, str]) -> b
 
 
 def write_hidden(path: str | Path, hidden: torch.Tensor, layers: list[int], meta: dict[str, Any]) -> None:
-    """Write ``hidden`` (L, T, H, W, C) as one tensor per layer, atomically.
-
-    The file is written beside its target under a temp name, fsynced and renamed over it: a crash
-    leaves no file at ``path``, and readers that mapped an older file keep their (unlinked) inode.
-    """
+    """Write ``hidden`` (L, T, H, W, C) as one tensor per layer, atomically (see :func:`write_layers`)."""
     path = Path(path)
     if hidden.ndim != 5:
         raise _bad(path, f"hidden must be (L, T, H, W, C), got shape {tuple(hidden.shape)}", "fix the builder")
@@ -109,23 +107,47 @@ def write_hidden(path: str | Path, hidden: torch.Tensor, layers: list[int], meta
     if hidden.dtype not in _ST_NAME:
         raise _bad(path, f"dtype {hidden.dtype} is not bf16/fp16/fp32", "cast before writing")
     _, frames, height, width, channels = hidden.shape
-    layer_bytes = frames * height * width * channels * hidden.element_size()
-    tensors = {f"layer_{block}": {"dtype": _ST_NAME[hidden.dtype], "shape": [frames, height, width, channels],
+    write_layers(path, layers, (frames, height, width, channels), _SPEC_NAME[hidden.dtype],
+                 (hidden[i].contiguous().view(torch.uint8).numpy() for i in range(len(layers))), meta)
+
+
+def write_layers(path: str | Path, layers: list[int], shape: tuple[int, int, int, int], dtype: str,
+                 chunks: Iterable[Any], meta: dict[str, Any],
+                 verify: Callable[[Path], None] | None = None) -> None:
+    """Write one (T, H, W, C) tensor per block from ``chunks`` (one bytes-like per layer), atomically.
+
+    Layers stream one at a time (a converter never holds a 3.8 GB file in memory). The file is
+    written beside its target under a temp name, fsynced and renamed over it: a crash leaves no file
+    at ``path``, and readers that opened an older file keep their (unlinked) inode. ``verify`` runs
+    on the complete temp file before the rename: if it raises, nothing appears at ``path``.
+    """
+    path = Path(path)
+    frames, height, width, channels = shape
+    layer_bytes = frames * height * width * channels * _SPEC_DTYPES[dtype].itemsize
+    tensors = {f"layer_{block}": {"dtype": _ST_NAME[_SPEC_DTYPES[dtype]], "shape": [frames, height, width, channels],
                                   "data_offsets": [i * layer_bytes, (i + 1) * layer_bytes]}
                for i, block in enumerate(layers)}
-    full_meta = {"format": FORMAT_TAG, "layers": layers, "frames": frames, "token_grid": [height, width],
-                 "channels": channels, "dtype": _SPEC_NAME[hidden.dtype], **meta}
+    full_meta = {"format": FORMAT_TAG, "layers": list(layers), "frames": frames, "token_grid": [height, width],
+                 "channels": channels, "dtype": dtype, **meta}
     header = _header_bytes(tensors, {key: json.dumps(value) for key, value in full_meta.items()})
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
         with open(tmp, "wb") as handle:
             handle.write(header)
-            for i in range(len(layers)):
-                # One layer at a time: the source may be a multi-GB mmap (convert_legacy).
-                handle.write(hidden[i].contiguous().view(torch.uint8).numpy().tobytes())
+            written = 0
+            for chunk in chunks:
+                if memoryview(chunk).nbytes != layer_bytes:
+                    raise _bad(path, f"layer {written} has {memoryview(chunk).nbytes:,} B, its shape needs "
+                                     f"{layer_bytes:,} B", "fix the writer")
+                handle.write(chunk)
+                written += 1
+            if written != len(layers):
+                raise _bad(path, f"{written} layers written for {len(layers)} block ids", "fix the writer")
             handle.flush()
             os.fsync(handle.fileno())
+        if verify is not None:
+            verify(tmp)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
@@ -189,19 +211,15 @@ def _load_legacy(path: Path, mmap: bool) -> dict[str, Any]:
 
 
 def _inspect_legacy(path: Path) -> CacheFileInfo:
-    payload = _load_legacy(path, mmap=True)
-    hidden, layers = payload["hidden_multi"], [int(b) for b in payload["layers"]]
-    if not isinstance(hidden, torch.Tensor) or hidden.ndim != 5:
-        raise _bad(path, f"hidden_multi must be a (L, T, H, W, C) tensor, got {getattr(hidden, 'shape', type(hidden))}")
-    if hidden.dtype not in _SPEC_NAME:
-        raise _bad(path, f"hidden_multi dtype {hidden.dtype} is not bf16/fp16/fp32")
-    if hidden.shape[0] != len(layers):
-        raise _bad(path, f"hidden_multi has {hidden.shape[0]} layers but 'layers' lists {len(layers)}")
-    meta = {key: value for key, value in payload.items() if key not in ("hidden_multi",)
-            and isinstance(value, (int, float, str, list))}
-    _, frames, height, width, channels = hidden.shape
-    return CacheFileInfo(path, "legacy_pt", layers, frames, height, width, channels, _SPEC_NAME[hidden.dtype],
-                         path.stat().st_size, meta)
+    """From the zip directory and a restricted read of data.pkl (cache.legacy_pt), never torch.load."""
+    from cache.legacy_pt import read_layout
+
+    layout = read_layout(path)
+    _, frames, height, width, channels = layout.shape
+    offsets = {block: layout.layer_offset(i) for i, block in enumerate(layout.layers)}
+    meta = {**layout.meta, **({"storage_crc32": layout.storage_crc32} if layout.storage_crc32 is not None else {})}
+    return CacheFileInfo(path, "legacy_pt", layout.layers, frames, height, width, channels, layout.dtype,
+                         layout.file_bytes, meta, layout.data_offset, offsets)
 
 
 def inspect_file(path: str | Path) -> CacheFileInfo:
@@ -220,17 +238,35 @@ def inspect_file(path: str | Path) -> CacheFileInfo:
 
 def check_matches(info: CacheFileInfo, *, layers: list[int] | None = None, frames: int | None = None,
                   token_grid: tuple[int, int] | None = None, channels: int | None = None,
-                  dtype: str | None = None) -> None:
-    """UserError naming the file when its geometry is not what the spec expects."""
+                  dtype: str | None = None, routed: list[int] | None = None) -> None:
+    """UserError naming the file when its geometry is not what the spec expects.
+
+    ``routed`` (the spec's selected blocks) also accepts a routed-only copy, which holds exactly those
+    blocks (``stage.layers: routed`` / ``idmctl cache convert --layers routed``).
+    """
     expected = {"layers": layers, "frames": frames, "token_grid": tuple(token_grid) if token_grid else None,
                 "channels": channels, "dtype": dtype}
     actual = {"layers": info.layers, "frames": info.frames, "token_grid": (info.height, info.width),
               "channels": info.channels, "dtype": info.dtype}
+    if routed is not None and info.layers == list(routed):
+        expected["layers"] = None
     for key, want in expected.items():
         if want is not None and actual[key] != want:
             raise UserError(f"file has {key} {actual[key]} but the spec says {want}", file=str(info.path),
                             field=f"data.{'cached_layers' if key == 'layers' else key}",
                             hint="fix the spec or rebuild the cache")
+
+
+def file_positions(info: CacheFileInfo, cached_layers: list[int] | None, indices: list[int]) -> list[int]:
+    """Where the spec's cache indices lie in this file: themselves in a full file, remapped by block
+    id in a routed-only copy (which holds just the selected blocks, in order)."""
+    if cached_layers is None or info.layers == list(cached_layers):
+        return list(indices)
+    try:
+        return [info.layers.index(cached_layers[i]) for i in indices]
+    except (ValueError, IndexError):
+        raise UserError(f"file holds blocks {info.layers}, not the selected ones", file=str(info.path),
+                        field="data.selected_layer_indices", hint="stage or convert the routed layers again") from None
 
 
 # --- reading ---------------------------------------------------------------------------------------
@@ -246,9 +282,12 @@ def _check_selection(info: CacheFileInfo, layer_indices: list[int], frame_start:
                         file=str(info.path), field="data.frame_window", hint="shrink the window")
 
 
-def read_safetensors_slice(info: CacheFileInfo, layer_indices: list[int], frame_start: int,
+def read_exact_slice(info: CacheFileInfo, layer_indices: list[int], frame_start: int,
                            frame_count: int) -> torch.Tensor:
-    """N exact byte ranges (one per layer) straight into the output tensor; nothing else is read."""
+    """N exact byte ranges (one per layer) straight into the output tensor; nothing else is read.
+
+    Works for both formats: each layer is one contiguous (T, H, W, C) run at ``info.offsets[block]``.
+    """
     _check_selection(info, layer_indices, frame_start, frame_count)
     frame_bytes = info.geometry.frame_bytes
     out = torch.empty((len(layer_indices), frame_count, info.height, info.width, info.channels),
@@ -274,9 +313,9 @@ def read_safetensors_slice(info: CacheFileInfo, layer_indices: list[int], frame_
     return out
 
 
-def read_legacy_slice(path: Path, layer_indices: list[int], frame_start: int, frame_count: int,
-                      mmap: bool = True) -> torch.Tensor:
-    """``torch.load(mmap=True)`` then slice + clone: only the touched pages are read (plus readahead)."""
+def read_legacy_torch_load(path: Path, layer_indices: list[int], frame_start: int, frame_count: int,
+                           mmap: bool = True) -> torch.Tensor:
+    """The old way: ``torch.load(mmap=...)`` then slice + clone (kept to measure against; 5.06× the slice)."""
     payload = _load_legacy(path, mmap=mmap)
     hidden = payload["hidden_multi"]
     info = CacheFileInfo(path, "legacy_pt", [int(b) for b in payload["layers"]], hidden.shape[1], hidden.shape[2],
@@ -289,15 +328,16 @@ def read_hidden(path: str | Path, layer_indices: list[int], frame_start: int, fr
                 *, mmap: bool = True, info: CacheFileInfo | None = None) -> torch.Tensor:
     """(N, T_w, H, W, C) in the cache's dtype, for cache indices ``layer_indices`` and a frame window.
 
-    ``mmap=False`` reads the whole file first (what the card's N=12 runs did), for comparison.
+    Both formats read exact byte ranges. ``mmap=False`` reads the whole file first (what the card's
+    N=12 runs did: a full ``torch.load`` of a legacy file), for comparison.
     ``info`` (from :func:`inspect_file`) skips re-parsing the header on hot paths.
     """
     path = Path(path)
-    if path.suffix == ".pt":
-        return read_legacy_slice(path, layer_indices, frame_start, frame_count, mmap=mmap)
+    if path.suffix == ".pt" and not mmap:
+        return read_legacy_torch_load(path, layer_indices, frame_start, frame_count, mmap=False)
     info = info or inspect_file(path)
     if mmap:
-        return read_safetensors_slice(info, layer_indices, frame_start, frame_count)
+        return read_exact_slice(info, layer_indices, frame_start, frame_count)
     _check_selection(info, layer_indices, frame_start, frame_count)
     whole = path.read_bytes()
     geometry = info.geometry
@@ -305,18 +345,6 @@ def read_hidden(path: str | Path, layer_indices: list[int], frame_start: int, fr
                                dtype=info.torch_dtype).view(info.frames, info.height, info.width, info.channels)
               for b in (info.layers[i] for i in layer_indices)]
     return torch.stack([layer[frame_start:frame_start + frame_count] for layer in layers])
-
-
-def convert_legacy(pt_path: str | Path, out_path: str | Path, *, demo: str | None = None,
-                   encoder: str = "cosmos", encoder_version: str = "legacy", frame_stride: int = 1) -> CacheFileInfo:
-    """Rewrite a card-format ``.pt`` in our format, streaming one layer at a time from the mmap."""
-    pt_path = Path(pt_path)
-    payload = _load_legacy(pt_path, mmap=True)
-    info = _inspect_legacy(pt_path)
-    meta = {"encoder": encoder, "encoder_version": encoder_version, "demo": demo or pt_path.stem,
-            "frame_stride": int(payload.get("frame_stride", frame_stride)), "converted_from": str(pt_path)}
-    write_hidden(out_path, payload["hidden_multi"], info.layers, meta)
-    return inspect_file(out_path)
 
 
 def write_legacy(path: str | Path, hidden: torch.Tensor, layers: list[int], **extra: Any) -> None:

@@ -50,7 +50,9 @@ def dataset_kwargs(spec: ExperimentSpec, split: str, cache_root: str | None = No
         "selected_layer_indices": list(data.selected_layer_indices),
         "frame_window": data.frame_window,
         "action_horizon": data.action_horizon,
-        "cache_format": data.cache_format,
+        # A routed stage-in copy is always our safetensors, whatever the source format.
+        "cache_format": ("safetensors" if cache_root is not None and spec.stage.enabled and spec.stage.layers == "routed"
+                         else data.cache_format),
         "mmap": spec.loader.mmap,
         "expected_layers": list(data.cached_layers),
         "frames": data.frames,

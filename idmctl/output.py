@@ -18,7 +18,7 @@ def _width() -> int | None:
 
 
 console = Console(highlight=False, soft_wrap=False, width=_width())
-err_console = Console(stderr=True, highlight=False, soft_wrap=True)
+err_console = Console(stderr=True, highlight=False, soft_wrap=True, width=_width())
 
 
 def emit_json(data: Any) -> None:

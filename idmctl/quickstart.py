@@ -1,6 +1,6 @@
 """The quickstart loop, stage by stage, on embedded defaults (SQLite store, local executor, MLflow SQLite).
 
-demos (robosuite) → hidden cache (tiny Cosmos) → preflight with smoke → submit → training →
+demos (robosuite) → hidden cache (tiny Wan VAE + Cosmos) → preflight with smoke → submit → training →
 evaluation (offline ``eef_mm`` and simulator ``sim_eef_mm``, trained vs untrained) → compare.
 Every stage calls the library function the matching ``idmctl`` command calls; each prints
 ``[k/N] stage: result with numbers``. Re-running reuses the demos and the cache and trains a new run.

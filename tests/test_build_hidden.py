@@ -1,8 +1,5 @@
-"""The hidden-state cache builder: real diffusers Cosmos (tiny config, random weights), real accelerate.
-
-The only stand-in is the Cosmos video tokenizer (frames are pooled onto the latent grid): its
-weights are multi-GB and nothing here needs them to test the capture, sharding and file handling.
-"""
+"""The hidden-state cache builder: real diffusers Wan VAE + Cosmos transformer (tiny seeded configs,
+random weights; real weights load from local folders), real accelerate."""
 
 from __future__ import annotations
 
@@ -11,6 +8,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import torch
 import pytest
 
 from cache.episodes import Demo, write_episodes
@@ -21,7 +19,8 @@ from ground.errors import UserError
 from ground.paths import expand_path
 from ground.spec import load_spec
 from ground.spec.schema import ExperimentSpec
-from trainers.build_hidden_cache import build_hidden_cache, load_encoder
+from trainers.build_hidden_cache import build_hidden_cache
+from trainers.cosmos_encode import load_models
 
 @pytest.fixture(autouse=True)
 def _frozen_quickstart(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -60,8 +59,12 @@ def test_build_captures_every_cached_block_and_skips_on_rerun(quick: tuple[Exper
     for name, steps in zip(names, STEPS):
         info = inspect_file(cache_file(expand_path(spec.data.cache_root), name, "safetensors"))
         assert (info.layers, info.frames, info.height, info.width, info.channels) == ([0, 1, 2, 3], 8, 4, 4, 32)
+        # 8 latent frames (29 video frames) spanning the episode: cache frame f = timestep f × stride.
         assert info.frame_stride == max(1, (steps - 1) // 7)
-        assert info.meta["encoder"] == "cosmos-tiny-random+pooled-rgb" and info.meta["demo"] == name
+        assert info.meta["demo"] == name and info.meta["text_conditioning"] == "zeros"
+        assert info.meta["vae"].startswith("AutoencoderKLWan:tiny config:") and info.meta["vae"].endswith(
+            "weights:tiny-seed0")
+        assert info.meta["transformer"].startswith("CosmosTransformer3DModel:tiny config:")
         layers = read_hidden(info.path, [0, 1, 2, 3], 0, 8)
         # Deeper blocks transform the residual stream further: no two cached layers are equal.
         assert all(not layers[a].equal(layers[b]) for a in range(4) for b in range(a + 1, 4))
@@ -93,18 +96,27 @@ def test_two_accelerate_processes_shard_and_match_one(quick: tuple[ExperimentSpe
 
 def test_local_weights_load_with_from_pretrained(quick: tuple[ExperimentSpec, list[str]], tmp_path: Path) -> None:
     spec, names = quick
-    model, _, _ = load_encoder(spec.data)
-    model.save_pretrained(tmp_path / "cosmos" / "transformer")
+    vae, transformer, _, _ = load_models(spec.data)
+    vae.save_pretrained(tmp_path / "cosmos" / "vae")
+    transformer.save_pretrained(tmp_path / "cosmos" / "transformer")
     summary = build_hidden_cache(spec, model_dir=str(tmp_path / "cosmos"))
     assert summary["built"] == 4
     info = inspect_file(cache_file(expand_path(spec.data.cache_root), "demo_0", "safetensors"))
-    assert info.meta["encoder"] == "cosmos:cosmos+pooled-rgb"
+    vae_id, tr_id = info.meta["vae"], info.meta["transformer"]
+    assert vae_id.startswith("AutoencoderKLWan:cosmos config:") and "tiny-seed0" not in vae_id
+    assert tr_id.startswith("CosmosTransformer3DModel:cosmos config:") and "tiny-seed0" not in tr_id
     reference_root = tmp_path / "reference"
     spec_ref = spec.model_copy(update={"data": spec.data.model_copy(update={"cache_root": str(reference_root)})})
     build_hidden_cache(spec_ref)
-    torch_equal = read_hidden(info.path, [0, 3], 0, 8).equal(read_hidden(reference_root / "demo_0.safetensors",
-                                                                          [0, 3], 0, 8))
-    assert torch_equal  # the same weights, loaded from disk, give the same features
+    reference = inspect_file(reference_root / "demo_0.safetensors")
+    # Same configs (same config hashes), weights named by their bytes instead of the seed.
+    assert vae_id.split(" weights:")[0].split(" ")[1] == reference.meta["vae"].split(" weights:")[0].split(" ")[1]
+    # The same weights, loaded from disk, give the same features (to float32 rounding: a loaded module's
+    # parameters can take another matmul path, ~2e-7 apart; any real difference in weights is O(1)).
+    torch.testing.assert_close(read_hidden(info.path, [0, 3], 0, 8), read_hidden(reference.path, [0, 3], 0, 8),
+                               rtol=1e-5, atol=1e-5)
+    with pytest.raises(UserError, match="model directory does not exist"):
+        build_hidden_cache(spec, model_dir=str(tmp_path / "nowhere"))
 
 
 def test_geometry_mismatch_and_legacy_format_are_user_errors(quick: tuple[ExperimentSpec, list[str]]) -> None:
@@ -153,3 +165,5 @@ def test_cli_build_then_inspect(cli, quick: tuple[ExperimentSpec, list[str]]) ->
     per_file = 4096 + 4 * 8 * 4 * 4 * 32 * 4  # page-aligned header + (L, T, H, W, C) float32
     assert f"on this machine: 4 files, {4 * per_file:,} B (278.5 kB), demo_0.safetensors matches the spec" in shown.output
     assert "all layers      4 layers × 2 frames × 4 × 4 × 32 × 4 B = 16,384 B (16.4 kB)  → 2.0× less" in shown.output
+    assert "built by        transformer: CosmosTransformer3DModel:tiny config:" in shown.output
+    assert "built by        text_conditioning: zeros" in shown.output

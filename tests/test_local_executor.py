@@ -110,27 +110,41 @@ def _parent(pid: int) -> int:
         return -1
 
 
-def test_submit_requires_a_passing_preflight(cli, idmctl_home: Path) -> None:
-    result = cli("submit", "quickstart", "--entry", "tests.jobs_entry")
-    assert result.exit_code == 1
-    assert "preflight required" in result.stderr
+def test_submit_requires_a_passing_preflight(cli, tiny_cache) -> None:
+    # The data is real, so every submit-time check passes and only the gate refuses.
+    result = cli("submit", str(tiny_cache.spec_path), "--entry", "tests.jobs_entry")
+    assert result.exit_code == 1, result.output
+    assert "preflight required: no preflight for tiny_routed" in result.stderr
+    assert "--entry tests.jobs_entry`" in result.stderr  # the preflight to run carries the smoke flag
     assert _jobs() == []
 
 
-def test_submit_passes_the_gate_with_a_recorded_preflight(cli, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_submit_passes_the_gate_with_a_recorded_preflight(cli, tiny_cache, monkeypatch: pytest.MonkeyPatch) -> None:
     from idmctl.preflight.record import code_version, record_run
     from idmctl.profile import load_profile
     from ground.spec.loader import load_spec
 
-    resolved = load_spec("quickstart")
+    resolved = load_spec(str(tiny_cache.spec_path))
     profile, profile_hash = load_profile("local")
-    run = record_run(resolved, profile.name, profile_hash, code_version(), [], with_smoke=True, seconds=0.1)
+    # A pass of the spec as written does not cover --entry (it changes the code that runs) ...
+    record_run(resolved, profile.name, profile_hash, code_version(), [], with_smoke=True, seconds=0.1)
+    refused = cli("submit", str(tiny_cache.spec_path), "--entry", "tests.jobs_entry", "--json")
+    assert refused.exit_code == 1 and "no preflight of tiny_routed with --entry tests.jobs_entry" in refused.stderr
+    assert _jobs() == []
+    # ... a pass recorded with it does.
+    run = record_run(resolved, profile.name, profile_hash, code_version(), [], with_smoke=True, seconds=0.1,
+                     job={"smoke_flags": {"--entry": "tests.jobs_entry"}})
     monkeypatch.setenv("IDMCTL_TEST_BEHAVIOR", "steps:1:0.01")
-    result = cli("submit", "quickstart", "--entry", "tests.jobs_entry", "--json")
+    result = cli("submit", str(tiny_cache.spec_path), "--entry", "tests.jobs_entry", "--json")
     assert result.exit_code == 0, result.stderr
     _wait(json.loads(result.stdout)["scheduler_id"])
     (job,) = _jobs()
     assert (job.preflight_id, job.forced_reason) == (run.id, None)
+    admitted = json.loads(job.options_json)["admitted"]
+    assert admitted["admission"]["preflight_id"] == run.id and admitted["admission"]["failed"] == []
+    assert [c["name"] for c in admitted["admission"]["checks"]] == [
+        "spec", "introspection", "loader", "shm", "io", "qos", "disk", "cache", "smoke"]
+    assert admitted["job"]["smoke_flags"] == {"--entry": "tests.jobs_entry"}
 
 
 def test_watch_syncs_until_every_job_ended_and_cancel_stops_a_chain(cli, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -26,7 +26,7 @@ def test_dry_run_renders_header_stage_and_srun_from_spec_and_flags(cli, tmp_path
     result = cli("submit", str(spec), "--dry-run", "--qos", "sub", "--mem", "2GB", "--exclude", "n2,worker-5",
                  "-J", "latentC_n4_60k", "--time", "1:00:00", "--gres", "gpu:2", "--cluster", "local-slurm")
     assert result.exit_code == 0, result.output
-    script = result.output
+    script = result.stdout
     header = [line for line in script.splitlines() if line.startswith("#SBATCH")]
     assert header == [
         "#SBATCH --job-name=latentC_n4_60k",

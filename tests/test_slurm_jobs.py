@@ -69,12 +69,12 @@ def test_dry_run_script_is_accepted_by_sbatch_test_only(cli, tmp_path: Path) -> 
     result = cli("submit", "quickstart", "--dry-run", "--qos", "sub", "--gres", "gpu:2", "--exclude", "n2")
     assert result.exit_code == 0, result.stderr
     script = tmp_path / "job.sbatch"
-    script.write_text(result.output)
+    script.write_text(result.stdout)
     test_only = subprocess.run(["sbatch", "--test-only", str(script)], capture_output=True, text=True)
     assert test_only.returncode == 0, test_only.stderr
     assert re.search(r"sbatch: Job \d+ to start at .* using 2 processors on nodes n1 in partition main", test_only.stderr)
     # The same header with a GPU count no node has is refused: --test-only really checks.
-    script.write_text(result.output.replace("--gres=gpu:2", "--gres=gpu:3"))
+    script.write_text(result.stdout.replace("--gres=gpu:2", "--gres=gpu:3"))
     assert subprocess.run(["sbatch", "--test-only", str(script)], capture_output=True).returncode != 0
 
 
@@ -238,7 +238,7 @@ def test_node_failure_requeues_resumes_and_excludes_the_node(cli, monkeypatch: p
         assert cli("sync").exit_code == 0
         # The node that failed is left out of the next submission's script.
         dry = cli("submit", "quickstart", "--dry-run")
-        assert dry.exit_code == 0 and re.search(rf"#SBATCH --exclude=\S*{failed}", dry.output), dry.output
+        assert dry.exit_code == 0 and re.search(rf"#SBATCH --exclude=\S*{failed}", dry.stdout), dry.stdout
         final = _sync_until_final(cli, job["job"], timeout_s=120)
     finally:
         sh("scontrol", "update", f"NodeName={failed}", "State=RESUME", check=False)

@@ -31,10 +31,12 @@ def _peak_bytes(device: torch.device) -> int:
     return peak_memory_bytes(device)
 
 
-def run_smoke(spec: ExperimentSpec, steps: int = 3, batch_size: int = 2) -> dict[str, Any]:
+def run_smoke(spec: ExperimentSpec, steps: int = 3, batch_size: int = 2, device: str | None = None,
+              bf16: bool | None = None) -> dict[str, Any]:
     """Build the training dataset and the model exactly as the trainer does, then ``steps`` AdamW steps.
 
-    GPU if one is visible (bf16 autocast, as the trainer's bf16-mixed), else CPU in fp32.
+    GPU if one is visible (bf16 autocast, as the trainer's bf16-mixed), else CPU in fp32. ``device``
+    and ``bf16`` override that, so the GPU path (bf16 autocast) also runs on a CPU (tests, CI).
     """
     from torch.utils.data import DataLoader
 
@@ -42,12 +44,14 @@ def run_smoke(spec: ExperimentSpec, steps: int = 3, batch_size: int = 2) -> dict
     from trainers.registry import build_model
     from trainers.train import noise_generator
 
-    device = _device()
+    device = torch.device(device) if device else _device()
+    use_bf16 = device.type == "cuda" if bf16 is None else bf16
     if device.type == "cpu":
         torch.set_num_threads(1)
     else:
         torch.cuda.reset_peak_memory_stats(device)
-    report: dict[str, Any] = {"device": str(device), "batch_size": batch_size, "steps": steps}
+    report: dict[str, Any] = {"device": str(device), "batch_size": batch_size, "steps": steps,
+                              "precision": "bf16 autocast" if use_bf16 else "fp32"}
 
     started = time.perf_counter()
     dataset = build_dataset(spec, "train")
@@ -69,7 +73,7 @@ def run_smoke(spec: ExperimentSpec, steps: int = 3, batch_size: int = 2) -> dict
     loader = DataLoader(dataset, batch_size=batch_size, shuffle=True, generator=torch.Generator().manual_seed(0))
     batches = iter(loader)
     losses, step_seconds = [], []
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_bf16)
     for step in range(steps):
         try:
             batch = next(batches)
@@ -104,8 +108,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spec-json", required=True, type=Path, help="Canonical spec JSON (or a run's spec.json).")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=2)
+    parser.add_argument("--device", choices=("cuda", "cpu"), help="default: cuda when visible, else cpu")
+    parser.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
+                        help="bf16 autocast (default: on GPU only)")
     args = parser.parse_args(argv)
-    report = run_smoke(_load_spec_json(args.spec_json), steps=args.steps, batch_size=args.batch_size)
+    report = run_smoke(_load_spec_json(args.spec_json), steps=args.steps, batch_size=args.batch_size,
+                       device=args.device, bf16=args.bf16)
     sys.stdout.write(json.dumps(report) + "\n")
     sys.stdout.flush()
     return 0 if report["all_finite"] else 1

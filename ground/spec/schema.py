@@ -45,6 +45,12 @@ class DataSpec(Strict):
     """Hidden size of the cached model (C)."""
     dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
     """Element type of the cached hidden states."""
+    vae_id: str | None = None
+    """Identity of the VAE the cache must be built by, as the builder records it in every file
+    (``idmctl cache inspect`` prints it), e.g. ``AutoencoderKLWan:tiny config:<16 hex> weights:tiny-seed0``.
+    ``None``: not checked (legacy caches record none). Preflight's ``cache`` check FAILs on another."""
+    transformer_id: str | None = None
+    """Identity of the Cosmos transformer the cache must be built by (same form as ``vae_id``)."""
     selected_layer_indices: list[int] = Field(min_length=1)
     """Indices into ``cached_layers`` that the routed model reads (N = len)."""
     frame_window: int = Field(ge=1)
@@ -239,6 +245,10 @@ class StageSpec(Strict):
     """Copy ``data.cache_root`` to ``dest`` before training (skipped when already staged)."""
     dest: str = "/tmp/idmctl_stage"
     """Node-local directory the cache is copied to."""
+    layers: Literal["all", "routed"] = "all"
+    """``all``: copy the cache files as they are; ``routed``: write only the blocks the run reads
+    (``data.selected_layer_indices``) as our safetensors (``python -m cache.convert``): card A's N=4
+    stages 4 of 12 layers, 2.38 TB instead of 7.15 TB."""
 
 
 class EvalSpec(Strict):

@@ -42,10 +42,12 @@ def _on_disk(spec: ExperimentSpec) -> dict[str, Any]:
 
         info = inspect_file(files[0])
         check_matches(info, layers=data.cached_layers, frames=data.frames, token_grid=data.token_grid,
-                      channels=data.channels, dtype=data.dtype)
+                      channels=data.channels, dtype=data.dtype, routed=data.selected_blocks)
         found["checked_file"] = str(files[0])
         found["frame_stride"] = info.frame_stride
         found["encoder"] = info.meta.get("encoder")
+        for key in ("vae", "transformer", "text_conditioning"):
+            found[key] = info.meta.get(key)
     return found
 
 
@@ -119,25 +121,70 @@ def inspect_cmd(experiment: ExperimentArg, as_json: JsonOpt = False) -> None:
         checked = f", {Path(report['checked_file']).name} matches the spec" if report.get("checked_file") else ""
         out(f"on this machine: {report['files']:,} files, {report['bytes_on_disk']:,} B "
             f"({format_bytes(report['bytes_on_disk'])}){checked}", markup=False)
+        for key in ("vae", "transformer", "text_conditioning"):
+            if report.get("checked_file"):
+                out(f"built by        {key}: {report.get(key) or 'unrecorded'}", markup=False)
 
 
 @app.command("build-hidden")
 def build_hidden_cmd(
     experiment: ExperimentArg,
     processes: Annotated[int, typer.Option("--processes", min=1, help="accelerate processes (work is sharded).")] = 1,
-    model_dir: Annotated[str | None, typer.Option("--model-dir", help="Local Cosmos weights (from_pretrained); "
-                                                  "default: a tiny random-weight config.")] = None,
+    model_dir: Annotated[str | None, typer.Option("--model-dir", help="Local folder with vae/ and transformer/ "
+                                                  "(from_pretrained); default: tiny seeded configs.")] = None,
+    text_encoder_dir: Annotated[str | None, typer.Option("--text-encoder-dir", help="Local T5 (text_encoder/ + "
+                                                         "tokenizer/), used when there is no prompt_embeddings/.")] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Run the frozen Cosmos transformer over every episode and cache the spec's blocks' hidden states."""
+    """Encode every episode with the Wan VAE + frozen Cosmos transformer; cache the spec's blocks' hidden states."""
     from trainers.build_hidden_cache import build_hidden_cache  # imports torch only when building
 
     from ground.spec import load_spec  # pydantic loads only for cache commands
 
     resolved = load_spec(experiment)
-    summary = build_hidden_cache(resolved.spec, processes=processes, model_dir=model_dir)
+    summary = build_hidden_cache(resolved.spec, processes=processes, model_dir=model_dir,
+                                 text_encoder_dir=text_encoder_dir)
     if as_json:
         emit_json({"experiment": resolved.name, **summary})
         return
     console.print(f"built {summary['built']} files, skipped {summary['skipped']} already cached, "
                   f"{summary['processes']} process(es) → {summary['cache_root']}", markup=False)
+
+
+def default_convert_out(cache_root: str, blocks: list[int] | None) -> str:
+    """``<cache_root>_safetensors`` for all layers, ``<cache_root>_blocks_5-14-23-32`` for routed ones."""
+    root = str(expand_path(cache_root)).rstrip("/")
+    return f"{root}_blocks_{'-'.join(str(b) for b in blocks)}" if blocks else f"{root}_safetensors"
+
+
+@app.command("convert")
+def convert_cmd(
+    experiment: ExperimentArg,
+    layers: Annotated[str, typer.Option("--layers", help="routed: only the blocks the spec selects; all: every "
+                                        "cached block.")] = "all",
+    out: Annotated[str | None, typer.Option("--out", help="Output directory (default beside data.cache_root).")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Convert the cache to our per-layer safetensors: exact reads, verified, resumable, kill-safe."""
+    from cache.convert import SUFFIXES, convert_dir  # imports torch only when converting
+
+    from ground.errors import UserError
+    from ground.spec import load_spec
+
+    if layers not in ("all", "routed"):
+        raise UserError(f"--layers {layers!r} is not routed|all", field="--layers", hint="use --layers routed or all")
+    resolved = load_spec(experiment)
+    data = resolved.spec.data
+    blocks = data.selected_blocks if layers == "routed" else None
+    dest = out or default_convert_out(data.cache_root, blocks)
+    totals = convert_dir(expand_path(data.cache_root), expand_path(dest), SUFFIXES[data.cache_format], blocks,
+                         progress=not as_json)
+    if as_json:
+        emit_json({"experiment": resolved.name, "out": str(dest), "layers": layers, "blocks": blocks, **totals})
+        return
+    console.print(f"converted {totals['converted']}, already done {totals['skipped']} of {totals['files']} files "
+                  f"→ {dest}: read {format_bytes(totals['bytes_read'])}, wrote {format_bytes(totals['bytes_written'])} "
+                  f"in {totals['seconds']:.1f} s, every layer verified against its source bytes (CRC-32)", markup=False)
+    console.print(f"use it: data.cache_root: {dest} and data.cache_format: safetensors"
+                  + (" (a routed-only copy: the spec's cached_layers and selected_layer_indices stay as they are)"
+                     if blocks else ""), markup=False)

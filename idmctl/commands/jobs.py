@@ -8,7 +8,8 @@ from typing import Annotated
 import typer
 
 from ground.errors import CheckFailed, UserError
-from idmctl.output import console, emit_json, make_table
+from idmctl.commands import job_flags
+from idmctl.output import console, emit_json, err_console, make_table
 from ground.units import format_duration
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
@@ -17,33 +18,48 @@ ClusterOpt = Annotated[str | None, typer.Option("--cluster", help="Cluster profi
 
 def submit(
     experiment: Annotated[str, typer.Argument(help="Experiment name or YAML path.")],
-    qos: Annotated[str | None, typer.Option("--qos", help="QoS tier (default resources.qos).")] = None,
-    gres: Annotated[str | None, typer.Option("--gres", help="gpu:N per node (default resources.gpus_per_node).")] = None,
-    cpus: Annotated[int | None, typer.Option("-c", "--cpus", help="CPUs per node (default resources.cpus).")] = None,
-    mem: Annotated[str | None, typer.Option("--mem", help="Memory per node, e.g. 1600GB (default resources.mem).")] = None,
-    exclude: Annotated[str | None, typer.Option("--exclude", help="Comma-separated nodes to avoid.")] = None,
-    job_name: Annotated[str | None, typer.Option("-J", "--job-name", help="Job name (default the experiment).")] = None,
-    time_limit: Annotated[str | None, typer.Option("--time", help="Time limit, Slurm format (default resources.time_limit).")] = None,
-    retries: Annotated[int | None, typer.Option("--retries", help="Resubmissions for retryable causes (default resources.retries).")] = None,
-    entry: Annotated[str | None, typer.Option("--entry", help="Python module the job runs (default trainers.train).")] = None,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the batch script; submit nothing.")] = False,
-    force: Annotated[bool, typer.Option("--force", help="Submit without a passing preflight (needs --reason).")] = False,
+    qos: job_flags.Qos = None,
+    gres: job_flags.Gres = None,
+    cpus: job_flags.Cpus = None,
+    mem: job_flags.Mem = None,
+    exclude: job_flags.Exclude = None,
+    job_name: job_flags.JobName = None,
+    time_limit: job_flags.Time = None,
+    retries: job_flags.Retries = None,
+    entry: job_flags.Entry = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the batch script (and on stderr the checks); submit nothing.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Submit without a passing preflight or despite a FAIL (needs --reason).")] = False,
     reason: Annotated[str | None, typer.Option("--reason", help="Why the preflight gate is bypassed (recorded).")] = None,
     cluster: ClusterOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Render the batch script from the spec (flags override its defaults) and submit it."""
+    """Render the batch script from the spec (flags override its defaults), check the job as it will
+    run, and submit it."""
+    from idmctl.commands.preflight import print_checks
     from idmctl.jobs import submit as submitting
 
-    overrides = {"--qos": qos, "--gres": gres, "-c": cpus, "--mem": mem, "-J": job_name, "--time": time_limit,
-                 "--retries": retries, "--entry": entry,
-                 "--exclude": [n for n in exclude.split(",") if n] if exclude is not None else None}
+    overrides = job_flags.flags(qos, gres, cpus, mem, exclude, job_name, time_limit, retries, entry)
     if dry_run:
-        typer.echo(submitting.dry_run(experiment, overrides, cluster), nl=False)
+        planned = submitting.dry_run(experiment, overrides, cluster)
+        print_checks(planned.admission.results, f"submit-time checks: {planned.job.declared.name} on "
+                     f"{planned.job.profile.name}", err=True)
+        verdict = (f"submit would be refused: {', '.join(planned.admission.failed)} FAIL" if planned.admission.failed
+                   else "submit-time checks pass")
+        err_console.print(f"{verdict} ({planned.admission.seconds * 1000:.0f} ms)", markup=False)
+        typer.echo(planned.script, nl=False)
         return
     if force and not (reason and reason.strip()):
         raise UserError("--force needs --reason", file="command line", field="--reason", hint='e.g. --reason "smoke passed on login node"')
-    done = submitting.submit(experiment, overrides, cluster, force_reason=reason.strip() if force and reason else None)
+    try:
+        done = submitting.submit(experiment, overrides, cluster, force_reason=reason.strip() if force and reason else None)
+    except submitting.Refused as refused:
+        if as_json:
+            emit_json({"refused": True, **refused.admission.as_dict()})
+        else:
+            print_checks(refused.admission.results, f"submit refused: {refused.job.declared.name} on "
+                         f"{refused.job.profile.name}, the job as submitted", err=True)
+        raise CheckFailed(f"submit refused: {', '.join(refused.admission.failed)} FAIL on the job as submitted "
+                          "(table above); fix the flag or the spec, or preflight the job with these flags") from None
     job = done.job
     if as_json:
         emit_json({"job": job.id, "chain": job.chain_id, "scheduler_id": job.scheduler_id, "executor": job.executor,

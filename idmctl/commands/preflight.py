@@ -2,14 +2,27 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from ground.errors import CheckFailed
-from idmctl.output import console, emit_json, make_table
+from idmctl.commands import job_flags
+from idmctl.output import console, emit_json, err_console, make_table
+
+if TYPE_CHECKING:
+    from idmctl.preflight.result import CheckResult
 
 STYLE = {"PASS": "green", "WARN": "yellow", "FAIL": "bold red", "SKIP": "dim"}
+
+
+def print_checks(results: "list[CheckResult]", title: str, err: bool = False) -> None:
+    """One row per check: the table preflight prints, and submit prints when it refuses."""
+    table = make_table("check", "status", "numbers and reason", "fix", title=title)
+    for result in results:
+        status = result.status.value
+        table.add_row(result.name, f"[{STYLE[status]}]{status}[/]", result.summary, result.fix or "")
+    (err_console if err else console).print(table, markup=True)
 
 
 def preflight(
@@ -18,24 +31,33 @@ def preflight(
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
     cluster: Annotated[str | None, typer.Option("--cluster", help="Cluster profile (default $IDMCTL_CLUSTER or local).")] = None,
     smoke_timeout: Annotated[float, typer.Option("--smoke-timeout", help="Seconds before the smoke is killed.")] = 300.0,
+    qos: job_flags.Qos = None,
+    gres: job_flags.Gres = None,
+    cpus: job_flags.Cpus = None,
+    mem: job_flags.Mem = None,
+    exclude: job_flags.Exclude = None,
+    job_name: job_flags.JobName = None,
+    time_limit: job_flags.Time = None,
+    retries: job_flags.Retries = None,
+    entry: job_flags.Entry = None,
 ) -> None:
-    """Run the mandatory gate: spec, introspection, loader, shm, io, qos, disk, cache, smoke."""
-    from idmctl.preflight.runner import run_preflight
-    from idmctl.profile import load_profile
-    from ground.spec import load_spec
+    """Run the mandatory gate: spec, introspection, loader, shm, io, qos, disk, cache, smoke.
 
-    resolved = load_spec(experiment)
-    profile, profile_hash = load_profile(cluster)
-    report = run_preflight(resolved, profile, profile_hash, with_smoke=not no_smoke, smoke_timeout_s=smoke_timeout)
+    Submit's flags check the job as it will be submitted; --gres and --entry change what the smoke
+    measures, so a submit with them needs a preflight with them."""
+    from idmctl.jobs.effective import build
+    from idmctl.preflight.runner import run_preflight
+
+    job = build(experiment, job_flags.flags(qos, gres, cpus, mem, exclude, job_name, time_limit, retries, entry),
+                cluster)
+    resolved, profile, profile_hash = job.declared, job.profile, job.profile_hash
+    report = run_preflight(resolved, profile, profile_hash, with_smoke=not no_smoke, smoke_timeout_s=smoke_timeout,
+                           job=job)
     if as_json:
         emit_json(report.as_dict())
     else:
-        table = make_table("check", "status", "numbers and reason", "fix",
-                           title=f"preflight {resolved.name} on {profile.name}")
-        for result in report.results:
-            status = result.status.value
-            table.add_row(result.name, f"[{STYLE[status]}]{status}[/]", result.summary, result.fix or "")
-        console.print(table, markup=True)
+        shown = "".join(f" {job.shown(flag)}" for flag in job.flags)
+        print_checks(report.results, f"preflight {resolved.name}{shown} on {profile.name}")
         verdict = ("FAIL: " + ", ".join(report.failed) if report.failed
                    else "PASS (submit unlocked)" if report.unlocks_submit else "PASS, static only (submit stays locked)")
         console.print(f"preflight #{report.run_id} {verdict} — spec {resolved.short_hash}, code {report.code_version}, "

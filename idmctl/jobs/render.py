@@ -29,6 +29,8 @@ _SBATCH_PATH = re.compile(r"^/[A-Za-z0-9._/+@%=-]{1,4000}$")
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _GRES = re.compile(r"^gpu:(\d{1,3})$")
 _UNSAFE_CHARS = re.compile(r"[\x00-\x1f\x7f`$;|&<>\\'\"]")
+DEFAULT_ENTRY = "trainers.train"
+"""The module a job runs unless ``--entry`` says otherwise."""
 
 
 @dataclass(frozen=True)
@@ -57,7 +59,7 @@ class JobOptions:
     """Nodes to avoid (flag, spec, and active node exclusions)."""
     retries: int = 0
     """Resubmissions allowed for retryable causes."""
-    entry: str = "trainers.train"
+    entry: str = DEFAULT_ENTRY
     """Python module started with ``python -m ENTRY --run-dir RUN_DIR``."""
 
     @property
@@ -148,7 +150,7 @@ def resolve_options(resolved: ResolvedSpec, overrides: dict[str, Any]) -> JobOpt
         time_limit=overrides.get("--time") or res.time_limit,
         exclude=list(overrides.get("--exclude") or res.exclude),
         retries=overrides["--retries"] if overrides.get("--retries") is not None else res.retries,
-        entry=overrides.get("--entry") or "trainers.train",
+        entry=overrides.get("--entry") or DEFAULT_ENTRY,
     )
     check_name(options.job_name, *reversed(source("-J", "resources.job_name")))
     check_name(options.qos, *reversed(source("--qos", "resources.qos")))
@@ -228,7 +230,9 @@ def render_script(resolved: ResolvedSpec, options: JobOptions, ctx: RenderContex
     for key, value in env.items():
         if not re.match(r"^[A-Z_][A-Z0-9_]*$", key):
             raise UserError(f"{key!r} is not an environment variable name", field="env")
-    stage = _stage_block(spec.stage.enabled, spec.data.cache_root, spec.stage.dest, spec_file)
+    stage = _stage_block(spec.stage.enabled, spec.data.cache_root, spec.stage.dest, spec_file,
+                         routed_blocks=spec.data.selected_blocks if spec.stage.layers == "routed" else None,
+                         suffix=".pt" if spec.data.cache_format == "legacy_pt" else ".safetensors", python=ctx.python)
     q = shlex.quote
     body = [
         "set -uo pipefail",
@@ -242,6 +246,7 @@ def render_script(resolved: ResolvedSpec, options: JobOptions, ctx: RenderContex
         "",
         "# Ranks: srun under Slurm (Fabric reads SLURM_* and needs ntasks-per-node == devices);",
         "# the local executor runs the same script without srun.",
+        *_multi_node_env(options),
         'if [ -n "${SLURM_JOB_ID:-}" ]; then LAUNCH=(srun --kill-on-bad-exit=1); else LAUNCH=(); fi',
         f'"${{LAUNCH[@]}}" {q(ctx.python)} -m {options.entry} --run-dir "$RUN_DIR" &',
         "TRAINER=$!",
@@ -268,30 +273,73 @@ def render_script(resolved: ResolvedSpec, options: JobOptions, ctx: RenderContex
     return "\n".join([*header, *body]) + "\n"
 
 
-def _stage_block(enabled: bool, cache_root: str, dest: str, spec_file: str) -> str:
+def _multi_node_env(options: JobOptions) -> list[str]:
+    """Rendezvous for ``nodes > 1``: rank 0's host (first of the allocation) and a port from the job id,
+    as Fabric's SLURMEnvironment derives them, exported so every rank and the log agree on them."""
+    if options.nodes <= 1:
+        return []
+    return [
+        f"# {options.nodes} nodes × {options.ranks_per_node} tasks: world {options.nodes * options.ranks_per_node}; "
+        "rank 0's host is the allocation's first node.",
+        'if [ -n "${SLURM_JOB_ID:-}" ]; then',
+        '  export MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
+        '  export MASTER_PORT="$((15000 + SLURM_JOB_ID % 10000))"  # Fabric: job id\'s last 4 digits + 15000',
+        '  echo "idmctl: $SLURM_JOB_NUM_NODES nodes ($SLURM_JOB_NODELIST), rendezvous $MASTER_ADDR:$MASTER_PORT"',
+        "fi",
+    ]
+
+
+def _stage_block(enabled: bool, cache_root: str, dest: str, spec_file: str, *, routed_blocks: list[int] | None = None,
+                 suffix: str = ".pt", python: str = "python3") -> str:
+    """Stage-in as a shell function run once on every node of the job (each node reads its own copy):
+    under Slurm with more than one node through one ``srun`` task per node, else in the batch shell.
+    A lock serialises copies that land on the same disk (nodes sharing a host, as n1/n2 here).
+    ``routed_blocks`` (stage.layers: routed) copies only the selected blocks, as exact reads written
+    to verified safetensors; a copy cut by a preemption resumes (finished files are kept)."""
     if not enabled:
         return "# stage-in: disabled (stage.enabled: false); the trainer reads data.cache_root in place"
     src_path = check_shell_path(cache_root, "data.cache_root", spec_file)
     dest_path = check_shell_path(dest, "stage.dest", spec_file)
     q = shlex.quote
-    marker = f"{dest_path}/{contract.STAGE_MARKER}"
+    tool = "cp" if routed_blocks is None else "cache.convert"
+    if routed_blocks is None:
+        copy = ['  echo "idmctl: stage-in on $node $STAGE_SRC -> $STAGE_DEST ($(du -sb "$STAGE_SRC" | cut -f1) bytes)"',
+                '  mkdir -p "$STAGE_DEST" && cp -a "$STAGE_SRC/." "$STAGE_DEST/" 2>"$err"']
+    else:
+        blocks = ",".join(str(b) for b in routed_blocks)
+        copy = [f'  echo "idmctl: stage-in on $node blocks {blocks} of $STAGE_SRC -> $STAGE_DEST (stage.layers: routed)"',
+                f'  mkdir -p "$STAGE_DEST" && {q(python)} -m cache.convert "$STAGE_SRC" "$STAGE_DEST" '
+                f'--blocks {blocks} --suffix {suffix} >/dev/null 2>"$err"']
     return "\n".join([
-        "# stage-in: copy the cache to node-local disk once; the marker says a copy finished.",
-        f"STAGE_SRC={q(str(src_path))}",
-        f"STAGE_DEST={q(str(dest_path))}",
-        f'if [ -e {q(marker)} ]; then',
-        '  echo "idmctl: stage-in skipped: $STAGE_DEST already staged"',
-        "else",
-        '  echo "idmctl: stage-in $STAGE_SRC -> $STAGE_DEST ($(du -sb "$STAGE_SRC" | cut -f1) bytes)"',
-        '  mkdir -p "$STAGE_DEST" && cp -a "$STAGE_SRC/." "$STAGE_DEST/" 2>"$RUN_DIR/stage.err"',
-        "  STAGE_STATUS=$?",
-        '  if [ "$STAGE_STATUS" -ne 0 ]; then',
-        '    echo "idmctl: stage-in FAILED (cp exit $STAGE_STATUS): $(tail -n 1 "$RUN_DIR/stage.err");'
+        "# stage-in: copy the cache to each node's local disk once; the marker says a copy finished.",
+        f"export STAGE_SRC={q(str(src_path))}",
+        f"export STAGE_DEST={q(str(dest_path))}",
+        f"export STAGE_MARKER={q(contract.STAGE_MARKER)}",
+        "export RUN_DIR",
+        "stage_in() (  # a subshell: the lock is released when the copy ends, not held by the trainer",
+        '  node="${SLURMD_NODENAME:-$(hostname)}"',
+        '  mkdir -p "$(dirname "$STAGE_DEST")" || exit 1',
+        '  exec 9>"$STAGE_DEST.lock" && flock 9',
+        '  if [ -e "$STAGE_DEST/$STAGE_MARKER" ]; then',
+        '    echo "idmctl: stage-in skipped on $node: $STAGE_DEST already staged"',
+        "    exit 0",
+        "  fi",
+        '  err="$RUN_DIR/stage-$node.err"',
+        *copy,
+        "  status=$?",
+        '  if [ "$status" -ne 0 ]; then',
+        f'    echo "idmctl: stage-in FAILED ({tool} exit $status): $(tail -n 1 "$err");'
         ' free on $STAGE_DEST: $(df -B1 --output=avail "$STAGE_DEST" | tail -n 1) bytes"',
         "    exit 1",
         "  fi",
-        f'  date -Is > {q(marker)}',
-        '  echo "idmctl: stage-in done"',
+        '  date -Is > "$STAGE_DEST/$STAGE_MARKER"',
+        '  echo "idmctl: stage-in done on $node"',
+        ")",
+        'if [ -n "${SLURM_JOB_ID:-}" ] && [ "${SLURM_JOB_NUM_NODES:-1}" -gt 1 ]; then',
+        '  srun --nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 --kill-on-bad-exit=1 \\',
+        '    bash -c "$(declare -f stage_in); stage_in" || exit 1',
+        "else",
+        "  stage_in || exit 1",
         "fi",
         f'export {contract.ENV_CACHE_ROOT}="$STAGE_DEST"',
     ])

@@ -1,4 +1,5 @@
-"""Submit: spec + flags → options → gate (passing preflight) → chain + job rows → rendered script → scheduler.
+"""Submit: spec + flags → effective job → submit-time checks + gate (passing preflight) → chain + job rows →
+rendered script → scheduler.
 
 A chain is one logical run: its attempts (resubmissions after preemption, node failure, time limit)
 share one run directory, ``$IDMCTL_HOME/runs/<experiment>/<chain_id>``, holding ``spec.json`` (what
@@ -13,29 +14,31 @@ import socket
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
-
-from sqlmodel import select
+from typing import TYPE_CHECKING, Any
 
 from ground import contract
 from ground.contract import SPEC_FILE, code_version
 from ground.errors import CheckFailed, UserError
 from idmctl.executors import executor_for
-from idmctl.jobs.render import JobOptions, RenderContext, render_script, resolve_options, with_exclusions
+from idmctl.jobs.effective import EffectiveJob, active_exclusions, build as build_effective
+from idmctl.jobs.render import JobOptions, RenderContext, render_script, with_exclusions
 from ground.paths import atomic_write_text, home
-from idmctl.profile import ClusterProfile, load_profile
-from ground.spec.loader import ResolvedSpec, load_spec
-from idmctl.store.db import session
-from idmctl.store.models import Chain, Job, NodeExclusion
+from ground.spec.loader import ResolvedSpec
+
 from ground.run_dir import write_run_spec  # torch-free: {"name", "hash", "spec"}
+
+if TYPE_CHECKING:
+    from idmctl.preflight.admission import Admission
+    from idmctl.store.models import Chain, Job, PreflightRun
 
 DRY_RUN_CHAIN_ID = 0
 
 
 @dataclass
 class Submitted:
-    job: Job
-    chain: Chain
+    job: "Job"
+    """The job row as stored (an ORM object, or the same columns as attributes on the fast path)."""
+    chain: "Chain"
     script: str
 
 
@@ -43,31 +46,42 @@ def runs_dir(experiment: str, chain_id: int) -> Path:
     return home() / "runs" / experiment / str(chain_id)
 
 
-def require_preflight(resolved: ResolvedSpec, profile: ClusterProfile, profile_hash: str) -> int:
-    """The gate: a passing preflight for exactly (spec hash, code version, profile hash), or an error."""
+class Refused(CheckFailed):
+    """A submit-time check FAILed on the effective job: nothing was written or sent."""
+
+    def __init__(self, job: EffectiveJob, admission: Admission) -> None:
+        self.job, self.admission = job, admission
+        named = "; ".join(f"{r.name}: {r.summary}" for r in admission.results if r.status.value == "FAIL")
+        super().__init__(f"submit refused: {', '.join(admission.failed)} FAIL on the job as submitted — {named}")
+
+
+def require_preflight(job: EffectiveJob) -> "PreflightRun":
+    """The gate: a passing preflight for exactly (spec hash, code version, profile hash, smoke flags)."""
     from idmctl.preflight.record import require_pass
 
-    return int(require_pass(resolved, profile, profile_hash).id or 0)
+    return require_pass(job.declared, job.profile, job.profile_hash, job.smoke_flags)
 
 
-def active_exclusions() -> list[str]:
-    now = datetime.now(timezone.utc)
-    with session() as db:
-        rows = db.exec(select(NodeExclusion)).all()
-    return sorted({row.node for row in rows if _aware(row.until) > now})
+def prepare(experiment: str, overrides: dict[str, Any], cluster: str | None) -> EffectiveJob:
+    """The effective job, rendered once: bad input fails here, before anything is written."""
+    job = build_effective(experiment, overrides, cluster)
+    render_script(job.resolved, job.options, _context(job.resolved, DRY_RUN_CHAIN_ID, 1, job.profile.scheduler, {}))
+    return job
 
 
-def _aware(moment: datetime) -> datetime:
-    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+def admit(job: EffectiveJob, force_reason: str | None, version: str) -> Admission:
+    """Gate + submit-time checks. Checks first: a FAIL on the job as submitted is the more specific
+    answer (and names its flag) than "no preflight for these flags"."""
+    from idmctl.preflight.admission import judge
+    from idmctl.preflight.record import latest_passing
 
-
-def prepare(experiment: str, overrides: dict[str, Any], cluster: str | None) -> tuple[ResolvedSpec, ClusterProfile, str, JobOptions]:
-    resolved = load_spec(experiment)
-    profile, profile_hash = load_profile(cluster)
-    options = resolve_options(resolved, overrides)
-    source = ("command line", "--qos") if overrides.get("--qos") else (str(resolved.path), "resources.qos")
-    profile.tier(options.qos, file=source[0], field=source[1])
-    return resolved, profile, profile_hash, with_exclusions(options, active_exclusions())
+    passing = latest_passing(job.declared, job.profile_hash, job.smoke_flags, version)
+    admission = judge(job, passing, version)
+    if admission.failed and force_reason is None:
+        raise Refused(job, admission)
+    if force_reason is None and passing is None:
+        require_preflight(job)  # raises, saying why there is no pass (the ORM path: only on refusal)
+    return admission
 
 
 def _context(resolved: ResolvedSpec, chain_id: int, attempt: int, executor: str, extra_env: dict[str, str]) -> RenderContext:
@@ -77,78 +91,145 @@ def _context(resolved: ResolvedSpec, chain_id: int, attempt: int, executor: str,
                          log_path=str(run_dir / log_name), extra_env=extra_env)
 
 
-def dry_run(experiment: str, overrides: dict[str, Any], cluster: str | None) -> str:
-    """The exact script a submit would send (chain id 0 stands in for the one submit would create)."""
-    resolved, profile, _hash, options = prepare(experiment, overrides, cluster)
-    return render_script(resolved, options, _context(resolved, DRY_RUN_CHAIN_ID, 1, profile.scheduler, {}))
+@dataclass
+class DryRun:
+    script: str
+    job: EffectiveJob
+    admission: Admission
+
+
+def dry_run(experiment: str, overrides: dict[str, Any], cluster: str | None) -> DryRun:
+    """The exact script a submit would send (chain id 0 stands in for the one submit would create), and
+    the verdicts submit would reach on it. Never raises on a FAIL: showing it is the point."""
+    from idmctl.preflight.admission import judge
+    from idmctl.preflight.record import latest_passing
+
+    job = prepare(experiment, overrides, cluster)
+    version = code_version()
+    admission = judge(job, latest_passing(job.declared, job.profile_hash, job.smoke_flags, version), version)
+    script = render_script(job.resolved, job.options, _context(job.resolved, DRY_RUN_CHAIN_ID, 1, job.profile.scheduler, {}))
+    return DryRun(script, job, admission)
 
 
 def submit(experiment: str, overrides: dict[str, Any], cluster: str | None,
            force_reason: str | None = None) -> Submitted:
-    resolved, profile, profile_hash, options = prepare(experiment, overrides, cluster)
-    # Render once before writing anything: bad input must leave no rows behind.
-    render_script(resolved, options, _context(resolved, DRY_RUN_CHAIN_ID, 1, profile.scheduler, {}))
-    if force_reason is None:
-        preflight_id: int | None = require_preflight(resolved, profile, profile_hash)
-        forced = None
-    else:
-        preflight_id = None
+    job = prepare(experiment, overrides, cluster)
+    version = code_version()  # once per submit: two git calls
+    admission = admit(job, force_reason, version)
+    forced = None
+    if force_reason is not None:
         forced = f"{getpass.getuser()}@{socket.gethostname()} at {datetime.now(timezone.utc).isoformat(timespec='seconds')}: {force_reason}"
-    from idmctl.spec_store import register_specs
-
-    register_specs([resolved])
-    with session() as db:
-        chain = Chain(experiment=resolved.name, spec_hash=resolved.hash, retries_budget=options.retries)
-        db.add(chain)
-        db.flush()
-        chain_id = int(chain.id or 0)
-    return _submit_attempt(resolved, profile.scheduler, options, chain_id, 1, preflight_id, forced, {})
+    chain_id = _new_chain(job)
+    admitted = {"job": job.record(), "admission": admission.as_dict()}
+    return _submit_attempt(job.resolved, job.profile.scheduler, job.options, chain_id, 1, admission.preflight_id, forced,
+                           {}, spec_hash=job.declared.hash, admitted=admitted, version=version)
 
 
 def _submit_attempt(resolved: ResolvedSpec, scheduler: str, options: JobOptions, chain_id: int, attempt: int,
-                    preflight_id: int | None, forced: str | None, extra_env: dict[str, str]) -> Submitted:
-    version = code_version()
+                    preflight_id: int | None, forced: str | None, extra_env: dict[str, str], *,
+                    spec_hash: str, admitted: dict[str, Any] | None, version: str | None = None) -> Submitted:
+    """``resolved`` is the effective spec (what the trainer reads); ``spec_hash`` the spec's own hash (the
+    gate's key, kept on the rows); ``admitted`` the effective job and the checks it passed."""
+    version = version or code_version()
     ctx = _context(resolved, chain_id, attempt, scheduler, {contract.ENV_CODE_VERSION: version, **extra_env})
     script = render_script(resolved, options, ctx)
     write_run_spec(ctx.run_dir, resolved)
     script_path = ctx.run_dir / f"attempt-{attempt}.sbatch"
     atomic_write_text(script_path, script)
     executor = executor_for(scheduler)
-    recorded = {**options.as_dict(), "rollback": bool(extra_env.get(contract.ENV_ROLLBACK))}
-    with session() as db:
-        job = Job(chain_id=chain_id, attempt=attempt, experiment=resolved.name, spec_hash=resolved.hash,
-                  code_version=version, preflight_id=preflight_id, executor=executor.name,
-                  state="SUBMITTING", qos=options.qos, gpus=options.gpus_per_node * options.nodes,
-                  routing_n=resolved.spec.data.routing_n, script_path=str(script_path),
-                  options_json=json.dumps(recorded), forced_reason=forced)
-        db.add(job)
+    recorded = {**options.as_dict(), "rollback": bool(extra_env.get(contract.ENV_ROLLBACK)),
+                **({"admitted": admitted} if admitted else {})}
+    job_id = _insert_job(dict(chain_id=chain_id, attempt=attempt, experiment=resolved.name, spec_hash=spec_hash,
+                              code_version=version, preflight_id=preflight_id, executor=executor.name,
+                              state="SUBMITTING", qos=options.qos, gpus=options.gpus_per_node * options.nodes,
+                              routing_n=resolved.spec.data.routing_n, script_path=str(script_path),
+                              options_json=json.dumps(recorded), forced_reason=forced))
     try:
         scheduler_id = executor.submit(script_path, ctx.log_path)
     except CheckFailed as exc:
-        with session() as db:
-            row = db.get(Job, job.id)
-            if row is not None:
-                row.state, row.reason = "SUBMIT_FAILED", str(exc)[:500]
-                db.add(row)
-            chain = db.get(Chain, chain_id)
-            if chain is not None:
-                chain.status = "FAILED"
-                db.add(chain)
+        _update(job_id, {"state": "SUBMIT_FAILED", "reason": str(exc)[:500]}, chain_id, {"status": "FAILED"})
         raise
-    with session() as db:
-        row = db.get(Job, job.id)
-        assert row is not None
-        row.scheduler_id = scheduler_id
-        row.state = "PENDING"
-        row.log_path = ctx.log_path.replace("%j", scheduler_id)
-        row.submitted_at = datetime.now(timezone.utc)
-        db.add(row)
-        chain = db.get(Chain, chain_id)
-    return Submitted(job=row, chain=chain, script=script)  # type: ignore[arg-type]
+    row, chain = _update(job_id, {"scheduler_id": scheduler_id, "state": "PENDING",
+                                  "log_path": ctx.log_path.replace("%j", scheduler_id),
+                                  "submitted_at": datetime.now(timezone.utc)}, chain_id, {})
+    return Submitted(job=row, chain=chain, script=script)
 
 
-def resubmit(job_id: int, extra_env: dict[str, str], reason: str) -> Job:
+# -- rows: plain sqlite3 when the store is at head (no ORM import on the submit path), else the ORM ----------
+
+def _new_chain(job: EffectiveJob) -> int:
+    """Register the spec version (idempotent) and open the chain; returns its id."""
+    from idmctl.store.fast import connect, db_time, insert
+
+    declared = job.declared
+    with connect() as db:
+        if db is not None:
+            db.execute("INSERT OR IGNORE INTO spec_version (hash, experiment, source_path, resolved_json, registered_at) "
+                       "VALUES (?, ?, ?, ?, ?)", (declared.hash, declared.name, str(declared.path),
+                                                   declared.canonical_json, db_time()))
+            return insert(db, "chain", {"experiment": declared.name, "spec_hash": declared.hash, "mlflow_run_id": None,
+                                        "retries_budget": job.options.retries, "retries_used": 0, "status": "ACTIVE",
+                                        "created_at": db_time()})
+    from idmctl.spec_store import register_specs
+    from idmctl.store.db import session
+    from idmctl.store.models import Chain
+
+    register_specs([declared])
+    with session() as orm:
+        chain = Chain(experiment=declared.name, spec_hash=declared.hash, retries_budget=job.options.retries)
+        orm.add(chain)
+        orm.flush()
+        return int(chain.id or 0)
+
+
+def _insert_job(values: dict[str, Any]) -> int:
+    from idmctl.store.fast import connect, db_time, insert
+
+    with connect() as db:
+        if db is not None:
+            now = db_time()
+            return insert(db, "job", {"restarts": 0, "imported": 0, "created_at": now, "updated_at": now, **values})
+    from idmctl.store.db import session
+    from idmctl.store.models import Job
+
+    with session() as orm:
+        job = Job(**values)
+        orm.add(job)
+        orm.flush()
+        return int(job.id or 0)
+
+
+def _update(job_id: int, job_values: dict[str, Any], chain_id: int, chain_values: dict[str, Any]) -> tuple[Any, Any]:
+    """Update the job (and chain) rows; returns both as read back (ORM objects or attribute rows)."""
+    from idmctl.store.fast import connect, db_time, rows, update
+
+    with connect() as db:
+        if db is not None:
+            stored = {k: db_time(v) if isinstance(v, datetime) else v for k, v in job_values.items()}
+            update(db, "job", job_id, stored)
+            if chain_values:
+                update(db, "chain", chain_id, chain_values)
+            (job,) = rows(db, "SELECT * FROM job WHERE id = ?", (job_id,))
+            (chain,) = rows(db, "SELECT * FROM chain WHERE id = ?", (chain_id,))
+            return job, chain
+    from idmctl.store.db import session
+    from idmctl.store.models import Chain, Job
+
+    with session() as orm:
+        job, chain = orm.get(Job, job_id), orm.get(Chain, chain_id)
+        for target, values in ((job, job_values), (chain, chain_values)):
+            if target is not None:
+                for key, value in values.items():
+                    setattr(target, key, value)
+                orm.add(target)
+    return job, chain
+
+
+def resubmit(job_id: int, extra_env: dict[str, str], reason: str) -> "Job":
     """A new attempt of the job's chain with the same options (plus current node exclusions)."""
+    from idmctl.store.db import session
+    from idmctl.store.models import Chain, Job
+
     with session() as db:
         old = db.get(Job, job_id)
         if old is None or old.chain_id is None:
@@ -162,12 +243,14 @@ def resubmit(job_id: int, extra_env: dict[str, str], reason: str) -> Job:
     options = with_exclusions(JobOptions(**options_data), active_exclusions())
     resolved = _resolved_from_run(spec_json, old)
     scheduler = "slurm" if old.executor == "slurm" else "local"
+    admitted = json.loads(old.options_json).get("admitted")
     submitted = _submit_attempt(resolved, scheduler, options, old.chain_id, old.attempt + 1,
-                                old.preflight_id, old.forced_reason, {**extra_env, contract.ENV_RETRY_REASON: reason})
+                                old.preflight_id, old.forced_reason, {**extra_env, contract.ENV_RETRY_REASON: reason},
+                                spec_hash=old.spec_hash or resolved.hash, admitted=admitted)
     return submitted.job
 
 
-def _resolved_from_run(spec_json: dict[str, Any], job: Job) -> ResolvedSpec:
+def _resolved_from_run(spec_json: dict[str, Any], job: "Job") -> ResolvedSpec:
     """The exact spec the chain started with (the YAML may have changed since)."""
     from ground.spec.schema import ExperimentSpec
 

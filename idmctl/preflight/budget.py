@@ -1,10 +1,16 @@
 """The arithmetic io, qos and disk share: bytes staged, bytes read per step, seconds per step.
 
 One place computes them so the three checks can never disagree about the same run.
+
+Per node (issue 14 §4): a job of ``resources.nodes`` nodes stages the whole cache onto each node's
+own NVMe (the sampler may hand any sample to any rank), and each node reads only its ranks' share
+of an optimizer step's samples from its own copy, at its own NVMe bandwidth. The NAS is shared:
+the nodes' concurrent stage-in copies split ``nas_read``, and so do unstaged reads.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ground.geometry import HiddenGeometry, sample_io
@@ -32,35 +38,75 @@ def fmt_span(seconds: float) -> str:
 
 @dataclass(frozen=True)
 class Staging:
-    """What stage-in copies to node-local disk, and how long the copy takes at NAS bandwidth."""
+    """What stage-in copies to each node's local disk, and how long the nodes' copies take from the NAS."""
 
     enabled: bool
     bytes: int
+    """Bytes one node copies (the whole cache): what one node's scratch must hold."""
     formula: str
     measured: bool
     """True when ``bytes`` is the cache's measured size on this machine, False when estimated."""
     seconds: float
     cache_root: str
+    nodes: int = 1
+    """Nodes staging at once; they share the NAS, so the copy takes ``nodes × bytes ÷ nas_read``."""
+
+    @property
+    def copied(self) -> str:
+        """``2 nodes × 7.2 TB``: what crosses the NAS during stage-in."""
+        return f"{self.nodes} nodes × {format_bytes(self.bytes)}" if self.nodes > 1 else format_bytes(self.bytes)
 
 
-def staging(ctx: PreflightContext) -> Staging:
+def staging(ctx: PreflightContext, layers: str | None = None) -> Staging:
+    """What stage-in copies; ``layers`` (``all``/``routed``) overrides ``stage.layers`` for what-ifs."""
     data, stage = ctx.spec.data, ctx.spec.stage
+    layers = layers or stage.layers
     nas = ctx.profile.storage.nas_read_bps
     measured = ctx.measurements
+    geometry = HiddenGeometry.from_spec(data)
+    n = data.routing_n
     if measured.cache_present and measured.cache_bytes is not None:
         count = measured.cache_file_count
         size = measured.cache_bytes
         formula = f"{format_bytes(size)} measured under {data.cache_root} ({count:,} files)"
+        if layers == "routed":
+            size = count * n * geometry.layer_bytes
+            formula = (f"routed layers only: {count:,} files × {n} layers × {geometry.layer_bytes:,} B = {size:,} B "
+                       f"({format_bytes(size)}) of the {format_bytes(measured.cache_bytes)} measured under "
+                       f"{data.cache_root}")
         is_measured = True
     else:
-        file_bytes = HiddenGeometry.from_spec(data).file_bytes
         files = data.cache_files or 0
-        size = files * file_bytes
-        formula = (f"{files:,} files × {file_bytes:,} B = {size:,} B ({format_bytes(size)}, "
-                   f"{format_bytes(size, binary=True)}; estimated from data.cache_files, the cache is not on this machine)")
+        if layers == "routed":
+            size = files * n * geometry.layer_bytes
+            formula = (f"routed layers only: {files:,} files × {n} layers × {geometry.layer_bytes:,} B = {size:,} B "
+                       f"({format_bytes(size)}; estimated from data.cache_files)")
+        else:
+            file_bytes = geometry.file_bytes
+            size = files * file_bytes
+            formula = (f"{files:,} files × {file_bytes:,} B = {size:,} B ({format_bytes(size)}, "
+                       f"{format_bytes(size, binary=True)}; estimated from data.cache_files, the cache is not on "
+                       "this machine)")
         is_measured = False
-    seconds = size / nas if stage.enabled else 0.0
-    return Staging(stage.enabled, size, formula, is_measured, seconds, data.cache_root)
+    nodes = ctx.spec.resources.nodes
+    seconds = nodes * size / nas if stage.enabled else 0.0
+    if nodes > 1:
+        formula += f", per node (each of {nodes} nodes stages its own copy)"
+    return Staging(stage.enabled, size, formula, is_measured, seconds, data.cache_root, nodes)
+
+
+def routed_staging_fix(ctx: PreflightContext, fits: Callable[[Staging], bool]) -> str | None:
+    """The fix line "stage only the routed layers", with its numbers, when it would make ``fits`` true
+    and the spec stages every layer today; ``None`` otherwise."""
+    data, stage = ctx.spec.data, ctx.spec.stage
+    if not stage.enabled or stage.layers == "routed" or data.routing_n >= len(data.cached_layers):
+        return None
+    routed = staging(ctx, "routed")
+    if not fits(routed):
+        return None
+    return (f"stage only the routed layers (stage.layers: routed; {data.routing_n} of {len(data.cached_layers)} "
+            f"blocks {data.selected_blocks}): {routed.formula} ÷ NAS "
+            f"{fmt_bandwidth(ctx.profile.storage.nas_read_bps)} = {format_duration(routed.seconds)}")
 
 
 @dataclass(frozen=True)
@@ -71,6 +117,8 @@ class StepEstimate:
     sample_formula: str
     effective_batch: int
     step_bytes: int
+    """Bytes the busiest reader moves per optimizer step: one node's share from its NVMe when staged,
+    the whole step from the shared NAS when not."""
     tier: str
     bandwidth: float
     data_s: float
@@ -80,13 +128,22 @@ class StepEstimate:
     steps: int
     train_s: float
     stage_s: float
+    nodes: int = 1
+    per_node: bool = False
+    """True when each node reads its share (staged to NVMe), False when all nodes share the NAS."""
 
     @property
     def wall_s(self) -> float:
         return self.train_s + self.stage_s
 
     def arithmetic(self) -> str:
-        text = (f"{self.sample_formula}; × eff. batch {self.effective_batch:,} = {format_bytes(self.step_bytes)}/step "
+        batch = f"eff. batch {self.effective_batch:,}"
+        if self.nodes > 1 and self.per_node:
+            batch += f" ÷ {self.nodes} nodes = {self.effective_batch // self.nodes:,} samples/node"
+        elif self.nodes > 1:
+            batch += f" (all {self.nodes} nodes share the NAS)"
+        text = (f"{self.sample_formula}; × {batch} = {format_bytes(self.step_bytes)}/step"
+                f"{'/node' if self.per_node and self.nodes > 1 else ''} "
                 f"÷ {self.tier} {fmt_bandwidth(self.bandwidth)} = {fmt_seconds(self.data_s)}/step data")
         if self.compute_s is not None:
             text += f" + {fmt_seconds(self.compute_s)} compute ({self.compute_note}) = {fmt_seconds(self.step_s)}/step"
@@ -99,17 +156,20 @@ class StepEstimate:
 def step_estimate(ctx: PreflightContext) -> StepEstimate:
     spec, profile = ctx.spec, ctx.profile
     io = sample_io(spec.data, spec.loader.mmap)
-    step_bytes = io.bytes * spec.train.effective_batch
+    nodes = spec.resources.nodes
     if spec.stage.enabled:
-        tier, bandwidth = "NVMe (staged)", profile.storage.nvme_read_bps
+        # Each node reads its ranks' share (effective batch ÷ nodes; the schema makes it divide) from its own NVMe.
+        tier, bandwidth, per_node = "NVMe (staged)", profile.storage.nvme_read_bps, True
+        step_bytes = io.bytes * (spec.train.effective_batch // nodes)
     else:
-        tier, bandwidth = "NAS", profile.storage.nas_read_bps
+        tier, bandwidth, per_node = "NAS", profile.storage.nas_read_bps, False
+        step_bytes = io.bytes * spec.train.effective_batch
     data_s = step_bytes / bandwidth
     compute_s, note = _compute_seconds(ctx)
     step_s = data_s + (compute_s or 0.0)
     train_s = step_s * spec.train.steps
     return StepEstimate(io.bytes, io.formula, spec.train.effective_batch, step_bytes, tier, bandwidth, data_s,
-                        compute_s, note, step_s, spec.train.steps, train_s, staging(ctx).seconds)
+                        compute_s, note, step_s, spec.train.steps, train_s, staging(ctx).seconds, nodes, per_node)
 
 
 def _compute_seconds(ctx: PreflightContext) -> tuple[float | None, str]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ground.paths import expand_path
 from idmctl.preflight.result import CacheInspection, CheckResult, PreflightContext, Status
-from ground.spec.schema import ExperimentSpec
+from ground.spec.schema import DataSpec, ExperimentSpec
 
 NAME = "cache"
 SHOWN = 3
@@ -35,10 +35,22 @@ def inspect_split(spec: ExperimentSpec, split: str) -> CacheInspection:
         try:
             info = inspect_file(path)
             check_matches(info, layers=data.cached_layers, frames=data.frames, token_grid=data.token_grid,
-                          channels=data.channels, dtype=data.dtype)
+                          channels=data.channels, dtype=data.dtype, routed=data.selected_blocks)
         except UserError as exc:
             mismatched.append(f"{demo}: {exc.what}")
+            continue
+        stale = stale_models(data, info.meta)
+        if stale:
+            mismatched.append(f"{demo}: stale cache, {stale}")
     return CacheInspection(split, len(demos), missing, mismatched)
+
+
+def stale_models(data: DataSpec, meta: dict[str, object]) -> str | None:
+    """When the spec names the models and the file was built by others: both identities side by side."""
+    differ = [f"{key} built by {meta.get(key) or 'unrecorded'!s} ≠ spec {want}"
+              for key, want in (("vae", data.vae_id), ("transformer", data.transformer_id))
+              if want is not None and meta.get(key) != want]
+    return "; ".join(differ) or None
 
 
 def _describe(found: CacheInspection) -> str:
@@ -74,8 +86,11 @@ def check(ctx: PreflightContext) -> CheckResult:
                **{f"{s}_mismatched": len(f.mismatched) for s, f in inspections.items()}}
     summary = "; ".join(_describe(found) for found in inspections.values()) or "nothing inspected"
     if train is None or train.error or train.missing or train.mismatched or train.episodes == 0:
-        return CheckResult(NAME, Status.FAIL, summary, numbers,
-                           "build the missing entries (idmctl cache build-hidden EXP) or fix the spec's geometry")
+        fix = "build the missing entries (idmctl cache build-hidden EXP) or fix the spec's geometry"
+        if train is not None and any("stale cache" in m for m in train.mismatched):
+            fix = ("rebuild with the models the spec names (idmctl cache build-hidden EXP --model-dir DIR), "
+                   "or set data.vae_id / data.transformer_id to the models that built it")
+        return CheckResult(NAME, Status.FAIL, summary, numbers, fix)
     others_bad = [f for s, f in inspections.items() if s != data.train_split and (f.error or f.missing or f.mismatched)]
     if others_bad:
         return CheckResult(NAME, Status.WARN, summary, numbers, "build the held-out caches before evaluating")

@@ -3,7 +3,7 @@ cache to /tmp before training; too little scratch is ENOSPC two hours in)."""
 
 from __future__ import annotations
 
-from idmctl.preflight.budget import staging
+from idmctl.preflight.budget import routed_staging_fix, staging
 from idmctl.preflight.result import CheckResult, PreflightContext, Status
 from ground.units import format_bytes
 
@@ -22,14 +22,18 @@ def check(ctx: PreflightContext) -> CheckResult:
     else:
         capacity = ctx.profile.node.scratch_bytes
         source = f"scratch of a {ctx.profile.name} node"
-    numbers = {"stage_bytes": stage.bytes, "capacity_bytes": capacity, "measured": stage.measured}
+    numbers = {"stage_bytes": stage.bytes, "capacity_bytes": capacity, "measured": stage.measured, "nodes": stage.nodes}
     if not stage.measured and not spec.data.cache_files:
         return CheckResult(NAME, Status.WARN,
                            f"cannot size the stage-in: {stage.cache_root} is not on this machine and data.cache_files "
                            "is unset", numbers, "set data.cache_files, or run preflight where the cache is mounted")
     arithmetic = f"stage-in {stage.formula} vs {format_bytes(capacity)} {source}"
+    if stage.nodes > 1:
+        arithmetic += " (per node)"
     if stage.bytes > capacity:
-        return CheckResult(NAME, Status.FAIL, f"does not fit → ENOSPC during stage-in: {arithmetic}", numbers,
-                           "stage fewer layers/episodes, use a node with more scratch, or read from NAS "
-                           "(stage.enabled: false; see the io check)")
+        routed_fix = routed_staging_fix(ctx, lambda routed: routed.bytes <= capacity)
+        fix = "stage fewer layers/episodes, use a node with more scratch, or read from NAS (stage.enabled: false; see the io check)"
+        if routed_fix:
+            fix = f"{routed_fix}, fits in {format_bytes(capacity)}; or {fix}"
+        return CheckResult(NAME, Status.FAIL, f"does not fit → ENOSPC during stage-in: {arithmetic}", numbers, fix)
     return CheckResult(NAME, Status.PASS, f"fits ({stage.bytes / capacity:.0%}): {arithmetic}", numbers)

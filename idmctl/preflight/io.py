@@ -24,7 +24,8 @@ def check(ctx: PreflightContext) -> CheckResult:
     tier = ctx.profile.qos.get(spec.resources.qos)
     if tier is not None and tier.max_wall_seconds < limit:
         limit, limit_name = tier.max_wall_seconds, f"QoS {spec.resources.qos} max wall {tier.max_wall}"
-    numbers = {"sample_bytes": estimate.sample_bytes, "step_bytes": estimate.step_bytes, "bandwidth_bps": estimate.bandwidth,
+    numbers = {"sample_bytes": estimate.sample_bytes, "step_bytes": estimate.step_bytes, "nodes": estimate.nodes,
+               "per_node": estimate.per_node, "bandwidth_bps": estimate.bandwidth,
                "data_s_per_step": estimate.data_s, "compute_s_per_step": estimate.compute_s, "step_s": estimate.step_s,
                "train_s": estimate.train_s, "stage_s": estimate.stage_s, "wall_s": estimate.wall_s, "limit_s": limit}
     verdict = f"{fmt_span(estimate.wall_s)} vs {limit_name} ({format_duration(limit)})"

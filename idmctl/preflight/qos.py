@@ -8,7 +8,7 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 
-from idmctl.preflight.budget import fmt_bandwidth, fmt_seconds, staging, step_estimate
+from idmctl.preflight.budget import fmt_bandwidth, fmt_seconds, routed_staging_fix, staging, step_estimate
 from idmctl.preflight.result import CheckResult, PreflightContext, QueueWait, Status
 from ground.units import format_bytes, format_duration
 
@@ -50,17 +50,29 @@ def check(ctx: PreflightContext) -> CheckResult:
         first_checkpoint = stage.seconds + checkpoint_s
         numbers.update(preempt_cycle_s=cycle, stage_s=stage.seconds, stage_bytes=stage.bytes,
                        checkpoint_interval_s=checkpoint_s, first_checkpoint_s=first_checkpoint)
-        stage_text = (f"stage-in {format_bytes(stage.bytes)} ÷ NAS {fmt_bandwidth(profile.storage.nas_read_bps)} = "
+        stage_text = (f"stage-in {stage.copied} ÷ NAS {fmt_bandwidth(profile.storage.nas_read_bps)} = "
                       f"{format_duration(stage.seconds)}" if stage.enabled else "no stage-in")
         ckpt_text = (f"checkpoint every {spec.train.checkpoint_every:,} steps × {fmt_seconds(estimate.step_s)}/step = "
                      f"{format_duration(checkpoint_s)}")
+        # Card jobs 6054/6108/6158 staged all 12 layers; staging only the routed ones may fit the cycle.
+        routed_fix = routed_staging_fix(ctx, lambda routed: routed.seconds < cycle)
+        if routed_fix:
+            left = cycle - staging(ctx, "routed").seconds
+            routed_fix += f" < preempt cycle {format_duration(cycle)}"
+            if checkpoint_s >= left:
+                # Staging alone fitting is not a PASS: the first checkpoint must land inside the cycle too.
+                every = max(1, int(left / estimate.step_s) - 1) if estimate.step_s > 0 else spec.train.checkpoint_every
+                routed_fix += (f", and checkpoint within the {format_duration(left)} left: train.checkpoint_every ≤ "
+                               f"{every:,} steps ({every:,} × {fmt_seconds(estimate.step_s)}/step)")
         if stage.enabled and stage.seconds >= cycle:
             fails.append(f"preemptible {res.qos}: {stage_text} ≥ preempt cycle {format_duration(cycle)}: preempted "
                          "before the first step, every attempt")
+            fixes.extend([routed_fix] if routed_fix else [])
             fixes.append("use a non-preemptible QoS (own/extra quota) for long-staging jobs")
         elif first_checkpoint >= cycle:
             fails.append(f"preemptible {res.qos}: {stage_text} + {ckpt_text} = {format_duration(first_checkpoint)} ≥ "
                          f"preempt cycle {format_duration(cycle)}: no checkpoint survives a preemption")
+            fixes.extend([routed_fix] if routed_fix else [])
             fixes.append(f"checkpoint more often (train.checkpoint_every) or use a non-preemptible QoS")
         else:
             notes.append(f"{stage_text} + {ckpt_text} < preempt cycle {format_duration(cycle)}")

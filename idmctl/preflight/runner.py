@@ -9,15 +9,19 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from ground.paths import expand_path
-from idmctl.preflight import cache, disk, introspection, io, loader, qos, shm, smoke, spec
-from idmctl.preflight.result import (CHECK_NAMES, CheckResult, Measurements, PreflightContext, QueueWait,
-                                     SmokeMeasurement, Status)
+from idmctl.preflight import cache, disk, introspection, io, loader, memo, qos, shm, smoke, spec
+from idmctl.preflight.result import (CHECK_NAMES, CacheInspection, CheckResult, Measurements, PreflightContext,
+                                     QueueWait, SmokeMeasurement, Status)
 from idmctl.profile import ClusterProfile
 from ground.spec.loader import ResolvedSpec
+
+if TYPE_CHECKING:
+    from idmctl.jobs.effective import EffectiveJob
 
 STATIC_CHECKS = (spec, introspection, loader, shm, io, qos, disk, cache)
 
@@ -33,6 +37,8 @@ class PreflightReport:
     results: list[CheckResult]
     seconds: float
     run_id: int | None = None
+    smoke_flags: dict[str, str] = field(default_factory=dict)
+    """Flags that changed what the smoke measured (part of the gate's key): ``--gres``, ``--entry``."""
 
     @property
     def failed(self) -> list[str]:
@@ -46,7 +52,7 @@ class PreflightReport:
         return {"experiment": self.experiment, "spec_hash": self.spec_hash, "code_version": self.code_version,
                 "cluster": self.profile_name, "profile_hash": self.profile_hash, "with_smoke": self.with_smoke,
                 "passed": not self.failed, "unlocks_submit": self.unlocks_submit, "failed": self.failed,
-                "run_id": self.run_id, "seconds": round(self.seconds, 3),
+                "run_id": self.run_id, "seconds": round(self.seconds, 3), "smoke_flags": self.smoke_flags,
                 "checks": [r.as_dict() for r in self.results]}
 
 
@@ -62,32 +68,34 @@ def _free_bytes(path: Path) -> int | None:
     return stats.f_bavail * stats.f_frsize
 
 
-def _du(root: Path) -> tuple[int, int]:
-    total = files = 0
-    for directory, _, names in os.walk(root):
-        for name in names:
-            try:
-                total += os.stat(os.path.join(directory, name)).st_size
-                files += 1
-            except OSError:
-                continue
-    return total, files
-
-
 def queue_history(gpus: int) -> list[QueueWait]:
     """Recorded queue waits of jobs with this GPU count (all QoS tiers, so qos can suggest another).
 
     Wait = started_at − submitted_at; a job cancelled while pending (card job 5961) counts with
     ended_at − submitted_at, a lower bound on what it would have waited.
     """
+    from idmctl.store.fast import connect, from_db_time, rows as fast_rows
+
+    with connect() as fast:
+        if fast is not None:  # plain sqlite3: submit re-runs this check without importing the ORM
+            rows = fast_rows(fast, "SELECT id, scheduler_id, qos, state, submitted_at, started_at, ended_at FROM job "
+                                   "WHERE gpus = ? AND submitted_at IS NOT NULL", (gpus,))
+            for row in rows:
+                row.submitted_at, row.started_at, row.ended_at = (from_db_time(row.submitted_at), from_db_time(row.started_at),
+                                                                  from_db_time(row.ended_at))
+            return _waits(rows, gpus)
     from sqlmodel import select
 
     from idmctl.store import session
     from idmctl.store.models import Job
 
-    waits: list[QueueWait] = []
     with session() as db:
-        rows = db.exec(select(Job).where(Job.gpus == gpus, Job.submitted_at != None)).all()  # noqa: E711
+        orm_rows = db.exec(select(Job).where(Job.gpus == gpus, Job.submitted_at != None)).all()  # noqa: E711
+    return _waits(orm_rows, gpus)
+
+
+def _waits(rows: list, gpus: int) -> list[QueueWait]:
+    waits: list[QueueWait] = []
     for job in rows:
         if job.started_at is not None:
             seconds, pending_cancel = (job.started_at - job.submitted_at).total_seconds(), False
@@ -100,17 +108,43 @@ def queue_history(gpus: int) -> list[QueueWait]:
     return waits
 
 
-def gather(resolved: ResolvedSpec, profile: ClusterProfile) -> Measurements:
-    """Everything static checks need from this machine and the store (no smoke)."""
+def _inspections(resolved: ResolvedSpec, tree_digest: str, code_version: str | None) -> list[CacheInspection]:
+    """Every split's cache inspection, remembered per (code, data section, files): see ``memo``."""
+    data = resolved.spec.data
+    key = memo.cache_key(resolved, code_version, tree_digest, expand_path(data.episodes)) if code_version else None
+    stored = memo.load("cache", key)
+    if stored is not None:
+        return [CacheInspection(**found) for found in stored]
+    splits = dict.fromkeys((data.train_split, data.eval_split))
+    found = [cache.inspect_split(resolved.spec, split) for split in splits]
+    memo.store("cache", key, [asdict(f) for f in found])
+    return found
+
+
+def introspect(ctx: PreflightContext, code_version: str | None) -> CheckResult:
+    """The introspection check, remembered per (code version, spec without resources): see ``memo``."""
+    key = memo.introspection_key(ctx.resolved, code_version) if code_version else None
+    stored = memo.load("introspection", key)
+    if stored is not None:
+        return CheckResult(stored["name"], Status(stored["status"]), stored["summary"], stored["numbers"], stored["fix"])
+    result = _safe(introspection, ctx)
+    if not result.summary.startswith(("check crashed", "cannot import")):  # environment trouble: try again next time
+        memo.store("introspection", key, result.as_dict())
+    return result
+
+
+def gather(resolved: ResolvedSpec, profile: ClusterProfile, code_version: str | None = None) -> Measurements:
+    """Everything static checks need from this machine and the store (no smoke). With the code version,
+    cache inspections are remembered until a cache file, the episodes file, the data section or the code
+    changes."""
     data = resolved.spec.data
     root = expand_path(data.cache_root)
     present = root.is_dir()
     cache_bytes = file_count = None
     inspections = []
     if present:
-        cache_bytes, file_count = _du(root)
-        splits = dict.fromkeys((data.train_split, data.eval_split))
-        inspections = [cache.inspect_split(resolved.spec, split) for split in splits]
+        cache_bytes, file_count, tree_digest = memo.tree_fingerprint(root)
+        inspections = _inspections(resolved, tree_digest, code_version)
     res = resolved.spec.resources
     return Measurements(
         shm_free_bytes=_free_bytes(Path("/dev/shm")),
@@ -132,15 +166,22 @@ def _safe(check_module: object, ctx: PreflightContext) -> CheckResult:
 
 def run_preflight(resolved: ResolvedSpec, profile: ClusterProfile, profile_hash: str, *, with_smoke: bool = True,
                   smoke_timeout_s: float = smoke.DEFAULT_TIMEOUT_S, record: bool = True,
-                  measurements: Measurements | None = None) -> PreflightReport:
-    """Run all checks; ``measurements`` replaces gathering (tests, benchmarks)."""
+                  measurements: Measurements | None = None, job: "EffectiveJob | None" = None) -> PreflightReport:
+    """Run all checks; ``measurements`` replaces gathering (tests, benchmarks).
+
+    With ``job`` (preflight given submit's flags) the checks and the smoke judge the effective job,
+    and the run is recorded under the spec's own hash with the job's smoke flags in its key.
+    """
     from idmctl.preflight.record import code_version, record_run
 
     started = time.perf_counter()
+    declared = resolved
+    if job is not None:
+        declared, resolved = job.declared, job.resolved
     version = code_version()
-    measured = measurements if measurements is not None else gather(resolved, profile)
+    measured = measurements if measurements is not None else gather(resolved, profile, version)
     ctx = PreflightContext(resolved, profile, measured)
-    early = {module.NAME: _safe(module, ctx) for module in (spec, introspection)}
+    early = {spec.NAME: _safe(spec, ctx), introspection.NAME: introspect(ctx, version)}
     smoke_result: SmokeMeasurement | None = None
     smoke_not_run: CheckResult | None = None
     if with_smoke:
@@ -155,9 +196,11 @@ def run_preflight(resolved: ResolvedSpec, profile: ClusterProfile, profile_hash:
     results[smoke.NAME] = smoke_not_run or _safe(smoke, ctx)
     ordered = [results[name] for name in CHECK_NAMES]
     seconds = time.perf_counter() - started
-    report = PreflightReport(resolved.name, resolved.hash, version, profile.name, profile_hash, with_smoke,
-                             ordered, seconds)
+    smoke_flags = job.smoke_flags if job is not None else {}
+    report = PreflightReport(declared.name, declared.hash, version, profile.name, profile_hash, with_smoke,
+                             ordered, seconds, smoke_flags=smoke_flags)
     if not record:
         return report
-    run = record_run(resolved, profile.name, profile_hash, version, ordered, with_smoke, seconds)
+    run = record_run(declared, profile.name, profile_hash, version, ordered, with_smoke, seconds,
+                     job=job.record() if job is not None else None)
     return replace(report, run_id=run.id)

@@ -19,8 +19,7 @@ from sqlmodel import Session, create_engine
 from ground.paths import db_path
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
-HEAD_REVISION = "0001"
-"""Keep equal to the newest file in ``migrations/versions`` (a test checks it)."""
+from idmctl.store.head import HEAD_REVISION  # noqa: E402  (re-exported: store_db.HEAD_REVISION)
 BUSY_TIMEOUT_MS = 10_000
 
 

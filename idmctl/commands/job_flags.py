@@ -1,0 +1,25 @@
+"""The job flags ``submit`` and ``preflight`` share: the same words describe the same effective job."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+
+Qos = Annotated[str | None, typer.Option("--qos", help="QoS tier (default resources.qos).")]
+Gres = Annotated[str | None, typer.Option("--gres", help="gpu:N per node (default resources.gpus_per_node).")]
+Cpus = Annotated[int | None, typer.Option("-c", "--cpus", help="CPUs per node (default resources.cpus).")]
+Mem = Annotated[str | None, typer.Option("--mem", help="Memory per node, e.g. 1600GB (default resources.mem).")]
+Exclude = Annotated[str | None, typer.Option("--exclude", help="Comma-separated nodes to avoid.")]
+JobName = Annotated[str | None, typer.Option("-J", "--job-name", help="Job name (default the experiment).")]
+Time = Annotated[str | None, typer.Option("--time", help="Time limit, Slurm format (default resources.time_limit).")]
+Retries = Annotated[int | None, typer.Option("--retries", help="Resubmissions for retryable causes (default resources.retries).")]
+Entry = Annotated[str | None, typer.Option("--entry", help="Python module the job runs (default trainers.train).")]
+
+
+def flags(qos: str | None, gres: str | None, cpus: int | None, mem: str | None, exclude: str | None,
+          job_name: str | None, time_limit: str | None, retries: int | None, entry: str | None) -> dict[str, Any]:
+    """The flags keyed as ``resolve_options`` reads them (None = not given)."""
+    return {"--qos": qos, "--gres": gres, "-c": cpus, "--mem": mem, "-J": job_name, "--time": time_limit,
+            "--retries": retries, "--entry": entry,
+            "--exclude": [n for n in exclude.split(",") if n] if exclude is not None else None}

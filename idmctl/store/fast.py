@@ -1,0 +1,81 @@
+"""Plain sqlite3 on the submit path: importing the ORM (SQLAlchemy + SQLModel, ~0.3 s) would be most of
+a submit's process time (issue 15: submit within submitit's time + 0.15 s).
+
+Only a store already at :data:`HEAD_REVISION` is used this way; otherwise :func:`connect` returns None
+and the caller takes the ORM path, which migrates. Values are written as the ORM writes them: UTC
+datetimes without the offset (``2026-11-30 10:32:44.123456``), booleans as 0/1, so both paths read
+each other's rows (tests/test_submit_fast_store.py compares them).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from ground.paths import db_path
+from idmctl.store.head import HEAD_REVISION
+
+BUSY_TIMEOUT_S = 10.0
+
+
+def db_time(moment: datetime | None = None) -> str:
+    """How the ORM stores a datetime in SQLite: UTC, no offset, microseconds."""
+    moment = (moment or datetime.now(timezone.utc)).astimezone(timezone.utc)
+    return moment.strftime("%Y-%m-%d %H:%M:%S.%f")
+
+
+def from_db_time(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    moment = datetime.fromisoformat(text)
+    return moment.replace(tzinfo=timezone.utc) if moment.tzinfo is None else moment.astimezone(timezone.utc)
+
+
+@contextmanager
+def connect(path: Path | None = None) -> Iterator[sqlite3.Connection | None]:
+    """A connection (committed on success) to a store at head, or None: no store yet, or another revision."""
+    db = Path(path or db_path())
+    if not db.exists():
+        yield None
+        return
+    connection = sqlite3.connect(db, timeout=BUSY_TIMEOUT_S)
+    connection.row_factory = sqlite3.Row
+    try:
+        try:
+            row = connection.execute("SELECT version_num FROM alembic_version").fetchone()
+        except sqlite3.Error:
+            row = None
+        if row is None or row[0] != HEAD_REVISION:
+            yield None
+            return
+        connection.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
+        connection.execute("PRAGMA foreign_keys=ON")
+        yield connection
+        connection.commit()
+    except BaseException:
+        connection.rollback()
+        raise
+    finally:
+        connection.close()
+
+
+def rows(connection: sqlite3.Connection, sql: str, params: tuple[Any, ...] = ()) -> list[SimpleNamespace]:
+    """Rows as attribute objects, like the ORM's (datetimes stay text: callers convert what they read)."""
+    return [SimpleNamespace(**dict(row)) for row in connection.execute(sql, params).fetchall()]
+
+
+def insert(connection: sqlite3.Connection, table: str, values: dict[str, Any]) -> int:
+    columns = ", ".join(f'"{name}"' for name in values)
+    marks = ", ".join("?" for _ in values)
+    cursor = connection.execute(f"INSERT INTO {table} ({columns}) VALUES ({marks})", tuple(values.values()))
+    return int(cursor.lastrowid or 0)
+
+
+def update(connection: sqlite3.Connection, table: str, row_id: int, values: dict[str, Any]) -> None:
+    assignments = ", ".join(f'"{name}" = ?' for name in values)
+    connection.execute(f"UPDATE {table} SET {assignments} WHERE id = ?", (*values.values(), row_id))
