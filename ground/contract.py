@@ -49,6 +49,8 @@ MLFLOW_RUN_ID_FILE = "mlflow_run_id"
 PROGRESS_FILE = "progress.json"
 """Rank 0's heartbeat: step / total, recent s/step, checkpoint write time (``ground.progress``); read by
 ``idmctl jobs``/``watch`` for the ETA and by preflight for the step times of earlier runs."""
+EVENTS_FILE = "events.jsonl"
+"""Every attempt's start and checkpoint times, appended (``ground.run_events``); read by ``idmctl ledger``."""
 STAGE_MARKER = ".idmctl_staged"
 """Written into the staged cache copy on node-local disk once stage-in finished."""
 

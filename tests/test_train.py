@@ -23,7 +23,7 @@ from trainers.checkpoint import complete_checkpoints
 from ground.run_dir import write_run_spec
 from ground import tracking
 from ground.contract import (CAUSE_NAN_LOSS, ENV_ATTEMPT, ENV_INJECT_NAN_AT_STEP, ENV_RANK_DIGESTS, ENV_ROLLBACK,
-                             EXIT_NAN, EXIT_REQUEUE, FAILURE_FILE, FAILURE_MARKER, MLFLOW_RUN_ID_FILE)
+                             EXIT_NAN, EXIT_REQUEUE, FAILURE_FILE, FAILURE_MARKER, MLFLOW_RUN_ID_FILE, EVENTS_FILE)
 
 torch.set_num_threads(1)
 
@@ -149,6 +149,12 @@ def test_sigusr1_then_resume_equals_an_uninterrupted_run_in_one_mlflow_run(tiny_
     resumed = run_trainer(interrupted, **{ENV_ATTEMPT: "2"})
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resumed from step-{stopped_at:08d}.ckpt at step {stopped_at}" in resumed.stdout
+
+    # The event record the ledger splits GPU-hours by: each attempt's start, then its checkpoints.
+    progress = [json.loads(line) for line in (interrupted / EVENTS_FILE).read_text().splitlines()]
+    assert [(e["event"], e.get("step")) for e in progress] == [
+        ("start", None), ("checkpoint", stopped_at), ("start", None), ("checkpoint", 40)]
+    assert [e["at"] for e in progress] == sorted(e["at"] for e in progress)
 
     step_a, weights_a = final_weights(straight)
     step_b, weights_b = final_weights(interrupted)

@@ -51,6 +51,7 @@ import torch  # noqa: E402
 from ground.errors import UserError
 from ground.paths import atomic_write_text, sweep_dead_temp_files
 from ground.spec.schema import ExperimentSpec
+from ground.run_events import START, append_event
 from ground.tracking import best_metric
 from trainers.checkpoint import checkpoint_dir, latest_checkpoint, load_checkpoint, save_checkpoint
 from ground.contract import (CAUSE_NAN_LOSS, ENV_CACHE_ROOT, ENV_CHECKPOINT_EVERY, ENV_CODE_VERSION,
@@ -187,6 +188,8 @@ def fit(fabric: "Fabric", run: RunSpec) -> int:
 
     spec, rank = run.spec, fabric.global_rank
     signals = StopSignals()  # from the start: a SIGTERM during setup still ends in a checkpoint
+    if rank == 0:  # stage-in is over: from here on the GPUs work (the ledger splits lost hours here)
+        append_event(run.run_dir, START)
     fabric.seed_everything(spec.train.seed)
     model = build_model(spec, device=fabric.device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=spec.train.lr, weight_decay=spec.train.weight_decay)

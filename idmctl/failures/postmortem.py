@@ -11,7 +11,6 @@ import json
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
 
 from sqlalchemy import exists, func, or_
 from sqlmodel import Session, select
