@@ -104,7 +104,9 @@ def judge(job: "EffectiveJob", preflight: "PreflightRun | None", code_version: s
     measured = (measurements if measurements is not None
                 else gather(job.resolved, job.profile, code_version, memo_only=memo_only))
     timings["gather"] = (time.perf_counter() - tick) * 1000
-    measured = replace(measured, smoke=stored_smoke(preflight))
+    # As run_preflight: step times of earlier runs count only when they ran this very code (limits.derive).
+    measured = replace(measured, smoke=stored_smoke(preflight),
+                       recorded_runs=[r for r in measured.recorded_runs if r.code_version == code_version])
     ctx = PreflightContext(job.resolved, job.profile, measured)
     results: list[CheckResult] = []
     for module in STATIC_CHECKS:
