@@ -34,6 +34,8 @@ ENV_LOCAL_JOB_ID = "IDMCTL_LOCAL_JOB_ID"
 # Read by the control plane from the user's shell:
 ENV_CLUSTER = "IDMCTL_CLUSTER"
 ENV_EXPERIMENTS = "IDMCTL_EXPERIMENTS"
+ENV_DB_URL = "IDMCTL_DB_URL"
+"""``postgresql://user:password@host:port/db``: a store shared by the team instead of SQLite in ``$IDMCTL_HOME``."""
 # Test hooks, read by the trainer only when set:
 ENV_INJECT_NAN_AT_STEP = "IDMCTL_INJECT_NAN_AT_STEP"
 ENV_RANK_DIGESTS = "IDMCTL_TEST_RANK_DIGESTS"

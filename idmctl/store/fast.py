@@ -19,8 +19,11 @@ from typing import Any
 
 from ground.paths import db_path
 from idmctl.store.head import HEAD_REVISION
+from idmctl.store.url import shared_url, writer
 
 BUSY_TIMEOUT_S = 10.0
+WRITER_TABLES = frozenset({"spec_version", "preflight_run", "chain", "job", "failure", "fix", "node_exclusion"})
+"""Tables whose rows carry the writer's ``user`` and ``host`` (models.Written), as the ORM fills them."""
 
 
 def db_time(moment: datetime | None = None) -> str:
@@ -38,7 +41,11 @@ def from_db_time(text: str | None) -> datetime | None:
 
 @contextmanager
 def connect(path: Path | None = None) -> Iterator[sqlite3.Connection | None]:
-    """A connection (committed on success) to a store at head, or None: no store yet, or another revision."""
+    """A connection (committed on success) to a store at head, or None: no store yet, another revision,
+    or the team's PostgreSQL store (``IDMCTL_DB_URL``), which only the ORM path writes."""
+    if path is None and shared_url():
+        yield None
+        return
     db = Path(path or db_path())
     if not db.exists():
         yield None
@@ -70,6 +77,9 @@ def rows(connection: sqlite3.Connection, sql: str, params: tuple[Any, ...] = ())
 
 
 def insert(connection: sqlite3.Connection, table: str, values: dict[str, Any]) -> int:
+    if table in WRITER_TABLES:
+        user, host = writer()
+        values = {"user": user, "host": host, **values}
     columns = ", ".join(f'"{name}"' for name in values)
     marks = ", ".join("?" for _ in values)
     cursor = connection.execute(f"INSERT INTO {table} ({columns}) VALUES ({marks})", tuple(values.values()))
