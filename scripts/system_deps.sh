@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Debian packages the test suite needs: Slurm (+ munge), slurmdbd + MariaDB for real accounting,
-# Chromium for the MLflow UI check. Idempotent: installs only what is missing.
+# Chromium for the MLflow UI check, PostgreSQL for the shared-store tests (scripts/postgres/up.sh). Idempotent: installs only what is missing.
 set -euo pipefail
-PACKAGES=(munge slurmctld slurmd slurm-client slurmdbd mariadb-server chromium)
+PACKAGES=(munge slurmctld slurmd slurm-client slurmdbd mariadb-server chromium postgresql)
 missing=()
 for pkg in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")

@@ -1,5 +1,6 @@
 """The team's PostgreSQL store (``IDMCTL_DB_URL``): the same SQLModel models and Alembic migrations
-as the SQLite store. psycopg2 is imported (by SQLAlchemy) only here, only for such a URL.
+as the SQLite store. psycopg (3, SQLAlchemy 2.1's default driver) is imported
+only here, only for such a URL.
 
 Every way it can fail to open is one line naming the URL without its password and what to do:
 unreachable server, wrong password or database, a schema newer than this idmctl knows.
@@ -26,7 +27,7 @@ def _fail(url: str, what: str, hint: str) -> UserError:
 
 
 def _reason(exc: BaseException) -> str:
-    """The server's or libpq's first line (psycopg2 puts the useful part first), without the URL."""
+    """The server's or libpq's first line (psycopg puts the useful part first), without the URL."""
     orig = getattr(exc, "orig", None) or exc
     return (str(orig).strip().splitlines() or ["?"])[0]
 
@@ -56,9 +57,9 @@ def open_shared(url: str) -> Engine:
     try:
         engine = create_engine(url, pool_pre_ping=True, connect_args={"connect_timeout": CONNECT_TIMEOUT_S})
     except NoSuchModuleError as exc:
-        raise _fail(url, "no driver for this URL", "pip install psycopg2-binary (pyproject lists it)") from exc
+        raise _fail(url, "no driver for this URL", "pip install 'psycopg[binary]' (pyproject lists it)") from exc
     except ImportError as exc:
-        raise _fail(url, f"the PostgreSQL driver is missing ({exc.name})", "pip install psycopg2-binary") from exc
+        raise _fail(url, f"the PostgreSQL driver is missing ({exc.name})", "pip install 'psycopg[binary]'") from exc
     except Exception as exc:  # sqlalchemy.exc.ArgumentError: a URL it cannot parse
         raise _fail(url, f"not a usable URL ({exc})", "use postgresql://USER:PASSWORD@HOST:PORT/DB") from exc
     try:

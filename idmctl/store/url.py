@@ -11,7 +11,7 @@ from urllib.parse import urlsplit, urlunsplit
 from ground.contract import ENV_DB_URL
 from ground.errors import UserError
 
-SHARED_SCHEMES = ("postgresql", "postgresql+psycopg2")
+SHARED_SCHEMES = ("postgresql", "postgresql+psycopg", "postgresql+psycopg2")
 
 
 def shared_url() -> str | None:
