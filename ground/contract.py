@@ -48,6 +48,10 @@ MLFLOW_RUN_ID_FILE = "mlflow_run_id"
 STAGE_MARKER = ".idmctl_staged"
 """Written into the staged cache copy on node-local disk once stage-in finished."""
 
+REQUEUE_REFUSED = "idmctl: requeue refused by the cluster"
+"""The job script's line when the trainer checkpointed on the preemption notice but ``scontrol
+requeue`` was refused (a cluster whose preemption cancels): the taxonomy's ``preempted`` matches it."""
+
 # The line a job script or trainer prints before failing on purpose, read by the classifier:
 # ``IDMCTL_FAILURE cause=<cause> key=value ...``.
 FAILURE_MARKER = "IDMCTL_FAILURE"

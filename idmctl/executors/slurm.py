@@ -132,6 +132,7 @@ class SlurmExecutor:
                            f"--format={','.join(SACCT_FIELDS)}"])
             if result.returncode == 0:
                 statuses.update(parse_sacct(result.stdout))
+        self._hold_back_preempted(statuses)
         lagging = [i for i in ids if i not in statuses]
         if lagging:
             result = _run(["squeue", "-h", "-t", "all", "-j", ",".join(lagging), "-o", SQUEUE_FORMAT])
@@ -140,6 +141,20 @@ class SlurmExecutor:
             statuses.update({k: v for k, v in parse_squeue(result.stdout).items()
                              if k in lagging and not is_final(v.state)})
         return statuses
+
+    @staticmethod
+    def _hold_back_preempted(statuses: dict[str, JobStatus]) -> None:
+        """sacct says PREEMPTED as soon as a preemption starts, also on a cluster that cancels; the job
+        script may still checkpoint and requeue itself (it did on the local cluster with the QoS set to
+        cancel). Until squeue no longer shows the job live, it is not over: sync would otherwise resubmit
+        a chain whose job comes back by itself, and two attempts would train into one run directory."""
+        preempted = [i for i, status in statuses.items() if status.state.split(" ")[0] == "PREEMPTED"]
+        if not preempted:
+            return
+        result = _run(["squeue", "-h", "-t", "all", "-j", ",".join(preempted), "-o", SQUEUE_FORMAT])
+        for job_id, live in parse_squeue(result.stdout).items():
+            if job_id in statuses and not is_final(live.state):
+                statuses[job_id].state, statuses[job_id].ended_at = live.state, None
 
     def cancel(self, scheduler_id: str) -> None:
         # scancel exits 0 on an unknown id (slurm-notes 11); -v makes it say so on stderr.
