@@ -43,7 +43,7 @@ def from_db_time(text: str | None) -> datetime | None:
 def connect(path: Path | None = None) -> Iterator[sqlite3.Connection | None]:
     """A connection (committed on success) to a store at head, or None: no store yet, another revision,
     or the team's PostgreSQL store (``IDMCTL_DB_URL``), which only the ORM path writes."""
-    if path is None and shared_url():
+    if shared_url():  # whatever the path: the caller's default store is the shared one
         yield None
         return
     db = Path(path or db_path())

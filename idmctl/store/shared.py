@@ -32,17 +32,6 @@ def _reason(exc: BaseException) -> str:
     return (str(orig).strip().splitlines() or ["?"])[0]
 
 
-def _known_revisions() -> set[str]:
-    from idmctl.store.db import MIGRATIONS_DIR
-
-    found = set()
-    for path in (MIGRATIONS_DIR / "versions").glob("*.py"):
-        for line in path.read_text().splitlines():
-            if line.startswith("revision"):
-                found.add(line.split("=", 1)[1].split("#")[0].strip().strip("\"'"))
-    return found
-
-
 def _stored_revision(engine: Engine) -> str | None:
     with engine.connect() as connection:
         if connection.execute(text("SELECT to_regclass('alembic_version')")).scalar() is None:
@@ -52,7 +41,7 @@ def _stored_revision(engine: Engine) -> str | None:
 
 def open_shared(url: str) -> Engine:
     """An engine for the shared store, migrated to head (under an advisory lock when it is not)."""
-    from idmctl.store.db import upgrade
+    from idmctl.store.db import known_revisions, upgrade
 
     try:
         engine = create_engine(url, pool_pre_ping=True, connect_args={"connect_timeout": CONNECT_TIMEOUT_S})
@@ -65,7 +54,7 @@ def open_shared(url: str) -> Engine:
     try:
         stored = _stored_revision(engine)
         if stored != HEAD_REVISION:
-            if stored is not None and stored not in _known_revisions():
+            if stored is not None and stored not in known_revisions():
                 raise _fail(url, f"the shared store is at schema {stored}, newer than this idmctl knows "
                                  f"(head {HEAD_REVISION})", "upgrade idmctl to the team's version")
             with engine.connect() as connection:
