@@ -139,13 +139,13 @@ def run_costs_orm(db: Any, user: str | None = None) -> list[RunCost]:
     from idmctl.store.models import Failure, Job
 
     query = select(Job.id, Job.chain_id, Job.attempt, Job.experiment, Job.qos, Job.gpus, Job.state, Job.exit_code,
-                   Job.ended_at, Job.started_at, Job.options_json).where(Job.started_at.is_not(None))  # type: ignore[union-attr]
+                   Job.ended_at, Job.script_path, Job.started_at, Job.options_json).where(Job.started_at.is_not(None))  # type: ignore[union-attr]
     if user:
         query = query.where(Job.user == user)
     jobs = []
-    for *head, ended_at, started_at, options in db.exec(query).all():
+    for *head, ended_at, script, started_at, options in db.exec(query).all():
         seconds = None if ended_at is None else round(max(0.0, (ended_at - started_at).total_seconds()), 3)
-        jobs.append((*head, None if ended_at is None else str(ended_at), seconds,
+        jobs.append((*head, None if ended_at is None else str(ended_at), script, seconds,
                      options if '"runs"' in (options or "") else None))
     causes: dict[tuple[int, int], str] = {}
     for job_id, cause, detail in db.exec(select(Failure.job_id, Failure.cause, Failure.detail_json)).all():

@@ -119,7 +119,7 @@ def test_submit_to_the_shared_store_goes_through_the_orm(store_backend: str, tin
         chain = db.get(Chain, submitted["chain"])
         version = db.get(SpecVersion, resolved.hash)
     assert (job.state, job.preflight_id, job.user, chain.user) == ("PENDING", passed.id, "carol", "carol")
-    assert version is not None and chain.spec_hash == resolved.hash
+    assert version is not None and chain.spec_hash == resolved.hash and version.user == "carol"
     assert not (idmctl_home / "idmctl.sqlite").exists()
 
 
