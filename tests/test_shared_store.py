@@ -163,3 +163,36 @@ def test_a_store_from_a_newer_schema_is_refused(cli, store_backend: str) -> None
     line = _one_line_error(cli, "jobs")
     assert "the shared store is at schema 0999, newer than this idmctl knows" in line
     assert "upgrade idmctl to the team's version" in line and ":***@" in line
+
+
+def test_trainer_logs_to_a_shared_mlflow_server_backed_by_postgresql(tiny_cache, tmp_path: Path, monkeypatch) -> None:
+    """`idmctl ui`'s server on a PostgreSQL backend (the team's `mlflow` database: MLflow keeps its own
+    alembic_version, so never the store's database), the real trainer logging to it over HTTP, and
+    compare reading the run straight from PostgreSQL."""
+    import socket
+
+    from ground.spec.loader import load_spec
+    from ground.run_dir import write_run_spec
+    from idmctl.compare import load_runs
+    from idmctl.mlflow_server import backend_store_uri, start_server
+    from pg_support import fresh_database
+
+    with fresh_database() as mlflow_db:
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_db)
+        assert backend_store_uri() == mlflow_db
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        server = start_server("127.0.0.1", port, ready_timeout_s=120)
+        try:
+            run_dir = tmp_path / "shared_run"
+            write_run_spec(run_dir, load_spec(str(tiny_cache.spec_file(tmp_path / "specs", "shared_run",
+                                                                       train={"steps": 4, "log_every": 1}))))
+            env = {**os.environ, "PYTHONPATH": str(REPO), "MLFLOW_TRACKING_URI": server.local_url}
+            done = subprocess.run([sys.executable, "-m", "trainers.train", "--run-dir", str(run_dir)],
+                                  capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+            assert done.returncode == 0, done.stderr[-3000:]
+        finally:
+            server.stop()
+        [row] = load_runs(tracking_uri=mlflow_db)
+        assert row.name == "shared_run" and row.steps_done == 4 and row.metrics["loss"].points == 4
