@@ -22,7 +22,6 @@ from ground.spec.loader import load_spec
 from trainers.checkpoint import complete_checkpoints
 from ground.run_dir import write_run_spec
 from ground import tracking
-from slurm_support import wait_until
 from ground.contract import (CAUSE_NAN_LOSS, ENV_ATTEMPT, ENV_INJECT_NAN_AT_STEP, ENV_RANK_DIGESTS, ENV_ROLLBACK,
                              EXIT_NAN, EXIT_REQUEUE, FAILURE_FILE, FAILURE_MARKER, MLFLOW_RUN_ID_FILE, EVENTS_FILE)
 
@@ -247,32 +246,24 @@ def test_rollback_after_a_nan_skips_the_bad_batches_and_finishes(tiny_cache, tmp
 
 
 def test_a_resume_from_an_older_checkpoint_supersedes_the_points_after_it(tiny_cache, tmp_path: Path) -> None:
-    """A node dies hard (SIGKILL: no checkpoint at exit) after step 10; the last checkpoint is step 8.
-    The next attempt retrains 9..12 into the same MLflow run. MLflow keeps both attempts' points for
-    9 and 10 (its issue #4248); compare and the plots read each step once, from the attempt that counts."""
+    """Attempt 1 logs steps 1..10 and stops at step 11 (a NaN: no checkpoint of it; a node that died hard
+    looks the same) with its last checkpoint at step 8. Attempt 2, the chain's rollback, resumes from 8
+    and logs 9..12 into the same MLflow run. MLflow keeps both attempts' points for 9 and 10 (its issue
+    #4248); compare and the plots read each step once, from the attempt that counts."""
     from mlflow.tracking import MlflowClient
 
     from ground.paths import mlflow_tracking_uri
     from idmctl.compare import load_runs, surviving_history
 
     run_dir = prepare_run(tiny_cache, tmp_path, "tiny_older", train={"steps": 12, "checkpoint_every": 4, "log_every": 1})
-    process = subprocess.Popen([sys.executable, "-m", "trainers.train", "--run-dir", str(run_dir)],
-                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                               env=trainer_env(**{ENV_ATTEMPT: "1"}), cwd=REPO_ROOT)
-    assert process.stdout is not None
-    for line in process.stdout:
-        if line.startswith("step 10/"):
-            break
+    first = run_trainer(run_dir, **{ENV_ATTEMPT: "1", ENV_INJECT_NAN_AT_STEP: "11"})
+    assert first.returncode == EXIT_NAN, first.stderr[-3000:]
+    assert [step for step, _ in complete_checkpoints(run_dir)][-1] == 8
     run_id = (run_dir / MLFLOW_RUN_ID_FILE).read_text().strip()
     client = MlflowClient(tracking_uri=mlflow_tracking_uri())
-    # Step 10's point is logged right after its line is printed: kill once it is in the store.
-    wait_until(lambda: 10 in [m.step for m in client.get_metric_history(run_id, tracking.M_LOSS)], 60,
-               "step 10's loss point in MLflow")
-    process.kill()
-    process.wait(timeout=60)
-    assert [step for step, _ in complete_checkpoints(run_dir)] == [4, 8]
+    assert max(step for step, _ in metric_history(run_id, tracking.M_LOSS)) == 10
 
-    resumed = run_trainer(run_dir, **{ENV_ATTEMPT: "2"})
+    resumed = run_trainer(run_dir, **{ENV_ATTEMPT: "2", ENV_INJECT_NAN_AT_STEP: "11", ENV_ROLLBACK: "1"})
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed from step-00000008.ckpt at step 8" in resumed.stdout
 
@@ -281,7 +272,7 @@ def test_a_resume_from_an_older_checkpoint_supersedes_the_points_after_it(tiny_c
     curve = surviving_history(client, run_id, tracking.M_LOSS)
     assert [step for step, _ in curve] == list(range(1, 13))  # each step once
     started_again = max(m.timestamp for m in client.get_metric_history(run_id, tracking.M_ATTEMPT_START))
-    for step in (9, 10):  # the resumed attempt's point (the resume is exact: the values agree as well)
+    for step in (9, 10):  # the rollback attempt's point, not the first attempt's
         [kept] = [m.value for m in client.get_metric_history(run_id, tracking.M_LOSS)
                   if m.step == step and m.timestamp >= started_again]
         assert dict(curve)[step] == kept
