@@ -37,6 +37,8 @@ ENV_LOCAL_JOB_ID = "IDMCTL_LOCAL_JOB_ID"
 # Read by the control plane from the user's shell:
 ENV_CLUSTER = "IDMCTL_CLUSTER"
 ENV_EXPERIMENTS = "IDMCTL_EXPERIMENTS"
+ENV_DB_URL = "IDMCTL_DB_URL"
+"""``postgresql://user:password@host:port/db``: a store shared by the team instead of SQLite in ``$IDMCTL_HOME``."""
 # Test hooks, read by the trainer only when set:
 ENV_INJECT_NAN_AT_STEP = "IDMCTL_INJECT_NAN_AT_STEP"
 ENV_RANK_DIGESTS = "IDMCTL_TEST_RANK_DIGESTS"
@@ -53,6 +55,10 @@ EVENTS_FILE = "events.jsonl"
 """Every attempt's start and checkpoint times, appended (``ground.run_events``); read by ``idmctl ledger``."""
 STAGE_MARKER = ".idmctl_staged"
 """Written into the staged cache copy on node-local disk once stage-in finished."""
+
+REQUEUE_REFUSED = "idmctl: requeue refused by the cluster"
+"""The job script's line when the trainer checkpointed on the preemption notice but ``scontrol
+requeue`` was refused (a cluster whose preemption cancels): the taxonomy's ``preempted`` matches it."""
 
 # The line a job script or trainer prints before failing on purpose, read by the classifier:
 # ``IDMCTL_FAILURE cause=<cause> key=value ...``.

@@ -214,6 +214,8 @@ def fit(fabric: "Fabric", run: RunSpec) -> int:
                         hint="add demos or lower loader.batch_size")
     evaluators = _build_evaluators(fabric, spec)
     logger = _open_logger(fabric, run)  # after every check that can refuse the spec: no orphan MLflow runs
+    if logger:
+        logger.start_attempt(state["step"])
     consumed, noise_seed = state["step"] * spec.grad_accum, spec.train.seed
     nan_step = _rollback_past(fabric, run, state["step"])
     if nan_step is not None:

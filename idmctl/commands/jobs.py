@@ -157,6 +157,7 @@ def jobs(
     limit: Annotated[int, typer.Option("--limit", help="Newest N jobs.")] = 30,
     ui_url: Annotated[str, typer.Option("--ui-url", help="Where `idmctl ui` serves, for the run links.")] = "http://127.0.0.1:5000",
     as_json: JsonOpt = False,
+    user: Annotated[str | None, typer.Option("--user", help="Only jobs this user submitted (a team's shared store holds everyone's).")] = None,
 ) -> None:
     """Recorded jobs, newest first: state as the scheduler reports it, queue wait, restarts, MLflow run."""
     if ctx.invoked_subcommand is not None:
@@ -166,7 +167,7 @@ def jobs(
     from idmctl.jobs.eta import eta_for_job
     from idmctl.jobs.listing import queue_wait_seconds, read_jobs
 
-    fast = read_jobs(db_path(), limit)
+    fast = read_jobs(db_path(), limit, user)
     if fast is not None:
         rows, chains = fast
     else:
@@ -176,7 +177,8 @@ def jobs(
         from idmctl.store.models import Chain, Job
 
         with session() as db:
-            rows = db.exec(select(Job).order_by(Job.id.desc()).limit(limit)).all()  # type: ignore[union-attr]
+            query = select(Job) if user is None else select(Job).where(Job.user == user)
+            rows = db.exec(query.order_by(Job.id.desc()).limit(limit)).all()  # type: ignore[union-attr]
             chain_ids = {j.chain_id for j in rows if j.chain_id is not None}
             chains = {c.id: c for c in db.exec(select(Chain).where(Chain.id.in_(chain_ids)))}
     run_of_chain = {cid: c.mlflow_run_id for cid, c in chains.items()}
@@ -187,7 +189,7 @@ def jobs(
         "scheduler_id": j.scheduler_id, "state": j.state, "reason": j.reason, "exit_code": j.exit_code,
         "restarts": j.restarts, "qos": j.qos, "nodes": j.node_list, "queue_wait_s": queue_wait_seconds(j),
         "submitted_at": j.submitted_at, "started_at": j.started_at, "ended_at": j.ended_at,
-        "forced": j.forced_reason, "mlflow_run_id": run_of_chain.get(j.chain_id),
+        "forced": j.forced_reason, "user": j.user, "host": j.host, "mlflow_run_id": run_of_chain.get(j.chain_id),
         "run_url": run_url(run_of_chain[j.chain_id], ui_url) if run_of_chain.get(j.chain_id) else None,
         "eta": etas[j.id].as_dict() if etas.get(j.id) else None,
     } for j in rows]

@@ -150,6 +150,7 @@ class SlurmExecutor:
                 # sacct talks to slurmdbd only ("Problem talking to the database: Connection refused").
                 raise SchedulerUnreachable("slurmdbd", "sacct", _last_error(result))
             statuses.update(parse_sacct(result.stdout))
+        self._hold_back_preempted(statuses)
         lagging = [i for i in ids if i not in statuses]
         if lagging:
             result = _run(["squeue", "-h", "-t", "all", "-j", ",".join(lagging), "-o", SQUEUE_FORMAT])
@@ -163,6 +164,20 @@ class SlurmExecutor:
         elif ids:
             check_controller()  # sacct answers from the database even while the controller is down
         return statuses
+
+    @staticmethod
+    def _hold_back_preempted(statuses: dict[str, JobStatus]) -> None:
+        """sacct says PREEMPTED as soon as a preemption starts, also on a cluster that cancels; the job
+        script may still checkpoint and requeue itself (it did on the local cluster with the QoS set to
+        cancel). Until squeue no longer shows the job live, it is not over: sync would otherwise resubmit
+        a chain whose job comes back by itself, and two attempts would train into one run directory."""
+        preempted = [i for i, status in statuses.items() if status.state.split(" ")[0] == "PREEMPTED"]
+        if not preempted:
+            return
+        result = _run(["squeue", "-h", "-t", "all", "-j", ",".join(preempted), "-o", SQUEUE_FORMAT])
+        for job_id, live in parse_squeue(result.stdout).items():
+            if job_id in statuses and not is_final(live.state):
+                statuses[job_id].state, statuses[job_id].ended_at = live.state, None
 
     def cancel(self, scheduler_id: str) -> None:
         # scancel exits 0 on an unknown id (slurm-notes 11); -v makes it say so on stderr.

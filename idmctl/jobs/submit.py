@@ -227,8 +227,9 @@ def _update(job_id: int, job_values: dict[str, Any], chain_id: int, chain_values
     return job, chain
 
 
-def resubmit(job_id: int, extra_env: dict[str, str], reason: str) -> "Job":
-    """A new attempt of the job's chain with the same options (plus current node exclusions)."""
+def resubmit(job_id: int, extra_env: dict[str, str], reason: str, spends_retry: bool = True) -> "Job":
+    """A new attempt of the job's chain with the same options (plus current node exclusions);
+    ``spends_retry`` False where it stands in for a requeue the cluster would not do."""
     from idmctl.store.db import session
     from idmctl.store.models import Chain, Job
 
@@ -238,8 +239,9 @@ def resubmit(job_id: int, extra_env: dict[str, str], reason: str) -> "Job":
             raise UserError(f"no job {job_id}", field="JOB")
         chain = db.get(Chain, old.chain_id)
         assert chain is not None
-        chain.retries_used += 1
-        db.add(chain)
+        if spends_retry:
+            chain.retries_used += 1
+            db.add(chain)
         spec_json = json.loads(Path(old.script_path or "").with_name(SPEC_FILE).read_text())
     options_data = {k: v for k, v in json.loads(old.options_json).items() if k in JobOptions.__dataclass_fields__}
     options = with_exclusions(JobOptions(**options_data), active_exclusions())

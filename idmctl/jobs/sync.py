@@ -178,7 +178,8 @@ def sync(retry: bool = True) -> SyncReport:
                 report.stopped.append((job_id, f"{decision.cause}: {decision.why}"))
             db.add(chain)
         if decision.action == "retry":
-            new_job = resubmit(job_id, decision.extra_env, reason=f"{decision.cause}: {decision.why}")
+            new_job = resubmit(job_id, decision.extra_env, reason=f"{decision.cause}: {decision.why}",
+                               spends_retry=decision.spends_retry)
             report.resubmitted.append((job_id, new_job.id or 0))
     if ended:  # classify now: Failure rows with evidence, and the chain's MLflow run marked FAILED/KILLED
         from idmctl.failures.postmortem import record_failures

@@ -19,8 +19,11 @@ from typing import Any
 
 from ground.paths import db_path
 from idmctl.store.head import HEAD_REVISION
+from idmctl.store.url import shared_url, writer
 
 BUSY_TIMEOUT_S = 10.0
+WRITER_TABLES = frozenset({"spec_version", "preflight_run", "chain", "job", "failure", "fix", "node_exclusion"})
+"""Tables whose rows carry the writer's ``user`` and ``host`` (models.Written), as the ORM fills them."""
 
 
 def db_time(moment: datetime | None = None) -> str:
@@ -63,7 +66,11 @@ def _open(db: Path) -> sqlite3.Connection | None:
 @contextmanager
 def connect(path: Path | None = None) -> Iterator[sqlite3.Connection | None]:
     """A transaction (committed on success, rolled back on error) on a store at head, or None: no store
-    yet, or another revision (the caller then takes the ORM path, which migrates)."""
+    yet, another revision (the caller then takes the ORM path, which migrates), or the team's PostgreSQL
+    store (``IDMCTL_DB_URL``), which only the ORM path writes."""
+    if shared_url():  # whatever the path: the caller's default store is the shared one
+        yield None
+        return
     db = Path(path or db_path())
     connection = _OPEN.get(str(db))
     if connection is None:
@@ -85,6 +92,9 @@ def rows(connection: sqlite3.Connection, sql: str, params: tuple[Any, ...] = ())
 
 
 def insert(connection: sqlite3.Connection, table: str, values: dict[str, Any]) -> int:
+    if table in WRITER_TABLES:
+        user, host = writer()
+        values = {"user": user, "host": host, **values}
     columns = ", ".join(f'"{name}"' for name in values)
     marks = ", ".join("?" for _ in values)
     cursor = connection.execute(f"INSERT INTO {table} ({columns}) VALUES ({marks})", tuple(values.values()))
