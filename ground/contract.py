@@ -16,6 +16,10 @@ EXIT_NAN = 3
 """The loss went non-finite: the trainer wrote ``failure.json`` and kept no checkpoint of the bad step."""
 EXIT_REQUEUE = 75
 """EX_TEMPFAIL: interrupted by SIGUSR1/SIGTERM after checkpointing; the job script requeues itself."""
+EXIT_NODE_UNFIT = 78
+"""EX_CONFIG: the node guard (``trainers.node_guard``) found the node unfit before stage-in or training."""
+EXIT_HANG = 79
+"""The job script's watchdog killed a trainer whose heartbeat stopped (stacks dumped first)."""
 
 # Environment variables. Set by the job script (rendered by idmctl/jobs/render.py):
 ENV_HOME = "IDMCTL_HOME"
@@ -31,6 +35,9 @@ ENV_CACHE_ROOT = "IDMCTL_CACHE_ROOT"
 """Overrides ``data.cache_root`` in the trainer (the staged copy on node-local disk); not in the spec hash."""
 ENV_LOCAL_JOB_ID = "IDMCTL_LOCAL_JOB_ID"
 """The local executor's job id (what ``SLURM_JOB_ID`` is under Slurm)."""
+ENV_SHM_DIR = "IDMCTL_SHM_DIR"
+"""Where the node guard looks for shared-memory segments (default ``/dev/shm``); tests point it at a small
+tmpfs, ``{node}`` standing for the node's name (the test cluster's nodes share one host)."""
 # Read by the control plane from the user's shell:
 ENV_CLUSTER = "IDMCTL_CLUSTER"
 ENV_EXPERIMENTS = "IDMCTL_EXPERIMENTS"
@@ -49,6 +56,10 @@ STAGE_MARKER = ".idmctl_staged"
 # The line a job script or trainer prints before failing on purpose, read by the classifier:
 # ``IDMCTL_FAILURE cause=<cause> key=value ...``.
 FAILURE_MARKER = "IDMCTL_FAILURE"
+CAUSE_NODE_UNFIT = "node_unfit"
+"""The node guard's cause: the node cannot run this job (stale /dev/shm, full scratch, missing GPUs or cache)."""
+CAUSE_HANG = "hang"
+"""The watchdog's cause: the trainer's heartbeat stopped for longer than the cluster's hang threshold."""
 CAUSE_NAN_LOSS = "nan_loss"
 """The cause the trainer reports for a non-finite loss (marker line, ``failure.json``, MLflow tag): a cause
 name of idmctl/failures/taxonomy.yaml, whose ``action`` decides what sync does (a test checks the name)."""

@@ -192,6 +192,9 @@ class RenderContext:
     python: str = sys.executable
     repo_root: Path = REPO_ROOT
     extra_env: dict[str, str] = field(default_factory=dict)
+    stage_bytes: int | None = None
+    """What stage-in copies to each node (the disk check's number at submit); the node guard compares
+    it with the node's free scratch. None: not known, the guard skips that comparison."""
 
 
 def render_script(resolved: ResolvedSpec, options: JobOptions, ctx: RenderContext) -> str:
@@ -234,6 +237,7 @@ def render_script(resolved: ResolvedSpec, options: JobOptions, ctx: RenderContex
                          routed_blocks=spec.data.selected_blocks if spec.stage.layers == "routed" else None,
                          suffix=".pt" if spec.data.cache_format == "legacy_pt" else ".safetensors", python=ctx.python)
     q = shlex.quote
+    guard = _guard_lines(resolved, options, ctx)
     body = [
         "set -uo pipefail",
         *(f"export {key}={q(value)}" for key, value in env.items()),
@@ -242,7 +246,11 @@ def render_script(resolved: ResolvedSpec, options: JobOptions, ctx: RenderContex
         f'echo "idmctl: job ${{SLURM_JOB_ID:-local}} chain ${contract.ENV_CHAIN_ID} attempt ${contract.ENV_ATTEMPT}'
         ' restart ${SLURM_RESTART_COUNT:-0} on $(hostname) at $(date -Is)"',
         "",
+        *guard,
+        "node_guard stage" + _guard_stage_args(resolved, options, ctx),
+        "",
         stage,
+        "node_guard train",
         "",
         "# Ranks: srun under Slurm (Fabric reads SLURM_* and needs ntasks-per-node == devices);",
         "# the local executor runs the same script without srun.",
@@ -271,6 +279,47 @@ def render_script(resolved: ResolvedSpec, options: JobOptions, ctx: RenderContex
         'exit "$STATUS"',
     ]
     return "\n".join([*header, *body]) + "\n"
+
+
+def _guard_lines(resolved: ResolvedSpec, options: JobOptions, ctx: RenderContext) -> list[str]:
+    """``node_guard PHASE [ARGS]``: trainers.node_guard on every node with the needs computed here
+    (shm from the preflight's arithmetic, GPUs from the request); an unfit node ends the job with
+    ``EXIT_NODE_UNFIT`` and the marker line the classifier reads as ``node_unfit``."""
+    from idmctl.preflight.shm import need_bytes
+
+    shm_need = need_bytes(resolved.spec)
+    q = shlex.quote
+    guard = f"{q(ctx.python)} -m trainers.node_guard --shm-need {shm_need} --gpus {options.gpus_per_node}"
+    return [
+        f"# node guard: /dev/shm free vs the loader's {shm_need:,} B (stale segments of dead jobs are the evidence),",
+        f"# scratch vs stage-in bytes, the {options.gpus_per_node} GPUs requested visible, the cache mounted; before stage-in and training.",
+        "node_guard() {",
+        '  if [ -n "${SLURM_JOB_ID:-}" ] && [ "${SLURM_JOB_NUM_NODES:-1}" -gt 1 ]; then',
+        '    srun --nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 \\',
+        f'      {guard} --phase "$@"',
+        "  else",
+        f'    {guard} --phase "$@"',
+        "  fi",
+        "  local status=$?",
+        '  if [ "$status" -ne 0 ]; then',
+        '    echo "idmctl: node guard ($1) failed with exit $status at $(date -Is): ending the job before it runs"',
+        '    exit "$status"',
+        "  fi",
+        "}",
+    ]
+
+
+def _guard_stage_args(resolved: ResolvedSpec, options: JobOptions, ctx: RenderContext) -> str:
+    """The stage phase also checks the cache mount (when stage-in or the trainer reads it: another
+    ``--entry``, such as the tests' stand-ins, may read no cache) and scratch against stage-in bytes."""
+    spec, q = resolved.spec, shlex.quote
+    args = ""
+    if spec.stage.enabled or options.entry == DEFAULT_ENTRY:
+        args += f" --cache-root {q(str(check_shell_path(spec.data.cache_root, 'data.cache_root', str(resolved.path))))}"
+    if spec.stage.enabled and ctx.stage_bytes is not None:
+        dest = check_shell_path(spec.stage.dest, "stage.dest", str(resolved.path))
+        args += f" --stage-dest {q(str(dest))} --stage-bytes {int(ctx.stage_bytes)}"
+    return args
 
 
 def _multi_node_env(options: JobOptions) -> list[str]:

@@ -5,12 +5,23 @@ queue × 8 ranks → ENOSPC). ``num_workers 0`` keeps batches in the rank's own 
 from __future__ import annotations
 
 from ground.geometry import sample_io
+from ground.spec.schema import ExperimentSpec
 from idmctl.preflight.result import CheckResult, PreflightContext, Status
 from ground.units import format_bytes
 
 NAME = "shm"
 WARN_FRACTION = 0.8
 """Above this share of /dev/shm other tenants of the node (and pinned copies) can tip it over."""
+
+
+def need_bytes(spec: ExperimentSpec) -> int:
+    """Bytes of /dev/shm one node's DataLoader workers hold at once (0 with ``num_workers 0``); the
+    node guard gets this number from the rendered job script."""
+    loader = spec.loader
+    if loader.num_workers == 0:
+        return 0
+    return (spec.resources.ranks_per_node * loader.num_workers * loader.effective_prefetch * loader.batch_size
+            * sample_io(spec.data, mmap=True).bytes)
 
 
 def check(ctx: PreflightContext) -> CheckResult:
@@ -27,7 +38,7 @@ def check(ctx: PreflightContext) -> CheckResult:
     # What a worker hands the rank is the sliced sample, whatever mmap did to the read.
     sample = sample_io(spec.data, mmap=True)
     ranks, workers, prefetch, batch = res.ranks_per_node, loader.num_workers, loader.effective_prefetch, loader.batch_size
-    need = ranks * workers * prefetch * batch * sample.bytes
+    need = need_bytes(spec)
     arithmetic = (f"{ranks} ranks × {workers} workers × {prefetch} prefetch × batch {batch} × {sample.bytes:,} B/sample "
                   f"= {need:,} B ({format_bytes(need)}) vs {format_bytes(capacity)} {source}")
     numbers = {"need_bytes": need, "capacity_bytes": capacity, "sample_bytes": sample.bytes, "ranks_per_node": ranks,
