@@ -50,6 +50,9 @@ ENV_RANK_DIGESTS = "IDMCTL_TEST_RANK_DIGESTS"
 SPEC_FILE = "spec.json"
 FAILURE_FILE = "failure.json"
 MLFLOW_RUN_ID_FILE = "mlflow_run_id"
+TRAINER_STATS_FILE = "trainer_stats.json"
+"""Rank 0's totals per run of each attempt (steps, step and data-wait seconds, peak memory, GPU utilisation;
+``ground.trainer_stats``): the trainer's half of the efficiency report sync writes when a job ends."""
 STAGE_MARKER = ".idmctl_staged"
 """Written into the staged cache copy on node-local disk once stage-in finished."""
 

@@ -207,6 +207,7 @@ def fit(fabric: "Fabric", run: RunSpec) -> int:
     # The hook stands for a transient NaN: a rolled-back attempt does not see it again.
     inject_nan_at = 0 if nan_step is not None else int(os.environ.get(ENV_INJECT_NAN_AT_STEP, "0"))
     window = _Window()
+    totals = _StatsKeeper(run.run_dir, fabric.device) if rank == 0 else None
 
     while state["step"] < spec.train.steps:
         step = state["step"] + 1
@@ -240,6 +241,8 @@ def fit(fabric: "Fabric", run: RunSpec) -> int:
 
         if step % spec.train.log_every == 0 or step == spec.train.steps or stop:
             _log_window(fabric, logger, spec, step, lr, window)
+            if totals:
+                totals.record(window)
             window = _Window()
         if step % spec.train.checkpoint_every == 0 or step == spec.train.steps:
             validate(fabric, model, evaluators, spec, state, logger, step)
@@ -271,6 +274,36 @@ class _Window:
 
     def add(self, loss: float, seconds: float) -> None:
         self.steps, self.loss, self.seconds = self.steps + 1, self.loss + loss, self.seconds + seconds
+
+
+class _StatsKeeper:
+    """Rank 0's totals for this run of the attempt (``ground.trainer_stats``), written at each log line:
+    the trainer's half of the job's efficiency report (data-wait fraction, peak memory, GPU utilisation)."""
+
+    def __init__(self, run_dir: Path, device: torch.device) -> None:
+        from ground.contract import ENV_ATTEMPT
+        from ground.trainer_stats import RunStats, run_key
+
+        self.run_dir, self.device = run_dir, device
+        self.key = run_key(os.environ.get(ENV_ATTEMPT, "1"), os.environ.get("SLURM_RESTART_COUNT", "0"))
+        self.stats = RunStats(device=device.type)
+
+    def record(self, window: "_Window") -> None:
+        from ground.trainer_stats import write_run
+
+        stats = self.stats
+        stats.steps += window.steps
+        stats.step_s += window.seconds
+        stats.data_wait_s += window.data_wait_s
+        stats.peak_mem_bytes = max(stats.peak_mem_bytes, peak_memory_bytes(self.device))
+        stats.host_peak_rss_bytes = max(stats.host_peak_rss_bytes, host_peak_rss_bytes())
+        if self.device.type == "cuda":
+            try:  # NVML through torch; absent NVML leaves utilisation unmeasured, never fails the run
+                stats.gpu_util_sum += float(torch.cuda.utilization(self.device))
+                stats.gpu_util_samples += 1
+            except Exception:  # noqa: BLE001 (pynvml missing or the driver refuses: no number)
+                pass
+        write_run(self.run_dir, self.key, stats)
 
 
 def _log_window(fabric: "Fabric", logger: "RunLogger | None", spec: ExperimentSpec, step: int, lr: float,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Annotated
 
@@ -71,6 +72,20 @@ def submit(
     console.print(f"log    {job.log_path}", markup=False)
     if job.forced_reason:
         console.print(f"FORCED without preflight: {job.forced_reason}", markup=False)
+    _print_suggestions(job.experiment, json.loads(job.options_json or "{}"))
+
+
+def _print_suggestions(experiment: str, options: dict) -> None:
+    """What the last ended job of this experiment says the next one should ask for (issue 19 §3)."""
+    from idmctl.jobs.efficiency import last_report, still_apply
+
+    report = last_report(experiment)
+    suggestions = still_apply(report, options) if report else []
+    if not report or not suggestions:
+        return
+    console.print(f"from the efficiency report of job {report.job} (`idmctl jobs show` for all of it):", markup=False)
+    for suggestion in suggestions:
+        console.print(f"  suggest {suggestion.line()}", markup=False)
 
 
 def sync(
@@ -185,4 +200,7 @@ def register(app: typer.Typer) -> None:
     jobs_app = typer.Typer(invoke_without_command=True, help="Recorded jobs; `jobs import` pulls sacct history.")
     jobs_app.callback()(jobs)
     jobs_app.command("import")(jobs_import)
+    from idmctl.commands.job_show import show
+
+    jobs_app.command("show")(show)
     app.add_typer(jobs_app, name="jobs")

@@ -73,7 +73,8 @@ def _apply(job: Job, status: JobStatus) -> bool:
         options["runs"] = [{"state": r.state, "exit_code": r.exit_code, "reason": r.reason,
                             "started_at": r.started_at.isoformat() if r.started_at else None,
                             "ended_at": r.ended_at.isoformat() if r.ended_at else None,
-                            "node_list": r.node_list, "steps": [list(step) for step in r.steps]}
+                            "node_list": r.node_list, "steps": [list(step) for step in r.steps],
+                            **({"usage": r.usage, "step_usage": r.step_usage} if r.usage else {})}
                            for r in status.runs]
         job.options_json = json.dumps(options)
     job.log_tail = log_tail(job.log_path) or job.log_tail
@@ -124,10 +125,11 @@ def sync(retry: bool = True) -> SyncReport:
                 if _apply(row, status):
                     report.changed.append(row.id or 0)
                 _exclude_nodes_that_failed(db, row, status)
-                if is_final(row.state):
-                    ended.append(row.id or 0)
                 db.add(row)
                 _note_mlflow_run(db, row)
+                if is_final(row.state):
+                    ended.append(row.id or 0)
+                    _record_efficiency(row)
     report.finished = ended
     for job_id in ended:
         with session() as db:
@@ -149,12 +151,62 @@ def sync(retry: bool = True) -> SyncReport:
         if decision.action == "retry":
             new_job = resubmit(job_id, decision.extra_env, reason=f"{decision.cause}: {decision.why}")
             report.resubmitted.append((job_id, new_job.id or 0))
+    if ended:
+        _log_efficiency(ended)
     if ended:  # classify now: Failure rows with evidence, and the chain's MLflow run marked FAILED/KILLED
         from idmctl.failures.postmortem import record_failures
 
         with session() as db:
             record_failures(db, [job for job in (db.get(Job, job_id) for job_id in ended) if job is not None])
     return report
+
+
+def _record_efficiency(job: Job) -> None:
+    """The efficiency report of a job that just ended, kept on its row (``options_json`` ``efficiency``)."""
+    from ground.trainer_stats import attempt_totals
+    from idmctl.jobs.efficiency import report
+
+    options = json.loads(job.options_json or "{}")
+    runs = options.get("runs") or [{"state": job.state}]
+    run_dir = run_dir_of(job)
+    trainer = attempt_totals(run_dir, job.attempt) if run_dir is not None else None
+    options["efficiency"] = report(job.scheduler_id or f"#{job.id}", runs[-1], options, trainer).as_dict()
+    job.options_json = json.dumps(options)
+
+
+def _log_efficiency(job_ids: list[int]) -> None:
+    """The reports onto each chain's MLflow run: metrics at step = attempt, the lines as a tag."""
+    with session() as db:
+        pairs = [(job, db.get(Chain, job.chain_id)) for job in (db.get(Job, i) for i in job_ids)
+                 if job is not None and job.chain_id is not None]
+        todo = [(job.attempt, chain.mlflow_run_id, json.loads(job.options_json or "{}").get("efficiency"))
+                for job, chain in pairs if chain is not None and chain.mlflow_run_id]
+    todo = [item for item in todo if item[2]]
+    if not todo:
+        return
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient  # heavy (~1.3 s): only when a job with a run ended
+
+    from ground import tracking as names
+    from ground.paths import mlflow_tracking_uri
+    from idmctl.jobs.efficiency import EfficiencyReport
+    from idmctl.output import err_console
+
+    with names.store_init_lock():
+        client = MlflowClient(tracking_uri=mlflow_tracking_uri())
+    for attempt, run_id, data in todo:
+        found = EfficiencyReport.from_dict(data)
+        metrics = {names.M_JOB_CPU_EFF: found.cpu_eff, names.M_JOB_MEM_EFF: found.mem_eff,
+                   names.M_JOB_TIME_FRAC: found.time_frac, names.M_JOB_PEAK_RSS: found.peak_rss_bytes}
+        try:
+            for key, value in metrics.items():
+                if value is not None:
+                    client.log_metric(run_id, key, float(value), step=attempt)
+            text = "\n".join([*found.lines(), *(f"suggest {s.line()}" for s in found.suggestions)])
+            client.set_tag(run_id, f"{names.TAG_EFFICIENCY}.attempt-{attempt}", text[:5000] or "no figures")
+        except MlflowException as exc:  # the report on our row matters more than its copy in MLflow
+            err_console.print(f"warning: could not log the efficiency of attempt {attempt} to MLflow run {run_id}: "
+                              f"{exc}", markup=False)
 
 
 def _exclude_nodes_that_failed(db: Session, job: Job, status: JobStatus) -> None:
