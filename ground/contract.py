@@ -50,6 +50,12 @@ ENV_RANK_DIGESTS = "IDMCTL_TEST_RANK_DIGESTS"
 SPEC_FILE = "spec.json"
 FAILURE_FILE = "failure.json"
 MLFLOW_RUN_ID_FILE = "mlflow_run_id"
+PROGRESS_FILE = "progress.json"
+"""Rank 0's heartbeat: step / total, recent s/step, checkpoint write time (``ground.progress``); read by
+``idmctl jobs``/``watch`` for the ETA and by preflight for the step times of earlier runs."""
+STACKS_SIGNAL = "USR2"
+"""The signal on which every rank dumps its Python stacks (``faulthandler.register``) into the job log: the
+watchdog sends it before it kills a hung job."""
 TRAINER_STATS_FILE = "trainer_stats.json"
 """Rank 0's totals per run of each attempt (steps, step and data-wait seconds, peak memory, GPU utilisation;
 ``ground.trainer_stats``): the trainer's half of the efficiency report sync writes when a job ends."""

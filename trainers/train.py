@@ -45,6 +45,7 @@ from ground.tracking import best_metric
 from trainers.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from ground.contract import (CAUSE_NAN_LOSS, ENV_CACHE_ROOT, ENV_CODE_VERSION, ENV_INJECT_NAN_AT_STEP, ENV_RANK_DIGESTS,
                              ENV_ROLLBACK, EXIT_NAN, EXIT_REQUEUE, FAILURE_FILE, FAILURE_MARKER, code_version)
+from ground.heartbeat import beat
 from ground.run_dir import RunSpec, read_run_spec, write_run_spec  # noqa: F401  (re-exported)
 
 if TYPE_CHECKING:
@@ -237,6 +238,8 @@ def fit(fabric: "Fabric", run: RunSpec) -> int:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         state["step"] = step
+        if rank == 0:
+            beat(run.run_dir)  # the heartbeat the job script's hang watchdog reads (one utime per step)
         window.add(step_loss, time.perf_counter() - started)
 
         if step % spec.train.log_every == 0 or step == spec.train.steps or stop:
@@ -399,10 +402,22 @@ def _fail_nan(fabric: "Fabric", run: RunSpec, logger: "RunLogger | None", step: 
 
 # -- entry point ---------------------------------------------------------------------------------
 
+def dump_stacks_on_signal() -> None:
+    """Every thread's Python stack to stderr (the job log) on ``STACKS_SIGNAL``: what the hang watchdog
+    records from every rank before it kills a hung job. faulthandler writes from C, so a rank stuck in a
+    lock or a collective still answers."""
+    import faulthandler
+
+    from ground.contract import STACKS_SIGNAL
+
+    faulthandler.register(getattr(signal, f"SIG{STACKS_SIGNAL}"), all_threads=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m trainers.train", description=__doc__.splitlines()[0])
     parser.add_argument("--run-dir", required=True, type=Path, help="Directory with spec.json; receives checkpoints.")
     args = parser.parse_args(argv)
+    dump_stacks_on_signal()
     try:
         run = read_run_spec(args.run_dir)
         if run.spec.resources.gpus_per_node == 0:

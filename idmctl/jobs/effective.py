@@ -11,7 +11,7 @@ on what it measured too, so the flags that change that (:data:`SMOKE_FLAGS`) are
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pydantic import ValidationError
@@ -145,6 +145,8 @@ def build(experiment: str, flags: dict[str, Any], cluster: str | None) -> Effect
         profile.tier(options.qos, file="command line", field="--qos")
     exclusions = active_exclusions()
     options = with_exclusions(options, exclusions)
+    options = replace(options, hang_k=profile.hang.k, hang_floor_s=profile.hang.floor_seconds,
+                      hang_poll_s=profile.hang.poll_seconds)
     resolved = apply_flags(declared, options, [flag for flag in given if flag in SPEC_FLAGS])
     return EffectiveJob(declared, resolved, options, given, profile, profile_hash, exclusions)
 

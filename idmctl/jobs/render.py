@@ -61,6 +61,10 @@ class JobOptions:
     """Resubmissions allowed for retryable causes."""
     entry: str = DEFAULT_ENTRY
     """Python module started with ``python -m ENTRY --run-dir RUN_DIR``."""
+    hang_k: float = 10.0
+    """The watchdog's k, floor and poll (the cluster profile's ``hang:``, kept so a resubmit uses the same)."""
+    hang_floor_s: float = 600.0
+    hang_poll_s: float = 30.0
 
     @property
     def cpus_per_task(self) -> int:
@@ -258,6 +262,10 @@ def render_script(resolved: ResolvedSpec, options: JobOptions, ctx: RenderContex
         'if [ -n "${SLURM_JOB_ID:-}" ]; then LAUNCH=(srun --kill-on-bad-exit=1); else LAUNCH=(); fi',
         f'"${{LAUNCH[@]}}" {q(ctx.python)} -m {options.entry} --run-dir "$RUN_DIR" &',
         "TRAINER=$!",
+        "# The hang watchdog: stacks of every rank, then kill, when the heartbeat stops (trainers/watchdog.py).",
+        f'{q(ctx.python)} -m trainers.watchdog --run-dir "$RUN_DIR" --trainer-pid "$TRAINER" --k {options.hang_k:g} '
+        f'--floor {options.hang_floor_s:g} --poll {options.hang_poll_s:g} &',
+        "WATCHDOG=$!",
         "# USR1 arrives before preemption or the time limit: pass it on so the trainer checkpoints, and",
         "# requeue afterwards. TERM alone is scancel (or a kill): checkpoint, but never requeue a cancel.",
         "REQUEUE_WANTED=0",
@@ -268,6 +276,8 @@ def render_script(resolved: ResolvedSpec, options: JobOptions, ctx: RenderContex
         '  wait "$TRAINER"; STATUS=$?',
         '  kill -0 "$TRAINER" 2>/dev/null || break  # wait was interrupted by a signal, not the exit',
         "done",
+        'kill "$WATCHDOG" 2>/dev/null; wait "$WATCHDOG"; WATCHED=$?',
+        f'if [ "$WATCHED" -eq {contract.EXIT_HANG} ]; then STATUS={contract.EXIT_HANG}; fi  # the watchdog killed a hung trainer',
         f'if [ "$STATUS" -eq {contract.EXIT_REQUEUE} ] && [ "$REQUEUE_WANTED" -eq 1 ]; then',
         '  echo "idmctl: trainer checkpointed and asked to be requeued"',
         '  if [ -n "${SLURM_JOB_ID:-}" ]; then',

@@ -1,0 +1,97 @@
+"""The hang watchdog (trainers/watchdog.py): a real job on the local Slurm cluster deadlocks after 3 steps;
+the watchdog dumps every rank's Python stacks into the log, kills it, sync classifies ``hang``, excludes
+the node and resumes the chain from its checkpoint, which completes. The latency from the last
+heartbeat to the classification in the store is measured against max(k × step, floor) + one sync interval."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+from sqlmodel import select
+
+from ground import contract
+from ground.heartbeat import Heartbeat
+from idmctl.profile import load_profile
+from idmctl.store.db import session
+from idmctl.store.models import Failure, Job, NodeExclusion
+from slurm_support import slurm_conf, text_so_far, wait_until
+from trainers.watchdog import threshold_s
+
+REPO = Path(__file__).resolve().parent.parent
+STEP_S = 0.3
+SYNC_INTERVAL_S = 2.0
+"""How often the test runs `idmctl sync` (as `idmctl watch --interval 2` would)."""
+
+
+def test_threshold_is_k_steps_or_the_floor() -> None:
+    assert threshold_s(Heartbeat(step=5, at=0.0, s_per_step=30.0), k=10, floor=600) == 600  # card: 300 s < floor
+    assert threshold_s(Heartbeat(step=5, at=0.0, s_per_step=100.0), k=10, floor=600) == 1000  # N=12 dense steps
+    assert threshold_s(Heartbeat(step=0, at=0.0, s_per_step=None), k=10, floor=600) == 600
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_a_deadlocked_job_is_dumped_killed_classified_and_resumed(
+        cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from test_failure_replay import replay_spec, submit
+
+    monkeypatch.setenv("SLURM_CONF", slurm_conf())
+    monkeypatch.setenv(contract.ENV_CLUSTER, "local-slurm")
+    hang = load_profile("local-slurm")[0].hang
+    threshold = max(hang.k * STEP_S, hang.floor_seconds)
+    spec = replay_spec(tmp_path, "wrong_class_kwarg")
+    monkeypatch.setenv("IDMCTL_TEST_BEHAVIOR", f"hang:3:8:{STEP_S}")
+    first = submit(cli, spec, "--entry", "tests.jobs_entry", "--retries", "1", "-J", "hang_replay")
+    script = Path(first["script"]).read_text()
+    assert (f"-m trainers.watchdog --run-dir \"$RUN_DIR\" --trainer-pid \"$TRAINER\" --k {hang.k:g} "
+            f"--floor {hang.floor_seconds:g} --poll {hang.poll_seconds:g} &") in script
+
+    def hang_recorded() -> float | None:
+        assert cli("sync").exit_code == 0
+        with session() as db:
+            job = db.exec(select(Job).where(Job.scheduler_id == first["scheduler_id"])).one()
+            found = db.exec(select(Failure).where(Failure.job_id == job.id)).first()
+        return time.time() if found is not None else None
+
+    classified_at = wait_until(hang_recorded, 120, "the hung job to be classified", poll_s=SYNC_INTERVAL_S)
+
+    def chain_completed() -> bool:
+        assert cli("sync").exit_code == 0
+        with session() as db:
+            jobs = list(db.exec(select(Job).where(Job.chain_id == first["chain"]).order_by(Job.attempt)))
+        return len(jobs) == 2 and jobs[1].state == "COMPLETED"
+
+    wait_until(chain_completed, 120, "the resumed attempt to complete", poll_s=SYNC_INTERVAL_S)
+    with session() as db:
+        failed, resumed = db.exec(select(Job).where(Job.chain_id == first["chain"]).order_by(Job.attempt)).all()
+        exclusions = [(e.node, e.reason) for e in db.exec(select(NodeExclusion))]
+
+    assert (failed.state, failed.exit_code) == ("FAILED", f"{contract.EXIT_HANG}:0")
+    row = next(r for r in json.loads(cli("failures", "--json").output) if r["job"] == first["scheduler_id"])
+    assert row["cause"] == "hang"
+    assert (row["detail"]["node"], row["detail"]["step"]) == (failed.node_list, "3")
+    assert exclusions == [(failed.node_list, f"hang under job {first['scheduler_id']}")]
+    assert resumed.node_list != failed.node_list
+    # The stacks are in the failed attempt's log: both threads of the rank, down to the deadlock's frame.
+    log = text_so_far(Path(failed.log_path or ""))
+    assert "idmctl: watchdog: no heartbeat for " in log
+    assert re.search(r"Current thread 0x[0-9a-f]+ \(most recent call first\):", log), log[-3000:]
+    assert len(re.findall(r"^Thread 0x[0-9a-f]+ \(most recent call first\):", log, re.M)) >= 1, log[-3000:]
+    assert f'File "{REPO}/tests/jobs_entry.py", line' in log and "in _deadlock" in log
+    assert log.index("in _deadlock") < log.index(f"{contract.FAILURE_MARKER} cause=hang")  # dumped, then killed
+    resumed_log = text_so_far(Path(resumed.log_path or ""))
+    assert "entry: resumed from step 3" in resumed_log and "entry: done 8 steps" in resumed_log
+
+    last_beat = datetime.fromisoformat(row["detail"]["last_beat"]).timestamp()
+    latency = classified_at - last_beat
+    bound = threshold + SYNC_INTERVAL_S
+    print(f"hang classified {latency:.1f} s after the last heartbeat; threshold max({hang.k:g} × {STEP_S} s, "
+          f"{hang.floor_seconds:g} s) = {threshold:.1f} s, + one sync interval {SYNC_INTERVAL_S:g} s = {bound:.1f} s; "
+          f"the watchdog itself fired after {float(row['detail']['silent_s']):.1f} s of silence")
+    assert float(row["detail"]["silent_s"]) <= threshold + hang.poll_seconds
+    assert latency <= bound + hang.poll_seconds + 3.0, latency
