@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -12,6 +12,9 @@ from ground.errors import CheckFailed, UserError
 from idmctl.commands import job_flags
 from idmctl.output import console, emit_json, err_console, make_table
 from ground.units import format_duration
+
+if TYPE_CHECKING:
+    from idmctl.jobs.efficiency import EfficiencyReport, Suggestion
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
 ClusterOpt = Annotated[str | None, typer.Option("--cluster", help="Cluster profile (default $IDMCTL_CLUSTER or local).")]
@@ -64,7 +67,8 @@ def submit(
     job = done.job
     if as_json:
         emit_json({"job": job.id, "chain": job.chain_id, "scheduler_id": job.scheduler_id, "executor": job.executor,
-                   "script": job.script_path, "log": job.log_path, "forced": job.forced_reason is not None})
+                   "script": job.script_path, "log": job.log_path, "forced": job.forced_reason is not None,
+                   "suggestions": [s.__dict__ for s in _suggestions(job.experiment, json.loads(job.options_json or "{}"))[1]]})
         return
     console.print(f"submitted job {job.id} ({job.executor} {job.scheduler_id}) chain {job.chain_id} attempt {job.attempt}"
                   f"  qos {job.qos}  retries {done.chain.retries_budget}", markup=False)
@@ -75,12 +79,17 @@ def submit(
     _print_suggestions(job.experiment, json.loads(job.options_json or "{}"))
 
 
-def _print_suggestions(experiment: str, options: dict) -> None:
-    """What the last ended job of this experiment says the next one should ask for (issue 19 §3)."""
+def _suggestions(experiment: str, options: dict) -> tuple["EfficiencyReport | None", list["Suggestion"]]:
+    """The last efficiency report of the experiment and its suggestions the new job has not taken."""
     from idmctl.jobs.efficiency import last_report, still_apply
 
     report = last_report(experiment)
-    suggestions = still_apply(report, options) if report else []
+    return report, (still_apply(report, options) if report else [])
+
+
+def _print_suggestions(experiment: str, options: dict[str, object]) -> None:
+    """What the last ended job of this experiment says the next one should ask for (issue 19 §3)."""
+    report, suggestions = _suggestions(experiment, options)
     if not report or not suggestions:
         return
     console.print(f"from the efficiency report of job {report.job} (`idmctl jobs show` for all of it):", markup=False)
