@@ -34,6 +34,32 @@ def test_threshold_is_k_steps_or_the_floor() -> None:
     assert threshold_s(Heartbeat(step=0, at=0.0, s_per_step=None), k=10, floor=600) == 600
 
 
+def test_the_watchdog_dumps_and_kills_a_local_deadlock(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The local executor's path (no Slurm): the trainer's process tree gets SIGUSR2, then SIGKILL."""
+    import os
+    import subprocess
+    import sys
+
+    from ground.run_dir import write_run_spec
+    from ground.spec.loader import load_spec
+    from trainers.watchdog import watch
+
+    write_run_spec(tmp_path, load_spec("quickstart"))
+    env = {**os.environ, "IDMCTL_TEST_BEHAVIOR": "hang:2:5:0.1", contract.ENV_ATTEMPT: "1", "PYTHONPATH": str(REPO)}
+    env.pop("SLURM_JOB_ID", None)
+    with open(tmp_path / "entry.log", "w") as log:
+        entry = subprocess.Popen([sys.executable, "-m", "tests.jobs_entry", "--run-dir", str(tmp_path)], cwd=REPO,
+                                 env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            assert watch(tmp_path, entry.pid, k=5, floor=2.0, poll=0.2, dump_wait=0.5) == contract.EXIT_HANG
+            assert entry.wait(timeout=30) == -9  # SIGKILL
+        finally:
+            entry.kill()
+    text = (tmp_path / "entry.log").read_text()
+    assert "entry: deadlocking after step 2" in text and "in _deadlock" in text, text
+    assert f"{contract.FAILURE_MARKER} cause=hang " in capsys.readouterr().err
+
+
 @pytest.mark.slow
 @pytest.mark.slurm
 def test_a_deadlocked_job_is_dumped_killed_classified_and_resumed(
