@@ -42,3 +42,9 @@ def read(run_dir: Path) -> Heartbeat | None:
     pace = document.get("window_s_per_step")
     return Heartbeat(step=int(document.get("step", 0)), at=max(mtime, float(document.get("updated_at") or 0.0)),
                      s_per_step=float(pace) if pace else None)
+
+
+def threshold_s(heartbeat: Heartbeat, k: float, floor: float) -> float:
+    """Silence that makes a hang: max(k × measured s/step, floor); the floor alone before a step was timed.
+    One home for the job's watchdog and for sync's look at the jobs it sees."""
+    return max(k * heartbeat.s_per_step, floor) if heartbeat.s_per_step else floor

@@ -31,12 +31,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ground.contract import CAUSE_HANG, EXIT_HANG, FAILURE_MARKER, STACKS_SIGNAL
-from ground.heartbeat import Heartbeat, read
-
-
-def threshold_s(beat: Heartbeat, k: float, floor: float) -> float:
-    """max(k × measured s/step, floor); the floor alone before the first step was timed."""
-    return max(k * beat.s_per_step, floor) if beat.s_per_step else floor
+from ground.heartbeat import read, threshold_s
 
 
 def _alive(pid: int) -> bool:
@@ -107,6 +102,8 @@ def watch(run_dir: Path, trainer_pid: int, k: float, floor: float, poll: float, 
         silent, limit = now - beat.at, threshold_s(beat, k, floor)
         if silent <= limit or not _alive(trainer_pid):
             continue
+        # From here on the job script's TERM (sent when the killed trainer exits) must not cut the verdict short.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         pace = f"{beat.s_per_step:.3f} s/step" if beat.s_per_step else "no step timed yet"
         print(f"idmctl: watchdog: no heartbeat for {silent:.1f} s since step {beat.step} at {_iso(beat.at)} "
               f"> max({k:g} × {pace}, {floor:g} s) = {limit:.1f} s; dumping every rank's Python stacks "

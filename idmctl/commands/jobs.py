@@ -107,7 +107,7 @@ def sync(
     report = run_sync(retry=not no_retry)
     if as_json:
         emit_json({"checked": report.checked, "changed": report.changed, "finished": report.finished,
-                   "resubmitted": report.resubmitted, "stopped": report.stopped})
+                   "resubmitted": report.resubmitted, "stopped": report.stopped, "hung": report.hung})
         return
     console.print(f"synced {report.checked} unfinished jobs: {len(report.changed)} changed, {len(report.finished)} ended",
                   markup=False)
@@ -115,6 +115,9 @@ def sync(
         console.print(f"  job {old} → resubmitted as job {new}", markup=False)
     for job_id, why in report.stopped:
         console.print(f"  job {job_id}: chain stopped — {why}", markup=False)
+    for job_id in report.hung:
+        console.print(f"  job {job_id}: hang — no heartbeat past its threshold (`idmctl failures`); its watchdog "
+                      "kills it and the chain resumes elsewhere", markup=False)
 
 
 def jobs(

@@ -34,6 +34,8 @@ class SyncReport:
     """(old job id, new job id)."""
     stopped: list[tuple[int, str]] = field(default_factory=list)
     """(job id, why the chain stopped)."""
+    hung: list[int] = field(default_factory=list)
+    """Running jobs whose heartbeat is silent past the hang threshold (classified ``hang`` now)."""
 
 
 def log_tail(path: str | None) -> str | None:
@@ -125,6 +127,8 @@ def sync(retry: bool = True) -> SyncReport:
                 if _apply(row, status):
                     report.changed.append(row.id or 0)
                 _exclude_nodes_that_failed(db, row, status)
+                if row.state == "RUNNING" and _note_hang(db, row):
+                    report.hung.append(row.id or 0)
                 db.add(row)
                 _note_mlflow_run(db, row)
                 if is_final(row.state):
@@ -159,6 +163,44 @@ def sync(retry: bool = True) -> SyncReport:
         with session() as db:
             record_failures(db, [job for job in (db.get(Job, job_id) for job_id in ended) if job is not None])
     return report
+
+
+def _note_hang(db: Session, job: Job) -> bool:
+    """Sync's own look at a running job's heartbeat (issue 19 §2, "or sync for jobs it sees"): silent past
+    max(k × s/step, floor) of the job's options, it is classified ``hang`` now — a Failure row for the
+    current run, before the job's watchdog has dumped the stacks and killed it, so the record's latency is
+    the threshold plus one sync interval. When the job ends the row is reclassified from its log (the
+    watchdog's marker) and the retry policy acts then, as for any cause."""
+    from ground import heartbeat
+    from ground.contract import CAUSE_HANG
+    from idmctl.store.models import Failure
+
+    options = json.loads(job.options_json or "{}")
+    k, floor, run_dir = options.get("hang_k"), options.get("hang_floor_s"), run_dir_of(job)
+    runs = options.get("runs") or []
+    # This run's start: a requeued job's earlier run left a beat that is older than it.
+    started = datetime.fromisoformat(runs[-1]["started_at"]) if runs and runs[-1].get("started_at") else job.started_at
+    if k is None or floor is None or run_dir is None or started is None:
+        return False
+    beat = heartbeat.read(run_dir)
+    if beat is None or beat.at < _aware(started).timestamp():
+        return False  # not armed: no beat from this run yet (a previous attempt's file is older)
+    now = datetime.now(timezone.utc)
+    silent, limit = now.timestamp() - beat.at, heartbeat.threshold_s(beat, float(k), float(floor))
+    run = job.restarts + 1
+    known = db.exec(select(Failure).where(Failure.job_id == job.id)).all()
+    if silent <= limit or any(json.loads(f.detail_json or "{}").get("run", 1) == run for f in known):
+        return False
+    last = datetime.fromtimestamp(beat.at, timezone.utc).isoformat(timespec="milliseconds")
+    pace = f"{beat.s_per_step:.3f} s/step" if beat.s_per_step else "no step timed yet"
+    evidence = [f"Slurm: State={job.state} on {job.node_list}",
+                f"sync: no heartbeat for {silent:.1f} s since step {beat.step} at {last} > max({k:g} × {pace}, "
+                f"{floor:g} s) = {limit:.1f} s; the job's watchdog dumps every rank's stacks and kills it"]
+    detail = {"run": run, "final": False, "seen_by": "sync", "node": job.node_list, "step": str(beat.step),
+              "last_beat": last, "silent_s": f"{silent:.1f}", "threshold_s": f"{limit:.1f}"}
+    db.add(Failure(job_id=job.id or 0, cause=CAUSE_HANG, evidence="\n".join(evidence),
+                   detail_json=json.dumps(detail, sort_keys=True), classified_at=now))
+    return True
 
 
 def _record_efficiency(job: Job) -> None:
