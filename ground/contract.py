@@ -33,6 +33,9 @@ ENV_ROLLBACK = "IDMCTL_ROLLBACK"
 """``1`` on the one resubmission a chain gets after a NaN: resume from the last good checkpoint past it."""
 ENV_CACHE_ROOT = "IDMCTL_CACHE_ROOT"
 """Overrides ``data.cache_root`` in the trainer (the staged copy on node-local disk); not in the spec hash."""
+ENV_CHECKPOINT_EVERY = "IDMCTL_CHECKPOINT_EVERY"
+"""Steps between checkpoints derived at submit (``idmctl.preflight.limits``) when the spec leaves
+``train.checkpoint_every`` unset; a value in the spec wins."""
 ENV_LOCAL_JOB_ID = "IDMCTL_LOCAL_JOB_ID"
 """The local executor's job id (what ``SLURM_JOB_ID`` is under Slurm)."""
 ENV_SHM_DIR = "IDMCTL_SHM_DIR"
@@ -59,6 +62,8 @@ watchdog sends it before it kills a hung job."""
 TRAINER_STATS_FILE = "trainer_stats.json"
 """Rank 0's totals per run of each attempt (steps, step and data-wait seconds, peak memory, GPU utilisation;
 ``ground.trainer_stats``): the trainer's half of the efficiency report sync writes when a job ends."""
+EVENTS_FILE = "events.jsonl"
+"""Every attempt's start and checkpoint times, appended (``ground.run_events``); read by ``idmctl ledger``."""
 STAGE_MARKER = ".idmctl_staged"
 """Written into the staged cache copy on node-local disk once stage-in finished."""
 

@@ -58,12 +58,14 @@ def main() -> int:
     return _steps(run_dir, int(total), float(rest[0]) if rest else 0.2)
 
 
-def _heartbeat(run_dir: Path, step: int, seconds: float) -> None:
-    from ground.contract import PROGRESS_FILE
-    from ground.paths import atomic_write_text
+def _heartbeat(run_dir: Path, step: int, total: int, seconds: float, started: float) -> None:
+    """The trainer's progress.json (ground.progress), rewritten every step as the heartbeat."""
+    from ground.progress import Progress, write_progress
 
-    atomic_write_text(run_dir / PROGRESS_FILE, json.dumps({"step": step, "window_s_per_step": seconds,
-                                                           "updated_at": time.time()}))
+    spec = json.loads((run_dir / SPEC_FILE).read_text())
+    write_progress(run_dir, Progress(step=step, total=total, window_s_per_step=seconds, window_steps=step,
+                                     attempt_start_step=0, attempt_started_at=started, updated_at=time.time(),
+                                     spec_hash=spec["hash"], code_version="test", timing_key="test"))
 
 
 def _deadlock(step: int) -> None:
@@ -82,6 +84,7 @@ def _steps(run_dir: Path, total: int, seconds: float, hang_at: int | None = None
     step = json.loads(ckpt.read_text())["step"] if ckpt.exists() else 0
     print(f"entry: resumed from step {step}" if step else "entry: starting at step 0", flush=True)
     notice = {"got": False}
+    started = time.time()
     signal.signal(signal.SIGUSR1, lambda *_: notice.update(got=True))
     signal.signal(signal.SIGTERM, lambda *_: notice.update(got=True))
     while step < total:
@@ -95,7 +98,7 @@ def _steps(run_dir: Path, total: int, seconds: float, hang_at: int | None = None
         os.replace(tmp, ckpt)
         print(f"entry: step {step}", flush=True)
         if hang_at is not None:
-            _heartbeat(run_dir, step, seconds)
+            _heartbeat(run_dir, step, total, seconds, started)
             if step == hang_at:
                 _deadlock(step)
     (run_dir / "steps_done.txt").write_text(str(step))

@@ -113,8 +113,11 @@ def active_exclusions() -> list[str]:
     """Nodes excluded by ``sync`` (node failures) whose exclusion has not expired."""
     from datetime import datetime, timezone
 
+    from ground.paths import db_path
     from idmctl.store.fast import connect, from_db_time, rows
 
+    if not db_path().exists():  # no store, no exclusions; and a dry run or a refused submit creates none
+        return []
     now = datetime.now(timezone.utc)
     with connect() as fast:
         if fast is not None:  # the store is at head: no ORM import on the submit path
@@ -145,9 +148,17 @@ def build(experiment: str, flags: dict[str, Any], cluster: str | None) -> Effect
         profile.tier(options.qos, file="command line", field="--qos")
     exclusions = active_exclusions()
     options = with_exclusions(options, exclusions)
+    # What the spec and flags leave open (time limit, checkpoint interval, signal lead) is derived from
+    # measurement; the effective spec then carries the derived time limit, so the checks judge it.
+    from idmctl.preflight.limits import job_limits
+
+    options = job_limits(declared, profile, options)
     options = replace(options, hang_k=profile.hang.k, hang_floor_s=profile.hang.floor_seconds,
                       hang_poll_s=profile.hang.poll_seconds)
-    resolved = apply_flags(declared, options, [flag for flag in given if flag in SPEC_FLAGS])
+    flagged = [flag for flag in given if flag in SPEC_FLAGS]
+    if declared.spec.resources.time_limit is None and "--time" not in flagged:
+        flagged.append("--time")
+    resolved = apply_flags(declared, options, flagged)
     return EffectiveJob(declared, resolved, options, given, profile, profile_hash, exclusions)
 
 
