@@ -65,9 +65,16 @@ def test_a_deadlocked_job_is_dumped_killed_classified_and_resumed(
         cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from test_failure_replay import replay_spec, submit
 
+    import yaml
+
     monkeypatch.setenv("SLURM_CONF", slurm_conf())
-    monkeypatch.setenv(contract.ENV_CLUSTER, "local-slurm")
-    hang = load_profile("local-slurm")[0].hang
+    # local-slurm with a 10 s floor and a 1 s poll (the shipped one waits 2 min: tiny jobs on shared cores
+    # stall that long in start-up); a profile given by path is used as the named ones are.
+    profile = yaml.safe_load((REPO / "clusters" / "local-slurm.yaml").read_text())
+    profile["hang"] = {"k": 5, "floor": "10s", "poll": "1s"}
+    (tmp_path / "fast-hang.yaml").write_text(yaml.safe_dump(profile))
+    monkeypatch.setenv(contract.ENV_CLUSTER, str(tmp_path / "fast-hang.yaml"))
+    hang = load_profile(str(tmp_path / "fast-hang.yaml"))[0].hang
     threshold = max(hang.k * STEP_S, hang.floor_seconds)
     spec = replay_spec(tmp_path, "wrong_class_kwarg")
     monkeypatch.setenv("IDMCTL_TEST_BEHAVIOR", f"hang:3:8:{STEP_S}")

@@ -271,7 +271,7 @@ def fit(fabric: "Fabric", run: RunSpec) -> int:
                 totals.record(window)
             window = _Window()
         if step % checkpoint_every == 0 or step == spec.train.steps:
-            validate(fabric, model, evaluators, spec, state, logger, step)
+            validate(fabric, model, evaluators, spec, state, logger, step, heartbeat_dir=run.run_dir)
         if step % checkpoint_every == 0 or step == spec.train.steps or stop:
             writing = time.perf_counter()
             saved = save_checkpoint(fabric, run.run_dir, step, state)
@@ -414,8 +414,10 @@ def _log_window(fabric: "Fabric", logger: "RunLogger | None", spec: ExperimentSp
 # -- validate ------------------------------------------------------------------------------------
 
 def validate(fabric: "Fabric", model: torch.nn.Module, evaluators: list[Any], spec: ExperimentSpec,
-             state: dict[str, Any], logger: "RunLogger | None", step: int) -> dict[str, float]:
-    """Rank 0 scores the model on held-out episodes; other ranks wait at the checkpoint barrier."""
+             state: dict[str, Any], logger: "RunLogger | None", step: int,
+             heartbeat_dir: Path | None = None) -> dict[str, float]:
+    """Rank 0 scores the model on held-out episodes; other ranks wait at the checkpoint barrier. Each
+    evaluator that finishes moves the heartbeat (``heartbeat_dir``): an evaluation is work, not a hang."""
     if fabric.global_rank != 0 or not evaluators:
         return {}
     from trainers.evaluate import ChunkPolicy
@@ -424,6 +426,8 @@ def validate(fabric: "Fabric", model: torch.nn.Module, evaluators: list[Any], sp
     results: dict[str, float] = {}
     for evaluator in evaluators:
         results.update(evaluator.evaluate(policy, list(spec.eval.episodes)))
+        if heartbeat_dir is not None:
+            beat(heartbeat_dir)
     for name, value in results.items():
         state["best"][name] = min(value, state["best"].get(name, math.inf))
     fabric.print(f"eval at step {step}: " + ", ".join(f"{k} {v:.2f} mm" for k, v in results.items()))
