@@ -104,3 +104,9 @@ def test_a_real_job_gets_its_report_and_the_next_submit_its_suggestions(
     assert "suggest --mem " in again.output and "suggest --time" not in again.output
     new_job = next(line.split()[2] for line in again.output.splitlines() if line.startswith("submitted job"))
     assert cli("cancel", new_job).exit_code == 0
+
+
+def test_jobs_show_of_an_unknown_job_is_one_line(cli) -> None:
+    result = cli("jobs", "show", "999")
+    assert result.exit_code == 2
+    assert result.output.strip() == "error: JOB: no job 999 (see `idmctl jobs`)"

@@ -20,7 +20,15 @@ def show(
     from idmctl.store.fast import connect, rows
 
     with connect() as db:
+        fast = db is not None
         found = rows(db, "SELECT * FROM job WHERE id = ?", (job,)) if db is not None else []
+    if not fast:  # no store yet, or one the ORM must migrate first
+        from idmctl.store.db import session
+        from idmctl.store.models import Job
+
+        with session() as orm:
+            stored = orm.get(Job, job)
+            found = [stored] if stored is not None else []
     if not found:
         raise UserError(f"no job {job}", field="JOB", hint="see `idmctl jobs`")
     row = found[0]

@@ -218,10 +218,12 @@ def _note_hang(db: Session, job: Job) -> bool:
         return False  # not armed: no beat from this run yet (a previous attempt's file is older)
     now = datetime.now(timezone.utc)
     silent, limit = now.timestamp() - beat.at, heartbeat.threshold_s(beat, float(k), float(floor))
+    if silent <= limit:
+        return False
     run = job.restarts + 1
     known = db.exec(select(Failure).where(Failure.job_id == job.id)).all()
-    if silent <= limit or any(json.loads(f.detail_json or "{}").get("run", 1) == run for f in known):
-        return False
+    if any(json.loads(f.detail_json or "{}").get("run", 1) == run for f in known):
+        return False  # already recorded for this run
     last = datetime.fromtimestamp(beat.at, timezone.utc).isoformat(timespec="milliseconds")
     pace = f"{beat.s_per_step:.3f} s/step" if beat.s_per_step else "no step timed yet"
     evidence = [f"Slurm: State={job.state} on {job.node_list}",
