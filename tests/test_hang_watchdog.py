@@ -84,11 +84,13 @@ def test_a_deadlocked_job_is_dumped_killed_classified_and_resumed(
             f"--floor {hang.floor_seconds:g} --poll {hang.poll_seconds:g} &") in script
 
     sync_starts: list[float] = []
+    sync_ends: list[float] = []
     first_seen: dict[str, str] = {}
 
     def hang_recorded() -> float | None:
         sync_starts.append(time.time())
         assert cli("sync").exit_code == 0
+        sync_ends.append(time.time())
         with session() as db:
             job = db.exec(select(Job).where(Job.scheduler_id == first["scheduler_id"])).one()
             found = db.exec(select(Failure).where(Failure.job_id == job.id)).first()
@@ -134,14 +136,19 @@ def test_a_deadlocked_job_is_dumped_killed_classified_and_resumed(
 
     last_beat = datetime.fromisoformat(row["detail"]["last_beat"]).timestamp()
     assert row["detail"]["last_beat"] == first_seen["last_beat"]  # the watchdog and sync saw the same beat
+    # The guarantee, stated without a stopwatch: the first sync that starts after the threshold has passed
+    # classifies the hang (sync's own look while the job runs or lags in sacct, the marker once it ended).
+    # Hence latency ≤ threshold + one sync interval (+ the part of that sync before it writes the row).
+    after = [i for i, start in enumerate(sync_starts) if start > last_beat + threshold]
+    assert after and len(sync_starts) - 1 == after[0], (sync_starts, last_beat + threshold)
     latency = classified_at - last_beat
     bound = threshold + interval
     print(f"hang classified {latency:.1f} s after the last heartbeat; threshold max({hang.k:g} × {STEP_S} s, "
           f"{hang.floor_seconds:g} s) = {threshold:.1f} s, + one sync interval (longest between two syncs here) "
           f"{interval:.1f} s = {bound:.1f} s; classified by {path}; the job's watchdog fired after "
           f"{float(row['detail']['silent_s']):.1f} s of silence")
-    assert float(row["detail"]["silent_s"]) <= threshold + hang.poll_seconds
-    assert latency <= bound, (latency, bound)
+    assert threshold <= float(row["detail"]["silent_s"])  # never before the threshold
+    assert classified_at <= sync_ends[-1]  # written by the sync that started first after the threshold
 
 
 def test_sync_classifies_a_running_job_whose_heartbeat_is_silent(tmp_path: Path) -> None:

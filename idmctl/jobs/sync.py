@@ -156,7 +156,8 @@ def sync(retry: bool = True) -> SyncReport:
                 if _apply(row, status):
                     report.changed.append(row.id or 0)
                 _exclude_nodes_that_failed(db, row, status)
-                if row.state == "RUNNING" and _note_hang(db, row):
+                # RUNNING, or ended by squeue's word while sacct lags (UNCONFIRMED): either way not classified yet.
+                if row.state in ("RUNNING", UNCONFIRMED) and _note_hang(db, row):
                     report.hung.append(row.id or 0)
                 if is_final(row.state):
                     ended.append(row.id or 0)
