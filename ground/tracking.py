@@ -48,6 +48,13 @@ M_STEP_TIME = "step_time_s"
 M_SAMPLES_PER_S = "samples_per_s"
 M_DATA_WAIT = "data_wait_frac"
 M_PEAK_MEM = "peak_mem_bytes"
+# Per job (step = the attempt), logged by sync from sacct when the job ends (idmctl/jobs/efficiency.py)
+M_JOB_CPU_EFF = "job_cpu_efficiency"
+M_JOB_MEM_EFF = "job_mem_efficiency"
+M_JOB_TIME_FRAC = "job_time_used_frac"
+M_JOB_PEAK_RSS = "job_peak_rss_bytes"
+TAG_EFFICIENCY = "idmctl.efficiency"
+"""Prefix of a per-attempt tag holding the report's lines: ``idmctl.efficiency.attempt-2``."""
 M_ATTEMPT_START = "attempt_start_step"
 """One point per start of the trainer in a run: step = the checkpoint step it resumed from (0: fresh),
 value = the attempt's ordinal in the run, timestamp = when it started. A resume from a checkpoint older

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -12,6 +12,9 @@ from ground.errors import CheckFailed, UserError
 from idmctl.commands import job_flags
 from idmctl.output import console, emit_json, err_console, make_table
 from ground.units import format_duration
+
+if TYPE_CHECKING:
+    from idmctl.jobs.efficiency import EfficiencyReport, Suggestion
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
 ClusterOpt = Annotated[str | None, typer.Option("--cluster", help="Cluster profile (default $IDMCTL_CLUSTER or local).")]
@@ -74,7 +77,8 @@ def submit(
     job = done.job
     if as_json:
         emit_json({"job": job.id, "chain": job.chain_id, "scheduler_id": job.scheduler_id, "executor": job.executor,
-                   "script": job.script_path, "log": job.log_path, "forced": job.forced_reason is not None})
+                   "script": job.script_path, "log": job.log_path, "forced": job.forced_reason is not None,
+                   "suggestions": [s.__dict__ for s in _suggestions(job.experiment, json.loads(job.options_json or "{}"))[1]]})
         return
     console.print(f"submitted job {job.id} ({job.executor} {job.scheduler_id}) chain {job.chain_id} attempt {job.attempt}"
                   f"  qos {job.qos}  retries {done.chain.retries_budget}", markup=False)
@@ -84,6 +88,25 @@ def submit(
         failed = json.loads(job.options_json).get("admitted", {}).get("admission", {}).get("failed", [])
         past = f" and past FAILs ({', '.join(failed)})" if failed else ""
         console.print(f"FORCED without preflight{past}: {job.forced_reason}", markup=False)
+    _print_suggestions(job.experiment, json.loads(job.options_json or "{}"))
+
+
+def _suggestions(experiment: str, options: dict) -> tuple["EfficiencyReport | None", list["Suggestion"]]:
+    """The last efficiency report of the experiment and its suggestions the new job has not taken."""
+    from idmctl.jobs.efficiency import last_report, still_apply
+
+    report = last_report(experiment)
+    return report, (still_apply(report, options) if report else [])
+
+
+def _print_suggestions(experiment: str, options: dict[str, object]) -> None:
+    """What the last ended job of this experiment says the next one should ask for (issue 19 §3)."""
+    report, suggestions = _suggestions(experiment, options)
+    if not report or not suggestions:
+        return
+    console.print(f"from the efficiency report of job {report.job} (`idmctl jobs show` for all of it):", markup=False)
+    for suggestion in suggestions:
+        console.print(f"  suggest {suggestion.line()}", markup=False)
 
 
 def _submit_sweep(reference: str, variant_names: list[str], overrides: dict, cluster: str | None, dry_run: bool,
@@ -129,7 +152,8 @@ def sync(
     report = _sync_or_say_who_did_not_answer(run_sync, retry=not no_retry)
     if as_json:
         emit_json({"checked": report.checked, "changed": report.changed, "finished": report.finished,
-                   "resubmitted": report.resubmitted, "stopped": report.stopped, "unconfirmed": report.unconfirmed})
+                   "resubmitted": report.resubmitted, "stopped": report.stopped, "unconfirmed": report.unconfirmed,
+                   "hung": report.hung})
         return
     unconfirmed = f", {len(report.unconfirmed)} unconfirmed (squeue says ended; sacct has not recorded it yet)" \
         if report.unconfirmed else ""
@@ -139,6 +163,9 @@ def sync(
         console.print(f"  job {old} → resubmitted as job {new}", markup=False)
     for job_id, why in report.stopped:
         console.print(f"  job {job_id}: chain stopped — {why}", markup=False)
+    for job_id in report.hung:
+        console.print(f"  job {job_id}: hang — no heartbeat past its threshold (`idmctl failures`); its watchdog "
+                      "kills it and the chain resumes elsewhere", markup=False)
 
 
 def _sync_or_say_who_did_not_answer(run_sync, **kwargs):  # type: ignore[no-untyped-def]
@@ -287,4 +314,7 @@ def register(app: typer.Typer) -> None:
     jobs_app = typer.Typer(invoke_without_command=True, help="Recorded jobs; `jobs import` pulls sacct history.")
     jobs_app.callback()(jobs)
     jobs_app.command("import")(jobs_import)
+    from idmctl.commands.job_show import show
+
+    jobs_app.command("show")(show)
     app.add_typer(jobs_app, name="jobs")

@@ -86,11 +86,20 @@ def admit(job: EffectiveJob, force_reason: str | None, version: str) -> Admissio
     return admission
 
 
-def _context(resolved: ResolvedSpec, chain_id: int, attempt: int, executor: str, extra_env: dict[str, str]) -> RenderContext:
+def _context(resolved: ResolvedSpec, chain_id: int, attempt: int, executor: str, extra_env: dict[str, str],
+             admitted: dict[str, Any] | None = None) -> RenderContext:
     run_dir = runs_dir(resolved.name, chain_id)
     log_name = f"slurm-%j.out" if executor == "slurm" else "local-%j.out"
     return RenderContext(run_dir=run_dir, chain_id=chain_id, attempt=attempt, idmctl_home=home(),
-                         log_path=str(run_dir / log_name), extra_env=extra_env)
+                         log_path=str(run_dir / log_name), extra_env=extra_env, stage_bytes=admitted_stage_bytes(admitted))
+
+
+def admitted_stage_bytes(admitted: dict[str, Any] | None) -> int | None:
+    """The stage-in bytes the disk check computed on the job as admitted (the node guard's scratch need)."""
+    checks = ((admitted or {}).get("admission") or {}).get("checks") or []
+    numbers = next((c.get("numbers") or {} for c in checks if c.get("name") == "disk"), {})
+    value = numbers.get("stage_bytes")
+    return int(value) if isinstance(value, (int, float)) else None
 
 
 @dataclass
@@ -109,7 +118,8 @@ def dry_run(experiment: str, overrides: dict[str, Any], cluster: str | None) -> 
     job = prepare(experiment, overrides, cluster)
     version = code_version()
     admission = judge(job, latest_passing(job.declared, job.profile_hash, job.smoke_flags, version), version)
-    script = render_script(job.resolved, job.options, _context(job.resolved, DRY_RUN_CHAIN_ID, 1, job.profile.scheduler, {}))
+    script = render_script(job.resolved, job.options, _context(job.resolved, DRY_RUN_CHAIN_ID, 1, job.profile.scheduler, {},
+                                                               {"admission": admission.as_dict()}))
     return DryRun(script, job, admission)
 
 
@@ -133,7 +143,7 @@ def _submit_attempt(resolved: ResolvedSpec, scheduler: str, options: JobOptions,
     """``resolved`` is the effective spec (what the trainer reads); ``spec_hash`` the spec's own hash (the
     gate's key, kept on the rows); ``admitted`` the effective job and the checks it passed."""
     version = version or code_version()
-    ctx = _context(resolved, chain_id, attempt, scheduler, {contract.ENV_CODE_VERSION: version, **extra_env})
+    ctx = _context(resolved, chain_id, attempt, scheduler, {contract.ENV_CODE_VERSION: version, **extra_env}, admitted)
     script = render_script(resolved, options, ctx)
     write_run_spec(ctx.run_dir, resolved)
     script_path = ctx.run_dir / f"attempt-{attempt}.sbatch"
