@@ -47,6 +47,20 @@ def _no_shared_store(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(ENV_DB_URL, raising=False)
 
 
+@pytest.fixture(autouse=True)
+def signal_dispositions_kept():
+    """Every subprocess a test starts inherits the pytest process's signal dispositions: a test that
+    leaves SIGTERM ignored makes every later trainer, job script and CPU hog unstoppable by TERM."""
+    import signal
+
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
+    yield
+    changed = [sig.name for sig, handler in before.items() if signal.getsignal(sig) is not handler]
+    for sig, handler in before.items():
+        signal.signal(sig, handler)
+    assert not changed, f"the test left {', '.join(changed)} handled differently in the pytest process"
+
+
 @pytest.fixture
 def cli():
     """Invoke the real CLI in-process: ``cli("exp", "list")`` → click Result."""

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from ground.contract import ENV_CLUSTER, ENV_HOME
+from idmctl.store.head import HEAD_REVISION
 
 REPO = Path(__file__).resolve().parent.parent
 ROWS = ["python", "packages", ENV_HOME, "store", "mlflow store", "slurm", "rendering", "/dev/shm", "scratch"]
@@ -78,7 +79,7 @@ def test_a_corrupt_store_fails_and_an_old_one_warns(cli, idmctl_home: Path) -> N
     result = cli("doctor", "--json", "--no-render")
     assert result.exit_code == 0, result.output
     store = _rows(result)["store"]
-    assert store["status"] == "WARN" and "revision 0000, head is 0001" in store["detail"]
+    assert store["status"] == "WARN" and f"revision 0000, head is {HEAD_REVISION}" in store["detail"]
 
 
 def test_a_network_filesystem_home_fails(monkeypatch, tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -49,10 +50,15 @@ def test_the_watchdog_dumps_and_kills_a_local_deadlock(tmp_path: Path, capsys: p
     with open(tmp_path / "entry.log", "w") as log:
         entry = subprocess.Popen([sys.executable, "-m", "tests.jobs_entry", "--run-dir", str(tmp_path)], cwd=REPO,
                                  env=env, stdout=log, stderr=subprocess.STDOUT)
+        # watch() is a process's main: once it fires it ignores SIGTERM for good. Here it runs inside
+        # pytest, whose later subprocesses would inherit the ignored TERM (a CPU hog that cannot be
+        # stopped, a trainer that cannot be cancelled): restore the handler.
+        previous = signal.getsignal(signal.SIGTERM)
         try:
             assert watch(tmp_path, entry.pid, k=5, floor=2.0, poll=0.2, dump_wait=0.5) == contract.EXIT_HANG
             assert entry.wait(timeout=30) == -9  # SIGKILL
         finally:
+            signal.signal(signal.SIGTERM, previous)
             entry.kill()
     text = (tmp_path / "entry.log").read_text()
     assert "entry: deadlocking after step 2" in text and "in _deadlock" in text, text

@@ -22,17 +22,40 @@ STEPS = 12
 
 @pytest.fixture
 def cpu_hog() -> Iterator[subprocess.Popen]:
-    """scripts/cpu_hog.sh keeping every core busy for the duration of the test."""
+    """scripts/cpu_hog.sh keeping every core busy for the duration of the test. It runs in its own
+    process group, which teardown kills whatever happened, so a failed start never leaves busy loops
+    behind to slow the rest of the suite."""
+    import signal
+
     hog = subprocess.Popen([str(REPO / "scripts" / "cpu_hog.sh"), "--", "sleep", "600"],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 10
-    while len(_busy_children(hog.pid)) < (os.cpu_count() or 1):
-        assert hog.poll() is None and time.monotonic() < deadline, "scripts/cpu_hog.sh did not start its busy loops"
-        time.sleep(0.05)
-    yield hog
-    hog.terminate()
-    hog.wait(timeout=10)
-    assert not _busy_children(hog.pid), "busy loops outlived scripts/cpu_hog.sh"
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while len(_busy_children(hog.pid)) < (os.cpu_count() or 1):
+            assert hog.poll() is None, f"scripts/cpu_hog.sh exited {hog.returncode} before its busy loops started"
+            assert time.monotonic() < deadline, "timed out after 60 s waiting for scripts/cpu_hog.sh's busy loops"
+            time.sleep(0.05)
+        loops = _busy_children(hog.pid)
+        yield hog
+        hog.terminate()  # the script's own clean-up (its EXIT trap stops the loops) is what is tested here
+        hog.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while any(Path(f"/proc/{pid}").exists() and _state(pid) != "Z" for pid in loops):
+            assert time.monotonic() < deadline, f"busy loops {loops} outlived scripts/cpu_hog.sh"
+            time.sleep(0.05)
+    finally:
+        try:
+            os.killpg(hog.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        hog.wait(timeout=30)
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "gone"
 
 
 def _busy_children(pid: int) -> list[int]:

@@ -19,9 +19,8 @@ from ground.errors import UserError
 from ground.units import parse_duration
 from idmctl.failures.classify import Classification, get_cause, is_failed_state
 from idmctl.store.url import shared_url
+from idmctl.store.head import HEAD_REVISION  # the schema the fast read understands
 
-HEAD_REVISION = "0002"
-"""The schema the fast read understands; equal to ``idmctl.store.db.HEAD_REVISION`` (a test checks)."""
 
 
 def _naive_utc(moment: datetime | None) -> datetime | None:
