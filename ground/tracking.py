@@ -25,6 +25,8 @@ TAG_ROUTING_N = "idmctl.routing_n"
 TAG_SLURM_RESTARTS = "idmctl.slurm_restart_count"
 TAG_FAILURE_CAUSE = "failure_cause"
 TAG_SLURM_STATE = "slurm_state"
+TAG_BUILD = "idmctl.build"
+"""On a cache build job's run: the mode built (hidden, rgb, pt, ff); compare leaves such runs out."""
 
 # Params: the trainer logs the canonical spec flattened (``flatten``), so a param key is the spec
 # field's dotted path. These are the ones the control plane reads back (compare); a test checks each

@@ -27,6 +27,7 @@ def submit(
     time_limit: job_flags.Time = None,
     retries: job_flags.Retries = None,
     entry: job_flags.Entry = None,
+    build: job_flags.Build = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the batch script (and on stderr the checks); submit nothing.")] = False,
     force: Annotated[bool, typer.Option("--force", help="Submit without a passing preflight or despite a FAIL (needs --reason).")] = False,
     reason: Annotated[str | None, typer.Option("--reason", help="Why the preflight gate is bypassed (recorded).")] = None,
@@ -38,7 +39,7 @@ def submit(
     from idmctl.commands.preflight import print_checks
     from idmctl.jobs import submit as submitting
 
-    overrides = job_flags.flags(qos, gres, cpus, mem, exclude, job_name, time_limit, retries, entry)
+    overrides = job_flags.flags(qos, gres, cpus, mem, exclude, job_name, time_limit, retries, entry, build)
     if dry_run:
         planned = submitting.dry_run(experiment, overrides, cluster)
         print_checks(planned.admission.results, f"submit-time checks: {planned.job.declared.name} on "

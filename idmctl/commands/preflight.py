@@ -40,19 +40,28 @@ def preflight(
     time_limit: job_flags.Time = None,
     retries: job_flags.Retries = None,
     entry: job_flags.Entry = None,
+    build: job_flags.Build = None,
 ) -> None:
     """Run the mandatory gate: spec, introspection, loader, shm, io, qos, disk, cache, smoke.
 
     Submit's flags check the job as it will be submitted; --gres and --entry change what the smoke
-    measures, so a submit with them needs a preflight with them."""
-    from idmctl.jobs.effective import build
+    measures, so a submit with them needs a preflight with them. --build MODE runs the build preflight
+    (weights, PT norm file, output disk, a 1-file encode smoke → wall-clock estimate vs --time)."""
+    from idmctl.jobs.effective import build as build_job
     from idmctl.preflight.runner import run_preflight
 
-    job = build(experiment, job_flags.flags(qos, gres, cpus, mem, exclude, job_name, time_limit, retries, entry),
-                cluster)
+    job = build_job(experiment, job_flags.flags(qos, gres, cpus, mem, exclude, job_name, time_limit, retries, entry,
+                                                build), cluster)
     resolved, profile, profile_hash = job.declared, job.profile, job.profile_hash
-    report = run_preflight(resolved, profile, profile_hash, with_smoke=not no_smoke, smoke_timeout_s=smoke_timeout,
-                           job=job)
+    if job.options.build:  # the build preflight: weights, PT norm file, output disk, 1-file encode smoke
+        from cache.build_plan import check_mode
+        from idmctl.preflight.build import run_build_preflight
+
+        check_mode(job.resolved, job.options.build)
+        report = run_build_preflight(job, with_smoke=not no_smoke, timeout_s=smoke_timeout)
+    else:
+        report = run_preflight(resolved, profile, profile_hash, with_smoke=not no_smoke, smoke_timeout_s=smoke_timeout,
+                               job=job)
     if as_json:
         emit_json(report.as_dict())
     else:

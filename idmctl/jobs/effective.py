@@ -25,10 +25,10 @@ from idmctl.profile import ClusterProfile
 SPEC_FLAGS: dict[str, str] = {"--qos": "qos", "--time": "time_limit", "--mem": "mem", "-c": "cpus",
                               "--gres": "gpus_per_node"}
 """Flag → the ``resources`` field it overrides in the effective spec."""
-SMOKE_FLAGS = ("--gres", "--entry")
+SMOKE_FLAGS = ("--gres", "--entry", "--build")
 """Flags that change what the smoke measured, so a preflight with the same flags must have passed:
 ``--gres`` changes the device and the world size (grad accumulation, DDP), ``--entry`` the code that
-runs. The others (--qos, --time, --mem, -c, --exclude, -J, --retries) change only what the static
+runs, ``--build`` makes it a cache build (the build preflight's 1-sample encode). The others (--qos, --time, --mem, -c, --exclude, -J, --retries) change only what the static
 checks judge, and those run again on the effective job at every submit."""
 
 
@@ -80,8 +80,10 @@ class EffectiveJob:
         res = self.declared.spec.resources
         out = [flag for flag, name in SPEC_FLAGS.items()
                if flag in self.flags and _option_value(self.options, name) != getattr(res, name)]
-        if self.options.entry != DEFAULT_ENTRY:
+        if self.options.entry != DEFAULT_ENTRY and not self.options.build:
             out.append("--entry")
+        if self.options.build:
+            out.append("--build")
         return out
 
     @property
@@ -93,6 +95,8 @@ class EffectiveJob:
             out["--gres"] = f"gpu:{self.options.gpus_per_node}"
         if "--entry" in changed:
             out["--entry"] = self.options.entry
+        if self.options.build:
+            out["--build"] = self.options.build
         return out
 
     def shown(self, flag: str) -> str:
