@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ground.contract import SPEC_FILE
 from ground.errors import UserError
 from ground.paths import REPO_ROOT, atomic_write_text
 from ground.units import format_bytes, format_duration
@@ -76,7 +77,7 @@ def run_smoke(job: "EffectiveJob", timeout_s: float = DEFAULT_TIMEOUT_S) -> Buil
     started = time.perf_counter()
     resolved = job.resolved
     with tempfile.TemporaryDirectory(prefix="idmctl_build_smoke_") as tmp:
-        spec_file = Path(tmp) / "spec.json"
+        spec_file = Path(tmp) / SPEC_FILE  # the run-directory form trainers.build_job reads
         atomic_write_text(spec_file, json.dumps({"name": resolved.name, "hash": resolved.hash, "spec": resolved.canonical}))
         env = {**os.environ, "OMP_NUM_THREADS": "1",
                "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
