@@ -203,6 +203,8 @@ def test_rgb_and_pt_build_at_once_on_two_nodes_then_ff_reencodes_no_rgb(cli, slu
     assert _until_final(cli, ff["job"]).state == "COMPLETED"
     assert len(files_in(slot_dir(spec, "ff"))) == 15
     assert files_in(slot_dir(spec, "rgb")) == rgb_files  # 0 RGB files re-encoded
+    listed = json.loads(cli("jobs", "--json").stdout)
+    assert sorted(row["build"] for row in listed) == ["ff", "pt", "rgb"]
 
 
 @pytest.mark.slurm
@@ -257,3 +259,45 @@ def test_build_with_missing_weights_fails_classified(cli, slurm_home: Path) -> N
     rows = [row for row in json.loads(result.stdout) if row["job_pk"] == job["job"]]
     assert [row["cause"] for row in rows] == ["missing_weights"], result.stdout
     assert rows[0]["caught_by"] == "build_weights" and "does not exist" in rows[0]["evidence"]
+
+
+# -- the hidden cache as a job (local executor: the same script, no srun) -------------------------
+
+@pytest.mark.slow
+def test_hidden_build_job_through_the_gate_builds_every_demo(cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import numpy as np
+
+    from cache.episodes import Demo, write_episodes
+    from ground.paths import expand_path
+    from ground.spec import load_spec
+    from hidden_quick_spec import use_hidden_quick
+    from slurm_support import wait_until
+
+    use_hidden_quick(monkeypatch, tmp_path)
+    spec = load_spec("quickstart").spec
+    rng = np.random.default_rng(0)
+    demos = [Demo(f"demo_{i}", rng.standard_normal((steps, 7)).astype(np.float32), rng.standard_normal((steps, 4)),
+                  {"robot0_agentview_image": rng.integers(0, 255, (steps, 24, 24, 3), dtype=np.uint8)})
+             for i, steps in enumerate((23, 9, 40))]
+    write_episodes(expand_path(spec.data.episodes), demos, {"env_name": "Lift"}, {"train": ["demo_0", "demo_1"],
+                                                                                  "valid": ["demo_2"]})
+    preflight = cli("preflight", "quickstart", "--build", "hidden", "--json")
+    assert preflight.exit_code == 0, preflight.stdout + preflight.stderr
+    checks = {c["name"]: c for c in json.loads(preflight.stdout)["checks"]}
+    assert checks["build_smoke"]["numbers"]["todo"] == 3 and checks["build_weights"]["status"] == "PASS"
+    submitted = cli("submit", "quickstart", "--build", "hidden", "--json")
+    assert submitted.exit_code == 0, submitted.stderr
+    job = json.loads(submitted.stdout)
+
+    def ended() -> bool:
+        assert cli("sync").exit_code == 0
+        return json.loads(cli("jobs", "--json").stdout)[0]["state"] not in ("PENDING", "RUNNING")
+
+    wait_until(ended, 240, "the local hidden build job to end", poll_s=1.0)
+    row = json.loads(cli("jobs", "--json").stdout)[0]
+    assert (row["state"], row["build"]) == ("COMPLETED", "hidden"), Path(job["log"]).read_text()[-3000:]
+    root = expand_path(spec.data.cache_root)
+    assert sorted(p.name for p in root.glob("*.safetensors")) == [f"demo_{i}.safetensors" for i in range(3)]
+    _, metrics = _build_metrics(Path(job["script"]).parent)
+    assert metrics["build_files_built"] == [(1, 3.0)]
+    assert metrics["build_bytes_written"][0][1] == sum(p.stat().st_size for p in root.glob("*.safetensors"))

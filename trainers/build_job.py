@@ -100,6 +100,11 @@ def _logger(run_dir: Path, resolved: ResolvedSpec, mode: str) -> Any:
 def run_job(run_dir: Path, mode: str, processes: int) -> int:
     from trainers.build_latent_cache import run_dir_spec
 
+    # First of all: a notice during the seconds of imports and MLflow set-up must not kill us by default
+    # (SIGUSR1's default action), or the job ends FAILED instead of being requeued.
+    stop = _Stop()
+    signal.signal(signal.SIGUSR1, stop)
+    signal.signal(signal.SIGTERM, stop)
     resolved = run_dir_spec(run_dir)
     for problem in (weights_problem(resolved, mode), norm_problem(resolved, mode)):
         if problem is not None:
@@ -114,16 +119,16 @@ def run_job(run_dir: Path, mode: str, processes: int) -> int:
            "PYTHONPATH": f"{REPO_ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     if not _has_gpu():
         env["ACCELERATE_USE_CPU"] = "true"
-    stop = _Stop()
-    signal.signal(signal.SIGUSR1, stop)
-    signal.signal(signal.SIGTERM, stop)
     started = time.time()
     argv = builder_argv(run_dir, mode, processes, _port(os.environ.get("SLURM_JOB_ID")))
-    # Its own session, so one killpg stops accelerate and every builder process it started.
-    stop.child = subprocess.Popen(argv, cwd=REPO_ROOT, env=env, start_new_session=True)
-    if stop.signal is not None:  # a notice between the handler and Popen
-        stop(signal.Signals[stop.signal].value, None)
-    status = stop.child.wait()
+    if stop.signal is not None:  # the notice came during set-up: nothing started, nothing to stop
+        status = -signal.SIGTERM
+    else:
+        # Its own session, so one killpg stops accelerate and every builder process it started.
+        stop.child = subprocess.Popen(argv, cwd=REPO_ROOT, env=env, start_new_session=True)
+        if stop.signal is not None:  # a notice between the check and Popen
+            stop(signal.Signals[stop.signal].value, None)
+        status = stop.child.wait()
     seconds = time.time() - started
     after = plan(resolved, mode)
     files, size = written_since(after.output_dir, started)

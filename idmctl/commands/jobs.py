@@ -103,6 +103,8 @@ def jobs(
     """Recorded jobs, newest first: state as the scheduler reports it, queue wait, restarts, MLflow run."""
     if ctx.invoked_subcommand is not None:
         return
+    import json
+
     from sqlmodel import select
 
     from idmctl.compare import run_url
@@ -121,6 +123,7 @@ def jobs(
         "submitted_at": j.submitted_at, "started_at": j.started_at, "ended_at": j.ended_at,
         "forced": j.forced_reason, "mlflow_run_id": run_of_chain.get(j.chain_id),
         "run_url": run_url(run_of_chain[j.chain_id], ui_url) if run_of_chain.get(j.chain_id) else None,
+        "build": json.loads(j.options_json or "{}").get("build"),
     } for j in rows]
     if as_json:
         emit_json(records)
@@ -129,7 +132,8 @@ def jobs(
                        "MLflow run")
     for r in records:
         wait = format_duration(r["queue_wait_s"]) if r["queue_wait_s"] is not None else "—"
-        table.add_row(str(r["job"]), f"{r['chain']}/{r['attempt']}", r["experiment"], r["scheduler_id"] or "—",
+        experiment = f"{r['experiment']} (build {r['build']})" if r["build"] else r["experiment"]
+        table.add_row(str(r["job"]), f"{r['chain']}/{r['attempt']}", experiment, r["scheduler_id"] or "—",
                       r["state"], r["exit_code"] or "—", str(r["restarts"]), r["qos"] or "—", r["nodes"] or "—", wait,
                       r["run_url"] or "—")
     console.print(table)
