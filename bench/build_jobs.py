@@ -155,9 +155,9 @@ def _one_round(home: Path, demos: int, steps: int) -> dict[str, float]:
 
 
 def measure(fast: bool) -> dict[str, Any]:
-    # ~150 files per slot: each build ~20-40 s on this host (model load ~7 s), so a job's start-up
+    # 300 files per slot: each build ~25-40 s on this host (model load ~7 s), so a job's start-up
     # (~1-2 s) is a small share of it; fast mode only checks the machinery.
-    demos, steps, rounds = (1, 5, 1) if fast else (10, 33, 2)
+    demos, steps, rounds = (1, 5, 1) if fast else (20, 33, 3)
     saved = {key: os.environ.get(key) for key in (ENV_HOME, ENV_CLUSTER)}
     results: dict[str, list[float]] = {}
     root = Path(tempfile.mkdtemp(prefix="bench-build-jobs-"))  # not under pytest's tmp: jobs outlive a test
