@@ -30,6 +30,7 @@ MODULES = [
     ("Trainer overhead", "bench.trainer_overhead"),
     ("Sync of many jobs", "bench.sync_jobs"),
     ("Submit overhead", "bench.submit_overhead"),
+    ("Planning: sweeps and ETAs", "bench.planning"),
     ("GPU figures", "bench.gpu"),
     ("robosuite simulator", "bench.sim"),
 ]

@@ -1,7 +1,7 @@
 """robosuite figures the quickstart depends on: physics steps/s, camera frames/s, replay time.
 
-Reference in the same run: camera frames with robosuite's default rendering (shadows and
-reflections on) against ``fast_render``. ``python -m bench.sim [--fast]`` prints the figures as JSON.
+Reference in the same run: camera frames with MuJoCo's default rendering (shadows and
+reflections on) against the demos' ``Camera(fast=True)``. ``python -m bench.sim [--fast]`` prints the figures as JSON.
 """
 
 from __future__ import annotations
@@ -13,28 +13,30 @@ import numpy as np
 from bench.common import Figure, time_call, print_figures
 
 
-def _steps(env: object, n: int) -> None:
+def _steps(env: object, n: int, camera: object | None = None) -> None:
     for _ in range(n):
         env.step(np.zeros(7))  # type: ignore[attr-defined]
+        if camera is not None:
+            camera.frame()  # type: ignore[attr-defined]
 
 
 def run(fast: bool) -> list[Figure]:
     import torch
 
     from trainers.sim.demos import collect_demos
-    from trainers.sim.env import fast_render, make_env
+    from trainers.sim.env import Camera, make_env
     from trainers.sim.replay import Replayer, eef_error_mm
 
     torch.set_num_threads(1)
     steps, repeats = (10, 3) if fast else (30, 3)  # was (50, 5): minutes of rendering on 2 shared cores (bench #11)
-    blind = make_env("Lift", camera_size=None, seed=0)
-    blind.reset()
-    physics = [steps / s for s in time_call(lambda: _steps(blind, steps), repeats)]
-    camera = make_env("Lift", camera_size=64, seed=0)
-    camera.reset()
-    default_render = [steps / s for s in time_call(lambda: _steps(camera, steps), repeats)]
-    fast_render(camera)
-    fast = [steps / s for s in time_call(lambda: _steps(camera, steps), repeats)]
+    env = make_env("Lift", seed=0)
+    env.reset()
+    physics = [steps / s for s in time_call(lambda: _steps(env, steps), repeats)]
+    with Camera(env.sim, 64, fast=False) as camera:
+        default_render = [steps / s for s in time_call(lambda: _steps(env, steps, camera), repeats)]
+    with Camera(env.sim, 64) as camera:
+        fast = [steps / s for s in time_call(lambda: _steps(env, steps, camera), repeats)]
+    env.close()
     demo = collect_demos("Lift", 1, seed=0, camera_size=64, horizon=steps).demos[0]
     replayer = Replayer("Lift")
     errors: list[float] = []
@@ -47,7 +49,7 @@ def run(fast: bool) -> list[Figure]:
     return [
         Figure("physics steps (no camera)", "steps/s", physics, target="~250 steps/s unloaded (stack notes)",
                higher_is_better=True),
-        Figure("steps with a 64×64 camera, fast_render", "frames/s", fast, "default rendering", default_render,
+        Figure("steps with a 64×64 camera, Camera(fast=True)", "frames/s", fast, "default rendering", default_render,
                target="~25 frames/s unloaded; ≥ 2× the default", higher_is_better=True),
         Figure(f"replay of a {steps}-step demo (no camera)", "s", replay_s,
                note=f"EEF error of the exact replay: max {max(errors):.2e} mm"),

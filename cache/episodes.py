@@ -25,6 +25,7 @@ import h5py
 import numpy as np
 
 from ground.errors import UserError
+from ground.paths import sweep_dead_temp_files, temp_path
 
 ALL_SPLIT = "all"
 """Split name meaning every demo in ``data/``."""
@@ -89,7 +90,8 @@ def write_episodes(path: str | Path, demos: list[Demo], env_args: dict[str, Any]
     for demo in demos:
         _validate_demo(demo, path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    sweep_dead_temp_files(path.parent, of=path.name)  # what a killed earlier `data demos` left
+    tmp = temp_path(path)
     try:
         with h5py.File(tmp, "w") as handle:
             data = handle.create_group("data")
@@ -206,7 +208,11 @@ class EpisodeFile:
         return _list_demos(self.handle, self.path, split)
 
     def num_samples(self, name: str) -> int:
-        return int(self._group(name).attrs["num_samples"])
+        attrs = self._group(name).attrs
+        if "num_samples" not in attrs:
+            raise UserError("demo has no num_samples attribute", file=str(self.path), field=f"data/{name}",
+                            hint="robomimic files set data/<demo>.attrs['num_samples'] = len(actions)")
+        return int(attrs["num_samples"])
 
     def actions(self, name: str, start: int = 0, stop: int | None = None) -> np.ndarray:
         return self._group(name)["actions"][start:stop]

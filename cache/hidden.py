@@ -169,11 +169,27 @@ def _inspect_safetensors(path: Path, fd: int) -> CacheFileInfo:
         raise _bad(path, f"corrupt safetensors header: length {header_len:,} B in a {size:,} B file")
     try:
         header = json.loads(_pread_exact(fd, header_len, 8, path))
-        meta = {key: json.loads(value) for key, value in header.pop("__metadata__", {}).items()}
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise _bad(path, f"corrupt safetensors header: {exc}") from exc
+    if not isinstance(header, dict):
+        raise _bad(path, f"corrupt safetensors header: a JSON {type(header).__name__}, not an object")
+    try:
+        meta = {key: json.loads(value) for key, value in header.pop("__metadata__", {}).items()}
+    except (TypeError, AttributeError, json.JSONDecodeError) as exc:
+        raise _bad(path, f"corrupt safetensors metadata: {exc}") from exc
     if meta.get("format") != FORMAT_TAG:
         raise _bad(path, f"not an idmctl hidden cache (format {meta.get('format')!r}, want {FORMAT_TAG!r})")
+    try:
+        return _geometry_from_header(path, size, header_len, header, meta)
+    except (KeyError, TypeError, ValueError) as exc:
+        # A header without `layers`, or with a field of the wrong type: a bad file, which the builder
+        # rebuilds (is_cached treats a UserError as "not cached") and preflight reports per check.
+        missing = f"no {exc.args[0]!r} in its metadata" if isinstance(exc, KeyError) else str(exc)
+        raise _bad(path, f"corrupt idmctl header: {missing}") from exc
+
+
+def _geometry_from_header(path: Path, size: int, header_len: int, header: dict[str, Any],
+                          meta: dict[str, Any]) -> CacheFileInfo:
     layers = [int(block) for block in meta["layers"]]
     data_start = 8 + header_len
     frames, (height, width), channels = int(meta["frames"]), meta["token_grid"], int(meta["channels"])

@@ -68,11 +68,12 @@ def build_dataset(spec: ExperimentSpec, split: str, cache_root: str | None = Non
 
 
 def dataloader_kwargs(spec: ExperimentSpec) -> dict[str, Any]:
-    """DataLoader settings per rank. ``persistent_workers`` is derived (``num_workers > 0``) unless a
+    """DataLoader settings per rank: batches of ``loader.batch_size / loader.repeats`` distinct samples.
+    ``persistent_workers`` is derived (``num_workers > 0``) unless a
     legacy config sets it explicitly — kept so card A's job 6262 mistake still fails for real."""
     loader = spec.loader
     kwargs: dict[str, Any] = {
-        "batch_size": loader.batch_size,
+        "batch_size": loader.samples_per_batch,  # distinct samples; repeat_samples brings it to batch_size rows
         "num_workers": loader.num_workers,
         "pin_memory": loader.pin_memory,
         "persistent_workers": (loader.persistent_workers if loader.persistent_workers is not None
@@ -81,6 +82,16 @@ def dataloader_kwargs(spec: ExperimentSpec) -> dict[str, Any]:
     if loader.num_workers > 0:
         kwargs["prefetch_factor"] = loader.effective_prefetch
     return kwargs
+
+
+def repeat_samples(tensor: torch.Tensor, repeats: int) -> torch.Tensor:
+    """Each sample ``repeats`` times in a row along the batch (``loader.repeats``): copies sit side by
+    side, so the flow noise and time drawn per row differ between copies of one sample. ``repeats``
+    1 returns the very tensor, so a run without repeats computes exactly what it did before K existed.
+
+    Done on the rank's device after the copy, so /dev/shm and the host→device copy carry each sample once.
+    """
+    return tensor if repeats == 1 else tensor.repeat_interleave(repeats, dim=0)
 
 
 def _worker_init(_: int) -> None:

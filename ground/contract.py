@@ -29,6 +29,9 @@ ENV_ROLLBACK = "IDMCTL_ROLLBACK"
 """``1`` on the one resubmission a chain gets after a NaN: resume from the last good checkpoint past it."""
 ENV_CACHE_ROOT = "IDMCTL_CACHE_ROOT"
 """Overrides ``data.cache_root`` in the trainer (the staged copy on node-local disk); not in the spec hash."""
+ENV_CHECKPOINT_EVERY = "IDMCTL_CHECKPOINT_EVERY"
+"""Steps between checkpoints derived at submit (``idmctl.preflight.limits``) when the spec leaves
+``train.checkpoint_every`` unset; a value in the spec wins."""
 ENV_LOCAL_JOB_ID = "IDMCTL_LOCAL_JOB_ID"
 """The local executor's job id (what ``SLURM_JOB_ID`` is under Slurm)."""
 # Read by the control plane from the user's shell:
@@ -43,6 +46,11 @@ ENV_RANK_DIGESTS = "IDMCTL_TEST_RANK_DIGESTS"
 SPEC_FILE = "spec.json"
 FAILURE_FILE = "failure.json"
 MLFLOW_RUN_ID_FILE = "mlflow_run_id"
+PROGRESS_FILE = "progress.json"
+"""Rank 0's heartbeat: step / total, recent s/step, checkpoint write time (``ground.progress``); read by
+``idmctl jobs``/``watch`` for the ETA and by preflight for the step times of earlier runs."""
+EVENTS_FILE = "events.jsonl"
+"""Every attempt's start and checkpoint times, appended (``ground.run_events``); read by ``idmctl ledger``."""
 STAGE_MARKER = ".idmctl_staged"
 """Written into the staged cache copy on node-local disk once stage-in finished."""
 

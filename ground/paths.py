@@ -45,10 +45,49 @@ def mlflow_artifacts_dir() -> Path:
     return home() / "mlartifacts"
 
 
+def temp_path(path: Path) -> Path:
+    """The hidden ``.<name>.tmp<pid>`` a writer fills before renaming it to ``path``."""
+    return path.with_name(f".{path.name}.tmp{os.getpid()}")
+
+
+def temp_files(directory: Path, of: str | None = None) -> list[Path]:
+    """Hidden temp files in ``directory`` (only those of the file named ``of`` when given)."""
+    if not directory.is_dir():
+        return []
+    prefix = f".{of}.tmp" if of else "."
+    return sorted(p for p in directory.iterdir() if p.name.startswith(prefix) and ".tmp" in p.name)
+
+
+def sweep_dead_temp_files(directory: Path, of: str | None = None) -> int:
+    """Delete temp files whose writer is gone: a killed writer's leftovers (``.tmp<pid>`` of a dead pid,
+    or a ``.tmp`` without a pid, which only one writer at a time uses). A live writer's are left alone."""
+    removed = 0
+    for tmp in temp_files(directory, of):
+        pid_text = tmp.name.rpartition(".tmp")[2].split(".")[0]
+        if pid_text.isdigit() and int(pid_text) != os.getpid() and _pid_alive(int(pid_text)):
+            continue
+        try:
+            tmp.unlink()
+            removed += 1
+        except FileNotFoundError:
+            continue
+    return removed
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def atomic_write_text(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` through a temp file and a rename, so a crash never leaves half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp = temp_path(path)
     with open(tmp, "w", encoding="utf-8") as handle:
         handle.write(text)
         handle.flush()

@@ -12,6 +12,9 @@ from contextlib import contextmanager
 from typing import Any
 
 MLFLOW_EXPERIMENT = "idmctl"
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
+"""MLflow 3 opens an experiment without this tag on its GenAI overview; with it, on the runs table."""
 
 # Tags
 TAG_EXPERIMENT = "idmctl.experiment"

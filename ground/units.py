@@ -7,6 +7,7 @@ Decimal units (kB, MB, GB, TB) are powers of 1000 and binary ones (KiB, MiB, GiB
 
 from __future__ import annotations
 
+import math
 import re
 
 _BYTE_UNITS = {
@@ -23,14 +24,17 @@ def parse_bytes(value: int | float | str) -> int:
     if isinstance(value, bool):
         raise ValueError(f"not a size: {value!r}")
     if isinstance(value, (int, float)):
-        if value < 0:
-            raise ValueError(f"negative size: {value}")
+        if value < 0 or not math.isfinite(value):
+            raise ValueError(f"not a size: {value!r}")
         return int(value)
-    match = _SIZE.match(value)
+    match = _SIZE.fullmatch(value)
     unit = match.group(2).lower() if match else None
     if not match or unit not in _BYTE_UNITS:
         raise ValueError(f"not a size: {value!r} (use e.g. 512MB, 24GiB, 6.6TB)")
-    return int(float(match.group(1)) * _BYTE_UNITS[unit])
+    amount = float(match.group(1)) * _BYTE_UNITS[unit]
+    if not math.isfinite(amount):  # "1e400" is inf: int() of it was an OverflowError traceback
+        raise ValueError(f"not a finite size: {value!r}")
+    return int(amount)
 
 
 def parse_bandwidth(value: int | float | str) -> float:
@@ -64,16 +68,16 @@ def parse_duration(value: int | float | str) -> float:
     if isinstance(value, bool):
         raise ValueError(f"not a duration: {value!r}")
     if isinstance(value, (int, float)):
-        if value < 0:
-            raise ValueError(f"negative duration: {value}")
+        if value < 0 or math.isnan(value):
+            raise ValueError(f"not a duration: {value!r}")
         return float(value) * 60
     text = value.strip()
     if text.upper() in ("UNLIMITED", "INFINITE"):
         return float("inf")
-    suffixed = _SUFFIX.match(text)
+    suffixed = _SUFFIX.fullmatch(text)
     if suffixed:
         return float(suffixed.group(1)) * _SUFFIX_SECONDS[suffixed.group(2).lower()]
-    match = _SLURM.match(text)
+    match = _SLURM.fullmatch(text)
     if not match:
         raise ValueError(f"not a duration: {value!r} (use Slurm's D-HH:MM:SS, or 90s / 2h / 18d)")
     days, first, second, third = match.groups()

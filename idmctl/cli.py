@@ -18,12 +18,55 @@ from ground.errors import EXIT_BAD_INPUT, EXIT_FAILED, CheckFailed, UserError
 _debug = {"on": False}
 
 
+def debug_on() -> bool:
+    """Whether ``--debug`` was given: commands then let exceptions (and their tracebacks) through."""
+    return _debug["on"]
+
+
+def set_debug() -> None:
+    """For a command's own ``--debug`` (``idmctl quickstart --debug`` as well as ``idmctl --debug quickstart``)."""
+    _debug["on"] = True
+
+
+def _usage_error_classes() -> tuple[type[Exception], ...]:
+    # typer 0.29 parses with its own copy of click (typer._click): its UsageError is not click's.
+    try:
+        from typer._click.exceptions import UsageError as TyperUsageError
+    except ImportError:
+        return (click.UsageError,)
+    return (click.UsageError, TyperUsageError)
+
+
+_USAGE_ERRORS = _usage_error_classes()
+
+
+def _usage_line(exc: Any) -> str:
+    """Click's usage error as the contract's one line (its own is a 5–6-line box)."""
+    where = exc.ctx.command_path if exc.ctx is not None else "idmctl"
+    what = exc.format_message().strip().rstrip(".")
+    return f"error: command line: {what} (see `{where} --help`)"
+
+
 class _ContractGroup(TyperGroup):
-    """Turns UserError/CheckFailed from any subcommand into the one-line contract."""
+    """Turns UserError/CheckFailed from any subcommand, and Click's usage errors, into the one-line contract."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except _USAGE_ERRORS as exc:
+            if type(exc).__name__ == "NoArgsIsHelpError" or _debug["on"]:
+                raise
+            click.echo(_usage_line(exc), err=True)
+            ctx.exit(EXIT_BAD_INPUT)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except _USAGE_ERRORS as exc:
+            if type(exc).__name__ == "NoArgsIsHelpError" or _debug["on"]:
+                raise
+            click.echo(_usage_line(exc), err=True)
+            ctx.exit(EXIT_BAD_INPUT)
         except UserError as exc:
             if _debug["on"]:
                 raise
@@ -75,6 +118,8 @@ def _register_commands() -> None:
     app.add_typer(data.app, name="data")
     from idmctl.commands import ledger
     app.command("ledger")(ledger.ledger)
+    from idmctl.commands import doctor
+    app.command("doctor")(doctor.doctor)
 
 
 _register_commands()

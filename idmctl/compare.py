@@ -120,7 +120,7 @@ def _baseline_row(entry: Any, index: int, path: Path) -> CompareRow:
     for key, value in entry.items():
         if key in _BASELINE_KEYS:
             continue
-        if not tracking.EEF_METRIC.match(str(key)):
+        if not tracking.EEF_METRIC.fullmatch(str(key)):
             raise UserError("unknown key", file=str(path), field=f"{where}.{key}",
                             hint=f"allowed: {', '.join(sorted(_BASELINE_KEYS))}, eef_mm_<n>ep, sim_eef_mm_<n>ep")
         if value is None:
@@ -173,7 +173,7 @@ def load_runs(tracking_uri: str | None = None) -> list[CompareRow]:
 def _run_row(client: Any, run: Any) -> CompareRow:
     tags: dict[str, str] = dict(run.data.tags)
     params: dict[str, str] = dict(run.data.params)
-    wanted = [key for key in run.data.metrics if key == tracking.M_LOSS or tracking.EEF_METRIC.match(key)]
+    wanted = [key for key in run.data.metrics if key == tracking.M_LOSS or tracking.EEF_METRIC.fullmatch(key)]
     metrics: dict[str, MetricSummary] = {}
     for key in wanted:
         history = [(int(m.step), float(m.value)) for m in client.get_metric_history(run.info.run_id, key)]
@@ -239,6 +239,21 @@ def _int(text: str | None) -> int | None:
 # ------------------------------------------------------------------------------------- the report
 
 @dataclass
+class SweepGroup:
+    """The runs (and planned variants) of one ``sweep:`` spec, with the swept values of each."""
+
+    sweep: str
+    axes: list[str]
+    rows: list[tuple[str, dict[str, Any], CompareRow]]
+    """(variant, {axis: value}, row), in the sweep's order."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"sweep": self.sweep, "axes": self.axes,
+                "variants": [{"variant": v, "axes": values, "label": row.label, "status": row.status}
+                             for v, values, row in self.rows]}
+
+
+@dataclass
 class CompareReport:
     metric: str
     columns: list[str]
@@ -246,6 +261,8 @@ class CompareReport:
     rows: list[CompareRow]
     goals: dict[str, str]
     """experiment name → its goal text."""
+    sweeps: list[SweepGroup] = field(default_factory=list)
+    """Rows grouped by the sweep they are variants of, swept axes as columns."""
 
     @property
     def runs(self) -> list[CompareRow]:
@@ -253,7 +270,7 @@ class CompareReport:
 
     def to_json(self) -> dict[str, Any]:
         return {"metric": self.metric, "columns": self.columns, "goals": self.goals,
-                "rows": [row.to_json() for row in self.rows]}
+                "rows": [row.to_json() for row in self.rows], "sweeps": [g.to_json() for g in self.sweeps]}
 
 
 def build_report(selection: list[str] | None = None, metric: str = tracking.DEFAULT_RANK_METRIC,
@@ -262,7 +279,8 @@ def build_report(selection: list[str] | None = None, metric: str = tracking.DEFA
     then chosen experiments that have no run yet ("not started", like card A's planned row)."""
     baselines = load_baselines()
     runs = load_runs(tracking_uri)
-    chosen = _select_runs(runs, selection or [], baselines)
+    selection = expand_sweeps(selection or [])
+    chosen = _select_runs(runs, selection, baselines)
     goals: dict[str, str] = {}
     for row in chosen:
         goal = _spec_goal(row.name) or row.goal
@@ -278,19 +296,60 @@ def build_report(selection: list[str] | None = None, metric: str = tracking.DEFA
                                  row.label))
     all_rows = [*baselines, *chosen, *planned]
     return CompareReport(metric=metric, columns=_metric_columns(all_rows, metric),
-                         rows=all_rows, goals=goals)
+                         rows=all_rows, goals=goals, sweeps=sweep_groups([*chosen, *planned]))
+
+
+def _sweep_variants(sweep: str) -> list[Any]:
+    from ground.spec.loader import load_experiments
+
+    try:
+        variants = load_experiments(sweep)
+    except UserError:
+        return []
+    return variants if variants and variants[0].sweep == sweep else []
+
+
+def expand_sweeps(selection: list[str]) -> list[str]:
+    """A sweep's name selects every one of its variants (``latent_c_phase2`` → ``latent_c_phase2.n4_d4``, …)."""
+    expanded: list[str] = []
+    for wanted in selection:
+        variants = [] if "#" in wanted or "." in wanted else _sweep_variants(wanted)
+        expanded += [v.name for v in variants] or [wanted]
+    return expanded
+
+
+def sweep_groups(rows: list[CompareRow]) -> list[SweepGroup]:
+    """Rows whose experiment is ``<sweep>.<variant>`` grouped by sweep, in the sweep's variant order."""
+    groups: dict[str, SweepGroup] = {}
+    specs: dict[str, list[Any]] = {}
+    for row in rows:
+        sweep, dot, variant = row.name.rpartition(".")
+        if not dot:
+            continue
+        if sweep not in specs:
+            specs[sweep] = _sweep_variants(sweep)
+        found = next((v for v in specs[sweep] if v.name == row.name), None)
+        if found is None:
+            continue
+        group = groups.setdefault(sweep, SweepGroup(sweep, list(found.axes), []))
+        group.rows.append((variant, dict(found.axes), row))
+    for sweep, group in groups.items():
+        order = [v.name for v in specs[sweep]]
+        group.rows.sort(key=lambda item: (order.index(f"{sweep}.{item[0]}"), item[2].label))
+    return list(groups.values())
 
 
 def _select_runs(runs: list[CompareRow], selection: list[str], baselines: list[CompareRow]) -> list[CompareRow]:
     if not selection:
         return runs
-    from ground.spec.loader import resolve_spec_path
+    from ground.spec.loader import load_spec, resolve_spec_path
 
     chosen = []
     for wanted in selection:
         matches = [row for row in runs if wanted in (row.name, row.label, row.run_id)]
         if not matches and wanted not in {b.name for b in baselines}:
-            resolve_spec_path(wanted)  # UserError with a did-you-mean when it names nothing at all
+            # UserError with a did-you-mean when it names nothing at all (a sweep variant is no file)
+            load_spec(wanted) if "." in wanted else resolve_spec_path(wanted)
         chosen += [row for row in matches if row not in chosen]
     return chosen
 
@@ -342,7 +401,7 @@ def _metric_columns(rows: list[CompareRow], metric: str) -> list[str]:
     names.discard(tracking.M_LOSS)
 
     def order(name: str) -> tuple[int, int, str]:
-        match = tracking.EEF_METRIC.match(name)
+        match = tracking.EEF_METRIC.fullmatch(name)
         if match:
             return (1 if match.group(1) else 0, int(match.group(2)), name)
         return (2, 0, name)

@@ -47,7 +47,7 @@ def plot_report(report: CompareReport, out: Path, tracking_uri: str | None = Non
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for index, row in enumerate(runs):
         color = colors[index % len(colors)]
-        eef_keys = sorted(key for key in row.metrics if tracking.EEF_METRIC.match(key))
+        eef_keys = sorted(key for key in row.metrics if tracking.EEF_METRIC.fullmatch(key))
         curves = _histories(row.run_id or "", [tracking.M_LOSS, *eef_keys], uri)
         marker = " (running)" if row.in_progress else ""
         if tracking.M_LOSS in curves:

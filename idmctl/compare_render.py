@@ -27,7 +27,7 @@ def value_text(value: float) -> str:
 
 
 def metric_header(metric: str) -> str:
-    match = tracking.EEF_METRIC.match(metric)
+    match = tracking.EEF_METRIC.fullmatch(metric)
     if not match:
         return metric
     prefix = "sim EEF mm" if match.group(1) else "EEF mm"

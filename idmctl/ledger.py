@@ -6,13 +6,16 @@ a /dev/shm ENOSPC (5845) and two bugs that struck at dataset instantiation after
 recorded by sync from ``sacct -D``):
 
 - **charged** = GPUs × (end − start) of every run that reached a node (queue time costs nothing);
-- **useful** = the charged hours whose work reached a checkpoint that was used: a run that completed,
-  or a run whose trainer checkpointed at its exit (exit status ``EXIT_REQUEUE``, the contract's
-  "checkpointed, requeue me") and was followed by another run of its job or chain, which resumed
-  from that checkpoint;
-- **lost** = the rest, per failure cause (the run's cause from the failure table);
-- **per preemption** = lost hours of preempted runs ÷ their number: for a run that never
-  checkpointed this is the whole run (its stage-in plus every step since it started).
+- **useful** = the charged hours whose work reached a checkpoint that was used: all of a run that
+  completed; of a run followed by another run of its job or chain (which resumed from its newest
+  checkpoint), the time from the trainer's ``start`` to its last ``checkpoint`` in the run directory's
+  event record (ground/progress.py). Without a record (an entry other than the trainer, a job
+  from before it), a run whose trainer exited ``EXIT_REQUEUE`` (the contract's "checkpointed, requeue
+  me") counts whole as useful;
+- **lost** = the rest, per failure cause (the run's cause from the failure table): the stage-in
+  before ``start`` and the work after the last checkpoint;
+- **per preemption** = lost hours of preempted runs ÷ their number: a run that never checkpointed
+  loses all of it.
 
 Runs still going are left out. Plain sqlite3, like ``failures``' read path: 10,000 jobs in well
 under the 0.5 s target, with no ORM import.
@@ -23,12 +26,13 @@ from __future__ import annotations
 import json
 import sqlite3
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from ground.contract import EXIT_REQUEUE
 from ground.errors import UserError
+from ground.run_events import CHECKPOINT, START, read_events
 from idmctl.failures.rows import _naive_utc, _when, is_since, open_classified
 
 GROUPINGS = ("experiment", "qos", "cause")
@@ -70,11 +74,25 @@ class RunCost(NamedTuple):
 
     experiment: str
     qos: str
-    gpu_hours: float
+    useful_h: float
+    lost_h: float
     cause: str | None
-    """None when the hours were useful; the failure cause otherwise."""
+    """The run's failure cause (None for a completed run)."""
     ended_at: str
     """As stored (parsed only for ``--since``)."""
+
+
+def _useful_seconds(run_dir: Path | None, started: datetime, ended: datetime) -> float | None:
+    """Trainer start → last checkpoint within this run, from the event record; None without one."""
+    if run_dir is None:
+        return None
+    # sacct prints whole seconds: an event in the run's last second is still the run's.
+    events = [(event, at) for event, at in read_events(run_dir) if started <= at < ended + timedelta(seconds=1)]
+    begun = next((at for event, at in events if event == START), None)
+    saved = [at for event, at in events if event == CHECKPOINT]
+    if begun is None:
+        return None
+    return max(0.0, (saved[-1] - begun).total_seconds()) if saved else 0.0
 
 
 def _checkpointed_at_exit(run: dict[str, Any]) -> bool:
@@ -98,7 +116,7 @@ def run_costs(db: Path) -> list[RunCost] | None:
         # Run times come from SQLite (julianday) for the usual one-run job; only jobs sync saw requeued
         # carry a run list in options_json, and only those are parsed here.
         jobs = connection.execute(
-            "SELECT id, chain_id, attempt, experiment, qos, gpus, state, exit_code, ended_at, "
+            "SELECT id, chain_id, attempt, experiment, qos, gpus, state, exit_code, ended_at, script_path, "
             "round((julianday(ended_at) - julianday(started_at)) * 86400.0, 3) AS seconds, "
             "CASE WHEN instr(options_json, '\"runs\"') THEN options_json END AS options "
             "FROM job WHERE started_at IS NOT NULL").fetchall()
@@ -114,20 +132,34 @@ def run_costs(db: Path) -> list[RunCost] | None:
         if job["chain_id"] is not None:
             last_attempt[job["chain_id"]] = max(last_attempt.get(job["chain_id"], 0), job["attempt"])
     costs: list[RunCost] = []
-    for job_pk, chain, attempt, experiment, qos, gpus, state, exit_code, ended_at, seconds, options in jobs:
+    for (job_pk, chain, attempt, experiment, qos, gpus, state, exit_code, ended_at, script, seconds,
+         options) in jobs:
         chain_goes_on = chain is not None and last_attempt[chain] > attempt
         runs = json.loads(options).get("runs") if options else None
         if not runs:
-            runs = [{"state": state, "exit_code": exit_code, "ended_at": ended_at, "seconds": seconds}]
+            runs = [{"state": state, "exit_code": exit_code, "started_at": None, "ended_at": ended_at,
+                     "seconds": seconds}]
         for number, run in enumerate(runs, start=1):
             word = (run.get("state") or "").split(" ")[0]
             took = run["seconds"] if "seconds" in run else _seconds(run.get("started_at"), run.get("ended_at"))
             if took is None or word in ("RUNNING", "PENDING") or not run.get("ended_at"):
                 continue
-            resumed = number < len(runs) or chain_goes_on
-            useful = word == _FINAL_OK or (resumed and _checkpointed_at_exit(run))
-            costs.append(RunCost(experiment, qos or "—", took / 3600 * (gpus or 0),
-                                 None if useful else causes.get((job_pk, number), UNCLASSIFIED), run["ended_at"]))
+            hours_per_second = (gpus or 0) / 3600
+            if word == _FINAL_OK:
+                costs.append(RunCost(experiment, qos or "—", took * hours_per_second, 0.0, None, run["ended_at"]))
+                continue
+            useful_s = 0.0
+            if number < len(runs) or chain_goes_on:  # a later run resumed from this run's newest checkpoint
+                ended = _naive_utc(_when(run["ended_at"]))
+                assert ended is not None
+                measured = _useful_seconds(Path(script).parent if script else None,
+                                           (ended - timedelta(seconds=took)).replace(tzinfo=timezone.utc),
+                                           ended.replace(tzinfo=timezone.utc))
+                useful_s = measured if measured is not None else (took if _checkpointed_at_exit(run) else 0.0)
+            useful_s = min(useful_s, took)
+            costs.append(RunCost(experiment, qos or "—", useful_s * hours_per_second,
+                                 (took - useful_s) * hours_per_second, causes.get((job_pk, number), UNCLASSIFIED),
+                                 run["ended_at"]))
     return costs
 
 
@@ -144,15 +176,15 @@ def ledger(costs: list[RunCost], by: str, since: datetime | None = None) -> tupl
     for cost in costs:
         if since is not None and not is_since(_when(cost.ended_at), since):
             continue
-        key = {"experiment": cost.experiment, "qos": cost.qos, "cause": cost.cause or "useful"}[by]
+        key = {"experiment": cost.experiment, "qos": cost.qos, "cause": cost.cause or "completed"}[by]
         for row in (groups.setdefault(key, LedgerRow(group=key)), total):
             row.runs += 1
-            row.charged_h += cost.gpu_hours
+            row.charged_h += cost.useful_h + cost.lost_h
+            row.useful_h += cost.useful_h
             if cost.cause is None:
-                row.useful_h += cost.gpu_hours
                 continue
-            row.lost_h[cost.cause] = row.lost_h.get(cost.cause, 0.0) + cost.gpu_hours
+            row.lost_h[cost.cause] = row.lost_h.get(cost.cause, 0.0) + cost.lost_h
             if cost.cause == PREEMPTED:
                 row.preemptions += 1
-                row.preemption_lost_h += cost.gpu_hours
+                row.preemption_lost_h += cost.lost_h
     return sorted(groups.values(), key=lambda row: (-row.charged_h, row.group)), total

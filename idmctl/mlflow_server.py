@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ground.errors import CheckFailed, UserError
-from ground.paths import home, mlflow_artifacts_dir, mlflow_tracking_uri
+from ground.paths import atomic_write_text, home, mlflow_artifacts_dir, mlflow_tracking_uri
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 READY_TIMEOUT_S = 90.0
@@ -101,7 +101,77 @@ def backend_store_uri() -> str:
     return uri
 
 
-def server_command(host: str, port: int, extra_hosts: list[str] | None = None) -> list[str]:
+AUTH_DIR_NAME = "mlflow-auth"
+INSECURE_WARNING = ("WARNING: the MLflow UI on {host}:{port} has NO authentication (--insecure-no-auth): anyone "
+                    "who can reach this port can create, change and delete runs, tags and experiments "
+                    "(a remote runs/set-tag answered 200). Use --auth instead unless the network is yours alone.")
+
+
+def is_loopback(host: str) -> bool:
+    return host in LOCAL_HOSTS or host.startswith("127.")
+
+
+def require_auth_policy(host: str, auth: bool, insecure_no_auth: bool) -> str | None:
+    """Binding beyond loopback opens a write endpoint: it needs MLflow's basic-auth (``auth``) or the
+    explicit opt-out, which returns the warning to print. UserError otherwise (nothing started)."""
+    if auth and insecure_no_auth:
+        raise UserError("--auth and --insecure-no-auth contradict each other", field="--insecure-no-auth",
+                        hint="keep --auth")
+    if is_loopback(host) or auth:
+        return None
+    if not insecure_no_auth:
+        raise UserError(f"serving on {host} lets anyone who can reach the port write runs", field="--host",
+                        hint="add --auth (MLflow's basic-auth login; the admin password is kept under "
+                             "$IDMCTL_HOME/mlflow-auth), or --insecure-no-auth if the network is yours alone")
+    return INSECURE_WARNING
+
+
+def auth_env() -> dict[str, str]:
+    """MLflow's ``--app-name basic-auth`` set up under ``$IDMCTL_HOME/mlflow-auth`` (mode 0700): its user
+    store, a config naming it, and a generated admin password and Flask secret key (0600 files, reused)."""
+    try:
+        import flask_wtf  # noqa: F401  (basic-auth refuses to start without it)
+    except ImportError as exc:
+        raise UserError("MLflow's basic-auth needs Flask-WTF", field="--auth",
+                        hint="pip install 'mlflow[auth]==3.17.2' (pyproject.toml pins it)") from exc
+    directory = home() / AUTH_DIR_NAME
+    directory.mkdir(parents=True, exist_ok=True)
+    directory.chmod(0o700)
+    config = directory / "basic_auth.ini"
+    atomic_write_text(config, "\n".join([
+        "[mlflow]",
+        "default_permission = READ",
+        f"database_uri = sqlite:///{directory / 'users.sqlite'}",
+        f"admin_username = {AUTH_ADMIN}",
+        "authorization_function = mlflow.server.auth:authenticate_request_basic_auth",
+        "grant_default_workspace_access = false",
+    ]) + "\n")
+    return {"MLFLOW_AUTH_CONFIG_PATH": str(config), "MLFLOW_AUTH_ADMIN_USERNAME": AUTH_ADMIN,
+            "MLFLOW_AUTH_ADMIN_PASSWORD": _kept_secret(directory / "admin-password"),
+            "MLFLOW_FLASK_SERVER_SECRET_KEY": _kept_secret(directory / "flask-secret-key")}
+
+
+AUTH_ADMIN = "admin"
+
+
+def admin_password_file() -> Path:
+    return home() / AUTH_DIR_NAME / "admin-password"
+
+
+def _kept_secret(path: Path) -> str:
+    """A random secret made once, readable by this user only; the same one on every later start."""
+    if path.exists():
+        return path.read_text().strip()
+    import secrets
+
+    value = secrets.token_urlsafe(24)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(value + "\n")
+    return value
+
+
+def server_command(host: str, port: int, extra_hosts: list[str] | None = None, auth: bool = False) -> list[str]:
     mlflow_cli = Path(sys.executable).with_name("mlflow")
     launcher = [str(mlflow_cli)] if mlflow_cli.exists() else [sys.executable, "-m", "mlflow"]
     command = [*launcher, "server", "--backend-store-uri", backend_store_uri(),
@@ -110,6 +180,8 @@ def server_command(host: str, port: int, extra_hosts: list[str] | None = None) -
     hosts = allowed_hosts(host, port, extra_hosts)
     if hosts:
         command += ["--allowed-hosts", ",".join(hosts)]
+    if auth:
+        command += ["--app-name", "basic-auth"]
     return command
 
 
@@ -125,13 +197,13 @@ def check_port_free(host: str, port: int) -> None:
 
 
 def start_server(host: str = "127.0.0.1", port: int = 5000, extra_hosts: list[str] | None = None,
-                 ready_timeout_s: float = READY_TIMEOUT_S) -> MlflowServer:
+                 ready_timeout_s: float = READY_TIMEOUT_S, auth: bool = False) -> MlflowServer:
     """Start the server and wait until ``/health`` answers; CheckFailed (with its log) if it dies."""
-    command = server_command(host, port, extra_hosts)
+    command = server_command(host, port, extra_hosts, auth)
     check_port_free(host, port)
     mlflow_artifacts_dir().mkdir(parents=True, exist_ok=True)
     log_path = home() / "mlflow-server.log"
-    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **(auth_env() if auth else {})}
     env.pop("MLFLOW_TRACKING_URI", None)
     with open(log_path, "ab") as log:
         process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,

@@ -7,12 +7,13 @@ numbers a check uses are the cluster's, not guesses in code. ``$IDMCTL_CLUSTER``
 
 from __future__ import annotations
 
+from typing import Literal
+
 import difflib
 import hashlib
 import os
 from pathlib import Path
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ground.contract import ENV_CLUSTER
@@ -113,7 +114,7 @@ class ClusterProfile(_Strict):
 
     name: str
     description: str = ""
-    scheduler: str = "slurm"
+    scheduler: Literal["slurm", "local"] = "slurm"
     """``slurm`` submits with sbatch; ``local`` runs the job script as a subprocess."""
     qos: dict[str, QosTier]
     node: NodeFacts
@@ -157,12 +158,11 @@ def profile_path(name_or_path: str | None = None) -> Path:
 def load_profile(name_or_path: str | None = None) -> tuple[ClusterProfile, str]:
     """The profile and its content hash (part of a preflight's identity)."""
     path = profile_path(name_or_path)
-    text = path.read_text(encoding="utf-8")
+    from ground.spec.loader import load_yaml_file
+
+    data = load_yaml_file(path, what="cluster profile")
     try:
-        data = yaml.safe_load(text)
         profile = ClusterProfile.model_validate(data)
-    except yaml.YAMLError as exc:
-        raise UserError(f"invalid YAML: {exc}".splitlines()[0], file=str(path)) from exc
     except ValidationError as exc:
         first = exc.errors()[0]
         dotted = ".".join(str(p) for p in first["loc"])

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ground.errors import CheckFailed
+from ground.errors import CheckFailed, UserError
 from idmctl.output import console
 from ground.paths import expand_path, home
 from ground.spec.loader import ResolvedSpec
@@ -31,6 +31,18 @@ CAMERA_PX = 64
 DEMO_STEPS = 50
 STAGES = 8
 JOB_TIMEOUT_S = 1800.0
+WHAT_TO_DO = {
+    "doctor": "fix the FAIL rows above (`idmctl doctor` shows the full table)",
+    "specs": "`idmctl exp list` validates every spec and names the broken field",
+    "demos": "`idmctl doctor` checks rendering; the demo file is written atomically, so rerunning is safe",
+    "cache": "rerun: cached episodes are kept (`idmctl cache inspect quickstart` shows the cache)",
+    "preflight": "the rows above give each failing check's numbers and fix",
+    "submit": "`idmctl submit quickstart --dry-run` shows the job script; `idmctl jobs` lists the jobs",
+    "train": "read the job's log (`idmctl jobs`; `idmctl failures` classifies the cause), then rerun",
+    "eval": "the trained run is in MLflow (`idmctl compare quickstart`); rerun to train and evaluate again",
+    "compare": "`idmctl compare quickstart` draws the same table",
+}
+"""What to do when a stage fails, shown on the one line that reports it (``--debug`` shows the traceback)."""
 TRAIN_LINE = re.compile(r"^(step \d+/\d+ loss \S+|eval at step .*|done: .*)")
 """Trainer log lines worth echoing while the job runs (progress, evaluations, the final summary)."""
 
@@ -51,10 +63,10 @@ def detail(text: str) -> None:
 
 
 def register_specs_stage(result: QuickstartResult) -> ResolvedSpec:
-    from ground.spec import list_experiments, load_spec
+    from ground.spec import list_experiments, load_experiments
     from idmctl.spec_store import register_specs
 
-    specs = [load_spec(str(path)) for path in list_experiments()]
+    specs = [variant for path in list_experiments() for variant in load_experiments(str(path))]
     new = register_specs(specs)
     stage(1, "specs", f"{len(specs)} experiments valid, {len(new)} new versions registered")
     resolved = next(r for r in specs if r.name == EXPERIMENT)
@@ -139,12 +151,6 @@ def submit_stage(result: QuickstartResult) -> Any:
     return job
 
 
-def preflight_and_submit(resolved: ResolvedSpec, result: QuickstartResult) -> Any:
-    """Preflight, then submit through the same gate every submission passes."""
-    preflight_stage(resolved, result)
-    return submit_stage(result)
-
-
 def _follow(log_path: Path, offset: int, echo: Callable[[str], None]) -> int:
     """Echo the trainer's progress lines written since ``offset``; returns the new offset."""
     if not log_path.exists():
@@ -222,14 +228,58 @@ def compare_stage(resolved: ResolvedSpec, result: QuickstartResult) -> None:
     result.stages["compare"] = report.to_json()
 
 
-def run_quickstart() -> QuickstartResult:
+def doctor_stage(result: QuickstartResult) -> None:
+    """``idmctl doctor`` first: quiet when every row is OK; otherwise the rows that are not, with their fixes."""
+    from idmctl.doctor import FAIL, OK, run_doctor
+
+    report = run_doctor()
+    result.stages["doctor"] = report.as_dict()
+    counts: dict[str, int] = {}
+    for row in report.rows:
+        counts[row.status] = counts.get(row.status, 0) + 1
+        if row.status != OK:
+            detail(f"{row.status:4s} {row.name:12s} {row.detail}" + (f" — fix: {row.fix}" if row.fix else ""))
+    summary = ", ".join(f"{n} {status}" for status, n in counts.items())
+    console.print(f"doctor: {summary} in {report.seconds:.1f} s", markup=False)
+    if report.failed:
+        raise CheckFailed(f"quickstart stopped: doctor found {', '.join(report.failed)} missing; "
+                          f"what to do: {WHAT_TO_DO['doctor']}")
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
+def _stage(k: int, name: str, debug: bool, run: Callable[..., Any], *args: Any) -> Any:
+    """Run one stage; any failure becomes one line: which stage, what went wrong, what to do."""
+    where = f"[{k}/{STAGES}] {name}" if k else name
+    try:
+        return run(*args)
+    except CheckFailed:
+        raise  # already one line with its own fix (preflight, job state, doctor)
+    except UserError as exc:
+        if debug:
+            raise
+        raise UserError(f"quickstart stopped at {where}: {exc.what}", file=exc.file, field=exc.field,
+                        hint=exc.hint or WHAT_TO_DO[name]) from exc
+    except Exception as exc:
+        if debug:
+            raise
+        raise CheckFailed(f"quickstart stopped at {where}: {_first_line(exc)}; what to do: {WHAT_TO_DO[name]} "
+                          f"(`--debug` shows the traceback)") from exc
+
+
+def run_quickstart(debug: bool = False) -> QuickstartResult:
     result = QuickstartResult()
     console.print(f"idmctl quickstart  IDMCTL_HOME={home()}", markup=False)
-    resolved = register_specs_stage(result)
-    demos_stage(resolved, result)
-    cache_stage(resolved, result)
-    job = preflight_and_submit(resolved, result)
-    run_dir = train_stage(job, result)
-    evaluation_stage(resolved, run_dir, result)
-    compare_stage(resolved, result)
+    _stage(0, "doctor", debug, doctor_stage, result)
+    resolved = _stage(1, "specs", debug, register_specs_stage, result)
+    _stage(2, "demos", debug, demos_stage, resolved, result)
+    _stage(3, "cache", debug, cache_stage, resolved, result)
+    _stage(4, "preflight", debug, preflight_stage, resolved, result)
+    job = _stage(5, "submit", debug, submit_stage, result)
+    run_dir = _stage(6, "train", debug, train_stage, job, result)
+    _stage(7, "eval", debug, evaluation_stage, resolved, run_dir, result)
+    _stage(8, "compare", debug, compare_stage, resolved, result)
     return result

@@ -6,6 +6,7 @@ from typing import Any
 
 from ground.spec.loader import ResolvedSpec
 from ground.spec.schema import ExperimentSpec
+from idmctl.store.models import utcnow
 
 
 def derived_values(spec: ExperimentSpec) -> dict[str, Any]:
@@ -23,8 +24,11 @@ def derived_values(spec: ExperimentSpec) -> dict[str, Any]:
 
 
 def register_specs(specs: list[ResolvedSpec]) -> set[str]:
-    """Record each spec version (idempotent); returns the hashes that were new."""
-    from sqlmodel import select
+    """Record each spec version (idempotent, also across processes); returns the hashes that were new.
+
+    ``INSERT OR IGNORE`` rather than look-then-insert: two submits of one spec at the same moment both
+    saw it missing and the second died on the primary key (found by the concurrency test, issue 20)."""
+    from sqlalchemy.dialects.sqlite import insert
 
     from idmctl.store import session
     from idmctl.store.models import SpecVersion
@@ -32,9 +36,9 @@ def register_specs(specs: list[ResolvedSpec]) -> set[str]:
     new: set[str] = set()
     with session() as db:
         for resolved in specs:
-            if db.exec(select(SpecVersion).where(SpecVersion.hash == resolved.hash)).first():
-                continue
-            db.add(SpecVersion(hash=resolved.hash, experiment=resolved.name, source_path=str(resolved.path),
-                               resolved_json=resolved.canonical_json))
-            new.add(resolved.hash)
+            statement = insert(SpecVersion).values(
+                hash=resolved.hash, experiment=resolved.name, source_path=str(resolved.path),
+                resolved_json=resolved.canonical_json, registered_at=utcnow()).on_conflict_do_nothing()
+            if db.exec(statement).rowcount:  # type: ignore[call-overload]
+                new.add(resolved.hash)
     return new

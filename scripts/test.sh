@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-scripts/system_deps.sh
+scripts/system_deps.sh test
 # The local Slurm cluster for the `slurm`-marked tests: up once, stopped on exit (only if this run
 # started it). In CI its absence fails those tests instead of skipping them.
 SLURM_ROOT="${IDMCTL_SLURM_ROOT:-/tmp/idmctl-slurm}"

@@ -5,9 +5,14 @@ Outside CI a missing cluster skips the test; in CI (``$CI`` set) it fails: the c
 
 from __future__ import annotations
 
+import fcntl
 import os
+import signal
+import socket
 import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -62,3 +67,77 @@ def sacct_state(job_id: str) -> str:
 
 def squeue_state(job_id: str) -> str:
     return sh("squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T", check=False).strip()
+
+
+SLURM_ROOT = Path(os.environ.get("IDMCTL_SLURM_ROOT", "/tmp/idmctl-slurm"))
+OUTAGE_LOCK = SLURM_ROOT / "run" / "test-outage.lock"
+SLURMDBD_BACK_S = 60
+
+
+def _alive(pid: int, comm: str) -> bool:
+    """A daemon is alive when /proc/PID is that program and not a zombie (PID 1 reaps late, gotcha 6)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return Path(f"/proc/{pid}/comm").read_text().strip() == comm and stat.rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def sacct_answers() -> bool:
+    return subprocess.run(["sacct", "-n", "-X", "-j", "1"], capture_output=True, timeout=30).returncode == 0
+
+
+@contextmanager
+def slurmdbd_stopped() -> Iterator[None]:
+    """Stop the shared cluster's slurmdbd for the body of the ``with``, then start it the way
+    scripts/slurm/up.sh does and wait until sacct answers again, whatever happened in the body.
+
+    Other engineers share the cluster: keep the body to a few seconds. A file lock keeps two outage
+    tests (from any session) from overlapping, so one never restarts what another expects stopped.
+    """
+    slurm_conf()
+    OUTAGE_LOCK.parent.mkdir(parents=True, exist_ok=True)
+    with open(OUTAGE_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        pid_file = SLURM_ROOT / "run" / "slurmdbd.pid"
+        pid = int(pid_file.read_text().strip())
+        assert _alive(pid, "slurmdbd"), f"slurmdbd (pid {pid}) is not running before the outage"
+        try:
+            os.kill(pid, signal.SIGTERM)
+            wait_until(lambda: not _alive(pid, "slurmdbd"), 30, f"slurmdbd pid {pid} to stop")
+            yield
+        finally:
+            # slurmdbd removes its pid file when it exits; a fresh one (or none) is read tolerantly.
+            current = pid_file.read_text().strip() if pid_file.exists() else ""
+            if not (current.isdigit() and _alive(int(current), "slurmdbd")):
+                subprocess.run(["/usr/sbin/slurmdbd"], check=True, timeout=60)
+            wait_until(sacct_answers, SLURMDBD_BACK_S, "sacct to answer again after restarting slurmdbd")
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def conf_with_unreachable(tmp: Path, *, controller: bool = False, accounting: bool = False) -> Path:
+    """A copy of the cluster's slurm.conf whose slurmctld and/or slurmdbd port has nothing listening:
+    the real Slurm clients then fail exactly as against a stopped daemon (connection refused), without
+    stopping a controller that other engineers' jobs and submissions are using at that moment."""
+    real = Path(slurm_conf())
+    tmp.mkdir(parents=True, exist_ok=True)
+    dead_port = _unused_port()
+    lines = []
+    for line in real.read_text().splitlines():
+        if controller and line.startswith("SlurmctldPort="):
+            line = f"SlurmctldPort={dead_port}"
+        if accounting and line.startswith("AccountingStoragePort="):
+            line = f"AccountingStoragePort={dead_port}"
+        lines.append(line)
+    conf = tmp / "slurm.conf"
+    conf.write_text("\n".join(lines) + "\n")
+    for extra in real.parent.iterdir():  # cgroup.conf, gres.conf beside it
+        if extra.name not in ("slurm.conf", "slurmdbd.conf") and extra.is_file():
+            (tmp / extra.name).write_text(extra.read_text())
+    return conf
+
+
+def _unused_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]

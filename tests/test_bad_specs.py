@@ -14,7 +14,7 @@ CORPUS = sorted((Path(__file__).parent / "data" / "bad_specs").glob("*.yaml"))
 
 
 def _expected(path: Path) -> str:
-    first = path.read_text().splitlines()[0]
+    first = path.read_bytes().splitlines()[0].decode("utf-8")  # the rest may be non-UTF-8 on purpose
     assert first.startswith("# expect: "), f"{path.name} lacks its '# expect:' header"
     return first.removeprefix("# expect: ")
 

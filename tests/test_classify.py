@@ -165,6 +165,24 @@ def test_queue_cancelled_shows_the_wait() -> None:
     assert running.cause == "cancelled"
 
 
+def test_a_cancel_is_judged_by_the_log_before_it() -> None:
+    """A traceback the job printed while being torn down (srun's pipe closed under a print) is the
+    cancel's doing; one printed before the cancel is the cause (a rank crashed, the rest hung)."""
+    teardown = ("entry: step 7\nsrun: Job step aborted: Waiting up to 7 seconds for job step to finish.\n"
+                "slurmstepd-n1: error: *** JOB 477 ON n1 CANCELLED AT 2026-11-30T11:21:11 ***\n"
+                "Traceback (most recent call last):\n  File \"/repo/tests/jobs_entry.py\", line 66, in _steps\n"
+                "BrokenPipeError: [Errno 32] Broken pipe\n")
+    assert classify("CANCELLED by 0", exit_code="0:0", log_tail=teardown, started=True).cause == "cancelled"
+    crashed_then_cancelled = ("Traceback (most recent call last):\n  File \"/repo/trainers/train.py\", line 9, in fit\n"
+                              "RuntimeError: rank 1 lost its peer\n"
+                              "slurmstepd-n1: error: *** JOB 478 ON n1 CANCELLED AT 2026-11-30T11:30:00 ***\n")
+    found = classify("CANCELLED by 0", exit_code="0:0", log_tail=crashed_then_cancelled, started=True)
+    assert found.cause == "python_exception"
+    # A preemption's line says DUE TO PREEMPTION and is not a cancel by hand.
+    preempted = "slurmstepd-n1: error: *** JOB 479 ON n1 CANCELLED AT 2026-11-30T11:40:00 DUE TO PREEMPTION ***\n"
+    assert classify("CANCELLED", exit_code="0:0", log_tail=preempted, started=True).cause == "preempted"
+
+
 def test_scheduler_states_win_over_log_patterns() -> None:
     # A preempted trainer may print a traceback while dying; the state is the cause.
     log = ("Traceback (most recent call last):\n  File \"/x/train.py\", line 3, in <module>\nKeyboardInterrupt\n"

@@ -122,7 +122,7 @@ def test_filters(cli) -> None:
 
 
 @pytest.mark.parametrize("args, message", [
-    (("failures", "fix", "9999", "--note", "x"), "error: JOB: no job 9999 in the store (run `idmctl jobs sync`"),
+    (("failures", "fix", "9999", "--note", "x"), "error: JOB: no job 9999 in the store (run `idmctl sync`"),
     (("failures", "fix", "6400", "--note", "x"), "error: JOB: job 6400 is COMPLETED, not a failure"),
     (("failures", "fix", "6054", "--note", " "), "error: --note: the fix note is empty"),
     (("failures", "--cause", "gremlins"), "error: --cause: unknown cause 'gremlins' (one of: queue_cancelled,"),

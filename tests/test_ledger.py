@@ -1,14 +1,16 @@
 """`idmctl ledger`: card A's week replayed as store rows (test_failures_cli.add_card_a_jobs, the
-records sync writes for its seven jobs), then a chain whose preempted run checkpointed at its exit."""
+records sync writes for its seven jobs), then preempted runs whose work a later run resumed: split by
+the trainer's event record, or whole when the trainer exited 75 and left no record."""
 
 from __future__ import annotations
 
 import json
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 
-from ground.contract import EXIT_REQUEUE
+from ground.contract import EVENTS_FILE, EXIT_REQUEUE
 from idmctl.store import session
 from idmctl.store.models import Chain, Job
 from test_failures_cli import T0, add_card_a_jobs
@@ -33,7 +35,7 @@ def test_card_a_week_shows_where_the_gpu_hours_went(cli) -> None:
         "loader_config": (1, 16.0),                    # 6262: 8 GPU × 2 h
         "python_exception": (1, 16.0),                 # 6321: 8 GPU × 2 h
         "shm_enospc": (1, 8.0),                        # 5845: 4 GPU × 2 h
-        "useful": (1, round(1 / 60, 4)),               # 6400: 1 GPU × 1 min
+        "completed": (1, round(1 / 60, 4)),            # 6400: 1 GPU × 1 min
     }
     total = by_cause["total"]
     assert total["charged_gpu_h"] == round(3 * PREEMPTED_H + 16 + 16 + 8 + 1 / 60, 4) == 51.8167
@@ -48,7 +50,7 @@ def test_card_a_week_shows_where_the_gpu_hours_went(cli) -> None:
     assert table.exit_code == 0
     lines = [" ".join(line.replace("│", " ").split()) for line in table.output.splitlines()]
     assert "preempted 3 11.80 0.00 11.80 preempted 11.80 3 3.93 GPU-h" in lines
-    assert "useful 1 0.02 0.02 0.00 — 0 —" in lines
+    assert "completed 1 0.02 0.02 0.00 — 0 —" in lines
     assert ("total 7 51.82 0.02 51.80 loader_config 16.00, python_exception 16.00, preempted 11.80, shm_enospc 8.00"
             " 3 3.93 GPU-h") in lines
 
@@ -77,8 +79,34 @@ def test_a_checkpoint_that_was_resumed_makes_its_run_useful(cli) -> None:
                    started_at=start, ended_at=start + timedelta(minutes=30), **common))
     total = _ledger(cli, "--by", "cause")["total"]
     assert (total["charged_gpu_h"], total["useful_gpu_h"]) == (2 * 3 + 2 * 1 + 2 * 0.5, 2 * 3 + 2 * 1)
+    # Two preemptions: the checkpointed one lost nothing (no event record to split off its stage-in).
     assert (total["lost_gpu_h_by_cause"], total["preemptions"], total["lost_gpu_h_per_preemption"]) == (
-        {"preempted": 1.0}, 1, 1.0)
+        {"preempted": 1.0}, 2, 0.5)
+
+
+def test_the_progress_record_splits_a_preempted_run_into_work_saved_and_lost(cli, tmp_path: Path) -> None:
+    """Run 1 (4 GPUs, 3 h): stage-in until the trainer's start at +0.5 h, checkpoints at +1 h and +2.5 h,
+    preempted at +3 h without a checkpoint at the notice; run 2 resumed and completed. Useful: start → last
+    checkpoint = 2 h; lost to the preemption: 0.5 h stage-in + 0.5 h after the checkpoint."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    at = lambda hours: (T0 + timedelta(hours=hours)).isoformat()  # noqa: E731
+    events = [("start", 0.5), ("checkpoint", 1.0), ("checkpoint", 2.5), ("start", 3.6), ("checkpoint", 4.0)]
+    (run_dir / EVENTS_FILE).write_text("".join(json.dumps({"event": e, "at": at(h)}) + "\n" for e, h in events))
+    with session() as db:
+        chain = Chain(experiment="latent_c_n4", spec_hash="h")
+        db.add(chain)
+        db.flush()
+        common = {"experiment": "latent_c_n4", "qos": "sub", "gpus": 4, "submitted_at": T0,
+                  "script_path": str(run_dir / "job.sbatch"), "chain_id": chain.id}
+        db.add(Job(attempt=1, state="PREEMPTED", exit_code="0:15", scheduler_id="81", started_at=T0,
+                   ended_at=T0 + timedelta(hours=3), **common))
+        db.add(Job(attempt=2, state="COMPLETED", exit_code="0:0", scheduler_id="82", started_at=T0 + timedelta(hours=3.5),
+                   ended_at=T0 + timedelta(hours=4), **common))
+    total = _ledger(cli, "--by", "qos")["total"]
+    assert (total["charged_gpu_h"], total["useful_gpu_h"], total["lost_gpu_h_by_cause"]) == (
+        4 * 3.5, 4 * 2.0 + 4 * 0.5, {"preempted": 4 * 1.0})
+    assert (total["preemptions"], total["lost_gpu_h_per_preemption"]) == (1, 4.0)
 
 
 def test_a_requeued_run_that_checkpointed_counts_as_useful(cli) -> None:
@@ -95,7 +123,8 @@ def test_a_requeued_run_that_checkpointed_counts_as_useful(cli) -> None:
                    qos="sub", submitted_at=T0, started_at=T0, ended_at=T0 + timedelta(hours=3),
                    options_json=json.dumps({"runs": runs})))
     total = _ledger(cli)["total"]
-    assert (total["runs"], total["charged_gpu_h"], total["useful_gpu_h"], total["preemptions"]) == (2, 8.0, 8.0, 0)
+    assert (total["runs"], total["charged_gpu_h"], total["useful_gpu_h"], total["preemptions"]) == (2, 8.0, 8.0, 1)
+    assert total["lost_gpu_h_per_preemption"] == 0.0
 
 
 @pytest.mark.parametrize("args,error", [

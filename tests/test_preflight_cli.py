@@ -72,5 +72,6 @@ def test_long_queue_wait_in_recorded_history_warns(cli):
     assert qos["status"] == "WARN"
     assert ("expected queue wait 6.0 d = median of 1 recorded 8-GPU core-extra job(s): 5961 6.0 d "
             "(cancelled while pending)") in qos["summary"]
-    assert qos["fix"] == "consider core-own: median 3.0 h over 1 job(s)"
+    assert qos["fix"] == ("consider core-own: median 3.0 h over 1 job(s); "
+                          "what-ifs: resources.qos=core-own → expected queue wait 3.0 h")
     assert qos["numbers"]["expected_wait_s"] == 6 * 86400

@@ -41,7 +41,7 @@ def test_dry_run_renders_header_stage_and_srun_from_spec_and_flags(cli, tmp_path
         f"#SBATCH --output={idmctl_home}/runs/probe/0/slurm-%j.out",
         "#SBATCH --open-mode=append",
         "#SBATCH --requeue",
-        "#SBATCH --signal=B:USR1@180",  # 5 % of 3600 s
+        "#SBATCH --signal=B:USR1@60",  # derived: (step + checkpoint write) × 3, at least Slurm's 60 s
     ]
     assert f"STAGE_DEST={tmp_path / 'scratch'}" in script
     assert f"STAGE_SRC={idmctl_home}/quickstart/hidden_cache" in script

@@ -176,3 +176,33 @@ def test_sync_obeys_the_taxonomy_for_real_jobs(cli, monkeypatch: pytest.MonkeyPa
     with session() as db:
         done = {chain.id for chain in db.exec(select(Chain)) if chain.status == "COMPLETED"}
     assert done == {job["chain"] for name, job in submitted.items() if get_cause(name).action != "stop"}
+
+
+def test_a_budget_of_the_yaml_holds_across_real_attempts(cli, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """nan_loss's max_per_chain: the first NaN gets its rollback attempt; the same NaN again stops the chain,
+    with budget left in --retries."""
+    limit = get_cause("nan_loss").max_per_chain
+    assert limit == 1
+    state, exit_code, log, _ = SAMPLES["nan_loss"]
+    sample = tmp_path / "nan.json"
+    sample.write_text(json.dumps({"log": log, "exit": int(exit_code.split(":")[0])}))
+    monkeypatch.setenv("IDMCTL_TEST_BEHAVIOR", f"emit:{sample}")  # every attempt of this chain NaNs
+    result = cli("submit", "quickstart", "--entry", "tests.jobs_entry", "--force", "--reason", "nan budget",
+                 "--retries", "5", "--json")
+    assert result.exit_code == 0, result.output + result.stderr
+    first = json.loads(result.stdout)
+    executor = LocalExecutor()
+    executor.wait(first["scheduler_id"], timeout_s=120)
+    assert cli("sync").exit_code == 0
+    jobs = _jobs_by_chain()[first["chain"]]
+    assert len(jobs) == 2 and f"export {contract.ENV_ROLLBACK}=1" in Path(jobs[1].script_path or "").read_text()
+    executor.wait(jobs[1].scheduler_id or "", timeout_s=120)
+    result = cli("sync", "--json")
+    assert result.exit_code == 0, result.output + result.stderr
+    stopped = json.loads(result.stdout)["stopped"]
+    assert stopped == [[jobs[1].id, f"nan_loss: already resubmitted 1× for nan_loss in this chain (max_per_chain 1); "
+                                     f"fix: {get_cause('nan_loss').fix}"]]
+    with session() as db:
+        chain = db.get(Chain, first["chain"])
+        assert chain is not None and (chain.status, chain.retries_used) == ("FAILED", 1)
+    assert len(_jobs_by_chain()[first["chain"]]) == 2

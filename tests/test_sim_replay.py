@@ -109,18 +109,3 @@ def test_data_demos_bad_input_is_one_line_exit_2_nothing_written(cli, tmp_path: 
     assert result.output.startswith(message)
     assert len(result.output.strip().splitlines()) == 1
     assert not out.exists()
-
-
-def test_a_noise_frame_is_rendered_again_from_the_sim() -> None:
-    from trainers.sim.demos import NOISE_GRADIENT, checked_frame
-    from trainers.sim.env import fast_render, make_env
-
-    env = make_env("Lift", camera_size=32, seed=0)
-    env.reset()
-    fast_render(env)
-    noise = np.random.default_rng(0).integers(0, 255, (32, 32, 3), dtype=np.uint8)
-    assert np.abs(np.diff(noise.astype(int), axis=1)).mean() > NOISE_GRADIENT
-    fixed = checked_frame(env, noise)
-    assert np.abs(np.diff(fixed.astype(int), axis=1)).mean() < NOISE_GRADIENT
-    assert fixed.shape == noise.shape and fixed.dtype == np.uint8
-    env.close()

@@ -30,6 +30,15 @@ def test_run_smoke_reports_timings_and_finite_losses(tiny_cache) -> None:
     from trainers.registry import build_model
 
     assert report["params"] == sum(p.numel() for p in build_model(spec, device="meta").parameters())
+    # One fsynced model + AdamW state write, timed for the derived checkpoint interval and signal lead:
+    # fp32 weights + two moments ≈ 3 × 4 B per parameter, plus pickle framing.
+    assert report["checkpoint_s"] > 0 and report["checkpoint_bytes"] >= 12 * report["params"]
+
+
+def test_smoke_with_repeats_steps_on_distinct_samples_times_k(tiny_cache, tmp_path: Path) -> None:
+    spec = load_spec(str(tiny_cache.spec_file(tmp_path, "k2", loader={"batch_size": 2, "repeats": 2}))).spec
+    report = run_smoke(spec, steps=2, batch_size=2)
+    assert report["batch_size"] == 2 and report["all_finite"] is True  # 1 distinct sample × 2 copies per step
 
 
 def test_smoke_module_prints_one_json_line_for_preflight(tiny_cache, tmp_path: Path) -> None:

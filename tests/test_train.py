@@ -23,7 +23,7 @@ from trainers.checkpoint import complete_checkpoints
 from ground.run_dir import write_run_spec
 from ground import tracking
 from ground.contract import (CAUSE_NAN_LOSS, ENV_ATTEMPT, ENV_INJECT_NAN_AT_STEP, ENV_RANK_DIGESTS, ENV_ROLLBACK,
-                             EXIT_NAN, EXIT_REQUEUE, FAILURE_FILE, FAILURE_MARKER, MLFLOW_RUN_ID_FILE)
+                             EXIT_NAN, EXIT_REQUEUE, FAILURE_FILE, FAILURE_MARKER, MLFLOW_RUN_ID_FILE, EVENTS_FILE)
 
 torch.set_num_threads(1)
 
@@ -150,6 +150,12 @@ def test_sigusr1_then_resume_equals_an_uninterrupted_run_in_one_mlflow_run(tiny_
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resumed from step-{stopped_at:08d}.ckpt at step {stopped_at}" in resumed.stdout
 
+    # The event record the ledger splits GPU-hours by: each attempt's start, then its checkpoints.
+    progress = [json.loads(line) for line in (interrupted / EVENTS_FILE).read_text().splitlines()]
+    assert [(e["event"], e.get("step")) for e in progress] == [
+        ("start", None), ("checkpoint", stopped_at), ("start", None), ("checkpoint", 40)]
+    assert [e["at"] for e in progress] == sorted(e["at"] for e in progress)
+
     step_a, weights_a = final_weights(straight)
     step_b, weights_b = final_weights(interrupted)
     assert step_a == step_b == 40
@@ -237,3 +243,35 @@ def test_rollback_after_a_nan_skips_the_bad_batches_and_finishes(tiny_cache, tmp
     plain = prepare_run(tiny_cache, tmp_path, "tiny_no_rollback", train={"steps": 6, "checkpoint_every": 1})
     assert run_trainer(plain, **{ENV_INJECT_NAN_AT_STEP: "3"}).returncode == EXIT_NAN
     assert run_trainer(plain, **{ENV_INJECT_NAN_AT_STEP: "3"}).returncode == EXIT_NAN
+
+
+
+EARLY_NOTICE = """
+import os, runpy, signal, sys
+original = signal.signal
+sent = []
+def install(signum, handler):
+    result = original(signum, handler)
+    if signum == signal.SIGTERM and not sent:  # the trainer's first stop handler is in place: notice now
+        sent.append(1)
+        print(f"notice sent, torch imported: {'torch' in sys.modules}", flush=True)
+        os.kill(os.getpid(), signal.SIGUSR1)
+    return result
+signal.signal = install
+sys.argv = ["trainers.train", "--run-dir", sys.argv[1]]
+runpy.run_module("trainers.train", run_name="__main__")
+"""
+
+
+def test_a_preemption_notice_during_start_up_still_ends_in_a_requeue(tiny_cache, tmp_path: Path) -> None:
+    """USR1 while torch is still importing (seconds on a loaded node) must not kill the trainer: it is
+    remembered, and the first step boundary checkpoints and exits 75 like any later notice. The notice
+    is sent the moment the trainer installs its first stop handler, which must be before torch loads."""
+    run_dir = prepare_run(tiny_cache, tmp_path, "early_signal", train={"steps": 40, "checkpoint_every": 100})
+    done = subprocess.run([sys.executable, "-c", EARLY_NOTICE, str(run_dir)], capture_output=True, text=True,
+                          env=trainer_env(**{ENV_ATTEMPT: "1"}), cwd=REPO_ROOT, timeout=300)
+    assert "notice sent, torch imported: False" in done.stdout, done.stdout[-2000:]
+    assert done.returncode == EXIT_REQUEUE, (done.stdout + done.stderr)[-3000:]
+    assert "stop signal received" in done.stdout
+    [(stopped_at, _)] = complete_checkpoints(run_dir)
+    assert 1 <= stopped_at < 40

@@ -1,13 +1,16 @@
 """End to end: ``idmctl ui`` serves the store, two runs appear on MLflow's compare page in headless
-Chromium (Debian's package), and Ctrl-C leaves no mlflow process behind.
+Chromium (Debian's package), the runs chart link ``idmctl ui`` prints lands on the runs view with an
+EEF mm chart first drawing every run, and Ctrl-C leaves no mlflow process behind.
 
-One run is logged before the server starts and one while it runs: trainers write to the SQLite
-store directly, whether or not the UI is up.
+One run is logged before the server starts, into an experiment made the old way (no experiment kind,
+no view: ``idmctl ui`` adds both), and one while it runs: trainers write to the SQLite store
+directly, whether or not the UI is up.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import select
 import shutil
 import signal
@@ -49,6 +52,8 @@ def _log_run(experiment: str, chain: int, eef_mm: list[tuple[int, float]]) -> tu
     client.log_param(run.info.run_id, "data.selected_layer_indices", f"routing of {experiment}")
     for step, value in eef_mm:
         client.log_metric(run.info.run_id, tracking.eef_metric(24), value, step=step)
+        # Sorts before eef_mm_24ep: MLflow's own chart order would put it first.
+        client.log_metric(run.info.run_id, tracking.M_DATA_WAIT, 0.1, step=step)
     client.set_terminated(run.info.run_id)
     return experiment_id, run.info.run_id
 
@@ -86,6 +91,30 @@ def _read_until(process: subprocess.Popen[str], marker: str, timeout_s: float) -
     return seen
 
 
+def _chromium(url: str, screenshot: Path, profile: Path, budget_ms: int) -> str:
+    """The page's DOM after ``budget_ms`` of virtual time, and a screenshot."""
+    browser = subprocess.run(
+        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         f"--user-data-dir={profile}", "--window-size=1400,900",
+         f"--virtual-time-budget={budget_ms}", f"--screenshot={screenshot}", "--dump-dom", url],
+        capture_output=True, text=True, timeout=120)
+    assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    return browser.stdout
+
+
+def _chart_cards(dom: str) -> list[tuple[str, str]]:
+    """(title, the card's DOM) of each chart card on the runs chart view, in page order."""
+    marker = 'data-testid="experiment-view-compare-runs-card"'
+    pieces = dom.split(marker)[1:]
+    cards = []
+    for piece in pieces:
+        title = re.search(r'title="([^"]+)"', piece)
+        if title:
+            cards.append((title.group(1), piece))
+    return cards
+
+
 def test_compare_page_shows_both_runs(idmctl_home: Path, tmp_path: Path):
     idmctl_home.mkdir(parents=True, exist_ok=True)
     experiment_id, first = _log_run("latent_c_n4", 1, [(20000, 130.0), (60000, 121.25)])
@@ -94,8 +123,12 @@ def test_compare_page_shows_both_runs(idmctl_home: Path, tmp_path: Path):
     ui = subprocess.Popen([sys.executable, "-m", "idmctl", "ui", "--port", str(port)], cwd=REPO, env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        banner = _read_until(ui, "MLflow UI:", timeout_s=90)
+        banner = _read_until(ui, "EEF mm charts first:", timeout_s=120)
         assert f"MLflow UI: http://127.0.0.1:{port}" in banner, banner
+        chart_link = re.search(r"runs, EEF mm charts first: (\S+)", banner)
+        assert chart_link, banner
+        assert chart_link.group(1) == (f"http://127.0.0.1:{port}/#/experiments/{experiment_id}/runs"
+                                       "?viewStateShareKey=idmctl-eef-first&compareRunsMode=CHART")
         server_pids = _children(ui.pid)
         assert len(server_pids) == 1 and _session_members(server_pids[0])
         _, second = _log_run("latent_c_n6_d12", 2, [(20000, 127.5)])
@@ -103,18 +136,21 @@ def test_compare_page_shows_both_runs(idmctl_home: Path, tmp_path: Path):
         url = compare_url([first, second], [experiment_id], f"http://127.0.0.1:{port}")
         artifacts = REPO / "test-artifacts"
         artifacts.mkdir(exist_ok=True)
-        screenshot = artifacts / "ui_compare_runs.png"
-        browser = subprocess.run(
-            [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             f"--user-data-dir={tmp_path / 'chromium-profile'}", "--window-size=1400,900",
-             "--virtual-time-budget=15000", f"--screenshot={screenshot}", "--dump-dom", url],
-            capture_output=True, text=True, timeout=60)
-        dom = browser.stdout
+        dom = _chromium(url, artifacts / "ui_compare_runs.png", tmp_path / "chromium-profile", 15000)
         assert "latent_c_n4#1" in dom and "latent_c_n6_d12#2" in dom, dom[-2000:]
         assert "eef_mm_24ep" in dom
         assert "Comparing 2 Runs" in dom
-        assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+        # The runs chart view: the runs page (not the GenAI overview), idmctl's view applied, and the
+        # first chart an EEF mm chart that draws every run of the experiment.
+        dom = _chromium(chart_link.group(1), artifacts / "ui_runs_charts.png", tmp_path / "chromium-profile-2", 60000)
+        assert "Training runs" in dom, dom[-2000:]
+        assert "EEF mm first (idmctl)" in dom
+        cards = _chart_cards(dom)
+        assert [title for title, _ in cards[:2]] == ["eef_mm_24ep", "data_wait_frac"], [t for t, _ in cards]
+        first_card = cards[0][1]
+        assert "latent_c_n4#1" in first_card and "latent_c_n6_d12#2" in first_card
+        assert first_card.count('class="trace scatter') >= 2  # a drawn line per run
     finally:
         ui.send_signal(signal.SIGINT)  # Ctrl-C
         output, _ = ui.communicate(timeout=60)
@@ -122,3 +158,4 @@ def test_compare_page_shows_both_runs(idmctl_home: Path, tmp_path: Path):
     assert "MLflow UI stopped" in output
     assert _session_members(server_pids[0]) == []
     shutil.rmtree(tmp_path / "chromium-profile", ignore_errors=True)
+    shutil.rmtree(tmp_path / "chromium-profile-2", ignore_errors=True)

@@ -39,7 +39,7 @@ import torch
 from cache.episodes import EpisodeFile
 from cache.hidden import cache_file, check_matches, inspect_file, write_hidden
 from ground.errors import UserError
-from ground.paths import REPO_ROOT, expand_path
+from ground.paths import REPO_ROOT, expand_path, sweep_dead_temp_files
 from ground.spec.schema import DataSpec, ExperimentSpec
 from trainers.cosmos_encode import (CACHE_TIMESTEP, VAE_TEMPORAL, encode_latents, hidden_states, load_models,
                                     pixel_frames, video_tensor)
@@ -111,6 +111,7 @@ def build_shard(spec: ExperimentSpec, process_index: int, num_processes: int, mo
     episodes = EpisodeFile(expand_path(data.episodes))
     root = expand_path(data.cache_root)
     mine = episodes.demos("all")[process_index::num_processes]
+    sweep_dead_temp_files(root)  # a killed earlier build's half-written files (live writers' stay)
     vae, transformer, vae_id, tr_id = load_models(data, model_dir)
     _check_spec_identity(data, str(vae_id), str(tr_id))
     built_by = {"vae": str(vae_id), "transformer": str(tr_id)}

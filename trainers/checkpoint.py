@@ -12,6 +12,8 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ground.run_events import CHECKPOINT, append_event
+
 if TYPE_CHECKING:
     from lightning_fabric import Fabric
 
@@ -34,7 +36,7 @@ def complete_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
     directory = checkpoint_dir(run_dir)
     if not directory.is_dir():
         return []
-    found = [(int(m.group(1)), directory / name) for name in os.listdir(directory) if (m := _NAME.match(name))]
+    found = [(int(m.group(1)), directory / name) for name in os.listdir(directory) if (m := _NAME.fullmatch(name))]
     return sorted(found)
 
 
@@ -56,6 +58,7 @@ def save_checkpoint(fabric: "Fabric", run_dir: Path, step: int, state: dict[str,
         with open(tmp, "rb") as handle:
             os.fsync(handle.fileno())
         os.replace(tmp, final)
+        append_event(run_dir, CHECKPOINT, step=step)  # when work stopped being at risk (the ledger)
         for _, old in complete_checkpoints(run_dir)[:-KEEP_LAST]:
             old.unlink(missing_ok=True)
     fabric.barrier()

@@ -40,7 +40,7 @@ def run_smoke(spec: ExperimentSpec, steps: int = 3, batch_size: int = 2, device:
     """
     from torch.utils.data import DataLoader
 
-    from cache.registry import build_dataset
+    from cache.registry import build_dataset, repeat_samples
     from trainers.registry import build_model
     from trainers.train import noise_generator
 
@@ -70,7 +70,11 @@ def run_smoke(spec: ExperimentSpec, steps: int = 3, batch_size: int = 2, device:
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=spec.train.lr, weight_decay=spec.train.weight_decay)
     # num_workers=0: the smoke measures the model and one sample's read, not the loader's workers.
-    loader = DataLoader(dataset, batch_size=batch_size, shuffle=True, generator=torch.Generator().manual_seed(0))
+    # Sample repeats as the trainer does them: batch_size // K distinct samples, each K times.
+    repeats = spec.loader.repeats
+    distinct = max(1, batch_size // repeats)
+    report["batch_size"] = distinct * repeats
+    loader = DataLoader(dataset, batch_size=distinct, shuffle=True, generator=torch.Generator().manual_seed(0))
     batches = iter(loader)
     losses, step_seconds = [], []
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_bf16)
@@ -82,8 +86,9 @@ def run_smoke(spec: ExperimentSpec, steps: int = 3, batch_size: int = 2, device:
             batch = next(batches)
         started = time.perf_counter()
         with autocast:
-            loss = model(batch["hidden"].to(device), batch["actions"].to(device), batch["action_mask"].to(device),
-                         generator=noise_generator(spec.train.seed, step, 0, 0))
+            hidden, actions, mask = (repeat_samples(batch[k].to(device), repeats)
+                                     for k in ("hidden", "actions", "action_mask"))
+            loss = model(hidden, actions, mask, generator=noise_generator(spec.train.seed, step, 0, 0))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
@@ -95,7 +100,26 @@ def run_smoke(spec: ExperimentSpec, steps: int = 3, batch_size: int = 2, device:
     report["all_finite"] = all(math.isfinite(x) for x in losses)
     report["step_s"] = statistics.median(step_seconds)
     report["peak_mem_bytes"] = _peak_bytes(device)
+    report["checkpoint_s"], report["checkpoint_bytes"] = _time_checkpoint(model, optimizer)
     return report
+
+
+def _time_checkpoint(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[float, int]:
+    """Write model + optimizer state once, fsynced, as the trainer's checkpoint holds them; the derived
+    checkpoint interval and signal lead are sized from this time. Written where run directories live."""
+    import os
+    import tempfile
+
+    from ground.paths import home
+
+    parent = home() / "runs"  # the disk checkpoints will go to; the system temp dir before any run exists
+    with tempfile.TemporaryDirectory(prefix=".smoke_ckpt_", dir=parent if parent.is_dir() else None) as tmp:
+        path = Path(tmp) / "step.ckpt"
+        started = time.perf_counter()
+        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": 0}, path)
+        with open(path, "rb") as handle:
+            os.fsync(handle.fileno())
+        return time.perf_counter() - started, path.stat().st_size
 
 
 def _load_spec_json(path: Path) -> ExperimentSpec:

@@ -54,7 +54,7 @@ class RunLogger:
             self.client.update_run(self.run_id, status="RUNNING")
             self.resumed = True
         else:
-            experiment_id = self._experiment_id()
+            experiment_id = self._experiment_id(canonical)
             spec = canonical
             tags = {
                 names.TAG_EXPERIMENT: name, names.TAG_SPEC_HASH: spec_hash,
@@ -72,19 +72,18 @@ class RunLogger:
         for key, value in {names.TAG_CODE_VERSION: code_version, **attempt_tags()}.items():
             self.client.set_tag(self.run_id, key, value)
 
-    def _experiment_id(self) -> str:
-        experiment = self.client.get_experiment_by_name(names.MLFLOW_EXPERIMENT)
-        if experiment is not None:
-            return experiment.experiment_id
+    def _experiment_id(self, canonical: dict[str, Any]) -> str:
+        """The ``idmctl`` experiment (created when missing) with idmctl's chart view charting this spec's metrics."""
+        from ground.mlflow_view import ensure_experiment
+
         artifacts = mlflow_artifacts_dir()
         artifacts.mkdir(parents=True, exist_ok=True)
-        try:
-            return self.client.create_experiment(names.MLFLOW_EXPERIMENT, artifact_location=artifacts.as_uri())
-        except Exception:  # another process created it between our get and create
-            experiment = self.client.get_experiment_by_name(names.MLFLOW_EXPERIMENT)
-            if experiment is None:
-                raise
-            return experiment.experiment_id
+        evaluation = canonical.get("eval") or {}
+        episodes = [int(n) for n in evaluation.get("episodes") or []]
+        keys = [names.eef_metric(n) for n in episodes] + [names.M_LOSS]
+        if evaluation.get("simulator"):
+            keys += [names.eef_metric(n, simulator=True) for n in episodes]
+        return ensure_experiment(self.client, artifacts.as_uri(), keys)
 
     def _log_params(self, flat: dict[str, Any]) -> None:
         from mlflow.entities import Param

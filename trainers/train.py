@@ -3,7 +3,8 @@
 Entry point: ``python -m trainers.train --run-dir DIR`` with ``DIR/spec.json`` written by
 :func:`write_run_spec`. One run directory is one chain of attempts:
 
-- ``DIR/checkpoints/step-<N>.ckpt``: every ``train.checkpoint_every`` steps, at the end, and on
+- ``DIR/progress.json``: step / total and recent s/step for the ETA (``ground.progress``).
+- ``DIR/checkpoints/step-<N>.ckpt``: every ``train.checkpoint_every`` steps (or the derived interval), at the end, and on
   SIGUSR1/SIGTERM (Slurm's warning before preemption or the time limit); a new attempt resumes
   from the newest complete one and continues exactly as an uninterrupted run would (the data order
   is a function of (seed, epoch) and the flow noise of (seed, step, rank, micro-step)).
@@ -35,16 +36,28 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import torch
+# A preemption notice (USR1) or a scancel (TERM) can arrive while torch is still importing — 6–9 s
+# on a loaded node — and Python's default action for both is to die: no checkpoint, no requeue, the
+# job ends FAILED 10:0 (seen on the shared test cluster). Until fit() installs the real handler,
+# remember the signal; StopSignals honours one that came first.
+EARLY_SIGNALS: list[int] = []
+if __name__ == "__main__":
+    for _sig in (signal.SIGUSR1, signal.SIGTERM):
+        signal.signal(_sig, lambda signum, _frame: EARLY_SIGNALS.append(signum))
+
+import numpy as np  # noqa: E402  (after the early signal handlers, on purpose)
+import torch  # noqa: E402
 
 from ground.errors import UserError
-from ground.paths import atomic_write_text
+from ground.paths import atomic_write_text, sweep_dead_temp_files
 from ground.spec.schema import ExperimentSpec
+from ground.run_events import START, append_event
 from ground.tracking import best_metric
-from trainers.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from ground.contract import (CAUSE_NAN_LOSS, ENV_CACHE_ROOT, ENV_CODE_VERSION, ENV_INJECT_NAN_AT_STEP, ENV_RANK_DIGESTS,
-                             ENV_ROLLBACK, EXIT_NAN, EXIT_REQUEUE, FAILURE_FILE, FAILURE_MARKER, code_version)
+from trainers.checkpoint import checkpoint_dir, latest_checkpoint, load_checkpoint, save_checkpoint
+from ground.contract import (CAUSE_NAN_LOSS, ENV_CACHE_ROOT, ENV_CHECKPOINT_EVERY, ENV_CODE_VERSION,
+                             ENV_INJECT_NAN_AT_STEP, ENV_RANK_DIGESTS, ENV_ROLLBACK, EXIT_NAN, EXIT_REQUEUE,
+                             FAILURE_FILE, FAILURE_MARKER, code_version)
+from ground.progress import WINDOW_STEPS, WRITE_EVERY_S
 from ground.run_dir import RunSpec, read_run_spec, write_run_spec  # noqa: F401  (re-exported)
 
 if TYPE_CHECKING:
@@ -126,7 +139,7 @@ class StopSignals:
     """Remembers SIGUSR1/SIGTERM; the loop checks between steps so a step is never cut in half."""
 
     def __init__(self) -> None:
-        self.received: int | None = None
+        self.received: int | None = EARLY_SIGNALS[0] if EARLY_SIGNALS else None
         for sig in STOP_SIGNALS:
             signal.signal(sig, self._handle)
 
@@ -170,16 +183,21 @@ def host_peak_rss_bytes() -> int:
 
 def fit(fabric: "Fabric", run: RunSpec) -> int:
     """Train to ``train.steps`` (resuming if a checkpoint exists); returns the process exit code."""
-    from cache.registry import build_dataloader
+    from cache.registry import build_dataloader, repeat_samples
     from trainers.registry import build_model
 
     spec, rank = run.spec, fabric.global_rank
     signals = StopSignals()  # from the start: a SIGTERM during setup still ends in a checkpoint
+    if rank == 0:  # stage-in is over: from here on the GPUs work (the ledger splits lost hours here)
+        append_event(run.run_dir, START)
     fabric.seed_everything(spec.train.seed)
     model = build_model(spec, device=fabric.device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=spec.train.lr, weight_decay=spec.train.weight_decay)
     model, optimizer = fabric.setup(model, optimizer)
     state: dict[str, Any] = {"model": model, "optimizer": optimizer, "step": 0, "best": {}}
+    if rank == 0:  # one trainer per run directory at a time: temp files here are a killed attempt's
+        sweep_dead_temp_files(run.run_dir)
+        sweep_dead_temp_files(checkpoint_dir(run.run_dir))
     resumed_from = latest_checkpoint(run.run_dir)
     if resumed_from is not None:
         load_checkpoint(fabric, resumed_from, state)
@@ -204,6 +222,8 @@ def fit(fabric: "Fabric", run: RunSpec) -> int:
         consumed += (nan_step - state["step"]) * spec.grad_accum
         noise_seed = spec.train.seed + ROLLBACK_SEED_OFFSET
     batches = micro_batches(loader, consumed)
+    checkpoint_every = checkpoint_interval(spec)
+    progress = _ProgressWriter(run, state["step"]) if rank == 0 else None
     # The hook stands for a transient NaN: a rolled-back attempt does not see it again.
     inject_nan_at = 0 if nan_step is not None else int(os.environ.get(ENV_INJECT_NAN_AT_STEP, "0"))
     window = _Window()
@@ -216,7 +236,8 @@ def fit(fabric: "Fabric", run: RunSpec) -> int:
             waited = time.perf_counter()
             batch = next(batches)
             window.data_wait_s += time.perf_counter() - waited
-            hidden, actions, mask = (fabric.to_device(batch[k]) for k in ("hidden", "actions", "action_mask"))
+            hidden, actions, mask = (repeat_samples(fabric.to_device(batch[k]), spec.loader.repeats)
+                                     for k in ("hidden", "actions", "action_mask"))
             with fabric.no_backward_sync(model, enabled=micro < spec.grad_accum - 1):
                 loss = model(hidden, actions, mask, generator=noise_generator(noise_seed, step, rank, micro))
                 if step == inject_nan_at:
@@ -237,14 +258,20 @@ def fit(fabric: "Fabric", run: RunSpec) -> int:
         optimizer.zero_grad(set_to_none=True)
         state["step"] = step
         window.add(step_loss, time.perf_counter() - started)
+        logged = step % spec.train.log_every == 0 or step == spec.train.steps or stop
+        if progress:
+            progress.step_done(step, time.perf_counter() - started, force=logged)
 
-        if step % spec.train.log_every == 0 or step == spec.train.steps or stop:
+        if logged:
             _log_window(fabric, logger, spec, step, lr, window)
             window = _Window()
-        if step % spec.train.checkpoint_every == 0 or step == spec.train.steps:
+        if step % checkpoint_every == 0 or step == spec.train.steps:
             validate(fabric, model, evaluators, spec, state, logger, step)
-        if step % spec.train.checkpoint_every == 0 or step == spec.train.steps or stop:
-            save_checkpoint(fabric, run.run_dir, step, state)
+        if step % checkpoint_every == 0 or step == spec.train.steps or stop:
+            writing = time.perf_counter()
+            saved = save_checkpoint(fabric, run.run_dir, step, state)
+            if progress:
+                progress.checkpoint_written(step, time.perf_counter() - writing, saved)
         if stop and step < spec.train.steps:
             fabric.print(f"stop signal received: checkpointed step {step}, exiting {EXIT_REQUEUE} to requeue")
             if logger:
@@ -258,6 +285,61 @@ def fit(fabric: "Fabric", run: RunSpec) -> int:
         logger.finish("FINISHED")
     fabric.print(f"done: step {state['step']}" + "".join(f", {k} {v:.2f}" for k, v in state["best"].items()))
     return 0
+
+
+def checkpoint_interval(spec: ExperimentSpec) -> int:
+    """Steps between checkpoints: the spec's value wins; else the one derived at submit from measured
+    step and write times (``IDMCTL_CHECKPOINT_EVERY``); else a tenth of the run."""
+    if spec.train.checkpoint_every is not None:
+        return spec.train.checkpoint_every
+    derived = os.environ.get(ENV_CHECKPOINT_EVERY, "")
+    return int(derived) if derived.isdigit() and int(derived) > 0 else max(1, spec.train.steps // 10)
+
+
+class _ProgressWriter:
+    """Rank 0's ``progress.json``: step / total and the mean s/step of the last ``WINDOW_STEPS`` steps,
+    written atomically at every log line and checkpoint and at least every ``WRITE_EVERY_S``."""
+
+    def __init__(self, run: RunSpec, start_step: int):
+        from collections import deque
+
+        from ground.progress import timing_key
+
+        self.run, self.start_step = run, start_step
+        self.started_at = self.written_at = time.time()
+        self.durations: "deque[float]" = deque(maxlen=WINDOW_STEPS)
+        self.version = os.environ.get(ENV_CODE_VERSION) or code_version()
+        self.key = timing_key(run.spec)
+        self.checkpoint_s: float | None = None
+        self.checkpoint_bytes: int | None = None
+        self.step = start_step
+        self._write()
+
+    def step_done(self, step: int, seconds: float, force: bool = False) -> None:
+        self.step = step
+        self.durations.append(seconds)
+        if force or time.time() - self.written_at >= WRITE_EVERY_S:
+            self._write()
+
+    def checkpoint_written(self, step: int, seconds: float, path: Path | None) -> None:
+        self.checkpoint_s = seconds
+        try:
+            self.checkpoint_bytes = path.stat().st_size if path is not None else None
+        except OSError:
+            self.checkpoint_bytes = None
+        self.step = step
+        self._write()
+
+    def _write(self) -> None:
+        from ground.progress import Progress, write_progress
+
+        window = sum(self.durations) / len(self.durations) if self.durations else None
+        self.written_at = time.time()
+        write_progress(self.run.run_dir, Progress(
+            step=self.step, total=self.run.spec.train.steps, window_s_per_step=window, window_steps=len(self.durations),
+            attempt_start_step=self.start_step, attempt_started_at=self.started_at, updated_at=self.written_at,
+            spec_hash=self.run.hash, code_version=self.version, timing_key=self.key,
+            checkpoint_write_s=self.checkpoint_s, checkpoint_bytes=self.checkpoint_bytes))
 
 
 @dataclass

@@ -16,8 +16,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save
 
-from cache.latent.layout import temp_files
 from ground.errors import UserError
+from ground.paths import sweep_dead_temp_files
 
 
 def write_latent(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
@@ -67,21 +67,4 @@ def read_metadata(path: Path) -> dict[str, str]:
 
 def remove_dead_temp_files(directory: Path) -> int:
     """Delete temp files whose writer process is gone (a live writer's are left alone)."""
-    removed = 0
-    for tmp in temp_files(directory):
-        pid_text = tmp.name.rpartition(".tmp")[2]
-        if pid_text.isdigit() and _alive(int(pid_text)):
-            continue
-        tmp.unlink(missing_ok=True)
-        removed += 1
-    return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return sweep_dead_temp_files(directory)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from ground.errors import UserError
 from ground.paths import expand_path
+from ground.paths import temp_files as ground_temp_files
 from ground.spec.schema import ExperimentSpec, LatentCacheSpec
 
 SLOTS = ("rgb", "pt", "ff")
@@ -34,7 +35,7 @@ _KEY = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,199}$")
 
 def validate_key(key: str) -> str:
     """An episode key names one file stem inside a slot dir: no separators, no ``..``, no hidden names."""
-    if not isinstance(key, str) or not _KEY.match(key) or ".." in key:
+    if not isinstance(key, str) or not _KEY.fullmatch(key) or ".." in key:
         raise UserError(f"episode key {key!r} is not a plain file name and could escape the cache root",
                         field="key", hint="use letters, digits, '_', '-' and '.' (e.g. demo_12)")
     return key
@@ -130,9 +131,7 @@ def cached_files(directory: Path) -> list[Path]:
 
 def temp_files(directory: Path) -> list[Path]:
     """Leftovers of killed writers; never read as cached, removed by the next build."""
-    if not directory.is_dir():
-        return []
-    return sorted(p for p in directory.iterdir() if p.name.startswith(".") and ".tmp" in p.name)
+    return ground_temp_files(directory)
 
 
 def latent_section(spec: ExperimentSpec) -> LatentCacheSpec:

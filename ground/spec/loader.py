@@ -33,10 +33,14 @@ class ResolvedSpec:
     spec: ExperimentSpec
     chain: list[Path] = field(default_factory=list)
     """The files merged, base first."""
+    sweep: str | None = None
+    """For a variant of a ``sweep:`` spec, the sweep's name (the file's stem); its name is ``<sweep>.<variant>``."""
+    axes: dict[str, Any] = field(default_factory=dict)
+    """For a sweep variant, the swept fields and this variant's values."""
 
     @property
     def canonical(self) -> dict[str, Any]:
-        return self.spec.model_dump(mode="json")
+        return canonical_spec(self.spec)
 
     @property
     def canonical_json(self) -> str:
@@ -50,6 +54,19 @@ class ResolvedSpec:
     @property
     def short_hash(self) -> str:
         return self.hash[:12]
+
+
+HASH_NEUTRAL_DEFAULTS: dict[tuple[str, str], Any] = {("loader", "repeats"): 1, ("resources", "signal_lead"): None}
+"""Fields added after specs were recorded, left out of the canonical form at their default: a spec
+that does not use them keeps the hash (and the preflight passes) it had before they existed."""
+
+
+def canonical_spec(spec: ExperimentSpec) -> dict[str, Any]:
+    dumped = spec.model_dump(mode="json")
+    for (section, key), default in HASH_NEUTRAL_DEFAULTS.items():
+        if isinstance(dumped.get(section), dict) and dumped[section].get(key) == default:
+            del dumped[section][key]
+    return dumped
 
 
 def canonical_json(data: Any) -> str:
@@ -84,19 +101,93 @@ def list_experiments(include_bases: bool = False) -> list[Path]:
     return [p for p in _spec_files() if include_bases or not p.stem.startswith(BASE_PREFIX)]
 
 
-def _read_yaml(path: Path) -> dict[str, Any]:
+MAX_SPEC_BYTES = 256 * 1024
+"""A spec is a few KB (the largest shipped one is ~3 KB); a bigger file is refused before parsing
+(a 1 MB spec with one unknown key took 15.8 s to reject)."""
+MAX_YAML_VALUES = 100_000
+"""Values a spec may expand to, aliases counted at every use: a 1 KB alias bomb reached 3.9 GB."""
+MAX_YAML_DEPTH = 64
+
+
+class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
+    """Safe loading with libyaml's parser when present (a spec is parsed on every command)."""
+
+
+def _where(node: yaml.Node) -> str:
+    return f"line {node.start_mark.line + 1}"
+
+
+def check_yaml_tree(root: yaml.Node, file: str) -> None:
+    """Before anything is built from it: no key twice in one mapping (the last one silently won), no
+    deeper than MAX_YAML_DEPTH, and no more than MAX_YAML_VALUES values once aliases are expanded.
+    Iterative, and each node is visited once, so the check itself cannot be made to explode."""
+    expanded: dict[int, int] = {}
+    stack: list[tuple[yaml.Node, str, int, bool]] = [(root, "", 1, False)]
+    while stack:
+        node, dotted, depth, children_done = stack.pop()
+        if depth > MAX_YAML_DEPTH:
+            raise UserError(f"nested more than {MAX_YAML_DEPTH} levels deep", file=file, field=dotted or _where(node),
+                            hint="a spec is a few levels of sections and values")
+        children: list[tuple[yaml.Node, str]] = []
+        if isinstance(node, yaml.MappingNode):
+            first_line: dict[str, yaml.Node] = {}
+            for key_node, value_node in node.value:
+                key = key_node.value if isinstance(key_node, yaml.ScalarNode) else _where(key_node)
+                if key in first_line:
+                    raise UserError(f"duplicate key {key!r} at {_where(key_node)} (first at {_where(first_line[key])})",
+                                    file=file, field=f"{dotted}.{key}" if dotted else key,
+                                    hint="keep one of them; YAML would silently keep the last")
+                first_line[key] = key_node
+                children.append((value_node, f"{dotted}.{key}" if dotted else str(key)))
+        elif isinstance(node, yaml.SequenceNode):
+            children = [(item, f"{dotted}[{i}]") for i, item in enumerate(node.value)]
+        if id(node) in expanded:
+            continue
+        if not children_done and children:
+            stack.append((node, dotted, depth, True))
+            stack.extend((child, path, depth + 1, False) for child, path in children if id(child) not in expanded)
+            continue
+        expanded[id(node)] = 1 + sum(expanded.get(id(child), 0) for child, _ in children)
+        if expanded[id(node)] > MAX_YAML_VALUES:
+            raise UserError(f"expands to more than {MAX_YAML_VALUES:,} values (aliases counted at each use)",
+                            file=file, field=dotted or _where(node), hint="a spec needs no YAML alias bomb; write values out")
+
+
+def load_yaml_file(path: Path, what: str = "spec") -> Any:
+    """Any YAML file the user hands idmctl (specs, cluster profiles): bounded in size, depth and alias
+    expansion, UTF-8, no duplicate keys; every problem a UserError naming the file."""
     try:
+        if path.stat().st_size > MAX_SPEC_BYTES:
+            raise UserError(f"{path.stat().st_size:,} bytes is more than a {what} can be ({MAX_SPEC_BYTES:,})",
+                            file=str(path), hint=f"is this the right file? a {what} is a few KB")
         text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise UserError(f"not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start})", file=str(path),
+                        hint=f"save the {what} as UTF-8") from exc
     except OSError as exc:
-        raise UserError(f"cannot read: {exc.strerror}", file=str(path)) from exc
+        raise UserError(f"cannot read: {exc.strerror}", file=str(path), hint="check the path") from exc
+    loader = _Loader(text)
     try:
-        data = yaml.safe_load(text)
+        node = loader.get_single_node()
+        if node is not None:
+            check_yaml_tree(node, str(path))
+        data = loader.construct_document(node) if node is not None else None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise UserError(f"invalid YAML: {problem}", file=str(path), field=where or None,
                         hint="fix the YAML syntax") from exc
+    except RecursionError as exc:  # the parser itself recurses: a 100k-deep list never reaches the check
+        raise UserError(f"nested more than {MAX_YAML_DEPTH} levels deep", file=str(path),
+                        hint="a spec is a few levels of sections and values") from exc
+    finally:
+        loader.dispose()
+    return data
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    data = load_yaml_file(path)
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -176,8 +267,22 @@ def _error_from_validation(exc: ValidationError, file: Path) -> UserError:
             text = rest
         return UserError(text, file=str(file), field=dotted or None, hint="fix the value")
     value = first.get("input")
-    shown = repr(value) if not isinstance(value, dict) else "a mapping"
+    if first["type"] == "string_pattern_mismatch":
+        # The Slurm-name and node-list patterns (schema.SLURM_NAME, NODE_LIST): say what is allowed.
+        dotted = ".".join(str(p) for p in loc if not isinstance(p, int))
+        return UserError(f"{_short_repr(value)} is not a safe Slurm name", file=str(file), field=dotted,
+                         hint="use letters, digits, '.', '_', '+', '-' (node lists also '[', ']', ','); "
+                              "no spaces, newlines, ';', '$(' or backticks")
+    shown = _short_repr(value) if not isinstance(value, dict) else "a mapping"
     return UserError(f"{message}, got {shown}", file=str(file), field=dotted or None, hint="fix the value")
+
+
+def _short_repr(value: Any, limit: int = 60) -> str:
+    """repr() of at most ``limit`` characters: an expanded alias bomb must not become the message."""
+    if isinstance(value, (list, tuple)) and len(value) > 8:
+        return f"a list of {len(value)} items"
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "…"
 
 
 def _file_defining(chain: list[Path], loc: tuple[Any, ...]) -> Path:
@@ -193,14 +298,66 @@ def _file_defining(chain: list[Path], loc: tuple[Any, ...]) -> Path:
     return chain[-1]
 
 
-def load_spec(name_or_path: str) -> ResolvedSpec:
-    """Resolve, merge and validate one experiment; raises UserError on any problem."""
-    path = resolve_spec_path(name_or_path)
+SWEEP_KEY = "sweep"
+"""A top-level ``sweep:`` section makes a spec file a family of named variants (``ground.spec.sweep``)."""
+
+
+def _resolve_with_variant(name_or_path: str) -> tuple[Path, str | None]:
+    """``latent_c_phase2.n4_d4`` → (the sweep's file, ``n4_d4``) when no file has the dotted name."""
+    try:
+        return resolve_spec_path(name_or_path), None
+    except UserError:
+        stem, dot, variant = name_or_path.rpartition(".")
+        if not dot or not stem or Path(name_or_path).suffix in (".yaml", ".yml"):
+            raise
+        try:
+            return resolve_spec_path(stem), variant
+        except UserError:
+            pass
+        raise
+
+
+def _load(name_or_path: str) -> tuple[ResolvedSpec, Any, str | None]:
+    path, variant = _resolve_with_variant(name_or_path)
     merged, chain = _load_merged(path, ())
+    sweep = merged.pop(SWEEP_KEY, None)
     try:
         spec = ExperimentSpec.model_validate(merged)
     except ValidationError as exc:
         # A bad value inherited from a base is reported in the base, where it must be fixed.
         loc = tuple(str(p) for p in exc.errors()[0]["loc"])
         raise _error_from_validation(exc, _file_defining(chain, loc) if loc else path) from exc
-    return ResolvedSpec(name=path.stem, path=path, spec=spec, chain=chain)
+    return ResolvedSpec(name=path.stem, path=path, spec=spec, chain=chain), sweep, variant
+
+
+def load_spec(name_or_path: str) -> ResolvedSpec:
+    """Resolve, merge and validate one experiment (or one variant ``<sweep>.<variant>``); UserError on any problem."""
+    resolved, sweep, variant = _load(name_or_path)
+    if sweep is None:
+        if variant is not None:
+            raise UserError(f"no experiment named {name_or_path!r}", file=name_or_path,
+                            hint=f"{resolved.name} is not a sweep; see `idmctl exp list`")
+        return resolved
+    from ground.spec.sweep import expand
+
+    variants = expand(resolved, sweep)
+    names = [v.name for v in variants]
+    if variant is None:
+        raise UserError(f"is a sweep of {len(variants)} variants", file=str(resolved.path), field=SWEEP_KEY,
+                        hint=f"name one ({', '.join(names)}); exp list, preflight and submit take the whole sweep")
+    for candidate in variants:
+        if candidate.name == f"{resolved.name}.{variant}":
+            return candidate
+    close = difflib.get_close_matches(f"{resolved.name}.{variant}", names, n=1)
+    raise UserError(f"no variant {variant!r} in sweep {resolved.name}", file=str(resolved.path), field=SWEEP_KEY,
+                    hint=f"did you mean {close[0]!r}?" if close else f"variants: {', '.join(names)}")
+
+
+def load_experiments(name_or_path: str) -> list[ResolvedSpec]:
+    """One experiment, one named variant, or every variant of a sweep, in the sweep's order."""
+    resolved, sweep, variant = _load(name_or_path)
+    if sweep is None or variant is not None:
+        return [load_spec(name_or_path)]
+    from ground.spec.sweep import expand
+
+    return expand(resolved, sweep)

@@ -6,16 +6,38 @@ so the trainer, preflight and the sbatch renderer all compute them the same way.
 
 from __future__ import annotations
 
+import math
 import re
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from ground.units import parse_bytes, parse_duration
 
 
+# Upper bounds are sanity guards, far above any run on the cards: a 1 KB spec with `depth: 1e12` grew
+# preflight and `model summary` past 4.6 GB before anything checked it (issue 20). Real runs use
+# depth 12, hidden 1024, 5120 channels, 27×48 tokens, 24 frames, 60,000 steps.
+MAX_WIDTH = 65_536
+MAX_DEPTH = 1_024
+MAX_COUNT = 1_000_000
+MAX_STEPS = 1_000_000_000
+
+SLURM_NAME = r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}"
+"""A job name, QoS or partition that is safe in an ``#SBATCH`` line (matched against the whole value)."""
+NODE_LIST = r"[A-Za-z0-9._\-\[\],]{1,1024}"
+"""A Slurm host name or host list (``worker-5``, ``n[1-2]``)."""
+
+PositiveFloat = Annotated[float, Field(gt=0)]
+Episodes = Annotated[int, Field(ge=1, le=MAX_COUNT)]
+BlockId = Annotated[int, Field(ge=0, le=MAX_COUNT)]
+LayerIndex = Annotated[int, Field(ge=0, le=MAX_COUNT)]
+GridSide = Annotated[int, Field(ge=1, le=MAX_WIDTH)]
+
+
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # allow_inf_nan=False: `.inf`/`.nan` are never a setting (mlp_ratio: .inf crashed with OverflowError).
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class DataSpec(Strict):
@@ -35,13 +57,13 @@ class DataSpec(Strict):
     """Expected number of cache files, for sizing stage-in when the cache is not on this machine."""
     dataset: str = "hidden_multilayer"
     """Registry name of the dataset class the trainer builds (see ``cache/registry``)."""
-    cached_layers: list[int] = Field(min_length=1)
+    cached_layers: list[BlockId] = Field(min_length=1, max_length=MAX_DEPTH)
     """Cosmos transformer block ids stored in each cache file, in file order."""
-    frames: int = Field(ge=1)
+    frames: int = Field(ge=1, le=MAX_COUNT)
     """Frames cached per file (T)."""
-    token_grid: tuple[int, int]
+    token_grid: tuple[GridSide, GridSide]
     """Spatial token grid per frame (H, W)."""
-    channels: int = Field(ge=1)
+    channels: int = Field(ge=1, le=MAX_WIDTH)
     """Hidden size of the cached model (C)."""
     dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
     """Element type of the cached hidden states."""
@@ -51,13 +73,13 @@ class DataSpec(Strict):
     ``None``: not checked (legacy caches record none). Preflight's ``cache`` check FAILs on another."""
     transformer_id: str | None = None
     """Identity of the Cosmos transformer the cache must be built by (same form as ``vae_id``)."""
-    selected_layer_indices: list[int] = Field(min_length=1)
+    selected_layer_indices: list[LayerIndex] = Field(min_length=1, max_length=MAX_DEPTH)
     """Indices into ``cached_layers`` that the routed model reads (N = len)."""
-    frame_window: int = Field(ge=1)
+    frame_window: int = Field(ge=1, le=MAX_COUNT)
     """Consecutive frames read per sample (T_w)."""
-    action_horizon: int = Field(ge=1)
+    action_horizon: int = Field(ge=1, le=MAX_COUNT)
     """Actions predicted per sample (the action chunk)."""
-    action_dim: int = Field(default=12, ge=1)
+    action_dim: int = Field(default=12, ge=1, le=MAX_WIDTH)
     """Action size; RoboCasa's is 12 (eef_pos 0:3, eef_rot 3:6, gripper 6, base 7:11, mode 11)."""
 
     @field_validator("token_grid")
@@ -104,24 +126,25 @@ class ModelSpec(Strict):
 
     name: str = "layer_routed_dit"
     """Registry name of the model class (see ``trainers/registry``)."""
-    depth: int = Field(ge=1)
+    depth: int = Field(ge=1, le=MAX_DEPTH)
     """Number of DiT blocks (D); block i cross-attends to one routed layer."""
-    hidden_dim: int = Field(ge=1)
+    hidden_dim: int = Field(ge=1, le=MAX_WIDTH)
     """Width of the DiT residual stream."""
-    num_heads: int = Field(ge=1)
+    num_heads: int = Field(ge=1, le=MAX_WIDTH)
     """Attention heads; must divide ``hidden_dim`` and ``kv_dim``."""
-    kv_dim: int = Field(ge=1)
+    kv_dim: int = Field(ge=1, le=MAX_WIDTH)
     """Width each KV projector maps a Cosmos layer to (card: 5120 → 1024)."""
-    mlp_ratio: float = Field(default=4.0, gt=0)
+    mlp_ratio: float = Field(default=4.0, gt=0, le=64)
     """MLP hidden width as a multiple of ``hidden_dim``."""
-    action_hidden_dim: int = Field(ge=1)
+    action_hidden_dim: int = Field(ge=1, le=MAX_WIDTH)
     """Width of the action encoder/decoder MLPs."""
-    timestep_dim: int = Field(default=256, ge=1)
+    timestep_dim: int = Field(default=256, ge=1, le=MAX_WIDTH)
     """Sinusoidal timestep embedding size before its MLP."""
-    inference_steps: int = Field(default=4, ge=1)
+    inference_steps: int = Field(default=4, ge=1, le=10_000)
     """Euler steps of the flow at inference (K)."""
-    time_beta: tuple[float, float] = (1.5, 1.0)
-    """Beta(a, b) of the training time t; t=0 is pure noise, t=1 the clean action."""
+    time_beta: tuple[PositiveFloat, PositiveFloat] = (1.5, 1.0)
+    """Beta(a, b) of the training time t; t=0 is pure noise, t=1 the clean action. Both > 0 (a Beta's
+    parameters): `[-1, 0]` once passed preflight and every sample then trained at t = 0.5."""
 
     @model_validator(mode="after")
     def _heads_divide(self) -> "ModelSpec":
@@ -134,11 +157,11 @@ class ModelSpec(Strict):
 class LoaderSpec(Strict):
     """DataLoader settings per rank."""
 
-    batch_size: int = Field(ge=1)
+    batch_size: int = Field(ge=1, le=MAX_COUNT)
     """Samples per rank per micro-step."""
-    num_workers: int = Field(default=0, ge=0)
+    num_workers: int = Field(default=0, ge=0, le=1_024)
     """DataLoader worker processes per rank; each worker's batches pass through /dev/shm."""
-    prefetch_factor: int | None = Field(default=None, ge=1)
+    prefetch_factor: int | None = Field(default=None, ge=1, le=1_024)
     """Batches each worker prefetches; only meaningful with num_workers > 0 (torch default 2)."""
     pin_memory: bool = False
     """Pin host memory for faster H2D copies (GPU only)."""
@@ -147,6 +170,23 @@ class LoaderSpec(Strict):
     persistent_workers: bool | None = None
     """Do not set: derived as ``num_workers > 0``. Accepted only so preflight's loader check can
     diagnose legacy configs (card job 6262); any value that disagrees with the derivation FAILs."""
+    repeats: int = Field(default=1, ge=1)
+    """Sample repeats K: each loaded sample appears K times in a micro-batch, every copy with its own
+    flow noise and time. The micro-batch keeps ``batch_size`` rows (so ``train.effective_batch`` is
+    unchanged) but reads only ``batch_size / K`` samples: a step reads 1/K of the bytes. The fix for
+    I/O-bound runs (card A's N=12 dense: 101.9 s/step → 12.7 s/step at K=8)."""
+
+    @model_validator(mode="after")
+    def _repeats_divide(self) -> "LoaderSpec":
+        if self.batch_size % self.repeats:
+            raise ValueError(f"repeats: {self.repeats} does not divide batch_size {self.batch_size} "
+                             f"(each micro-batch holds batch_size / repeats distinct samples)")
+        return self
+
+    @property
+    def samples_per_batch(self) -> int:
+        """Distinct samples a micro-batch reads (``batch_size / repeats``): the DataLoader's batch size."""
+        return self.batch_size // self.repeats
 
     @property
     def effective_prefetch(self) -> int:
@@ -163,22 +203,23 @@ class LoaderSpec(Strict):
 class TrainSpec(Strict):
     """Optimisation."""
 
-    steps: int = Field(ge=1)
+    steps: int = Field(ge=1, le=MAX_STEPS)
     """Optimizer steps."""
     lr: float = Field(gt=0)
     """Peak learning rate (AdamW)."""
     weight_decay: float = Field(default=0.0, ge=0)
     """AdamW weight decay."""
-    warmup_steps: int = Field(default=0, ge=0)
+    warmup_steps: int = Field(default=0, ge=0, le=MAX_STEPS)
     """Linear warm-up steps before cosine decay."""
-    effective_batch: int = Field(ge=1)
+    effective_batch: int = Field(ge=1, le=MAX_STEPS)
     """Samples per optimizer step over all ranks; gradient accumulation is derived from it."""
-    checkpoint_every: int = Field(ge=1)
-    """Steps between checkpoints (also written on SIGUSR1/SIGTERM)."""
-    log_every: int = Field(default=10, ge=1)
+    checkpoint_every: int | None = Field(default=None, ge=1, le=MAX_STEPS)
+    """Steps between checkpoints (also written on SIGUSR1/SIGTERM). Unset: derived at submit from the
+    measured step and checkpoint write times (``idmctl exp show`` prints the arithmetic)."""
+    log_every: int = Field(default=10, ge=1, le=MAX_STEPS)
     """Steps between metric logs."""
-    seed: int = 0
-    """Seed for weights, data order and flow noise."""
+    seed: int = Field(default=0, ge=0, lt=2**32)
+    """Seed for weights, data order and flow noise (numpy takes 0 … 2³²−1)."""
     precision: Literal["auto", "bf16-mixed", "32-true"] = "auto"
     """``auto``: bf16-mixed on GPU, 32-true on CPU."""
 
@@ -186,39 +227,50 @@ class TrainSpec(Strict):
 class ResourcesSpec(Strict):
     """What the job asks Slurm for."""
 
-    nodes: int = Field(default=1, ge=1)
+    nodes: int = Field(default=1, ge=1, le=100_000)
     """Nodes."""
-    gpus_per_node: int = Field(default=0, ge=0)
+    gpus_per_node: int = Field(default=0, ge=0, le=999)
     """GPUs per node; 0 runs on CPU. Ranks per node = max(gpus_per_node, 1) unless ``cpu_ranks``."""
-    cpu_ranks: int = Field(default=1, ge=1)
+    cpu_ranks: int = Field(default=1, ge=1, le=MAX_WIDTH)
     """Ranks per node when ``gpus_per_node`` is 0 (CPU DDP over gloo)."""
-    cpus: int = Field(default=1, ge=1)
+    cpus: int = Field(default=1, ge=1, le=MAX_COUNT)
     """CPUs per node (``-c``)."""
     mem: str = "1GB"
     """Memory per node (``--mem``), e.g. 1600GB."""
-    qos: str
+    qos: str = Field(pattern=f"^{SLURM_NAME}$")
     """Quality-of-service tier, from the cluster profile."""
-    partition: str | None = None
+    partition: str | None = Field(default=None, pattern=f"^{SLURM_NAME}$")
     """Partition, when the cluster wants one besides the QoS."""
-    exclude: list[str] = []
+    exclude: list[Annotated[str, Field(pattern=f"^{NODE_LIST}$")]] = []
     """Nodes to avoid (``--exclude``)."""
-    time_limit: str
-    """Wall-clock limit, Slurm format (e.g. 30-00:00:00)."""
-    job_name: str | None = None
+    time_limit: str | None = None
+    """Wall-clock limit, Slurm format (e.g. 30-00:00:00). Unset: derived from the estimated wall clock
+    with a margin, capped at the QoS max wall (``idmctl exp show`` prints the arithmetic)."""
+    signal_lead: str | None = None
+    """How long before the time limit the job gets USR1 to checkpoint (e.g. 5:00). Unset: derived from
+    the measured step + checkpoint write time with a margin."""
+    job_name: str | None = Field(default=None, pattern=f"^{SLURM_NAME}$")
     """``-J``; defaults to the experiment name."""
-    retries: int = Field(default=0, ge=0)
+    retries: int = Field(default=0, ge=0, le=1_000)
     """Resubmissions allowed for retryable causes (preemption, node failure), like ``sbmr N``."""
 
     @field_validator("mem")
     @classmethod
     def _mem_is_size(cls, value: str) -> str:
-        parse_bytes(value)
+        check_job_mem(value)
         return value
 
-    @field_validator("time_limit")
+    @field_validator("time_limit", "signal_lead")
     @classmethod
-    def _time_is_duration(cls, value: str) -> str:
-        parse_duration(value)
+    def _time_is_duration(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is None:
+            return value
+        if info.field_name == "time_limit":
+            check_job_time(value)
+        else:
+            seconds = parse_duration(value)
+            if not math.isfinite(seconds) or seconds <= 0:
+                raise ValueError(f"{value!r} is not a positive finite duration (e.g. 5:00)")
         return value
 
     @property
@@ -234,8 +286,9 @@ class ResourcesSpec(Strict):
         return parse_bytes(self.mem)
 
     @property
-    def time_limit_seconds(self) -> float:
-        return parse_duration(self.time_limit)
+    def time_limit_seconds(self) -> float | None:
+        """The spec's limit; None when it is left to derivation (``idmctl.preflight.limits``)."""
+        return parse_duration(self.time_limit) if self.time_limit is not None else None
 
 
 class StageSpec(Strict):
@@ -256,8 +309,8 @@ class EvalSpec(Strict):
 
     metric: str = "eef_mm_24ep"
     """The metric that ranks runs."""
-    episodes: list[int] = [5, 24]
-    """Episode counts evaluated; each logs ``eef_mm_<n>ep``."""
+    episodes: list[Episodes] = Field(default=[5, 24], min_length=1, max_length=64)
+    """Episode counts evaluated (each ≥ 1); each logs ``eef_mm_<n>ep`` (`[-3]` once logged ``eef_mm_-3ep nan``)."""
     simulator: bool = False
     """Also evaluate by replay in robosuite (``sim_eef_mm_<n>ep``)."""
 
@@ -276,15 +329,15 @@ class LatentCacheSpec(Strict):
     cameras: list[str] = Field(min_length=1)
     """Camera names: frames are ``obs/<camera>_image`` (uint8 HWC), depth ``obs/<camera>_depth`` (metres),
     camera matrices ``obs/<camera>_intrinsics`` (3×3) and ``obs/<camera>_extrinsics`` (4×4 camera→world)."""
-    frames: int = Field(ge=1)
+    frames: int = Field(ge=1, le=MAX_COUNT)
     """Frames per sample (F); the Wan VAE compresses time 4×, so F must be 1 + 4k."""
-    height: int = Field(ge=16)
+    height: int = Field(ge=16, le=MAX_WIDTH)
     """Frame height in pixels (H); a multiple of 16, equal to the recorded images (never resized)."""
-    width: int = Field(ge=16)
+    width: int = Field(ge=16, le=MAX_WIDTH)
     """Frame width in pixels (W); a multiple of 16, equal to the recorded images (never resized)."""
-    frame_stride: int = Field(default=1, ge=1)
+    frame_stride: int = Field(default=1, ge=1, le=MAX_COUNT)
     """Episode timesteps between consecutive sample frames."""
-    start_stride: int | None = Field(default=None, ge=1)
+    start_stride: int | None = Field(default=None, ge=1, le=MAX_COUNT)
     """Timesteps between sample starts within an episode; ``None``: one sample per episode, at start 0."""
     split: str = "all"
     """``mask/<split>`` of ``data.episodes`` whose demos are cached; ``all``: every demo."""
@@ -355,7 +408,7 @@ class Goal(Strict):
 
     @classmethod
     def parse(cls, text: str) -> "Goal":
-        match = _GOAL.match(text)
+        match = _GOAL.fullmatch(text)
         if not match:
             raise ValueError(f"goal {text!r} is not '<metric> <op> <number>' (e.g. 'eef_mm_24ep <= 125')")
         return cls(metric=match.group(1), op=match.group(2), value=float(match.group(3)))
@@ -366,6 +419,25 @@ class Goal(Strict):
 
     def __str__(self) -> str:
         return f"{self.metric} {self.op} {self.value:g}"
+
+
+def check_job_mem(value: str) -> int:
+    """``--mem``/``resources.mem``: a finite size of at least 1 MiB (Slurm reads ``--mem=0`` as the whole node)."""
+    size = parse_bytes(value)
+    if size < 2**20:
+        raise ValueError(f"{value!r} is less than 1 MiB (Slurm reads --mem=0 as the whole node; give a size, e.g. 4GB)")
+    return size
+
+
+def check_job_time(value: str) -> float:
+    """``--time``/``resources.time_limit``: a finite duration of at least one minute (Slurm's unit); 0 and
+    UNLIMITED mean no limit to Slurm, which no estimate can be checked against."""
+    seconds = parse_duration(value)
+    if not math.isfinite(seconds):
+        raise ValueError(f"{value!r} is no limit (give one, e.g. 3-00:00:00; preflight checks the wall clock against it)")
+    if seconds < 60:
+        raise ValueError(f"{value!r} is under a minute (Slurm's limits are whole minutes, and 0 means UNLIMITED)")
+    return seconds
 
 
 class ExperimentSpec(Strict):
@@ -405,6 +477,11 @@ class ExperimentSpec(Strict):
     @property
     def goal_parsed(self) -> Goal | None:
         return Goal.parse(self.goal) if self.goal else None
+
+    @property
+    def samples_read_per_step(self) -> int:
+        """Distinct samples read per optimizer step over all ranks: ``effective_batch / loader.repeats``."""
+        return self.train.effective_batch // self.loader.repeats
 
     @property
     def grad_accum(self) -> int:

@@ -52,9 +52,26 @@ def compare(
     console.print(table, markup=False)
     for note in footnotes(report):
         console.print(note, markup=False)
+    for group in report.sweeps:
+        from idmctl.preflight.sweep_report import axis_text
+
+        sweep_table = make_table("variant", *group.axes, "run", "status", "steps", f"{report.metric} best / last",
+                                 "verdict", title=f"sweep {group.sweep}")
+        for variant, values, row in group.rows:
+            summary = row.metrics.get(report.metric)
+            shown = f"{summary.best:.1f} / {summary.last:.1f}" if summary else "—"
+            steps = f"{row.steps_done or 0:,}/{row.steps_planned:,}" if row.steps_planned else "—"
+            sweep_table.add_row(*(Text(c) for c in (variant, *(axis_text(values[a]) for a in group.axes), row.label,
+                                                    row.status, steps, shown, row.verdict)))
+        console.print(sweep_table, markup=False)
     runs = [row for row in report.runs if row.run_id and row.experiment_id]
     if runs:
         link = compare_url([row.run_id or "" for row in runs], [row.experiment_id or "" for row in runs], ui_url)
         console.print(f"MLflow compare page (idmctl ui): {link}", markup=False, soft_wrap=True)
+        from idmctl.runs_view import runs_chart_line
+
+        keys = sorted({key for row in runs for key in row.metrics if key != "loss"})
+        console.print(runs_chart_line("MLflow runs, EEF mm charts first (idmctl ui)", ui_url, keys),
+                      markup=False, soft_wrap=True)
     if plot is not None:
         console.print(f"plot: {plot} ({plot.stat().st_size:,} B)", markup=False)

@@ -1,4 +1,4 @@
-"""``idmctl data demos``: real robosuite demos in the robomimic layout (camera frames included)."""
+"""``idmctl data demos|scenes``: real robosuite demos (camera frames included) and synthetic depth scenes, in the robomimic layout."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from ground.units import format_bytes
 if TYPE_CHECKING:
     from trainers.sim.demos import RecordedDemo
 
-app = typer.Typer(help="Episode data: scripted robosuite demos.", no_args_is_help=True)
+app = typer.Typer(help="Episode data: scripted robosuite demos, synthetic depth scenes.", no_args_is_help=True)
 
 PATCH_PIXELS = 16
 """Video models want frame sizes that are multiples of 16 (84 px silently becomes an 80 px grid)."""
@@ -79,3 +79,44 @@ def demos(
         emit_json(summary)
     else:
         console.print(describe(summary))
+
+
+@app.command("scenes")
+def scenes(
+    out: Annotated[Path, typer.Option("--out", help="HDF5 file to write (robomimic layout).")],
+    n: Annotated[int, typer.Option("--n", help="Number of episodes (the last is held out as mask/valid).")] = 3,
+    steps: Annotated[int, typer.Option("--steps", help="Steps per episode.")] = 9,
+    size: Annotated[int, typer.Option("--size", help="Square frames, px (multiple of 16).")] = 32,
+    seed: Annotated[int, typer.Option("--seed", help="Same seed, same episodes.")] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable summary.")] = False,
+) -> None:
+    """Synthetic table scenes with exact depth on two cameras (a box sliding on a table; the second
+    camera carries card B's invalid-depth block): the episodes of experiments/latent_rgbpt_smoke.yaml."""
+    import time
+
+    if n < 2:
+        raise UserError(f"--n {n} leaves no held-out episode", field="--n", hint="use at least 2")
+    if steps < 2:
+        raise UserError(f"--steps {steps} is too short", field="--steps", hint="e.g. 9")
+    if size < PATCH_PIXELS or size % PATCH_PIXELS:
+        raise UserError(f"frame size {size} px is not a positive multiple of {PATCH_PIXELS}", field="--size",
+                        hint="e.g. 32")
+    if out.suffix not in (".hdf5", ".h5"):
+        raise UserError("output must be an .hdf5 file", file=str(out), field="--out", hint="e.g. scenes.hdf5")
+    if out.exists() and out.is_dir():
+        raise UserError("output is a directory", file=str(out), field="--out", hint="name a file")
+    from cache.latent.scenes import write_scene_episodes
+
+    started = time.perf_counter()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_scene_episodes(out, demos=n, steps=steps, size=size, seed=seed)
+    summary = {"path": str(out), "episodes": n, "steps_per_episode": steps, "size": size, "seed": seed,
+               "cameras": ["robot0_agentview_left", "robot0_agentview_right"],
+               "splits": {"train": n - 1, "valid": 1}, "bytes": out.stat().st_size,
+               "seconds": time.perf_counter() - started}
+    if as_json:
+        emit_json(summary)
+    else:
+        console.print(f"{n} synthetic scenes × {steps} steps, 2 cameras {size}×{size} with depth, splits train "
+                      f"{n - 1}, valid 1, {format_bytes(summary['bytes'])} in {summary['seconds']:.1f} s → {out}",
+                      markup=False)

@@ -41,9 +41,9 @@ def _summary(resolved: ResolvedSpec) -> dict[str, Any]:
 @app.command("list")
 def list_cmd(as_json: JsonOpt = False) -> None:
     """Every runnable experiment in experiments/ (bases excluded), validated."""
-    from ground.spec import list_experiments, load_spec
+    from ground.spec import list_experiments, load_experiments
 
-    rows = [_summary(load_spec(str(path))) for path in list_experiments()]
+    rows = [_summary(variant) for path in list_experiments() for variant in load_experiments(str(path))]
     if as_json:
         emit_json(rows)
         return
@@ -55,20 +55,32 @@ def list_cmd(as_json: JsonOpt = False) -> None:
 
 
 @app.command("show")
-def show_cmd(experiment: Annotated[str, typer.Argument(help="Experiment name or YAML path.")], as_json: JsonOpt = False) -> None:
-    """The resolved spec (bases merged, defaults filled) and the values derived from it."""
+def show_cmd(experiment: Annotated[str, typer.Argument(help="Experiment name or YAML path.")], as_json: JsonOpt = False,
+             cluster: Annotated[str | None, typer.Option("--cluster", help="Cluster profile the limits are derived for (default $IDMCTL_CLUSTER or local).")] = None) -> None:
+    """The resolved spec (bases merged, defaults filled), the values derived from it, and the time limit,
+    checkpoint interval and signal lead derived from measurements, with their arithmetic."""
     import yaml
 
     from ground.spec import load_spec
+    from idmctl.preflight.limits import limits_for
+    from idmctl.profile import load_profile
     from idmctl.spec_store import derived_values
 
     resolved = load_spec(experiment)
+    profile, _ = load_profile(cluster)
+    limits = limits_for(resolved, profile)
     document = {
         "name": resolved.name,
         "hash": resolved.hash,
         "extends": [str(p.name) for p in resolved.chain[:-1]],
         "spec": resolved.canonical,
         "derived": derived_values(resolved.spec),
+        "limits": {"cluster": profile.name, "step_s": limits.step_s, "step_source": limits.step_source,
+                   "checkpoint_write_s": limits.write_s, "write_source": limits.write_source,
+                   **{item.name.replace(" ", "_"): {"derived": item.derived, "effective": item.effective,
+                                                    "source": item.source, "arithmetic": item.arithmetic}
+                      for item in (limits.time_limit, limits.checkpoint_every, limits.signal_lead)},
+                   "warnings": [w for w in (limits.time_warning, limits.checkpoint_warning) if w]},
     }
     if as_json:
         emit_json(document)
@@ -79,6 +91,9 @@ def show_cmd(experiment: Annotated[str, typer.Argument(help="Experiment name or 
     console.print(yaml.safe_dump(document["spec"], sort_keys=False).rstrip(), markup=False)
     console.print("# derived (computed, never configured):")
     console.print(yaml.safe_dump(document["derived"], sort_keys=False).rstrip(), markup=False)
+    console.print(f"# limits on {profile.name} (derived from measurement; a value in the spec wins):", markup=False)
+    for line in limits.lines():
+        console.print(f"  {line}", markup=False)
 
 
 @app.command("validate")
@@ -87,10 +102,10 @@ def validate_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Validate specs strictly; exit 2 on the first bad one with a one-line error."""
-    from ground.spec import list_experiments, load_spec
+    from ground.spec import list_experiments, load_experiments
 
     names = experiments or [str(p) for p in list_experiments(include_bases=True)]
-    results = [load_spec(name) for name in names]
+    results = [variant for name in names for variant in load_experiments(name)]  # a sweep: every variant
     if as_json:
         emit_json([{"name": r.name, "hash": r.hash, "valid": True} for r in results])
         return
@@ -104,11 +119,11 @@ def register_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Validate all given specs, then record their versions in the store (nothing is written if any is bad)."""
-    from ground.spec import list_experiments, load_spec
+    from ground.spec import list_experiments, load_experiments
     from idmctl.spec_store import register_specs
 
     names = experiments or [str(p) for p in list_experiments()]
-    results = [load_spec(name) for name in names]
+    results = [variant for name in names for variant in load_experiments(name)]  # a sweep: every variant
     new = register_specs(results)
     if as_json:
         emit_json([{"name": r.name, "hash": r.hash, "new": r.hash in new} for r in results])

@@ -40,6 +40,16 @@ def submit(
     from idmctl.jobs import submit as submitting
 
     overrides = job_flags.flags(qos, gres, cpus, mem, exclude, job_name, time_limit, retries, entry, build)
+    from ground.spec import load_experiments
+
+    variants = load_experiments(experiment)
+    if variants[0].sweep is not None and (len(variants) > 1 or experiment.endswith((".yaml", ".yml"))
+                                          or experiment == variants[0].sweep):
+        if force and not (reason and reason.strip()):
+            raise UserError("--force needs --reason", file="command line", field="--reason", hint='e.g. --reason "smoke passed on login node"')
+        _submit_sweep(experiment, [v.name.rsplit(".", 1)[1] for v in variants], overrides, cluster, dry_run,
+                      reason.strip() if force and reason else None, as_json)
+        return
     if dry_run:
         planned = submitting.dry_run(experiment, overrides, cluster)
         print_checks(planned.admission.results, f"submit-time checks: {planned.job.declared.name} on "
@@ -74,6 +84,39 @@ def submit(
         console.print(f"FORCED without preflight: {job.forced_reason}", markup=False)
 
 
+def _submit_sweep(reference: str, variant_names: list[str], overrides: dict, cluster: str | None, dry_run: bool,
+                  force_reason: str | None, as_json: bool) -> None:
+    """Every variant that passes its own gate, each as its own chain (own hash, run directory, MLflow run);
+    a variant without a passing preflight is skipped and named, the others still go."""
+    from idmctl.jobs import submit as submitting
+
+    refs = [f"{reference}.{name}" for name in variant_names]  # `<sweep name or file>.<variant>` resolves a variant
+    if dry_run:
+        for ref in refs:
+            typer.echo(f"# ---- variant {ref} ----")
+            typer.echo(submitting.dry_run(ref, overrides, cluster).script, nl=False)
+        return
+    done, skipped = [], []
+    for ref in refs:
+        try:
+            done.append(submitting.submit(ref, overrides, cluster, force_reason=force_reason))
+        except CheckFailed as exc:
+            skipped.append((ref, str(exc)))
+    if as_json:
+        emit_json({"submitted": [{"experiment": d.job.experiment, "job": d.job.id, "chain": d.job.chain_id,
+                                  "scheduler_id": d.job.scheduler_id, "script": d.job.script_path, "log": d.job.log_path}
+                                 for d in done],
+                   "skipped": [{"variant": ref, "why": why} for ref, why in skipped]})
+    else:
+        for d in done:
+            console.print(f"submitted {d.job.experiment}: job {d.job.id} ({d.job.executor} {d.job.scheduler_id}) "
+                          f"chain {d.job.chain_id}", markup=False)
+        for ref, why in skipped:
+            console.print(f"skipped {ref}: {why}", markup=False)
+    if not done:
+        raise CheckFailed(f"no variant of {reference} was submitted")
+
+
 def sync(
     no_retry: Annotated[bool, typer.Option("--no-retry", help="Update records only; resubmit nothing.")] = False,
     as_json: JsonOpt = False,
@@ -81,17 +124,30 @@ def sync(
     """Update every unfinished job with one scheduler call; retry ended ones by cause."""
     from idmctl.jobs.sync import sync as run_sync
 
-    report = run_sync(retry=not no_retry)
+    report = _sync_or_say_who_did_not_answer(run_sync, retry=not no_retry)
     if as_json:
         emit_json({"checked": report.checked, "changed": report.changed, "finished": report.finished,
-                   "resubmitted": report.resubmitted, "stopped": report.stopped})
+                   "resubmitted": report.resubmitted, "stopped": report.stopped, "unconfirmed": report.unconfirmed})
         return
-    console.print(f"synced {report.checked} unfinished jobs: {len(report.changed)} changed, {len(report.finished)} ended",
-                  markup=False)
+    unconfirmed = f", {len(report.unconfirmed)} unconfirmed (squeue says ended; sacct has not recorded it yet)" \
+        if report.unconfirmed else ""
+    console.print(f"synced {report.checked} unfinished jobs: {len(report.changed)} changed, {len(report.finished)} ended"
+                  f"{unconfirmed}", markup=False)
     for old, new in report.resubmitted:
         console.print(f"  job {old} → resubmitted as job {new}", markup=False)
     for job_id, why in report.stopped:
         console.print(f"  job {job_id}: chain stopped — {why}", markup=False)
+
+
+def _sync_or_say_who_did_not_answer(run_sync, **kwargs):  # type: ignore[no-untyped-def]
+    """A daemon that does not answer is exit 1 with one line naming it; the store is left as it was."""
+    from idmctl.executors.base import SchedulerUnreachable
+
+    try:
+        return run_sync(**kwargs)
+    except SchedulerUnreachable as exc:
+        raise CheckFailed(f"error: {exc}; no job record changed (sync again once {exc.daemon} answers; "
+                          "runbook: When Slurm is unreachable)") from exc
 
 
 def jobs(
@@ -105,17 +161,27 @@ def jobs(
         return
     import json
 
-    from sqlmodel import select
-
+    from ground.paths import db_path
     from idmctl.compare import run_url
-    from idmctl.jobs.sync import queue_wait_seconds
-    from idmctl.store.db import session
-    from idmctl.store.models import Chain, Job
+    from idmctl.jobs.eta import eta_for_job
+    from idmctl.jobs.listing import queue_wait_seconds, read_jobs
 
-    with session() as db:
-        rows = db.exec(select(Job).order_by(Job.id.desc()).limit(limit)).all()  # type: ignore[union-attr]
-        chain_ids = {j.chain_id for j in rows if j.chain_id is not None}
-        run_of_chain = {c.id: c.mlflow_run_id for c in db.exec(select(Chain).where(Chain.id.in_(chain_ids)))}
+    fast = read_jobs(db_path(), limit)
+    if fast is not None:
+        rows, chains = fast
+    else:
+        from sqlmodel import select
+
+        from idmctl.store.db import session
+        from idmctl.store.models import Chain, Job
+
+        with session() as db:
+            rows = db.exec(select(Job).order_by(Job.id.desc()).limit(limit)).all()  # type: ignore[union-attr]
+            chain_ids = {j.chain_id for j in rows if j.chain_id is not None}
+            chains = {c.id: c for c in db.exec(select(Chain).where(Chain.id.in_(chain_ids)))}
+    run_of_chain = {cid: c.mlflow_run_id for cid, c in chains.items()}
+    now = time.time()
+    etas = {j.id: eta_for_job(j, chains.get(j.chain_id), now) for j in rows if j.state == "RUNNING"}
     records = [{
         "job": j.id, "chain": j.chain_id, "attempt": j.attempt, "experiment": j.experiment, "executor": j.executor,
         "scheduler_id": j.scheduler_id, "state": j.state, "reason": j.reason, "exit_code": j.exit_code,
@@ -124,19 +190,48 @@ def jobs(
         "forced": j.forced_reason, "mlflow_run_id": run_of_chain.get(j.chain_id),
         "run_url": run_url(run_of_chain[j.chain_id], ui_url) if run_of_chain.get(j.chain_id) else None,
         "build": json.loads(j.options_json or "{}").get("build"),
+        "eta": etas[j.id].as_dict() if etas.get(j.id) else None,
     } for j in rows]
     if as_json:
         emit_json(records)
         return
     table = make_table("job", "chain/att", "experiment", "id", "state", "exit", "restarts", "qos", "nodes", "queue wait",
-                       "MLflow run")
+                       "step", "s/step", "ETA", "MLflow run")
     for r in records:
         wait = format_duration(r["queue_wait_s"]) if r["queue_wait_s"] is not None else "—"
+        eta = etas.get(r["job"])
         experiment = f"{r['experiment']} (build {r['build']})" if r["build"] else r["experiment"]
         table.add_row(str(r["job"]), f"{r['chain']}/{r['attempt']}", experiment, r["scheduler_id"] or "—",
                       r["state"], r["exit_code"] or "—", str(r["restarts"]), r["qos"] or "—", r["nodes"] or "—", wait,
+                      eta.progress_text if eta else "—", _rate(eta), eta.finish_text(now) if eta else "—",
                       r["run_url"] or "—")
     console.print(table)
+
+
+def _rate(eta: object) -> str:
+    from idmctl.preflight.budget import fmt_seconds
+
+    rate = getattr(eta, "s_per_step", None)
+    return f"{fmt_seconds(rate)} (last {getattr(eta, 'window_steps')})" if rate is not None else "—"
+
+
+def print_etas(now: float | None = None) -> None:
+    """One line per running job with a progress file: step/total, s/step, ETA against the limit."""
+    from sqlmodel import select
+
+    from idmctl.jobs.eta import eta_for_job
+    from idmctl.store.db import session
+    from idmctl.store.models import Chain, Job
+
+    now = now if now is not None else time.time()
+    with session() as db:
+        running = db.exec(select(Job).where(Job.state == "RUNNING")).all()
+        chains = {c.id: c for c in db.exec(select(Chain).where(Chain.id.in_({j.chain_id for j in running})))}
+    for job in running:
+        eta = eta_for_job(job, chains.get(job.chain_id), now)
+        if eta is not None:
+            console.print(f"  job {job.id} {job.experiment}: step {eta.progress_text}, {_rate(eta)}, "
+                          f"{eta.finish_text(now)}", markup=False)
 
 
 def watch(
@@ -150,11 +245,13 @@ def watch(
         raise UserError("must be positive", file="command line", field="--interval", hint="e.g. --interval 30")
     done = 0
     while True:
-        report = run_sync()
+        report = _sync_or_say_who_did_not_answer(run_sync)
         done += 1
         left = len(unfinished_jobs())
         console.print(f"[{time.strftime('%H:%M:%S')}] {report.checked} checked, {len(report.finished)} ended, "
-                      f"{len(report.resubmitted)} resubmitted, {left} unfinished", markup=False)
+                      f"{len(report.resubmitted)} resubmitted, {left} unfinished"
+                      + (f" ({len(report.unconfirmed)} waiting for sacct)" if report.unconfirmed else ""), markup=False)
+        print_etas()
         if (count and done >= count) or (not count and left == 0):
             return
         time.sleep(interval)

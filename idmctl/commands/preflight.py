@@ -41,15 +41,41 @@ def preflight(
     retries: job_flags.Retries = None,
     entry: job_flags.Entry = None,
     build: job_flags.Build = None,
+    what_if: Annotated[list[str] | None, typer.Option(
+        "--what-if", help="section.field=value: rerun the static checks on the altered spec (never edited, "
+                          "nothing recorded) beside the original. Repeatable.")] = None,
 ) -> None:
     """Run the mandatory gate: spec, introspection, loader, shm, io, qos, disk, cache, smoke.
 
     Submit's flags check the job as it will be submitted; --gres and --entry change what the smoke
-    measures, so a submit with them needs a preflight with them. --build MODE runs the build preflight
-    (weights, PT norm file, output disk, a 1-file encode smoke → wall-clock estimate vs --time)."""
+    measures, so a submit with them needs a preflight with them. A sweep runs every variant in one
+    table; --what-if reruns the static checks on an altered spec beside the original. --build MODE runs
+    the build preflight (weights, PT norm file, output disk, a 1-file encode smoke → wall-clock estimate
+    vs --time)."""
+    from ground.spec import load_experiments
     from idmctl.jobs.effective import build as build_job
     from idmctl.preflight.runner import run_preflight
+    from idmctl.profile import load_profile
 
+    variants = load_experiments(experiment)
+    if variants[0].sweep is not None and len(variants) > 1 or experiment == variants[0].sweep:
+        profile, profile_hash = load_profile(cluster)
+        if what_if:
+            from idmctl.preflight.whatif import apply_overrides, parse_override
+
+            overrides = dict(parse_override(text) for text in what_if)
+            variants = [apply_overrides(v, overrides, name=v.name, sweep=v.sweep, axes=v.axes) for v in variants]
+        from idmctl.preflight.sweep_report import run_sweep_preflight
+
+        run_sweep_preflight(variants, profile, profile_hash, with_smoke=not no_smoke and not what_if,
+                            smoke_timeout_s=smoke_timeout, as_json=as_json)
+        return
+    if what_if:
+        from idmctl.preflight.whatif_report import run_what_if
+
+        profile, profile_hash = load_profile(cluster)
+        run_what_if(variants[0], profile, profile_hash, what_if, as_json=as_json)
+        return
     job = build_job(experiment, job_flags.flags(qos, gres, cpus, mem, exclude, job_name, time_limit, retries, entry,
                                                 build), cluster)
     resolved, profile, profile_hash = job.declared, job.profile, job.profile_hash

@@ -12,6 +12,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Protocol
 
+from ground.errors import CheckFailed
+
 FINAL_STATES = frozenset({
     "COMPLETED", "FAILED", "OUT_OF_MEMORY", "PREEMPTED", "NODE_FAIL", "TIMEOUT", "CANCELLED",
     "BOOT_FAIL", "DEADLINE", "REVOKED",
@@ -51,6 +53,24 @@ class JobStatus:
     node_list: str | None = None
     restarts: int = 0
     runs: list[RunRecord] = field(default_factory=list)
+    confirmed: bool = True
+    """False when the status comes from a live view (squeue) rather than the record (sacct): it may say a
+    job is running, never how it ended, how often it restarted or its exit code."""
+
+
+UNCONFIRMED = "UNCONFIRMED"
+"""Stored state of a job that the live view (squeue) shows ended but that sacct has not recorded yet:
+not final, so every sync asks again until sacct confirms how it ended."""
+
+
+class SchedulerUnreachable(CheckFailed):
+    """A scheduler daemon did not answer: the caller records nothing (half a picture corrupts the record)."""
+
+    def __init__(self, daemon: str, command: str, detail: str):
+        self.daemon = daemon
+        self.command = command
+        self.detail = detail
+        super().__init__(f"{daemon} did not answer `{command}`: {detail}")
 
 
 class Executor(Protocol):

@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ground.errors import CheckFailed, UserError
-from idmctl.executors.base import JobStatus, RunRecord, is_final
+from idmctl.executors.base import JobStatus, RunRecord, SchedulerUnreachable
 
 SACCT_FIELDS = ("JobID", "State", "ExitCode", "Reason", "Submit", "Start", "End", "NodeList")
 IDS_PER_CALL = 5000
@@ -100,9 +100,22 @@ def parse_squeue(text: str) -> dict[str, JobStatus]:
             scheduler_id=job_id, state=state, reason=reason if reason not in ("None", "") else None,
             submitted_at=parse_time(submit), started_at=started,
             ended_at=parse_time(end) if state not in ("PENDING", "RUNNING") else None,
-            node_list=nodes or None,
+            node_list=nodes or None, confirmed=False,
         )
     return statuses
+
+
+def _last_error(result: subprocess.CompletedProcess[str]) -> str:
+    lines = [line.strip() for line in (result.stderr or result.stdout).splitlines() if line.strip()]
+    return lines[-1] if lines else f"exit {result.returncode}"
+
+
+def check_controller() -> None:
+    """Raise SchedulerUnreachable unless ``scontrol ping`` says slurmctld is UP."""
+    result = _run(["scontrol", "ping"])
+    if result.returncode != 0 or " is UP" not in result.stdout:
+        first = result.stdout.strip().splitlines()[0] if result.stdout.strip() else _last_error(result)
+        raise SchedulerUnreachable("slurmctld", "scontrol ping", first)
 
 
 class SlurmExecutor:
@@ -124,21 +137,31 @@ class SlurmExecutor:
         return text
 
     def status(self, scheduler_ids: list[str]) -> dict[str, JobStatus]:
+        """sacct for every id, squeue for those sacct has not recorded yet. Raises SchedulerUnreachable
+        when slurmdbd (sacct) or slurmctld (squeue, confirmed by ``scontrol ping``) does not answer:
+        a sync from half the picture lowered restart counts and cleared exit codes (issue 20)."""
         ids = [i for i in dict.fromkeys(scheduler_ids) if i.isdigit()]
         statuses: dict[str, JobStatus] = {}
         for start in range(0, len(ids), IDS_PER_CALL):
             chunk = ids[start:start + IDS_PER_CALL]
             result = _run(["sacct", "-n", "-P", "-D", "-j", ",".join(chunk),
                            f"--format={','.join(SACCT_FIELDS)}"])
-            if result.returncode == 0:
-                statuses.update(parse_sacct(result.stdout))
+            if result.returncode != 0:
+                # sacct talks to slurmdbd only ("Problem talking to the database: Connection refused").
+                raise SchedulerUnreachable("slurmdbd", "sacct", _last_error(result))
+            statuses.update(parse_sacct(result.stdout))
         lagging = [i for i in ids if i not in statuses]
         if lagging:
             result = _run(["squeue", "-h", "-t", "all", "-j", ",".join(lagging), "-o", SQUEUE_FORMAT])
+            if result.returncode != 0:
+                # squeue also exits 1 when no id is known any more (slurm-notes 11): only a failed ping
+                # means the controller is away.
+                check_controller()
             # squeue knows no exit code of steps, no earlier runs and no start of a job that never ran:
-            # it may say a job is live, never how it ended. A job it shows ended waits for sacct.
-            statuses.update({k: v for k, v in parse_squeue(result.stdout).items()
-                             if k in lagging and not is_final(v.state)})
+            # its statuses are unconfirmed, and sync never finalises a job from one.
+            statuses.update({k: v for k, v in parse_squeue(result.stdout).items() if k in lagging})
+        elif ids:
+            check_controller()  # sacct answers from the database even while the controller is down
         return statuses
 
     def cancel(self, scheduler_id: str) -> None:

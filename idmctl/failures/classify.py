@@ -169,7 +169,7 @@ def classify(
     ran_seconds: float | None = None,
 ) -> Classification:
     """The first taxonomy cause whose rules match this outcome, with its evidence."""
-    lines = [line.rstrip() for line in (log_tail or "").splitlines()]
+    lines = _before_a_cancel([line.rstrip() for line in (log_tail or "").splitlines()], state)
     record = _slurm_record(state, reason, exit_code, derived_exit_code, restarts, waited_seconds, ran_seconds)
     facts = {"state": _state_word(state), "started": started, "exit_code": exit_code or "",
              "derived_exit_code": derived_exit_code or "", "reason": reason or "", "restarts": restarts}
@@ -187,6 +187,21 @@ def classify(
             return Classification(cause=cause.name, evidence=evidence, detail=detail)
     last_lines = [_trim(line) for line in lines if line.strip()][-2:]
     return Classification(cause="unknown", evidence=[record, *last_lines])
+
+
+_CANCELLED_BY_HAND = re.compile(r"\*\*\* (JOB|STEP) \S+ ON \S+ CANCELLED AT \S+ \*\*\*")
+"""slurmstepd's line when someone ran scancel (a preemption, time limit or node failure says "DUE TO")."""
+
+
+def _before_a_cancel(lines: list[str], state: str | None) -> list[str]:
+    """For a job Slurm ended CANCELLED, the log up to the cancellation: what it printed while being torn
+    down (a traceback from a write to the closed srun pipe, a signal message) is the cancel's doing, not
+    the cause. A traceback printed before the cancel still names the cause (one rank crashed, the others
+    hung, someone cancelled)."""
+    if _state_word(state) != "CANCELLED":
+        return lines
+    cut = next((index for index, line in enumerate(lines) if _CANCELLED_BY_HAND.search(line)), None)
+    return lines if cut is None else lines[:cut]
 
 
 def _state_word(state: str | None) -> str:

@@ -11,7 +11,6 @@ import json
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
 
 from sqlalchemy import exists, func, or_
 from sqlmodel import Session, select
@@ -167,7 +166,7 @@ def find_jobs(db: Session, job_ids: list[str]) -> list[Job]:
             matches = list(db.exec(select(Job).where(Job.scheduler_id == text)))
         if not matches:
             raise UserError(f"no job {text} in the store", field="JOB",
-                            hint="run `idmctl jobs sync`, or `idmctl jobs import --since D` for jobs not submitted by idmctl")
+                            hint="run `idmctl sync`, or `idmctl jobs import --since D` for jobs not submitted by idmctl")
         found += matches
     return found
 

@@ -117,8 +117,11 @@ def active_exclusions() -> list[str]:
     """Nodes excluded by ``sync`` (node failures) whose exclusion has not expired."""
     from datetime import datetime, timezone
 
+    from ground.paths import db_path
     from idmctl.store.fast import connect, from_db_time, rows
 
+    if not db_path().exists():  # no store, no exclusions; and a dry run or a refused submit creates none
+        return []
     now = datetime.now(timezone.utc)
     with connect() as fast:
         if fast is not None:  # the store is at head: no ORM import on the submit path
@@ -149,7 +152,22 @@ def build(experiment: str, flags: dict[str, Any], cluster: str | None) -> Effect
         profile.tier(options.qos, file="command line", field="--qos")
     exclusions = active_exclusions()
     options = with_exclusions(options, exclusions)
-    resolved = apply_flags(declared, options, [flag for flag in given if flag in SPEC_FLAGS])
+    # What the spec and flags leave open (time limit, checkpoint interval, signal lead) is derived from
+    # measurement; the effective spec then carries the derived time limit, so the checks judge it.
+    from idmctl.preflight.limits import job_limits
+
+    if options.build:
+        # A build has no steps or checkpoints to derive limits from: its time limit is the spec's or --time's,
+        # judged by the build preflight's estimate (build_smoke).
+        if options.time_limit is None:
+            raise UserError("a build job needs a time limit", file=str(declared.path), field="resources.time_limit",
+                            hint="pass --time (the build preflight's build_smoke row estimates the wall clock)")
+    else:
+        options = job_limits(declared, profile, options)
+    flagged = [flag for flag in given if flag in SPEC_FLAGS]
+    if declared.spec.resources.time_limit is None and "--time" not in flagged:
+        flagged.append("--time")
+    resolved = apply_flags(declared, options, flagged)
     return EffectiveJob(declared, resolved, options, given, profile, profile_hash, exclusions)
 
 

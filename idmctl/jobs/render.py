@@ -20,11 +20,12 @@ from ground import contract
 from ground.errors import UserError
 from ground.paths import REPO_ROOT, expand_path
 from ground.spec.loader import ResolvedSpec
+from ground.spec.schema import MAX_COUNT, NODE_LIST, SLURM_NAME, check_job_mem, check_job_time
 from ground.units import parse_bytes, parse_duration, slurm_time
 
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$")
-_NODE_LIST = re.compile(r"^[A-Za-z0-9._\-\[\],]{1,1024}$")
+_NAME = re.compile(SLURM_NAME)
+_NODE_LIST = re.compile(NODE_LIST)
 _SBATCH_PATH = re.compile(r"^/[A-Za-z0-9._/+@%=-]{1,4000}$")
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _GRES = re.compile(r"^gpu:(\d{1,3})$")
@@ -53,14 +54,20 @@ class JobOptions:
     """Memory per node as written (e.g. ``4GB``)."""
     gpus_per_node: int
     """``--gres=gpu:N``; 0 asks for none."""
-    time_limit: str
-    """Wall-clock limit as written."""
+    time_limit: str | None
+    """Wall-clock limit as written; None until :func:`idmctl.preflight.limits.job_limits` derives it."""
     exclude: list[str] = field(default_factory=list)
     """Nodes to avoid (flag, spec, and active node exclusions)."""
     retries: int = 0
     """Resubmissions allowed for retryable causes."""
     entry: str = DEFAULT_ENTRY
     """Python module started with ``python -m ENTRY --run-dir RUN_DIR``."""
+    signal_lead: int | None = None
+    """Seconds of USR1 warning; derived from measured step + checkpoint write time (or the spec's)."""
+    checkpoint_every: int | None = None
+    """Derived steps between checkpoints, passed as IDMCTL_CHECKPOINT_EVERY when the spec sets none."""
+    derivation: list[str] = field(default_factory=list)
+    """How the limits were derived, one line each: printed as comments at the top of the script."""
     build: str | None = None
     """``--build MODE``: a cache build job (``contract.BUILD_ENTRY``), one task per node launching
     ``ranks_per_node`` builder processes with accelerate; None for training."""
@@ -76,11 +83,17 @@ class JobOptions:
 
     @property
     def time_seconds(self) -> float:
+        if self.time_limit is None:
+            raise UserError("no time limit: none in the spec or flags, and none derived", field="resources.time_limit",
+                            hint="set resources.time_limit or pass --time")
         return parse_duration(self.time_limit)
 
     @property
     def signal_lead_s(self) -> int:
-        """Seconds before the time limit the batch shell gets USR1 (Slurm may send it up to 60 s earlier)."""
+        """Seconds before the time limit the batch shell gets USR1 (Slurm may send it up to 60 s earlier):
+        the derived lead when there is one, else 5% of the limit within [60 s, 600 s]."""
+        if self.signal_lead is not None:
+            return int(self.signal_lead)
         return int(min(600, max(60, self.time_seconds * 0.05)))
 
     def as_dict(self) -> dict[str, Any]:
@@ -92,7 +105,7 @@ def _bad(what: str, field_name: str, source: str, hint: str) -> UserError:
 
 
 def check_name(value: str, field_name: str, source: str) -> str:
-    if not _NAME.match(value):
+    if not _NAME.fullmatch(value):
         raise _bad(f"{value!r} is not a safe name", field_name, source,
                    "use letters, digits, '.', '_', '+', '-' (no spaces, newlines, ';', '$(' or backticks)")
     return value
@@ -100,7 +113,7 @@ def check_name(value: str, field_name: str, source: str) -> str:
 
 def check_nodes(values: list[str], field_name: str, source: str) -> list[str]:
     for value in values:
-        if not _NODE_LIST.match(value):
+        if not _NODE_LIST.fullmatch(value):
             raise _bad(f"{value!r} is not a node name or list", field_name, source,
                        "use Slurm host names such as worker-5 or n[1-2]")
     return values
@@ -119,14 +132,14 @@ def check_shell_path(value: str, field_name: str, source: str) -> Path:
 def check_sbatch_path(path: Path, field_name: str, source: str) -> str:
     """A path in an ``#SBATCH`` line: sbatch does not quote, so only a conservative charset passes."""
     text = str(path)
-    if not _SBATCH_PATH.match(text):
+    if not _SBATCH_PATH.fullmatch(text):
         raise _bad(f"{text!r} is not usable in an #SBATCH line", field_name, source,
                    "use an absolute path of letters, digits and ._/+@%=- (set IDMCTL_HOME accordingly)")
     return text
 
 
 def parse_gres(value: str) -> int:
-    match = _GRES.match(value)
+    match = _GRES.fullmatch(value)
     if not match:
         raise UserError(f"{value!r} is not gpu:N", file="--gres", hint="e.g. --gres gpu:8")
     return int(match.group(1))
@@ -139,6 +152,10 @@ def resolve_options(resolved: ResolvedSpec, overrides: dict[str, Any]) -> JobOpt
 
     def source(flag: str, spec_field: str) -> tuple[str, str]:
         return ("command line", flag) if overrides.get(flag) is not None else (spec_file, spec_field)
+
+    def flag(name: str, default: Any) -> Any:
+        # `is not None`, not `or`: `-c 0` or `-J ""` is a value to check, never a silent fall-back.
+        return overrides[name] if overrides.get(name) is not None else default
 
     gpus = parse_gres(overrides["--gres"]) if overrides.get("--gres") is not None else res.gpus_per_node
     build = overrides.get("--build")
@@ -153,18 +170,18 @@ def resolve_options(resolved: ResolvedSpec, overrides: dict[str, Any]) -> JobOpt
             raise UserError(f"a build job runs on one node, the spec asks for {res.nodes}", file=spec_file,
                             field="resources.nodes", hint="submit one build per node (e.g. RGB and PT on two nodes)")
     options = JobOptions(
-        job_name=overrides.get("-J") or (f"{resolved.name}-build-{build}" if build else res.job_name or resolved.name),
-        qos=overrides.get("--qos") or res.qos,
+        job_name=flag("-J", f"{resolved.name}-build-{build}" if build else res.job_name or resolved.name),
+        qos=flag("--qos", res.qos),
         partition=res.partition,
         nodes=res.nodes,
         ranks_per_node=gpus if gpus > 0 else res.cpu_ranks,
-        cpus_per_node=overrides.get("-c") or res.cpus,
-        mem=overrides.get("--mem") or res.mem,
+        cpus_per_node=flag("-c", res.cpus),
+        mem=flag("--mem", res.mem),
         gpus_per_node=gpus,
-        time_limit=overrides.get("--time") or res.time_limit,
-        exclude=list(overrides.get("--exclude") or res.exclude),
-        retries=overrides["--retries"] if overrides.get("--retries") is not None else res.retries,
-        entry=contract.BUILD_ENTRY if build else overrides.get("--entry") or DEFAULT_ENTRY,
+        time_limit=flag("--time", res.time_limit),
+        exclude=list(flag("--exclude", res.exclude)),
+        retries=flag("--retries", res.retries),
+        entry=contract.BUILD_ENTRY if build else flag("--entry", DEFAULT_ENTRY),
         build=build,
     )
     check_name(options.job_name, *reversed(source("-J", "resources.job_name")))
@@ -172,20 +189,23 @@ def resolve_options(resolved: ResolvedSpec, overrides: dict[str, Any]) -> JobOpt
     if options.partition is not None:
         check_name(options.partition, "resources.partition", spec_file)
     check_nodes(options.exclude, *reversed(source("--exclude", "resources.exclude")))
-    if not _MODULE.match(options.entry):
+    if not _MODULE.fullmatch(options.entry):
         raise UserError(f"{options.entry!r} is not a Python module name", file="command line", field="--entry",
                         hint="e.g. trainers.train")
-    for flag, spec_field, parse in (("--mem", "resources.mem", parse_bytes), ("--time", "resources.time_limit", parse_duration)):
-        value = overrides.get(flag)
+    for name, spec_field, check in (("--mem", "resources.mem", check_job_mem), ("--time", "resources.time_limit", check_job_time)):
+        value = overrides.get(name)
         if value is not None:
             try:
-                parse(value)
+                check(value)
             except ValueError as exc:
-                raise UserError(str(exc), file="command line", field=flag, hint=f"same format as {spec_field}") from exc
+                raise UserError(str(exc), file="command line", field=name, hint=f"same format as {spec_field}") from exc
     if options.cpus_per_node < 1:
         raise UserError("must be at least 1", file="command line", field="-c", hint="CPUs per node")
-    if options.retries < 0:
-        raise UserError("must be 0 or more", file="command line", field="--retries", hint="resubmission budget")
+    if options.cpus_per_node > MAX_COUNT:
+        raise UserError(f"{options.cpus_per_node} is more CPUs than any node has", file="command line", field="-c",
+                        hint="CPUs per node")
+    if not 0 <= options.retries <= 1_000:
+        raise UserError("must be 0 … 1000", file="command line", field="--retries", hint="resubmission budget")
     return options
 
 
@@ -234,6 +254,7 @@ def render_script(resolved: ResolvedSpec, options: JobOptions, ctx: RenderContex
         "#SBATCH --open-mode=append",
         "#SBATCH --requeue",
         f"#SBATCH --signal=B:USR1@{options.signal_lead_s}",
+        *(f"# idmctl: {_comment(line)}" for line in options.derivation),
     ]
     env = {
         contract.ENV_HOME: str(ctx.idmctl_home),
@@ -241,10 +262,11 @@ def render_script(resolved: ResolvedSpec, options: JobOptions, ctx: RenderContex
         contract.ENV_ATTEMPT: str(ctx.attempt),
         contract.ENV_SPEC_HASH: resolved.hash,
         "PYTHONUNBUFFERED": "1",
+        **({contract.ENV_CHECKPOINT_EVERY: str(options.checkpoint_every)} if options.checkpoint_every else {}),
         **ctx.extra_env,
     }
     for key, value in env.items():
-        if not re.match(r"^[A-Z_][A-Z0-9_]*$", key):
+        if not re.fullmatch(r"[A-Z_][A-Z0-9_]*", key):
             raise UserError(f"{key!r} is not an environment variable name", field="env")
     stage = "# stage-in: none (a build job writes the cache)" if options.build else _stage_block(spec.stage.enabled, spec.data.cache_root, spec.stage.dest, spec_file,
                          routed_blocks=spec.data.selected_blocks if spec.stage.layers == "routed" else None,
@@ -294,6 +316,11 @@ def _build_args(options: JobOptions) -> str:
     if not options.build:
         return ""
     return f" --mode {options.build} --processes {options.ranks_per_node}"
+
+
+def _comment(text: str) -> str:
+    """One comment line: no newline or control character can end it early."""
+    return re.sub(r"[\x00-\x1f\x7f]", " ", text)
 
 
 def _multi_node_env(options: JobOptions) -> list[str]:

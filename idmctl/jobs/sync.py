@@ -16,7 +16,8 @@ from pathlib import Path
 from sqlmodel import Session, select
 
 from idmctl.executors import executor_for
-from idmctl.executors.base import JobStatus, is_final
+from idmctl.executors.base import UNCONFIRMED, JobStatus, is_final
+from idmctl.jobs.listing import aware as _aware, queue_wait_seconds  # noqa: F401  (re-exported; one home)
 from idmctl.store.db import session
 from idmctl.store.models import Chain, Job, NodeExclusion
 from ground.contract import MLFLOW_RUN_ID_FILE
@@ -34,6 +35,8 @@ class SyncReport:
     """(old job id, new job id)."""
     stopped: list[tuple[int, str]] = field(default_factory=list)
     """(job id, why the chain stopped)."""
+    unconfirmed: list[int] = field(default_factory=list)
+    """Jobs squeue shows ended that sacct has not recorded yet (asked again next sync)."""
 
 
 def log_tail(path: str | None) -> str | None:
@@ -52,33 +55,56 @@ def log_tail(path: str | None) -> str | None:
 
 def _apply(job: Job, status: JobStatus) -> bool:
     before = (job.state, job.reason, job.exit_code, job.started_at, job.ended_at, job.node_list, job.restarts)
-    job.state = status.state
-    job.reason = status.reason
-    job.exit_code = status.exit_code
-    if status.runs:
-        # sacct is the record: the first run that reached a node is when the job started (queue wait =
-        # first start − submit), and a job whose runs never reached one never started (5961: cancelled
-        # while pending), whatever squeue guessed earlier.
-        job.started_at = next((r.started_at for r in status.runs if r.started_at), None)
+    if not status.confirmed:
+        _apply_live(job, status)
     else:
-        job.started_at = status.started_at or job.started_at
-    job.ended_at = status.ended_at
-    job.node_list = status.node_list or job.node_list
-    job.restarts = status.restarts
-    if status.submitted_at:  # the scheduler's clock, so queue wait = start − submit is on one clock
-        job.submitted_at = status.submitted_at
-    if status.runs:
-        options = json.loads(job.options_json or "{}")
-        # Every run of a requeued job as sacct -D lists it: where the preemptions show.
-        options["runs"] = [{"state": r.state, "exit_code": r.exit_code, "reason": r.reason,
-                            "started_at": r.started_at.isoformat() if r.started_at else None,
-                            "ended_at": r.ended_at.isoformat() if r.ended_at else None,
-                            "node_list": r.node_list, "steps": [list(step) for step in r.steps]}
-                           for r in status.runs]
-        job.options_json = json.dumps(options)
+        job.state = status.state
+        job.reason = status.reason
+        # An exit code sacct once reported is kept when a later answer has none (a run that has not ended).
+        job.exit_code = status.exit_code if status.exit_code is not None else job.exit_code
+        if status.runs:
+            # sacct is the record: the first run that reached a node is when the job started (queue wait =
+            # first start − submit), and a job whose runs never reached one never started (5961: cancelled
+            # while pending), whatever squeue guessed earlier.
+            job.started_at = next((r.started_at for r in status.runs if r.started_at), None)
+        else:
+            job.started_at = status.started_at or job.started_at
+        job.ended_at = status.ended_at
+        job.node_list = status.node_list or job.node_list
+        # Restarts only grow: an answer listing fewer runs than one before (records still on their way to
+        # slurmdbd after an outage) must not undo a preemption already counted.
+        job.restarts = max(job.restarts, status.restarts)
+        if status.submitted_at:
+            # The scheduler's clock, so queue wait = start − submit is on one clock. With -D this is the
+            # first run's Submit: later runs' lines carry the requeue time (squeue's %V does too, which
+            # is why a live status never sets it).
+            job.submitted_at = status.submitted_at
+        if status.runs:
+            options = json.loads(job.options_json or "{}")
+            # Every run of a requeued job as sacct -D lists it: where the preemptions show.
+            options["runs"] = [{"state": r.state, "exit_code": r.exit_code, "reason": r.reason,
+                                "started_at": r.started_at.isoformat() if r.started_at else None,
+                                "ended_at": r.ended_at.isoformat() if r.ended_at else None,
+                                "node_list": r.node_list, "steps": [list(step) for step in r.steps]}
+                               for r in status.runs]
+            job.options_json = json.dumps(options)
     job.log_tail = log_tail(job.log_path) or job.log_tail
     job.updated_at = datetime.now(timezone.utc)
     return before != (job.state, job.reason, job.exit_code, job.started_at, job.ended_at, job.node_list, job.restarts)
+
+
+def _apply_live(job: Job, status: JobStatus) -> None:
+    """A status from the live view (squeue) while sacct lags: it says whether the job runs, nothing
+    more. An end it reports is only a claim until sacct records it: the job becomes UNCONFIRMED (not
+    final), keeps its restarts, exit code and runs, and every sync asks again."""
+    if is_final(status.state):
+        job.state = UNCONFIRMED
+        job.reason = f"squeue says {status.state}; waiting for sacct to record how it ended"
+    else:
+        job.state = status.state
+        job.reason = status.reason
+    job.started_at = job.started_at or status.started_at
+    job.node_list = status.node_list or job.node_list
 
 
 def _note_mlflow_run(db: object, job: Job) -> None:
@@ -110,9 +136,12 @@ def sync(retry: bool = True) -> SyncReport:
     by_executor: dict[str, list[Job]] = defaultdict(list)
     for job in jobs:
         by_executor[job.executor].append(job)
+    # Every executor answers before any row is written: when one does not (SchedulerUnreachable), the
+    # store is left exactly as it was.
+    answers = [(group, executor_for(name).status([job.scheduler_id for job in group if job.scheduler_id]))
+               for name, group in by_executor.items()]
     ended: list[int] = []
-    for executor_name, group in by_executor.items():
-        statuses = executor_for(executor_name).status([job.scheduler_id for job in group if job.scheduler_id])
+    for group, statuses in answers:
         with session() as db:
             for job in group:
                 status = statuses.get(job.scheduler_id or "")
@@ -126,6 +155,8 @@ def sync(retry: bool = True) -> SyncReport:
                 _exclude_nodes_that_failed(db, row, status)
                 if is_final(row.state):
                     ended.append(row.id or 0)
+                elif row.state == UNCONFIRMED:
+                    report.unconfirmed.append(row.id or 0)
                 db.add(row)
                 _note_mlflow_run(db, row)
     report.finished = ended
@@ -172,14 +203,6 @@ def _exclude_nodes_that_failed(db: Session, job: Job, status: JobStatus) -> None
         db.add(NodeExclusion(node=node, until=now + node_exclusion_time("node_fail"), reason=reason))
 
 
-def queue_wait_seconds(job: Job) -> float | None:
-    if job.started_at is None or job.submitted_at is None:
-        return None
-    return (_aware(job.started_at) - _aware(job.submitted_at)).total_seconds()
-
-
-def _aware(moment: datetime) -> datetime:
-    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
 
 
 def run_dir_of(job: Job) -> Path | None:

@@ -116,6 +116,8 @@ class StepEstimate:
     sample_bytes: int
     sample_formula: str
     effective_batch: int
+    repeats: int
+    """``loader.repeats``: each sample read serves K rows, so a step reads effective_batch / K samples."""
     step_bytes: int
     """Bytes the busiest reader moves per optimizer step: one node's share from its NVMe when staged,
     the whole step from the shared NAS when not."""
@@ -138,8 +140,11 @@ class StepEstimate:
 
     def arithmetic(self) -> str:
         batch = f"eff. batch {self.effective_batch:,}"
+        read = self.effective_batch // self.repeats
+        if self.repeats > 1:
+            batch = f"({batch} ÷ repeats {self.repeats} = {read:,} samples read)"
         if self.nodes > 1 and self.per_node:
-            batch += f" ÷ {self.nodes} nodes = {self.effective_batch // self.nodes:,} samples/node"
+            batch += f" ÷ {self.nodes} nodes = {read // self.nodes:,} samples/node"
         elif self.nodes > 1:
             batch += f" (all {self.nodes} nodes share the NAS)"
         text = (f"{self.sample_formula}; × {batch} = {format_bytes(self.step_bytes)}/step"
@@ -157,19 +162,21 @@ def step_estimate(ctx: PreflightContext) -> StepEstimate:
     spec, profile = ctx.spec, ctx.profile
     io = sample_io(spec.data, spec.loader.mmap)
     nodes = spec.resources.nodes
+    read = spec.samples_read_per_step  # effective batch ÷ loader.repeats
     if spec.stage.enabled:
         # Each node reads its ranks' share (effective batch ÷ nodes; the schema makes it divide) from its own NVMe.
         tier, bandwidth, per_node = "NVMe (staged)", profile.storage.nvme_read_bps, True
-        step_bytes = io.bytes * (spec.train.effective_batch // nodes)
+        step_bytes = io.bytes * (read // nodes)
     else:
         tier, bandwidth, per_node = "NAS", profile.storage.nas_read_bps, False
-        step_bytes = io.bytes * spec.train.effective_batch
+        step_bytes = io.bytes * read
     data_s = step_bytes / bandwidth
     compute_s, note = _compute_seconds(ctx)
     step_s = data_s + (compute_s or 0.0)
     train_s = step_s * spec.train.steps
-    return StepEstimate(io.bytes, io.formula, spec.train.effective_batch, step_bytes, tier, bandwidth, data_s,
-                        compute_s, note, step_s, spec.train.steps, train_s, staging(ctx).seconds, nodes, per_node)
+    return StepEstimate(io.bytes, io.formula, spec.train.effective_batch, spec.loader.repeats, step_bytes, tier,
+                        bandwidth, data_s, compute_s, note, step_s, spec.train.steps, train_s, staging(ctx).seconds,
+                        nodes, per_node)
 
 
 def _compute_seconds(ctx: PreflightContext) -> tuple[float | None, str]:

@@ -9,6 +9,7 @@ import statistics
 from collections import defaultdict
 
 from idmctl.preflight.budget import fmt_bandwidth, fmt_seconds, routed_staging_fix, staging, step_estimate
+from idmctl.preflight.limits import derive
 from idmctl.preflight.result import CheckResult, PreflightContext, QueueWait, Status
 from ground.units import format_bytes, format_duration
 
@@ -29,30 +30,36 @@ def check(ctx: PreflightContext) -> CheckResult:
     warns: list[str] = []
     fixes: list[str] = []
     notes: list[str] = []
+    limits = derive(ctx)
+    time_limit = res.time_limit or f"{limits.time_limit_slurm} (derived)"
     numbers: dict[str, object] = {"qos": res.qos, "gpus": gpus, "max_gpus": tier.max_gpus,
-                                  "time_limit_s": res.time_limit_seconds, "max_wall_s": tier.max_wall_seconds}
+                                  "time_limit_s": limits.time_limit.effective, "max_wall_s": tier.max_wall_seconds,
+                                  "checkpoint_every": int(limits.checkpoint_every.effective),
+                                  "checkpoint_work_s": limits.checkpoint_every.effective * limits.step_s}
 
     if tier.max_gpus is not None and gpus > tier.max_gpus:
         fails.append(f"{gpus} GPUs > {res.qos} max {tier.max_gpus}")
         fixes.append(f"ask for ≤ {tier.max_gpus} GPUs or another QoS")
     else:
         notes.append(f"{gpus} GPUs ≤ max {tier.max_gpus if tier.max_gpus is not None else 'unlimited'}")
-    if res.time_limit_seconds > tier.max_wall_seconds:
-        fails.append(f"time_limit {res.time_limit} > {res.qos} max wall {tier.max_wall}")
+    if limits.time_limit.effective > tier.max_wall_seconds:
+        fails.append(f"time_limit {time_limit} > {res.qos} max wall {tier.max_wall}")
         fixes.append(f"set resources.time_limit ≤ {tier.max_wall}")
     else:
-        notes.append(f"time_limit {res.time_limit} ≤ max wall {tier.max_wall}")
+        notes.append(f"time_limit {time_limit} ≤ max wall {tier.max_wall}")
 
     cycle = tier.preempt_cycle_seconds if tier.preemptible else None
     if cycle is not None:
         stage, estimate = staging(ctx), step_estimate(ctx)
-        checkpoint_s = spec.train.checkpoint_every * estimate.step_s
+        every = int(limits.checkpoint_every.effective)
+        checkpoint_s = every * estimate.step_s
         first_checkpoint = stage.seconds + checkpoint_s
         numbers.update(preempt_cycle_s=cycle, stage_s=stage.seconds, stage_bytes=stage.bytes,
                        checkpoint_interval_s=checkpoint_s, first_checkpoint_s=first_checkpoint)
         stage_text = (f"stage-in {stage.copied} ÷ NAS {fmt_bandwidth(profile.storage.nas_read_bps)} = "
                       f"{format_duration(stage.seconds)}" if stage.enabled else "no stage-in")
-        ckpt_text = (f"checkpoint every {spec.train.checkpoint_every:,} steps × {fmt_seconds(estimate.step_s)}/step = "
+        ckpt_text = (f"checkpoint every {every:,} steps{'' if spec.train.checkpoint_every else ' (derived)'} × "
+                     f"{fmt_seconds(estimate.step_s)}/step = "
                      f"{format_duration(checkpoint_s)}")
         # Card jobs 6054/6108/6158 staged all 12 layers; staging only the routed ones may fit the cycle.
         routed_fix = routed_staging_fix(ctx, lambda routed: routed.seconds < cycle)
@@ -61,9 +68,9 @@ def check(ctx: PreflightContext) -> CheckResult:
             routed_fix += f" < preempt cycle {format_duration(cycle)}"
             if checkpoint_s >= left:
                 # Staging alone fitting is not a PASS: the first checkpoint must land inside the cycle too.
-                every = max(1, int(left / estimate.step_s) - 1) if estimate.step_s > 0 else spec.train.checkpoint_every
+                fit_every = max(1, int(left / estimate.step_s) - 1) if estimate.step_s > 0 else every
                 routed_fix += (f", and checkpoint within the {format_duration(left)} left: train.checkpoint_every ≤ "
-                               f"{every:,} steps ({every:,} × {fmt_seconds(estimate.step_s)}/step)")
+                               f"{fit_every:,} steps ({fit_every:,} × {fmt_seconds(estimate.step_s)}/step)")
         if stage.enabled and stage.seconds >= cycle:
             fails.append(f"preemptible {res.qos}: {stage_text} ≥ preempt cycle {format_duration(cycle)}: preempted "
                          "before the first step, every attempt")
@@ -86,6 +93,10 @@ def check(ctx: PreflightContext) -> CheckResult:
     else:
         notes.append(wait_text)
 
+    if limits.checkpoint_warning:
+        warns.append(limits.checkpoint_warning)
+        fixes.append(f"set train.checkpoint_every: {int(limits.checkpoint_every.derived):,} or leave it unset to "
+                     f"derive it ({limits.checkpoint_every.arithmetic})")
     if fails:
         return CheckResult(NAME, Status.FAIL, "; ".join(fails + warns + notes), numbers, "; ".join(fixes))
     if warns:

@@ -90,9 +90,24 @@ class SmokeMeasurement:
     error: str | None = None
     """Last traceback frame + exception, or the timeout, when ``ok`` is False."""
     wall_s: float = 0.0
+    checkpoint_s: float | None = None
+    """Seconds to write the model + optimizer state once, as the trainer's checkpoint holds them."""
+    checkpoint_bytes: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class RecordedRun:
+    """An earlier run's measured step time, from its run directory's ``progress.json``."""
+
+    run: str
+    """``<experiment>/<chain>``."""
+    code_version: str
+    timing_key: str
+    s_per_step: float
+    checkpoint_write_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -112,6 +127,8 @@ class Measurements:
     queue_waits: list[QueueWait] = field(default_factory=list)
     """Recorded jobs with the same QoS and GPU count (and others with the same GPU count)."""
     smoke: SmokeMeasurement | None = None
+    recorded_runs: list[RecordedRun] = field(default_factory=list)
+    """Step times earlier runs measured (``idmctl.preflight.limits`` derives the time limit from them)."""
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ground.paths import expand_path
-from idmctl.preflight import cache, disk, introspection, io, loader, memo, qos, shm, smoke, spec
+from idmctl.preflight import cache, disk, introspection, io, loader, memo, qos, shm, smoke, spec, whatif
 from idmctl.preflight.result import (CHECK_NAMES, CacheInspection, CheckResult, Measurements, PreflightContext,
-                                     QueueWait, SmokeMeasurement, Status)
+                                     QueueWait, RecordedRun, SmokeMeasurement, Status)
 from idmctl.profile import ClusterProfile
 from ground.spec.loader import ResolvedSpec
 
@@ -151,14 +151,23 @@ def gather(resolved: ResolvedSpec, profile: ClusterProfile, code_version: str | 
         scratch_free_bytes=_free_bytes(expand_path(resolved.spec.stage.dest)),
         cache_present=present, cache_bytes=cache_bytes, cache_file_count=file_count,
         cache_inspections=inspections, queue_waits=queue_history(res.gpus_per_node * res.nodes),
+        recorded_runs=recorded_runs(),
     )
 
 
+def recorded_runs() -> list[RecordedRun]:
+    from ground.paths import home
+    from idmctl.preflight.limits import recorded_runs as scan
+
+    return scan(home() / "runs")
+
+
 def _safe(check_module: object, ctx: PreflightContext) -> CheckResult:
-    """A crashing check is a FAIL with its error, never a traceback that hides the other rows."""
+    """A crashing check is a FAIL with its error, never a traceback that hides the other rows.
+    A FAIL or WARN comes with its fixes recomputed by the same check on the altered spec (whatif)."""
     name = getattr(check_module, "NAME")
     try:
-        return check_module.check(ctx)  # type: ignore[attr-defined]
+        return whatif.with_fixes(ctx, check_module, check_module.check(ctx))  # type: ignore[attr-defined]
     except Exception as exc:
         return CheckResult(name, Status.FAIL, f"check crashed: {type(exc).__name__}: {exc}", {},
                            "report this as an idmctl bug")
@@ -166,8 +175,10 @@ def _safe(check_module: object, ctx: PreflightContext) -> CheckResult:
 
 def run_preflight(resolved: ResolvedSpec, profile: ClusterProfile, profile_hash: str, *, with_smoke: bool = True,
                   smoke_timeout_s: float = smoke.DEFAULT_TIMEOUT_S, record: bool = True,
-                  measurements: Measurements | None = None, job: "EffectiveJob | None" = None) -> PreflightReport:
-    """Run all checks; ``measurements`` replaces gathering (tests, benchmarks).
+                  measurements: Measurements | None = None, job: "EffectiveJob | None" = None,
+                  version: str | None = None) -> PreflightReport:
+    """Run all checks; ``measurements`` replaces gathering (tests, benchmarks); ``version`` is the code
+    version when the caller already has it (a sweep computes it once for all variants: two git calls).
 
     With ``job`` (preflight given submit's flags) the checks and the smoke judge the effective job,
     and the run is recorded under the spec's own hash with the job's smoke flags in its key.
@@ -178,8 +189,10 @@ def run_preflight(resolved: ResolvedSpec, profile: ClusterProfile, profile_hash:
     declared = resolved
     if job is not None:
         declared, resolved = job.declared, job.resolved
-    version = code_version()
+    version = version or code_version()
     measured = measurements if measurements is not None else gather(resolved, profile, version)
+    # Step times of earlier runs count only when they ran this very code (limits.derive).
+    measured = replace(measured, recorded_runs=[r for r in measured.recorded_runs if r.code_version == version])
     ctx = PreflightContext(resolved, profile, measured)
     early = {spec.NAME: _safe(spec, ctx), introspection.NAME: introspect(ctx, version)}
     smoke_result: SmokeMeasurement | None = None

@@ -26,9 +26,13 @@ def check(ctx: PreflightContext) -> CheckResult:
                            {"need_bytes": 0, "capacity_bytes": capacity})
     # What a worker hands the rank is the sliced sample, whatever mmap did to the read.
     sample = sample_io(spec.data, mmap=True)
-    ranks, workers, prefetch, batch = res.ranks_per_node, loader.num_workers, loader.effective_prefetch, loader.batch_size
+    # Workers carry distinct samples only; repeats are made on the rank's device (cache.registry.repeat_samples).
+    ranks, workers, prefetch, batch = (res.ranks_per_node, loader.num_workers, loader.effective_prefetch,
+                                       loader.samples_per_batch)
     need = ranks * workers * prefetch * batch * sample.bytes
-    arithmetic = (f"{ranks} ranks × {workers} workers × {prefetch} prefetch × batch {batch} × {sample.bytes:,} B/sample "
+    batch_text = (f"batch {batch}" if loader.repeats == 1
+                  else f"(batch {loader.batch_size} ÷ repeats {loader.repeats} = {batch} samples)")
+    arithmetic = (f"{ranks} ranks × {workers} workers × {prefetch} prefetch × {batch_text} × {sample.bytes:,} B/sample "
                   f"= {need:,} B ({format_bytes(need)}) vs {format_bytes(capacity)} {source}")
     numbers = {"need_bytes": need, "capacity_bytes": capacity, "sample_bytes": sample.bytes, "ranks_per_node": ranks,
                "num_workers": workers, "prefetch": prefetch, "batch_size": batch}

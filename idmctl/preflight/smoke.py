@@ -85,7 +85,7 @@ def run_smoke(resolved: ResolvedSpec, timeout_s: float = DEFAULT_TIMEOUT_S) -> S
         ok=True, losses=losses, device=str(report.get("device", "cpu")), batch_size=int(report.get("batch_size", 2)),
         dataset_s=report.get("dataset_s"), sample_s=report.get("sample_s"), model_s=report.get("model_s"),
         step_s=report.get("step_s"), peak_mem_bytes=report.get("peak_mem_bytes"), params=report.get("params"),
-        wall_s=wall,
+        wall_s=wall, checkpoint_s=report.get("checkpoint_s"), checkpoint_bytes=report.get("checkpoint_bytes"),
     )
 
 
@@ -98,6 +98,8 @@ def _timings(smoke: SmokeMeasurement) -> str:
         parts.append(f"{fmt_seconds(smoke.step_s)}/step")
     if smoke.peak_mem_bytes is not None:
         parts.append(f"peak {format_bytes(smoke.peak_mem_bytes)}")
+    if smoke.checkpoint_s is not None and smoke.checkpoint_bytes:
+        parts.append(f"checkpoint {format_bytes(smoke.checkpoint_bytes)} in {fmt_seconds(smoke.checkpoint_s)}")
     if smoke.params is not None:
         parts.append(f"{smoke.params / 1e6:.1f}M params" if smoke.params >= 1e6 else f"{smoke.params:,} params")
     return ", ".join(parts)

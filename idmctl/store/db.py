@@ -6,6 +6,7 @@ one cheap query and runs ``alembic upgrade head`` only when it differs, so comma
 
 from __future__ import annotations
 
+import fcntl
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -14,8 +15,11 @@ from pathlib import Path
 
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
+from sqlalchemy.exc import DatabaseError as SQLAlchemyDatabaseError
 from sqlmodel import Session, create_engine
 
+from ground.contract import ENV_HOME
+from ground.errors import UserError
 from ground.paths import db_path
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
@@ -32,16 +36,57 @@ def _set_pragmas(dbapi_connection: sqlite3.Connection, _record: object) -> None:
 
 
 def _stored_revision(path: Path) -> str | None:
+    """The Alembic revision the store is at; None for a new (or empty) file. A file that is not a
+    SQLite database at all, or a damaged one, is a UserError naming it rather than a traceback."""
     if not path.exists():
         return None
-    connection = sqlite3.connect(path, timeout=BUSY_TIMEOUT_MS / 1000)
+    if not path.is_file():
+        raise UserError("the store is not a file", file=str(path),
+                        hint=f"move it aside; idmctl creates a new store there, or set {ENV_HOME}")
     try:
+        connection = sqlite3.connect(path, timeout=BUSY_TIMEOUT_MS / 1000)
+    except sqlite3.Error as exc:
+        raise _unusable(path, exc) from exc
+    try:
+        tables = {row[0] for row in connection.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        if "alembic_version" not in tables:
+            return None
         row = connection.execute("SELECT version_num FROM alembic_version").fetchone()
-    except sqlite3.OperationalError:
-        return None
+    except sqlite3.Error as exc:  # "file is not a database", "database disk image is malformed"
+        raise _unusable(path, exc) from exc
     finally:
         connection.close()
     return row[0] if row else None
+
+
+def _unusable(path: Path, exc: BaseException) -> UserError:
+    if "unable to open" in str(exc) and not _writable(path.parent):
+        # SQLite in WAL mode creates -wal/-shm files beside the store even to read it.
+        return UserError(f"cannot open the store: {path.parent} is read-only", file=str(path),
+                         hint=f"make {ENV_HOME} a writable directory on local disk")
+    return UserError(f"the store is unreadable: {exc}", file=str(path),
+                     hint="restore it from a backup, or move it aside to start an empty store")
+
+
+def _writable(directory: Path) -> bool:
+    """Whether a file can be created there (os.access says yes to root even on a read-only mount)."""
+    import tempfile
+
+    try:
+        with tempfile.TemporaryFile(dir=directory):
+            return True
+    except OSError:
+        return False
+
+
+def known_revisions() -> set[str]:
+    """Revisions this idmctl ships (``revision = "0001"`` in each migration file)."""
+    found = set()
+    for path in (MIGRATIONS_DIR / "versions").glob("*.py"):
+        for line in path.read_text().splitlines():
+            if line.startswith("revision"):
+                found.add(line.split("=", 1)[1].split("#")[0].strip().strip("\"'"))
+    return found
 
 
 def upgrade(url: str) -> None:
@@ -54,13 +99,40 @@ def upgrade(url: str) -> None:
     command.upgrade(config, "head")
 
 
+@contextmanager
+def _init_lock(db_file: Path) -> Iterator[None]:
+    """Serialise creating and migrating the store across processes: eight `idmctl jobs` on a new
+    IDMCTL_HOME once crashed 31 of 80 times with "table chain already exists" (issue 20). The first
+    process migrates; the others wait here, then find the store at head."""
+    try:
+        db_file.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(db_file.with_name(f".{db_file.name}.init.lock"), "a")
+    except OSError as exc:
+        raise UserError(f"cannot use {db_file.parent} for the store: {exc.strerror}", file=ENV_HOME,
+                        hint="point IDMCTL_HOME at a writable directory on local disk") from exc
+    with handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 @lru_cache(maxsize=8)
 def _engine_for(path: str) -> Engine:
     url = f"sqlite:///{path}"
     db_file = Path(path)
-    db_file.parent.mkdir(parents=True, exist_ok=True)
-    if _stored_revision(db_file) != HEAD_REVISION:
-        upgrade(url)
+    if _stored_revision(db_file) != HEAD_REVISION:  # cheap check without the lock: the usual case
+        with _init_lock(db_file):
+            stored = _stored_revision(db_file)
+            if stored is not None and stored not in known_revisions():
+                raise UserError(f"the store is at schema {stored}, newer than this idmctl knows (head {HEAD_REVISION})",
+                                file=str(db_file), hint="upgrade idmctl; the newer version wrote this store")
+            if stored != HEAD_REVISION:
+                try:
+                    upgrade(url)
+                except (SQLAlchemyDatabaseError, sqlite3.Error) as exc:
+                    raise _unusable(db_file, exc) from exc
     engine = create_engine(url, connect_args={"timeout": BUSY_TIMEOUT_MS / 1000})
     event.listen(engine, "connect", _set_pragmas)
     return engine
@@ -78,6 +150,14 @@ def session(path: Path | None = None) -> Iterator[Session]:
         try:
             yield db
             db.commit()
+        except SQLAlchemyDatabaseError as exc:
+            db.rollback()
+            text = str(exc.orig) if exc.orig is not None else str(exc)
+            if "malformed" in text or "not a database" in text or "readonly" in text:
+                # Damage found past the header, or a store on a read-only disk: one line, not a traceback.
+                raise UserError(f"the store cannot be used: {text}", file=str(path or db_path()),
+                                hint="restore it from a backup or move it aside; keep IDMCTL_HOME writable") from exc
+            raise
         except BaseException:
             db.rollback()
             raise

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from trainers.sim.env import CAMERA, env_kwargs, fast_render, make_env, settle_controllers
+from trainers.sim.env import CAMERA, Camera, env_kwargs, make_env, settle_controllers
 
 SUPPORTED_ENVS = ("Lift",)
 HOVER_M = 0.08
@@ -90,40 +90,25 @@ class LiftPolicy:
         return np.concatenate([delta, np.zeros(3), [gripper]])
 
 
-NOISE_GRADIENT = 40.0
-"""Mean |horizontal pixel difference| above which a frame is noise, not a scene (scenes here: 3-8)."""
-
-
-def checked_frame(env: Any, frame: np.ndarray) -> np.ndarray:
-    """The frame, rendered once more if it came back as noise (seen once from EGL on a loaded host)."""
-    if np.abs(np.diff(frame.astype(np.int16), axis=1)).mean() <= NOISE_GRADIENT:
-        return frame
-    height, width = frame.shape[:2]
-    again = np.array(env.sim.render(camera_name=CAMERA, width=width, height=height))
-    if np.abs(np.diff(again.astype(np.int16), axis=1)).mean() > NOISE_GRADIENT:
-        raise RuntimeError(f"the {CAMERA} camera renders noise twice in a row: check MUJOCO_GL=egl and Mesa")
-    return again
-
-
-def _record_one(env: Any, name: str, horizon: int, image_key: str) -> RecordedDemo:
+def _record_one(env: Any, name: str, horizon: int, camera_size: int, image_key: str) -> RecordedDemo:
     started = time.perf_counter()
     env.reset()
-    fast_render(env)
     settle_controllers(env)
     obs = env._get_observations(force_update=True)
     table_z = float(obs["cube_pos"][2])
     policy = LiftPolicy()
-    keys = (*OBS_KEYS, image_key)
     model_file = env.sim.model.get_xml()
-    actions, states, observations = [], [], {key: [] for key in keys}
-    for _ in range(horizon):
-        states.append(np.array(env.sim.get_state().flatten()))
-        for key in keys:
-            observations[key].append(np.array(obs[key]))
-        observations[image_key][-1] = checked_frame(env, observations[image_key][-1])
-        action = policy.act(obs)
-        actions.append(action)
-        obs, _, _, _ = env.step(action)
+    actions, states, observations = [], [], {key: [] for key in (*OBS_KEYS, image_key)}
+    # A hard reset builds a new model: one camera per episode, closed before the next reset.
+    with Camera(env.sim, camera_size) as camera:
+        for _ in range(horizon):
+            states.append(np.array(env.sim.get_state().flatten()))
+            for key in OBS_KEYS:
+                observations[key].append(np.array(obs[key]))
+            observations[image_key].append(camera.frame())
+            action = policy.act(obs)
+            actions.append(action)
+            obs, _, _, _ = env.step(action)
     lifted = float(obs["cube_pos"][2]) > table_z + 0.04
     return RecordedDemo(
         name=name,
@@ -152,18 +137,19 @@ def collect_demos(
     torch.set_num_threads(1)
     if env_name not in SUPPORTED_ENVS:
         raise ValueError(f"env {env_name!r} has no scripted policy (supported: {', '.join(SUPPORTED_ENVS)})")
-    env = make_env(env_name, camera_size=camera_size, seed=seed)
+    env = make_env(env_name, seed=seed)
     image_key = f"{CAMERA}_image"
     demos = []
-    for index in range(n):
-        demo = _record_one(env, f"demo_{index}", horizon, image_key)
-        # robosuite renders with OpenGL's bottom-up rows; flip so frames are upright like robomimic's.
-        demo.obs[image_key] = demo.obs[image_key][:, ::-1].copy()
-        demos.append(demo)
-        if progress is not None:
-            progress(demo, index, n)
-    env_args = {"env_name": env_name, "type": 1, "env_version": _robosuite_version(), "env_kwargs": env_kwargs(env)}
-    env.close()
+    try:
+        for index in range(n):
+            demo = _record_one(env, f"demo_{index}", horizon, camera_size, image_key)
+            demos.append(demo)
+            if progress is not None:
+                progress(demo, index, n)
+        env_args = {"env_name": env_name, "type": 1, "env_version": _robosuite_version(),
+                    "env_kwargs": env_kwargs(env, camera_size)}
+    finally:
+        env.close()
     n_valid = default_valid(n) if valid is None else valid
     names = [d.name for d in demos]
     splits = {"train": names[: n - n_valid], "valid": names[n - n_valid:]}

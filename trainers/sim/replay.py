@@ -39,7 +39,7 @@ class Replayer:
 
     def __init__(self, env_name: str) -> None:
         self.env_name = env_name
-        self.env = make_env(env_name, camera_size=None)
+        self.env = make_env(env_name)
 
     def eef_track(self, model_file: str, initial_state: np.ndarray, actions: np.ndarray) -> np.ndarray:
         """EEF positions (T, 3) before each of the T actions, starting from ``initial_state``."""

@@ -1,0 +1,47 @@
+"""The link ``idmctl ui`` and ``compare`` print: MLflow's runs chart view with the EEF mm charts first.
+
+Writes what the link needs into the MLflow store first (the ``idmctl`` experiment, its experiment
+kind, idmctl's saved view: :mod:`ground.mlflow_view`). Imports mlflow when called.
+"""
+
+from __future__ import annotations
+
+import re
+
+from ground import tracking
+from ground.mlflow_view import ensure_experiment, runs_chart_url
+from ground.paths import mlflow_artifacts_dir, mlflow_tracking_uri
+
+_CHARTED_FIRST = re.compile(r"^(sim_)?eef_mm_\d+ep$")
+
+
+def store_metric_keys(client: object, experiment_id: str) -> list[str]:
+    """EEF metric keys any run of the experiment has logged (the view orders them; MLflow appends the rest)."""
+    keys: set[str] = set()
+    for run in client.search_runs([experiment_id], max_results=5000):  # type: ignore[attr-defined]
+        keys.update(key for key in run.data.metrics if _CHARTED_FIRST.match(key))
+    return sorted(keys)
+
+
+def runs_chart_link(base_url: str, metric_keys: list[str] | None = None) -> str:
+    """Make sure the experiment and its view exist and chart ``metric_keys`` (default: the store's EEF
+    metrics), then return the URL of the runs chart view on ``base_url``."""
+    from mlflow.tracking import MlflowClient
+
+    with tracking.store_init_lock():  # the first connect runs MLflow's schema migrations
+        client = MlflowClient(tracking_uri=mlflow_tracking_uri())
+        client.search_experiments(max_results=1)
+    artifacts = mlflow_artifacts_dir()
+    artifacts.mkdir(parents=True, exist_ok=True)
+    experiment_id = ensure_experiment(client, artifacts.as_uri(), [])
+    keys = store_metric_keys(client, experiment_id) if metric_keys is None else metric_keys
+    ensure_experiment(client, artifacts.as_uri(), keys)
+    return runs_chart_url(base_url, experiment_id)
+
+
+def runs_chart_line(label: str, base_url: str, metric_keys: list[str] | None = None) -> str:
+    """``label: <url>``, or why there is no link (the table above is still right; this is a convenience)."""
+    try:
+        return f"{label}: {runs_chart_link(base_url, metric_keys)}"
+    except Exception as exc:  # a locked or unreadable store must not turn a report into a traceback
+        return f"{label}: not available ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
