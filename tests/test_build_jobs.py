@@ -84,10 +84,13 @@ def test_build_submit_needs_a_passing_build_preflight(cli, idmctl_home: Path) ->
     assert "#SBATCH --ntasks-per-node=1\n#SBATCH --cpus-per-task=2\n" in planned.stdout
     assert "#SBATCH --job-name=gate-build-rgb\n" in planned.stdout
     assert '-m trainers.build_job --run-dir "$RUN_DIR" --mode rgb --processes 1 &' in planned.stdout
-    # The smoke's measurement, re-judged at submit against the effective --time: 1 min is too short
-    # only if the estimate says so; 0:00:01 always is.
-    short = cli("submit", str(spec), "--build", "rgb", "--time", "0:00:01", "--json")
-    assert short.exit_code == 1 and json.loads(short.stdout)["failed"] == ["build_smoke"]
+    # The smoke's measurement, re-judged at submit against the effective --mem: the tiny VAE's process
+    # peaks at hundreds of MB, so 100 MB is refused (oom_host), naming the arithmetic.
+    small = cli("submit", str(spec), "--build", "rgb", "--mem", "100MB", "--json")
+    assert small.exit_code == 1, small.stdout + small.stderr
+    refused = json.loads(small.stdout)
+    assert refused["failed"] == ["build_smoke"]
+    assert "out of memory (oom_host)" in next(c["summary"] for c in refused["checks"] if c["name"] == "build_smoke")
 
 
 @pytest.mark.parametrize(("args", "field"), [
