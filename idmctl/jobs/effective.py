@@ -28,8 +28,9 @@ SPEC_FLAGS: dict[str, str] = {"--qos": "qos", "--time": "time_limit", "--mem": "
 SMOKE_FLAGS = ("--gres", "--entry", "--build")
 """Flags that change what the smoke measured, so a preflight with the same flags must have passed:
 ``--gres`` changes the device and the world size (grad accumulation, DDP), ``--entry`` the code that
-runs, ``--build`` makes it a cache build (the build preflight's 1-sample encode). The others (--qos, --time, --mem, -c, --exclude, -J, --retries) change only what the static
-checks judge, and those run again on the effective job at every submit."""
+runs, ``--build`` makes it a cache build (the build preflight's 1-file encode). The others (--qos,
+--time, --mem, -c, --exclude, -J, --retries) change only what the static checks judge, and those run
+again on the effective job at every submit."""
 
 
 def _option_value(options: JobOptions, resource_field: str) -> Any:

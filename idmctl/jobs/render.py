@@ -268,9 +268,13 @@ def render_script(resolved: ResolvedSpec, options: JobOptions, ctx: RenderContex
     for key, value in env.items():
         if not re.fullmatch(r"[A-Z_][A-Z0-9_]*", key):
             raise UserError(f"{key!r} is not an environment variable name", field="env")
-    stage = "# stage-in: none (a build job writes the cache)" if options.build else _stage_block(spec.stage.enabled, spec.data.cache_root, spec.stage.dest, spec_file,
-                         routed_blocks=spec.data.selected_blocks if spec.stage.layers == "routed" else None,
-                         suffix=".pt" if spec.data.cache_format == "legacy_pt" else ".safetensors", python=ctx.python)
+    if options.build:
+        stage = "# stage-in: none (a build job writes the cache)"
+    else:
+        stage = _stage_block(spec.stage.enabled, spec.data.cache_root, spec.stage.dest, spec_file,
+                             routed_blocks=spec.data.selected_blocks if spec.stage.layers == "routed" else None,
+                             suffix=".pt" if spec.data.cache_format == "legacy_pt" else ".safetensors",
+                             python=ctx.python)
     q = shlex.quote
     body = [
         "set -uo pipefail",
