@@ -126,14 +126,15 @@ def _encoded(spec: Path) -> dict[str, int]:
     return {mode: plan(resolved, mode).present for mode in ("rgb", "pt")}
 
 
-def _one_round(home: Path, demos: int, steps: int) -> dict[str, float]:
+def _one_round(home: Path, demos: int, steps: int, parallel_first: bool = False) -> dict[str, float]:
     from idmctl.store.db import session
 
     figures: dict[str, float] = {}
     os.environ[ENV_HOME] = str(home)
     with session():  # create and migrate the store before any clock runs
         pass
-    for kind in ("sequential", "parallel"):
+    # Alternating which comes first across rounds keeps a drift in the host's load from favouring one side.
+    for kind in (("parallel", "sequential") if parallel_first else ("sequential", "parallel")):
         spec = _prepare(home, kind, demos, steps)
         figures[f"{kind}_idle_wait_s"] = _idle_nodes()
         started = time.perf_counter()
@@ -161,16 +162,16 @@ def _one_round(home: Path, demos: int, steps: int) -> dict[str, float]:
 
 
 def measure(fast: bool) -> dict[str, Any]:
-    # 300 files per slot: each build ~25-40 s on this host (model load ~7 s), so a job's start-up
+    # 600 files per slot: each build ~20-45 s here (start-up and model load ~7-10 s), so a job's start-up
     # (~1-2 s) is a small share of it; fast mode only checks the machinery.
-    demos, steps, rounds = (1, 5, 1) if fast else (20, 33, 3)
+    demos, steps, rounds = (1, 5, 1) if fast else (40, 33, 4)
     saved = {key: os.environ.get(key) for key in (ENV_HOME, ENV_CLUSTER)}
     results: dict[str, list[float]] = {}
     root = Path(tempfile.mkdtemp(prefix="bench-build-jobs-"))  # not under pytest's tmp: jobs outlive a test
     try:
         os.environ[ENV_CLUSTER] = "local-slurm"
         for index in range(rounds):
-            for name, value in _one_round(root / f"round{index}", demos, steps).items():
+            for name, value in _one_round(root / f"round{index}", demos, steps, parallel_first=index % 2 == 1).items():
                 results.setdefault(name, []).append(value)
     finally:
         for key, value in saved.items():
