@@ -6,6 +6,7 @@ shared machines), so ``BENCHMARKS.md`` states ratios, not just seconds.
 
 from __future__ import annotations
 
+import re
 import statistics
 import subprocess
 import time
@@ -42,13 +43,55 @@ class Figure:
         ref = self.reference_median
         return self.median / ref if ref else None
 
+    @property
+    def verdict(self) -> str:
+        """``met`` or ``MISSED`` when every clause of the target is a comparison this can read (see
+        :func:`judge`), else ``""`` (a target in words, judged by the reader)."""
+        return judge(self)
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "name": self.name, "unit": self.unit, "median": self.median, "min": min(self.samples),
             "max": max(self.samples), "n": len(self.samples), "reference": self.reference_name,
             "reference_median": self.reference_median, "ratio": self.ratio, "target": self.target,
-            "note": self.note,
+            "verdict": self.verdict, "note": self.note,
         }
+
+
+_COMPARE = {"<": lambda a, b: a < b, "≤": lambda a, b: a <= b, ">": lambda a, b: a > b, "≥": lambda a, b: a >= b}
+_SECONDS = {"s": 1.0, "ms": 1e-3}
+_ABSOLUTE = re.compile(r"^([<≤>≥])\s*([\d.]+)\s*(ms|s)\b")
+_SPEEDUP = re.compile(r"^([<≤>≥])\s*([\d.]+)×\s+faster\b")
+_TIMES = re.compile(r"^([<≤>≥])\s*([\d.]+)×")
+_PLUS = re.compile(r"^\S+\s*≤\s*\S+\s*\+\s*([\d.]+)\s*s\b")
+
+
+def _clause(figure: Figure, clause: str) -> bool | None:
+    """One comparison of a target: absolute seconds against the median; ``N× faster`` against
+    reference ÷ median; ``N×`` against the ratio (or the median itself for a figure measured in ×);
+    ``A ≤ B + N s`` against reference + N. None: not a comparison this reads."""
+    median, ratio, reference = figure.median, figure.ratio, figure.reference_median
+    if (match := _ABSOLUTE.match(clause)) and figure.unit in _SECONDS:
+        op, value, unit = match.groups()
+        return _COMPARE[op](median * _SECONDS[figure.unit], float(value) * _SECONDS[unit])
+    if (match := _SPEEDUP.match(clause)) and ratio:
+        return _COMPARE[match.group(1)](1 / ratio, float(match.group(2)))
+    if match := _TIMES.match(clause):
+        measured = median if figure.unit == "×" else ratio
+        return None if measured is None else _COMPARE[match.group(1)](measured, float(match.group(2)))
+    if (match := _PLUS.match(clause)) and reference is not None and figure.unit in _SECONDS:
+        return median <= reference + float(match.group(1)) / _SECONDS[figure.unit]
+    return None
+
+
+def judge(figure: Figure) -> str:
+    """``met`` / ``MISSED`` for a target made of comparisons joined by "and"; ``""`` otherwise."""
+    if not figure.target.strip():
+        return ""
+    results = [_clause(figure, clause.strip()) for clause in figure.target.split(" and ")]
+    if any(result is None for result in results):
+        return ""
+    return "met" if all(results) else "MISSED"
 
 
 def time_call(fn: Callable[[], Any], repeats: int) -> list[float]:

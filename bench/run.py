@@ -62,15 +62,15 @@ def _section(title: str, items: list[Figure | str]) -> list[str]:
     """A table of the figures; a string among them is a part that could not be measured, said below it."""
     figures = [item for item in items if isinstance(item, Figure)]
     unmeasured = [item.removeprefix("not measured:").strip() for item in items if isinstance(item, str)]
-    lines = [f"## {title}", "", "| figure | median | min | max | n | reference (median) | ratio | target | note |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [f"## {title}", "", "| figure | median | min | max | n | reference (median) | ratio | target | verdict | note |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     if not figures:
         lines = [f"## {title}", ""]
     for f in figures:
         ratio = f"{f.ratio:.2f}×" if f.ratio is not None else "—"
         ref = f"{f.reference_name}: {_fmt(f.reference_median, f.unit)}" if f.reference_name else "—"
         lines.append(f"| {f.name} | {_fmt(f.median, f.unit)} | {_fmt(min(f.samples), f.unit)} | "
-                     f"{_fmt(max(f.samples), f.unit)} | {len(f.samples)} | {ref} | {ratio} | {f.target} | {f.note} |")
+                     f"{_fmt(max(f.samples), f.unit)} | {len(f.samples)} | {ref} | {ratio} | {f.target} | {f.verdict or '—'} | {f.note} |")
     return lines + [""] + [f"not measured: {why}" for why in unmeasured] + ([""] if unmeasured else [])
 
 

@@ -16,6 +16,10 @@ EXIT_NAN = 3
 """The loss went non-finite: the trainer wrote ``failure.json`` and kept no checkpoint of the bad step."""
 EXIT_REQUEUE = 75
 """EX_TEMPFAIL: interrupted by SIGUSR1/SIGTERM after checkpointing; the job script requeues itself."""
+EXIT_NODE_UNFIT = 78
+"""EX_CONFIG: the node guard (``trainers.node_guard``) found the node unfit before stage-in or training."""
+EXIT_HANG = 79
+"""The job script's watchdog killed a trainer whose heartbeat stopped (stacks dumped first)."""
 
 # Environment variables. Set by the job script (rendered by idmctl/jobs/render.py):
 ENV_HOME = "IDMCTL_HOME"
@@ -34,9 +38,14 @@ ENV_CHECKPOINT_EVERY = "IDMCTL_CHECKPOINT_EVERY"
 ``train.checkpoint_every`` unset; a value in the spec wins."""
 ENV_LOCAL_JOB_ID = "IDMCTL_LOCAL_JOB_ID"
 """The local executor's job id (what ``SLURM_JOB_ID`` is under Slurm)."""
+ENV_SHM_DIR = "IDMCTL_SHM_DIR"
+"""Where the node guard looks for shared-memory segments (default ``/dev/shm``); tests point it at a small
+tmpfs, ``{node}`` standing for the node's name (the test cluster's nodes share one host)."""
 # Read by the control plane from the user's shell:
 ENV_CLUSTER = "IDMCTL_CLUSTER"
 ENV_EXPERIMENTS = "IDMCTL_EXPERIMENTS"
+ENV_DB_URL = "IDMCTL_DB_URL"
+"""``postgresql://user:password@host:port/db``: a store shared by the team instead of SQLite in ``$IDMCTL_HOME``."""
 # Test hooks, read by the trainer only when set:
 ENV_INJECT_NAN_AT_STEP = "IDMCTL_INJECT_NAN_AT_STEP"
 ENV_RANK_DIGESTS = "IDMCTL_TEST_RANK_DIGESTS"
@@ -49,14 +58,28 @@ MLFLOW_RUN_ID_FILE = "mlflow_run_id"
 PROGRESS_FILE = "progress.json"
 """Rank 0's heartbeat: step / total, recent s/step, checkpoint write time (``ground.progress``); read by
 ``idmctl jobs``/``watch`` for the ETA and by preflight for the step times of earlier runs."""
+STACKS_SIGNAL = "USR2"
+"""The signal on which every rank dumps its Python stacks (``faulthandler.register``) into the job log: the
+watchdog sends it before it kills a hung job."""
+TRAINER_STATS_FILE = "trainer_stats.json"
+"""Rank 0's totals per run of each attempt (steps, step and data-wait seconds, peak memory, GPU utilisation;
+``ground.trainer_stats``): the trainer's half of the efficiency report sync writes when a job ends."""
 EVENTS_FILE = "events.jsonl"
 """Every attempt's start and checkpoint times, appended (``ground.run_events``); read by ``idmctl ledger``."""
 STAGE_MARKER = ".idmctl_staged"
 """Written into the staged cache copy on node-local disk once stage-in finished."""
 
+REQUEUE_REFUSED = "idmctl: requeue refused by the cluster"
+"""The job script's line when the trainer checkpointed on the preemption notice but ``scontrol
+requeue`` was refused (a cluster whose preemption cancels): the taxonomy's ``preempted`` matches it."""
+
 # The line a job script or trainer prints before failing on purpose, read by the classifier:
 # ``IDMCTL_FAILURE cause=<cause> key=value ...``.
 FAILURE_MARKER = "IDMCTL_FAILURE"
+CAUSE_NODE_UNFIT = "node_unfit"
+"""The node guard's cause: the node cannot run this job (stale /dev/shm, full scratch, missing GPUs or cache)."""
+CAUSE_HANG = "hang"
+"""The watchdog's cause: the trainer's heartbeat stopped for longer than the cluster's hang threshold."""
 CAUSE_NAN_LOSS = "nan_loss"
 CAUSE_DISK_FULL = "disk_full"
 """A job's own output (cache files, checkpoints) hit ENOSPC: the builders print it with the path."""

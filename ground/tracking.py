@@ -26,6 +26,8 @@ TAG_ATTEMPT = "idmctl.attempt"
 TAG_QOS = "idmctl.qos"
 TAG_ROUTING_N = "idmctl.routing_n"
 TAG_SLURM_RESTARTS = "idmctl.slurm_restart_count"
+TAG_ATTEMPT_START_STEP = "idmctl.attempt_start_step"
+"""The step the current attempt resumed from (0: a fresh start); the full record is :data:`M_ATTEMPT_START`."""
 TAG_FAILURE_CAUSE = "failure_cause"
 TAG_SLURM_STATE = "slurm_state"
 TAG_BUILD = "idmctl.build"
@@ -48,6 +50,41 @@ M_STEP_TIME = "step_time_s"
 M_SAMPLES_PER_S = "samples_per_s"
 M_DATA_WAIT = "data_wait_frac"
 M_PEAK_MEM = "peak_mem_bytes"
+# Per job (step = the attempt), logged by sync from sacct when the job ends (idmctl/jobs/efficiency.py)
+M_JOB_CPU_EFF = "job_cpu_efficiency"
+M_JOB_MEM_EFF = "job_mem_efficiency"
+M_JOB_TIME_FRAC = "job_time_used_frac"
+M_JOB_PEAK_RSS = "job_peak_rss_bytes"
+TAG_EFFICIENCY = "idmctl.efficiency"
+"""Prefix of a per-attempt tag holding the report's lines: ``idmctl.efficiency.attempt-2``."""
+M_ATTEMPT_START = "attempt_start_step"
+"""One point per start of the trainer in a run: step = the checkpoint step it resumed from (0: fresh),
+value = the attempt's ordinal in the run, timestamp = when it started. A resume from a checkpoint older
+than the last logged step supersedes the earlier attempts' points past that step: :func:`surviving`."""
+
+
+def surviving(points: list[tuple[int, int, float]], starts: list[tuple[int, int]]) -> list[tuple[int, float]]:
+    """The curve a run really trained along: ``points`` are a metric's (timestamp ms, step, value) as
+    MLflow keeps them, every attempt's included (MLflow's issue #4248: resumed curves overlap);
+    ``starts`` are the (timestamp ms, start step) of :data:`M_ATTEMPT_START`. A point belongs to the
+    latest attempt started at or before it and survives unless a later attempt resumed from a step
+    before it. Returns (step, value), each step once, in step order."""
+    import bisect
+
+    starts = sorted(starts)
+    stamps = [stamp for stamp, _ in starts]
+    # floor[k]: the lowest start step of attempts k.. (later attempts overwrite everything past it).
+    floor = [float("inf")] * (len(starts) + 1)
+    for k in range(len(starts) - 1, -1, -1):
+        floor[k] = min(floor[k + 1], starts[k][1])
+    kept: dict[int, tuple[int, float]] = {}
+    for stamp, step, value in points:
+        later = bisect.bisect_right(stamps, stamp)  # attempts started after this point was logged
+        if step > floor[later]:
+            continue
+        if step not in kept or stamp >= kept[step][0]:
+            kept[step] = (stamp, value)
+    return [(step, kept[step][1]) for step in sorted(kept)]
 
 
 def eef_metric(episodes: int, simulator: bool = False) -> str:

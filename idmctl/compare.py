@@ -170,13 +170,20 @@ def load_runs(tracking_uri: str | None = None) -> list[CompareRow]:
     return [_run_row(client, run) for run in runs if tracking.TAG_BUILD not in run.data.tags]
 
 
+def surviving_history(client: Any, run_id: str, key: str) -> list[tuple[int, float]]:
+    """A metric's (step, value) curve without the points a resume from an older checkpoint superseded."""
+    points = [(int(m.timestamp), int(m.step), float(m.value)) for m in client.get_metric_history(run_id, key)]
+    starts = [(int(m.timestamp), int(m.step)) for m in client.get_metric_history(run_id, tracking.M_ATTEMPT_START)]
+    return tracking.surviving(points, starts)
+
+
 def _run_row(client: Any, run: Any) -> CompareRow:
     tags: dict[str, str] = dict(run.data.tags)
     params: dict[str, str] = dict(run.data.params)
     wanted = [key for key in run.data.metrics if key == tracking.M_LOSS or tracking.EEF_METRIC.fullmatch(key)]
     metrics: dict[str, MetricSummary] = {}
     for key in wanted:
-        history = [(int(m.step), float(m.value)) for m in client.get_metric_history(run.info.run_id, key)]
+        history = surviving_history(client, run.info.run_id, key)
         summary = summarize(history, key)
         if summary is not None:
             metrics[key] = summary

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 from ground import tracking
-from idmctl.compare import CompareReport
+from idmctl.compare import CompareReport, surviving_history
 from ground.errors import UserError
 from ground.paths import mlflow_tracking_uri
 from ground.spec.schema import Goal
@@ -23,7 +23,7 @@ def _histories(run_id: str, keys: list[str], tracking_uri: str) -> dict[str, lis
     client = MlflowClient(tracking_uri=tracking_uri)
     curves = {}
     for key in keys:
-        points = sorted((int(m.step), float(m.value)) for m in client.get_metric_history(run_id, key))
+        points = surviving_history(client, run_id, key)
         if points:
             curves[key] = points
     return curves

@@ -106,9 +106,10 @@ def _seconds(started: str | None, ended: str | None) -> float | None:
     return None if start is None or end is None else max(0.0, (end - start).total_seconds())
 
 
-def run_costs(db: Path) -> list[RunCost] | None:
-    """Every ended run's cost; None when the store is missing, of another revision, or has failed runs
-    that still need classifying (the caller classifies them first)."""
+def run_costs(db: Path, user: str | None = None) -> list[RunCost] | None:
+    """Every ended run's cost (of ``user``'s jobs only, when given); None when the store is missing, of
+    another revision, the team's PostgreSQL store, or has failed runs that still need classifying (the
+    caller classifies them first and reads with :func:`run_costs_orm`)."""
     connection = open_classified(db)
     if connection is None:
         return None
@@ -119,7 +120,8 @@ def run_costs(db: Path) -> list[RunCost] | None:
             "SELECT id, chain_id, attempt, experiment, qos, gpus, state, exit_code, ended_at, script_path, "
             "round((julianday(ended_at) - julianday(started_at)) * 86400.0, 3) AS seconds, "
             "CASE WHEN instr(options_json, '\"runs\"') THEN options_json END AS options "
-            "FROM job WHERE started_at IS NOT NULL").fetchall()
+            "FROM job WHERE started_at IS NOT NULL" + (' AND "user" = ?' if user else ""),
+            (user,) if user else ()).fetchall()
         causes: dict[tuple[int, int], str] = {}
         for job_id, cause, detail in connection.execute("SELECT job_id, cause, detail_json FROM failure"):
             causes[(job_id, json.loads(detail).get("run", 1) if detail else 1)] = cause
@@ -127,10 +129,35 @@ def run_costs(db: Path) -> list[RunCost] | None:
         return None
     finally:
         connection.close()
+    return _costs([tuple(job) for job in jobs], causes)
+
+
+def run_costs_orm(db: Any, user: str | None = None) -> list[RunCost]:
+    """:func:`run_costs` through the ORM session ``db``: any backend (the PostgreSQL store's only path)."""
+    from sqlmodel import select
+
+    from idmctl.store.models import Failure, Job
+
+    query = select(Job.id, Job.chain_id, Job.attempt, Job.experiment, Job.qos, Job.gpus, Job.state, Job.exit_code,
+                   Job.ended_at, Job.script_path, Job.started_at, Job.options_json).where(Job.started_at.is_not(None))  # type: ignore[union-attr]
+    if user:
+        query = query.where(Job.user == user)
+    jobs = []
+    for *head, ended_at, script, started_at, options in db.exec(query).all():
+        seconds = None if ended_at is None else round(max(0.0, (ended_at - started_at).total_seconds()), 3)
+        jobs.append((*head, None if ended_at is None else str(ended_at), script, seconds,
+                     options if '"runs"' in (options or "") else None))
+    causes: dict[tuple[int, int], str] = {}
+    for job_id, cause, detail in db.exec(select(Failure.job_id, Failure.cause, Failure.detail_json)).all():
+        causes[(job_id, json.loads(detail).get("run", 1) if detail else 1)] = cause
+    return _costs(jobs, causes)
+
+
+def _costs(jobs: list[tuple[Any, ...]], causes: dict[tuple[int, int], str]) -> list[RunCost]:
     last_attempt: dict[int, int] = {}
     for job in jobs:
-        if job["chain_id"] is not None:
-            last_attempt[job["chain_id"]] = max(last_attempt.get(job["chain_id"], 0), job["attempt"])
+        if job[1] is not None:
+            last_attempt[job[1]] = max(last_attempt.get(job[1], 0), job[2])
     costs: list[RunCost] = []
     for (job_pk, chain, attempt, experiment, qos, gpus, state, exit_code, ended_at, script, seconds,
          options) in jobs:

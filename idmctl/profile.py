@@ -109,6 +109,30 @@ class StorageFacts(_Strict):
         return parse_bandwidth(self.nvme_read)
 
 
+class HangWatch(_Strict):
+    """The job script's hang watchdog (trainers/watchdog.py): a job hangs when its heartbeat has not moved
+    for longer than max(k × its measured s/step, floor); the heartbeat is read every ``poll``."""
+
+    k: float = Field(default=10.0, gt=1)
+    floor: str = "0:10:00"
+    """Never sooner: covers a slow first step, an evaluation, a checkpoint write between beats."""
+    poll: str = "30s"
+
+    @field_validator("floor", "poll")
+    @classmethod
+    def _duration(cls, value: str) -> str:
+        parse_duration(value)
+        return value
+
+    @property
+    def floor_seconds(self) -> float:
+        return parse_duration(self.floor)
+
+    @property
+    def poll_seconds(self) -> float:
+        return parse_duration(self.poll)
+
+
 class ClusterProfile(_Strict):
     """A cluster: scheduler kind, QoS tiers, node and storage facts."""
 
@@ -121,6 +145,8 @@ class ClusterProfile(_Strict):
     storage: StorageFacts
     queue_wait_warn: str = "1d"
     """Expected queue waits longer than this WARN in preflight (card job 5961 sat 6 days)."""
+    hang: HangWatch = HangWatch()
+    """When the watchdog calls a silent trainer hung."""
 
     @field_validator("queue_wait_warn")
     @classmethod

@@ -28,17 +28,22 @@ def register_specs(specs: list[ResolvedSpec]) -> set[str]:
 
     ``INSERT OR IGNORE`` rather than look-then-insert: two submits of one spec at the same moment both
     saw it missing and the second died on the primary key (found by the concurrency test, issue 20)."""
-    from sqlalchemy.dialects.sqlite import insert
+    from sqlalchemy.dialects import postgresql, sqlite
 
     from idmctl.store import session
     from idmctl.store.models import SpecVersion
+    from idmctl.store.url import writer
 
+    user, host = writer()  # a Core insert skips the models' default factories
     new: set[str] = set()
     with session() as db:
+        # Both dialects spell it ON CONFLICT DO NOTHING; the team's store is PostgreSQL (IDMCTL_DB_URL).
+        insert = postgresql.insert if db.get_bind().dialect.name == "postgresql" else sqlite.insert
         for resolved in specs:
             statement = insert(SpecVersion).values(
                 hash=resolved.hash, experiment=resolved.name, source_path=str(resolved.path),
-                resolved_json=resolved.canonical_json, registered_at=utcnow()).on_conflict_do_nothing()
+                resolved_json=resolved.canonical_json, registered_at=utcnow(), user=user,
+                host=host).on_conflict_do_nothing()
             if db.exec(statement).rowcount:  # type: ignore[call-overload]
                 new.add(resolved.hash)
     return new

@@ -11,10 +11,11 @@
 #   MuJoCo uses headless), libgl1-mesa-dri (llvmpipe, the CPU rasteriser), libopengl0 (the GL entry points
 #   PyOpenGL and MuJoCo load); plus python3.11-venv when the Python that builds .venv is Debian's and
 #   lacks venv/ensurepip.
-# test: munge, slurmctld, slurmd, slurm-client, slurmdbd, mariadb-server, chromium.
+# test: munge, slurmctld, slurmd, slurm-client, slurmdbd, mariadb-server, chromium, postgresql (the shared
+#   store tests: scripts/postgres/up.sh).
 set -euo pipefail
 QUICKSTART=(libegl1 libegl-mesa0 libgl1-mesa-dri libopengl0)
-TEST=("${QUICKSTART[@]}" munge slurmctld slurmd slurm-client slurmdbd mariadb-server chromium)
+TEST=("${QUICKSTART[@]}" munge slurmctld slurmd slurm-client slurmdbd mariadb-server chromium postgresql)
 
 list=0
 [[ ${1:-} == --list ]] && { list=1; shift; }

@@ -22,6 +22,31 @@ def idmctl_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return home
 
 
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):
+    """Run the test on the embedded SQLite store and on a fresh database of the real PostgreSQL
+    (IDMCTL_DB_URL, as a team sets it): yields the backend's name."""
+    from ground.contract import ENV_DB_URL
+
+    if request.param == "sqlite":
+        monkeypatch.delenv(ENV_DB_URL, raising=False)
+        yield "sqlite"
+        return
+    from pg_support import fresh_database
+
+    with fresh_database() as url:
+        monkeypatch.setenv(ENV_DB_URL, url)
+        yield "postgresql"
+
+
+@pytest.fixture(autouse=True)
+def _no_shared_store(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A developer's own IDMCTL_DB_URL must never receive test rows.
+    from ground.contract import ENV_DB_URL
+
+    monkeypatch.delenv(ENV_DB_URL, raising=False)
+
+
 @pytest.fixture
 def cli():
     """Invoke the real CLI in-process: ``cli("exp", "list")`` → click Result."""

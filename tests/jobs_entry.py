@@ -7,6 +7,9 @@ on SIGUSR1/SIGTERM and exit 75, resume from the checkpoint. ``IDMCTL_TEST_BEHAVI
 - ``oom``: allocate memory until the cgroup kills it
 - ``ranks``: every rank writes ``rank-<SLURM_PROCID>.txt`` and exits 0
 - ``emit:FILE``: print FILE's ``log`` text and exit with its ``exit`` status (a failure sample, JSON)
+- ``hang:N:TOTAL[:SECONDS]``: like ``steps:TOTAL:SECONDS`` with the trainer's heartbeat (progress.json),
+  but the chain's first attempt deadlocks after step N (a lock taken twice in the main thread, while a
+  second thread waits on it: two stacks for the watchdog's dump); later attempts resume and finish
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from ground.contract import EXIT_REQUEUE, SPEC_FILE
+from ground.contract import ENV_ATTEMPT, EXIT_REQUEUE, SPEC_FILE, STACKS_SIGNAL
 
 
 def main() -> int:
@@ -28,6 +31,9 @@ def main() -> int:
     run_dir = parser.parse_args().run_dir
     spec = json.loads((run_dir / SPEC_FILE).read_text())
     behavior = os.environ.get("IDMCTL_TEST_BEHAVIOR", "steps:3")
+    import faulthandler
+
+    faulthandler.register(getattr(signal, f"SIG{STACKS_SIGNAL}"), all_threads=True)  # as trainers.train does
     rank = int(os.environ.get("SLURM_PROCID", "0"))
     print(f"entry: {spec['name']} {spec['hash'][:12]} rank {rank} behavior {behavior}", flush=True)
     if behavior == "typeerror":
@@ -44,15 +50,41 @@ def main() -> int:
     if behavior == "ranks":
         (run_dir / f"rank-{rank}.txt").write_text(os.environ.get("SLURM_NODEID", "?"))
         return 0
+    if behavior.startswith("hang:"):
+        _, hang_at, total, *rest = behavior.split(":")
+        first = os.environ.get(ENV_ATTEMPT, "1") == "1"
+        return _steps(run_dir, int(total), float(rest[0]) if rest else 0.2, hang_at=int(hang_at) if first else None)
     _, total, *rest = behavior.split(":")
     return _steps(run_dir, int(total), float(rest[0]) if rest else 0.2)
 
 
-def _steps(run_dir: Path, total: int, seconds: float) -> int:
+def _heartbeat(run_dir: Path, step: int, total: int, seconds: float, started: float) -> None:
+    """The trainer's progress.json (ground.progress), rewritten every step as the heartbeat."""
+    from ground.progress import Progress, write_progress
+
+    spec = json.loads((run_dir / SPEC_FILE).read_text())
+    write_progress(run_dir, Progress(step=step, total=total, window_s_per_step=seconds, window_steps=step,
+                                     attempt_start_step=0, attempt_started_at=started, updated_at=time.time(),
+                                     spec_hash=spec["hash"], code_version="test", timing_key="test"))
+
+
+def _deadlock(step: int) -> None:
+    import threading
+
+    lock = threading.Lock()
+    lock.acquire()
+    waiter = threading.Thread(target=lock.acquire, name="loader-waiter", daemon=True)
+    waiter.start()
+    print(f"entry: deadlocking after step {step}", flush=True)
+    lock.acquire()  # never returns: the main thread waits on a lock it holds
+
+
+def _steps(run_dir: Path, total: int, seconds: float, hang_at: int | None = None) -> int:
     ckpt = run_dir / "ckpt.json"
     step = json.loads(ckpt.read_text())["step"] if ckpt.exists() else 0
     print(f"entry: resumed from step {step}" if step else "entry: starting at step 0", flush=True)
     notice = {"got": False}
+    started = time.time()
     signal.signal(signal.SIGUSR1, lambda *_: notice.update(got=True))
     signal.signal(signal.SIGTERM, lambda *_: notice.update(got=True))
     while step < total:
@@ -65,6 +97,10 @@ def _steps(run_dir: Path, total: int, seconds: float) -> int:
         tmp.write_text(json.dumps({"step": step}))
         os.replace(tmp, ckpt)
         print(f"entry: step {step}", flush=True)
+        if hang_at is not None:
+            _heartbeat(run_dir, step, total, seconds, started)
+            if step == hang_at:
+                _deadlock(step)
     (run_dir / "steps_done.txt").write_text(str(step))
     print(f"entry: done {step} steps", flush=True)
     return 0

@@ -21,10 +21,26 @@ def test_section_states_medians_ratio_and_what_was_not_measured():
     figure = Figure("idmctl failures", "s", [0.3, 0.1, 0.2], "mlflow runs list", [0.9, 0.6, 0.3], target="< 0.5 s")
     lines = _section("CLI latency", [figure, "not measured: submitit is not installed"])
     assert lines[:4] == ["## CLI latency", "",
-                         "| figure | median | min | max | n | reference (median) | ratio | target | note |",
-                         "|---|---|---|---|---|---|---|---|---|"]
-    assert lines[4] == "| idmctl failures | 200.0 ms | 100.0 ms | 300.0 ms | 3 | mlflow runs list: 600.0 ms | 0.33× | < 0.5 s |  |"
+                         "| figure | median | min | max | n | reference (median) | ratio | target | verdict | note |",
+                         "|---|---|---|---|---|---|---|---|---|---|"]
+    assert lines[4] == ("| idmctl failures | 200.0 ms | 100.0 ms | 300.0 ms | 3 | mlflow runs list: 600.0 ms | 0.33× | "
+                        "< 0.5 s | met |  |")
     assert lines[-2:] == ["not measured: submitit is not installed", ""]
+
+
+@pytest.mark.parametrize(("figure", "verdict"), [
+    (Figure("f", "s", [0.4], target="< 0.5 s"), "met"),
+    (Figure("f", "s", [0.6], target="< 500 ms"), "MISSED"),
+    (Figure("f", "s", [0.4], "mlflow", [1.0], target="< 0.5 s and ≥ 3× faster than the mlflow listing"), "MISSED"),
+    (Figure("f", "s", [0.3], "mlflow", [1.0], target="< 0.5 s and ≥ 3× faster than the mlflow listing"), "met"),
+    (Figure("f", "MB/s", [70.0], "sequential", [100.0], higher_is_better=True, target="≥ 0.8× sequential"), "MISSED"),
+    (Figure("f", "×", [1.9, 1.95], target="≥ 1.8× on two cores"), "met"),
+    (Figure("f", "s", [0.27], "submitit", [0.13], target="idmctl ≤ submitit + 0.15 s, all checks included"), "met"),
+    (Figure("f", "s", [0.30], "submitit", [0.13], target="idmctl ≤ submitit + 0.15 s, all checks included"), "MISSED"),
+    (Figure("f", "s", [0.3], target="interactive (a few × interpreter start)"), ""),
+])
+def test_targets_that_are_comparisons_get_a_verdict(figure: Figure, verdict: str) -> None:
+    assert figure.verdict == verdict
 
 
 def test_counts_print_as_whole_numbers_with_their_unit():

@@ -56,3 +56,23 @@ def test_preflight_takes_submits_flags_and_keys_the_smoke_flags(cli) -> None:
     assert report["spec_hash"] == load_spec("latent_c_n4").hash  # the spec's own hash keys the gate
     qos = next(c for c in report["checks"] if c["name"] == "qos")
     assert qos["numbers"]["gpus"] == 4 and qos["numbers"]["qos"] == "sub"
+    # preflight names the flag behind a FAIL as submit does: the spec alone passes qos on core-own.
+    assert qos["status"] == "FAIL" and qos["summary"].endswith("(from --qos sub)") and qos["numbers"]["from_flags"] == ["--qos"]
+
+
+def test_force_submits_past_a_fail_and_says_so(cli, idmctl_home, monkeypatch) -> None:
+    """--force --reason bypasses the gate and the submit-time checks; the FAILs are printed and recorded."""
+    from sqlmodel import select
+
+    from idmctl.store.db import session
+    from idmctl.store.models import Job
+
+    monkeypatch.setenv("IDMCTL_TEST_BEHAVIOR", "steps:1:0.01")
+    # The quickstart's cache is not built in this home: cache FAILs on the local profile.
+    result = cli("submit", "quickstart", "--entry", "tests.jobs_entry", "--force", "--reason", "probe")
+    assert result.exit_code == 0, result.output
+    assert "FORCED without preflight and past FAILs (cache): " in result.stdout and result.stdout.rstrip().endswith(": probe")
+    with session() as db:
+        (job,) = db.exec(select(Job)).all()
+    admitted = json.loads(job.options_json)["admitted"]
+    assert admitted["admission"]["failed"] == ["cache"] and admitted["admission"]["preflight_id"] is None

@@ -3,7 +3,7 @@ job on the local Slurm cluster."""
 
 from __future__ import annotations
 
-from ground.contract import ENV_CLUSTER, ENV_EXPERIMENTS, ENV_HOME  # noqa: F401
+from ground.contract import ENV_CLUSTER, ENV_EXPERIMENTS, ENV_HOME, PROGRESS_FILE  # noqa: F401
 
 import json
 import time
@@ -39,7 +39,7 @@ def test_eta_past_the_limit_warns_with_attempts_against_the_retry_budget() -> No
 
 def test_progress_file_is_tolerated_before_it_exists_and_round_trips(tmp_path: Path) -> None:
     assert read_progress(tmp_path) is None
-    (tmp_path / "progress.json").write_text('{"step": 3')  # never happens (atomic writes), still not a crash
+    (tmp_path / PROGRESS_FILE).write_text('{"step": 3')  # never happens (atomic writes), still not a crash
     assert read_progress(tmp_path) is None
     write_progress(tmp_path, _progress(5, 10, 0.25))
     assert read_progress(tmp_path) == _progress(5, 10, 0.25)

@@ -11,6 +11,8 @@ entry (tests.jobs_entry), whose job is only to be scheduled, checkpoint and requ
 from __future__ import annotations
 
 import json
+import os
+import pwd
 import subprocess
 import sys
 import time
@@ -251,6 +253,7 @@ def test_jobs_import_pulls_a_job_submitted_without_idmctl(cli, tmp_path: Path) -
         job = db.exec(select(Job).where(Job.scheduler_id == job_id)).one()
         assert (job.imported, job.experiment, job.state, job.qos) == (True, "legacy_latentC", "FAILED", "core-own")
         assert job.log_path == str(tmp_path / f"slurm-{job_id}.out")
+        assert job.user == pwd.getpwuid(os.getuid()).pw_name  # sacct's User: who ran the sbatch
     # (the hour's window also imports every other job on this shared test cluster: pick ours)
     row = next(r for r in json.loads(cli("failures", "legacy_latentC", "--json").output) if r["job"] == job_id)
     assert row["cause"] == "python_exception"

@@ -67,7 +67,7 @@ def add_card_a_jobs() -> None:
                    ended_at=T0 + timedelta(days=9, minutes=1)))
 
 
-def test_failures_classifies_every_failed_job(cli) -> None:
+def test_failures_classifies_every_failed_job(cli, store_backend) -> None:
     add_card_a_jobs()
     result = cli("failures", "--json")
     assert result.exit_code == 0, result.output
@@ -85,7 +85,7 @@ def test_failures_classifies_every_failed_job(cli) -> None:
     assert rows["5961"]["setting"] == "8 GPU core-extra, N=12"
 
 
-def test_one_fix_covers_three_preemptions_and_the_markdown_shows_it(cli) -> None:
+def test_one_fix_covers_three_preemptions_and_the_markdown_shows_it(cli, store_backend) -> None:
     add_card_a_jobs()
     result = cli("failures", "fix", "6054", "6108", "6158", "--note", "own/extra quota (sub does not fit long-stage jobs)",
                  "--commit", "0123456789abcdef")
@@ -109,7 +109,7 @@ def test_one_fix_covers_three_preemptions_and_the_markdown_shows_it(cli) -> None
     assert lines[-1] == "7 failed jobs, 4 with a recorded fix, 3 open."
 
 
-def test_filters(cli) -> None:
+def test_filters(cli, store_backend) -> None:
     add_card_a_jobs()
     only_n4 = json.loads(cli("failures", "latent_c_n4", "--json").output)
     assert [row["job"] for row in only_n4] == ["6321"]
@@ -128,7 +128,7 @@ def test_filters(cli) -> None:
     (("failures", "--cause", "gremlins"), "error: --cause: unknown cause 'gremlins' (one of: queue_cancelled,"),
     (("failures", "--since", "last tuesday"), "error: --since: not a date or a look-back: 'last tuesday'"),
 ])
-def test_bad_input_is_one_line_and_writes_nothing(cli, args, message) -> None:
+def test_bad_input_is_one_line_and_writes_nothing(cli, args, message, store_backend) -> None:
     add_card_a_jobs()
     result = cli(*args)
     assert result.exit_code == 2
@@ -138,7 +138,7 @@ def test_bad_input_is_one_line_and_writes_nothing(cli, args, message) -> None:
         assert db.exec(select(Fix)).all() == []
 
 
-def test_reclassified_job_keeps_its_fix(cli) -> None:
+def test_reclassified_job_keeps_its_fix(cli, store_backend) -> None:
     add_card_a_jobs()
     assert cli("failures", "fix", "6321", "--note", "kwarg on the right class").exit_code == 0
     with session() as db:
@@ -176,7 +176,7 @@ def test_failed_run_is_marked_in_mlflow(cli, idmctl_home) -> None:
     del mlflow
 
 
-def test_a_requeued_job_counts_each_preempted_run(cli) -> None:
+def test_a_requeued_job_counts_each_preempted_run(cli, store_backend) -> None:
     # What sync stores for a job Slurm requeued three times (sacct -D: one line per run).
     runs = [{"state": state, "exit_code": "0:15" if state != "CANCELLED by 0" else "0:0", "reason": None,
              "started_at": (T0 + timedelta(minutes=10 * i)).isoformat(),

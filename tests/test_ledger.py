@@ -25,7 +25,7 @@ def _ledger(cli, *args: str) -> dict:
     return json.loads(result.output)
 
 
-def test_card_a_week_shows_where_the_gpu_hours_went(cli) -> None:
+def test_card_a_week_shows_where_the_gpu_hours_went(cli, store_backend) -> None:
     add_card_a_jobs()
     by_cause = _ledger(cli, "--by", "cause")
     groups = {g["group"]: g for g in by_cause["groups"]}
@@ -61,7 +61,7 @@ def test_since_keeps_the_runs_that_ended_after_it(cli) -> None:
     assert {g["group"]: g["runs"] for g in after["groups"]} == {"latent_c_n12_dense": 1, "latent_c_n4": 2}
 
 
-def test_a_checkpoint_that_was_resumed_makes_its_run_useful(cli) -> None:
+def test_a_checkpoint_that_was_resumed_makes_its_run_useful(cli, store_backend) -> None:
     """Chain: attempt 1 preempted, its trainer checkpointed on the notice (exit 75) → attempt 2 resumed it and
     completed. A second chain's attempt was preempted without a checkpoint → lost, per preemption."""
     start = T0
@@ -109,7 +109,7 @@ def test_the_progress_record_splits_a_preempted_run_into_work_saved_and_lost(cli
     assert (total["preemptions"], total["lost_gpu_h_per_preemption"]) == (1, 4.0)
 
 
-def test_a_requeued_run_that_checkpointed_counts_as_useful(cli) -> None:
+def test_a_requeued_run_that_checkpointed_counts_as_useful(cli, store_backend) -> None:
     """One Slurm job requeued by its own script after the trainer's exit 75: sacct -D lists the REQUEUED run
     (its step exited 75) and the run that completed."""
     runs = [{"state": "REQUEUED", "exit_code": "0:0", "reason": None, "started_at": T0.isoformat(),

@@ -112,6 +112,10 @@ def test_two_node_fabric_job_completes_with_identical_parameters(cli, tiny_cache
         # Stage-in ran on each node: one copied, the other found the copy (n1 and n2 share this host's /tmp).
         staged = sorted(re.findall(r"idmctl: stage-in (?:done|skipped) on (n\d)", text))
         assert staged == ["n1", "n2"], text
+        # The node guard ran on each node, before stage-in and before training (trainers/node_guard.py).
+        for phase in ("stage", "train"):
+            guarded = sorted(set(re.findall(rf"idmctl: node guard \({phase}\) on (n\d): ok shm", text)))
+            assert guarded == ["n1", "n2"], text
         assert "world 2" in text and "done: step 4" in text, text
         digests = {p.name: p.read_text() for p in (log.parent / "rank_digests").glob("rank-*.sha256")}
         assert sorted(digests) == ["rank-0.sha256", "rank-1.sha256"]

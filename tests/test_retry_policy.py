@@ -32,6 +32,9 @@ SAMPLES: dict[str, tuple[str, str, str, bool]] = {
                   f"entry: checkpointed at step 3 on signal, exiting {contract.EXIT_REQUEUE}", True),
     "node_fail": ("FAILED", "1:0", "slurmstepd: error: *** JOB 57 ON n2 CANCELLED AT 2026-11-30T10:01:02 "
                                    "DUE TO NODE FAILURE, SEE SLURMCTLD LOG FOR DETAILS ***", True),
+    "node_unfit": ("FAILED", f"{contract.EXIT_NODE_UNFIT}:0", f"{contract.FAILURE_MARKER} cause=node_unfit node=n2 "
+                   "phase=stage check=shm shm_free_bytes=0 shm_need_bytes=4194304 stale_segments=3", True),
+    "hang": ("FAILED", f"{contract.EXIT_HANG}:0", f"{contract.FAILURE_MARKER} cause=hang node=n2 step=5 silent_s=31", True),
     "timeout": ("FAILED", "1:0", "slurmstepd: error: *** JOB 58 ON n1 CANCELLED AT 2026-11-30T10:01:02 "
                                  "DUE TO TIME LIMIT ***", True),
     "oom_host": ("FAILED", "1:0", "slurmstepd: error: Detected 1 oom_kill event in StepId=21.0. "
@@ -99,7 +102,7 @@ def test_the_card_causes_keep_their_documented_actions() -> None:
     """What runbook.md promises; a change here is a change of policy, made in the yaml."""
     actions = {cause.name: cause.action for cause in load_taxonomy()}
     assert {name for name, action in actions.items() if action != "stop"} == {
-        "preempted", "timeout", "node_fail", "nan_loss"}
+        "preempted", "timeout", "node_fail", "node_unfit", "hang", "nan_loss"}
     assert (actions["node_fail"], get_cause("node_fail").exclude_node_for_s) == ("exclude_node_and_resume", 6 * 3600)
     assert (actions["nan_loss"], get_cause("nan_loss").max_per_chain) == ("rollback", 1)
 

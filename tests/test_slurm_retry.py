@@ -69,3 +69,28 @@ def test_active_node_exclusions_land_in_the_next_script(cli) -> None:
     result = cli("submit", "quickstart", "--dry-run", "--exclude", "worker-5")
     assert result.exit_code == 0, result.stderr
     assert "#SBATCH --exclude=worker-5,n2\n" in result.output
+
+
+def test_a_cluster_that_cancels_on_preemption_gets_a_free_resubmit() -> None:
+    # Slurm's requeue spends no retry; sync standing in for it where the cluster cancels spends none either.
+    cancelled = decide("preempted", "n1", retries_left=0, cluster_cancels=True)
+    assert (cancelled.action, cancelled.spends_retry) == ("retry", False)
+    assert decide("preempted", "n1", retries_left=0).action == "stop"  # a --no-requeue job on a requeueing cluster
+    assert decide("timeout", "n1", retries_left=0, cluster_cancels=True).action == "stop"  # only preemption is Slurm's
+
+
+@pytest.mark.parametrize("config, qos, partition, mode", [
+    ("PreemptMode             = REQUEUE\nPreemptType             = preempt/qos", "requeue", None, "requeue"),
+    ("PreemptMode             = REQUEUE\nPreemptType             = preempt/qos", "cancel", None, "cancel"),
+    ("PreemptMode             = CANCEL\nPreemptType             = preempt/qos", "cluster", None, "cancel"),
+    ("PreemptMode             = GANG,SUSPEND\nPreemptType             = preempt/qos", None, None, "suspend"),
+    ("PreemptMode             = REQUEUE\nPreemptType             = preempt/partition_prio", "cancel",
+     "PartitionName=sub Nodes=n1 PreemptMode=CANCEL State=UP", "cancel"),
+    ("PreemptMode             = REQUEUE\nPreemptType             = preempt/partition_prio", None,
+     "PartitionName=main Nodes=n[1-2] PreemptMode=REQUEUE", "requeue"),
+    ("PreemptMode             = OFF\nPreemptType             = preempt/none", "cancel", None, "off"),
+])
+def test_preemption_mode_is_read_the_way_slurm_applies_it(config, qos, partition, mode) -> None:
+    from idmctl.executors.preempt_mode import mode_for
+
+    assert mode_for(config, qos, partition) == mode

@@ -13,11 +13,13 @@ from idmctl.store import db as store_db
 from idmctl.store import models  # noqa: F401
 
 
-def test_migrations_match_models(tmp_path: Path):
-    engine = store_db.open_store(tmp_path / "s.sqlite")
+def test_migrations_from_empty_match_models(store_backend: str):
+    engine = store_db.open_store()  # a new IDMCTL_HOME / a new PostgreSQL database: migrated from empty
     with engine.connect() as connection:
         diff = compare_metadata(MigrationContext.configure(connection), SQLModel.metadata)
     assert diff == []
+    with engine.connect() as connection:
+        assert connection.exec_driver_sql("SELECT version_num FROM alembic_version").scalar() == store_db.HEAD_REVISION
 
 
 def test_head_revision_is_the_newest_migration(tmp_path: Path):

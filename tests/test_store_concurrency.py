@@ -4,7 +4,6 @@ concurrent `idmctl jobs` on a fresh IDMCTL_HOME crashed 31 of 80 times ("table c
 from __future__ import annotations
 
 import os
-import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -35,7 +34,8 @@ print("ok")
 
 
 @pytest.mark.slow
-def test_sixteen_simultaneous_first_opens_all_succeed_and_every_write_lands(idmctl_home: Path, tmp_path: Path):
+def test_sixteen_simultaneous_first_opens_all_succeed_and_every_write_lands(idmctl_home: Path, tmp_path: Path,
+                                                                          store_backend: str):
     start = tmp_path / "go"
     env = {**os.environ, ENV_HOME: str(idmctl_home), "PYTHONPATH": str(Path(__file__).parent.parent)}
     ready = tmp_path / "ready"
@@ -47,9 +47,11 @@ def test_sixteen_simultaneous_first_opens_all_succeed_and_every_write_lands(idmc
     results = [proc.communicate(timeout=300) for proc in procs]
     failures = [err.strip().splitlines()[-1] for proc, (out, err) in zip(procs, results) if proc.returncode != 0]
     assert not failures, f"{len(failures)} of {FIRST_OPENS} first opens failed: {failures[:3]}"
-    connection = sqlite3.connect(idmctl_home / "idmctl.sqlite")
-    try:
-        assert connection.execute("SELECT version_num FROM alembic_version").fetchall() == [(HEAD_REVISION,)]
-        assert connection.execute("SELECT count(*) FROM fix").fetchone()[0] == FIRST_OPENS
-    finally:
-        connection.close()
+    # The same on SQLite (init lock) and on the team's PostgreSQL (advisory lock; IDMCTL_DB_URL is inherited).
+    from sqlalchemy import text
+
+    from idmctl.store.db import open_store
+
+    with open_store().connect() as connection:
+        assert connection.execute(text("SELECT version_num FROM alembic_version")).fetchall() == [(HEAD_REVISION,)]
+        assert connection.execute(text("SELECT count(*) FROM fix")).scalar() == FIRST_OPENS

@@ -63,3 +63,13 @@ def test_submit_uses_neither_the_orm_nor_torch_and_the_orm_reads_its_rows(tiny_c
     assert (chain.experiment, chain.spec_hash, chain.status, chain.retries_used) == ("tiny_routed", resolved.hash, "ACTIVE", 0)
     assert version is not None and json.loads(version.resolved_json) == resolved.canonical
     assert json.loads(job.options_json)["admitted"]["admission"]["failed"] == []
+
+
+def test_a_submit_the_gate_refuses_does_not_import_torch_to_say_so(tiny_cache, idmctl_home: Path) -> None:
+    """No pass for this code version: nothing is remembered either, so introspection and the cache
+    inspection are SKIPped (the refusal stands on the gate) instead of importing torch to refuse."""
+    env = {**os.environ, ENV_HOME: str(idmctl_home), "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-c", PROBE, "submit", str(tiny_cache.spec_path), "--qos", "sub"],
+                          capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+    assert "preflight required: no preflight for tiny_routed" in done.stderr, done.stderr
+    assert "torch" not in json.loads(done.stdout.strip().splitlines()[-1])["modules"]

@@ -71,7 +71,7 @@ def _row(stderr: str, check: str) -> str:
         if out and first:
             break
         out.append(" ".join(cell.strip() for cell in line.split("│")[2:4]))
-    return " ".join(out)
+    return " ".join(" ".join(out).split())  # rich wraps cells at any width: compare words, not columns
 
 
 def _sync_until_final(cli, job_id: int, timeout_s: float) -> Job:

@@ -245,6 +245,55 @@ def test_rollback_after_a_nan_skips_the_bad_batches_and_finishes(tiny_cache, tmp
     assert run_trainer(plain, **{ENV_INJECT_NAN_AT_STEP: "3"}).returncode == EXIT_NAN
 
 
+def test_a_resume_from_an_older_checkpoint_supersedes_the_points_after_it(tiny_cache, tmp_path: Path) -> None:
+    """Attempt 1 logs steps 1..10 and stops at step 11 (a NaN: no checkpoint of it; a node that died hard
+    looks the same) with its last checkpoint at step 8. Attempt 2, the chain's rollback, resumes from 8
+    and logs 9..12 into the same MLflow run. MLflow keeps both attempts' points for 9 and 10 (its issue
+    #4248); compare and the plots read each step once, from the attempt that counts."""
+    from mlflow.tracking import MlflowClient
+
+    from ground.paths import mlflow_tracking_uri
+    from idmctl.compare import load_runs, surviving_history
+
+    run_dir = prepare_run(tiny_cache, tmp_path, "tiny_older", train={"steps": 12, "checkpoint_every": 4, "log_every": 1})
+    first = run_trainer(run_dir, **{ENV_ATTEMPT: "1", ENV_INJECT_NAN_AT_STEP: "11"})
+    assert first.returncode == EXIT_NAN, first.stderr[-3000:]
+    assert [step for step, _ in complete_checkpoints(run_dir)][-1] == 8
+    run_id = (run_dir / MLFLOW_RUN_ID_FILE).read_text().strip()
+    client = MlflowClient(tracking_uri=mlflow_tracking_uri())
+    assert max(step for step, _ in metric_history(run_id, tracking.M_LOSS)) == 10
+
+    resumed = run_trainer(run_dir, **{ENV_ATTEMPT: "2", ENV_INJECT_NAN_AT_STEP: "11", ENV_ROLLBACK: "1"})
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed from step-00000008.ckpt at step 8" in resumed.stdout
+
+    raw = [step for step, _ in metric_history(run_id, tracking.M_LOSS)]
+    assert raw.count(9) == raw.count(10) == 2  # what MLflow itself shows: overlapping curves
+    curve = surviving_history(client, run_id, tracking.M_LOSS)
+    assert [step for step, _ in curve] == list(range(1, 13))  # each step once
+    started_again = max(m.timestamp for m in client.get_metric_history(run_id, tracking.M_ATTEMPT_START))
+    for step in (9, 10):  # the rollback attempt's point, not the first attempt's
+        [kept] = [m.value for m in client.get_metric_history(run_id, tracking.M_LOSS)
+                  if m.step == step and m.timestamp >= started_again]
+        assert dict(curve)[step] == kept
+    assert sorted((m.step, m.value) for m in client.get_metric_history(run_id, tracking.M_ATTEMPT_START)) == [
+        (0, 1.0), (8, 2.0)]
+    assert client.get_run(run_id).data.tags[tracking.TAG_ATTEMPT_START_STEP] == "8"
+    [row] = load_runs()
+    assert row.metrics[tracking.M_LOSS].points == 12 and row.steps_done == 12
+
+
+def test_surviving_points_drop_what_a_later_attempt_retrained_or_never_reached() -> None:
+    # Attempt 1 (fresh, t=0) logs steps 1..10; attempt 2 (t=100) resumes from 8 and is killed after 9;
+    # attempt 3 (t=200) resumes from 4 and completes 5..12.
+    points = [(k, k, 1.0) for k in range(1, 11)] + [(100 + k, k, 2.0) for k in (9,)]
+    starts = [(0, 0), (100, 8), (200, 4)]
+    assert tracking.surviving(points, starts[:2]) == [*[(k, 1.0) for k in range(1, 9)], (9, 2.0)]
+    points += [(200 + k, k, 3.0) for k in range(5, 13)]
+    assert tracking.surviving(points, starts) == [*[(k, 1.0) for k in range(1, 5)], *[(k, 3.0) for k in range(5, 13)]]
+    assert tracking.surviving(points[:10], []) == [(k, 1.0) for k in range(1, 11)]  # a run logged before markers
+
+
 
 EARLY_NOTICE = """
 import os, runpy, signal, sys

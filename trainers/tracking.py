@@ -99,6 +99,16 @@ class RunLogger:
         batch = [Metric(key, float(value), stamp, step) for key, value in metrics.items()]
         self.client.log_batch(self.run_id, metrics=batch)
 
+    def start_attempt(self, start_step: int) -> None:
+        """Record that an attempt starts training at ``start_step`` (its checkpoint; 0 when fresh), before
+        it logs any point: readers drop the earlier attempts' points past it (ground.tracking.surviving)."""
+        from mlflow.entities import Metric
+
+        ordinal = len(self.client.get_metric_history(self.run_id, names.M_ATTEMPT_START)) + 1
+        self.client.log_batch(self.run_id, metrics=[
+            Metric(names.M_ATTEMPT_START, float(ordinal), int(time.time() * 1000), start_step)])
+        self.client.set_tag(self.run_id, names.TAG_ATTEMPT_START_STEP, str(start_step))
+
     def set_tag(self, key: str, value: str) -> None:
         self.client.set_tag(self.run_id, key, value)
 

@@ -57,6 +57,7 @@ from trainers.checkpoint import checkpoint_dir, latest_checkpoint, load_checkpoi
 from ground.contract import (CAUSE_NAN_LOSS, ENV_CACHE_ROOT, ENV_CHECKPOINT_EVERY, ENV_CODE_VERSION,
                              ENV_INJECT_NAN_AT_STEP, ENV_RANK_DIGESTS, ENV_ROLLBACK, EXIT_NAN, EXIT_REQUEUE,
                              FAILURE_FILE, FAILURE_MARKER, code_version)
+from ground.heartbeat import beat
 from ground.progress import WINDOW_STEPS, WRITE_EVERY_S
 from ground.run_dir import RunSpec, read_run_spec, write_run_spec  # noqa: F401  (re-exported)
 
@@ -214,6 +215,8 @@ def fit(fabric: "Fabric", run: RunSpec) -> int:
                         hint="add demos or lower loader.batch_size")
     evaluators = _build_evaluators(fabric, spec)
     logger = _open_logger(fabric, run)  # after every check that can refuse the spec: no orphan MLflow runs
+    if logger:
+        logger.start_attempt(state["step"])
     consumed, noise_seed = state["step"] * spec.grad_accum, spec.train.seed
     nan_step = _rollback_past(fabric, run, state["step"])
     if nan_step is not None:
@@ -227,6 +230,7 @@ def fit(fabric: "Fabric", run: RunSpec) -> int:
     # The hook stands for a transient NaN: a rolled-back attempt does not see it again.
     inject_nan_at = 0 if nan_step is not None else int(os.environ.get(ENV_INJECT_NAN_AT_STEP, "0"))
     window = _Window()
+    totals = _StatsKeeper(run.run_dir, fabric.device) if rank == 0 else None
 
     while state["step"] < spec.train.steps:
         step = state["step"] + 1
@@ -261,12 +265,15 @@ def fit(fabric: "Fabric", run: RunSpec) -> int:
         logged = step % spec.train.log_every == 0 or step == spec.train.steps or stop
         if progress:
             progress.step_done(step, time.perf_counter() - started, force=logged)
+            beat(run.run_dir)  # the heartbeat the hang watchdog reads: progress.json's mtime, every step
 
         if logged:
             _log_window(fabric, logger, spec, step, lr, window)
+            if totals:
+                totals.record(window)
             window = _Window()
         if step % checkpoint_every == 0 or step == spec.train.steps:
-            validate(fabric, model, evaluators, spec, state, logger, step)
+            validate(fabric, model, evaluators, spec, state, logger, step, heartbeat_dir=run.run_dir)
         if step % checkpoint_every == 0 or step == spec.train.steps or stop:
             writing = time.perf_counter()
             saved = save_checkpoint(fabric, run.run_dir, step, state)
@@ -355,6 +362,36 @@ class _Window:
         self.steps, self.loss, self.seconds = self.steps + 1, self.loss + loss, self.seconds + seconds
 
 
+class _StatsKeeper:
+    """Rank 0's totals for this run of the attempt (``ground.trainer_stats``), written at each log line:
+    the trainer's half of the job's efficiency report (data-wait fraction, peak memory, GPU utilisation)."""
+
+    def __init__(self, run_dir: Path, device: torch.device) -> None:
+        from ground.contract import ENV_ATTEMPT
+        from ground.trainer_stats import RunStats, run_key
+
+        self.run_dir, self.device = run_dir, device
+        self.key = run_key(os.environ.get(ENV_ATTEMPT, "1"), os.environ.get("SLURM_RESTART_COUNT", "0"))
+        self.stats = RunStats(device=device.type)
+
+    def record(self, window: "_Window") -> None:
+        from ground.trainer_stats import write_run
+
+        stats = self.stats
+        stats.steps += window.steps
+        stats.step_s += window.seconds
+        stats.data_wait_s += window.data_wait_s
+        stats.peak_mem_bytes = max(stats.peak_mem_bytes, peak_memory_bytes(self.device))
+        stats.host_peak_rss_bytes = max(stats.host_peak_rss_bytes, host_peak_rss_bytes())
+        if self.device.type == "cuda":
+            try:  # NVML through torch; absent NVML leaves utilisation unmeasured, never fails the run
+                stats.gpu_util_sum += float(torch.cuda.utilization(self.device))
+                stats.gpu_util_samples += 1
+            except Exception:  # noqa: BLE001 (pynvml missing or the driver refuses: no number)
+                pass
+        write_run(self.run_dir, self.key, stats)
+
+
 def _log_window(fabric: "Fabric", logger: "RunLogger | None", spec: ExperimentSpec, step: int, lr: float,
                 window: _Window) -> None:
     from ground import tracking as names
@@ -379,8 +416,10 @@ def _log_window(fabric: "Fabric", logger: "RunLogger | None", spec: ExperimentSp
 # -- validate ------------------------------------------------------------------------------------
 
 def validate(fabric: "Fabric", model: torch.nn.Module, evaluators: list[Any], spec: ExperimentSpec,
-             state: dict[str, Any], logger: "RunLogger | None", step: int) -> dict[str, float]:
-    """Rank 0 scores the model on held-out episodes; other ranks wait at the checkpoint barrier."""
+             state: dict[str, Any], logger: "RunLogger | None", step: int,
+             heartbeat_dir: Path | None = None) -> dict[str, float]:
+    """Rank 0 scores the model on held-out episodes; other ranks wait at the checkpoint barrier. Each
+    evaluator that finishes moves the heartbeat (``heartbeat_dir``): an evaluation is work, not a hang."""
     if fabric.global_rank != 0 or not evaluators:
         return {}
     from trainers.evaluate import ChunkPolicy
@@ -389,6 +428,8 @@ def validate(fabric: "Fabric", model: torch.nn.Module, evaluators: list[Any], sp
     results: dict[str, float] = {}
     for evaluator in evaluators:
         results.update(evaluator.evaluate(policy, list(spec.eval.episodes)))
+        if heartbeat_dir is not None:
+            beat(heartbeat_dir)
     for name, value in results.items():
         state["best"][name] = min(value, state["best"].get(name, math.inf))
     fabric.print(f"eval at step {step}: " + ", ".join(f"{k} {v:.2f} mm" for k, v in results.items()))
@@ -448,10 +489,22 @@ def _fail_nan(fabric: "Fabric", run: RunSpec, logger: "RunLogger | None", step: 
 
 # -- entry point ---------------------------------------------------------------------------------
 
+def dump_stacks_on_signal() -> None:
+    """Every thread's Python stack to stderr (the job log) on ``STACKS_SIGNAL``: what the hang watchdog
+    records from every rank before it kills a hung job. faulthandler writes from C, so a rank stuck in a
+    lock or a collective still answers."""
+    import faulthandler
+
+    from ground.contract import STACKS_SIGNAL
+
+    faulthandler.register(getattr(signal, f"SIG{STACKS_SIGNAL}"), all_threads=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m trainers.train", description=__doc__.splitlines()[0])
     parser.add_argument("--run-dir", required=True, type=Path, help="Directory with spec.json; receives checkpoints.")
     args = parser.parse_args(argv)
+    dump_stacks_on_signal()
     try:
         run = read_run_spec(args.run_dir)
         if run.spec.resources.gpus_per_node == 0:

@@ -40,6 +40,7 @@ def report(
     as_json: JsonOpt = False,
     as_markdown: Annotated[bool, typer.Option("--markdown", help="A progress-card table with the fixes recorded.")] = False,
     limit: Annotated[int, typer.Option("--limit", min=0, help="Show the most recent N table rows (0: all); --json is never cut.")] = 50,
+    user: Annotated[str | None, typer.Option("--user", help="Only jobs this user submitted (a team's shared store holds everyone's).")] = None,
 ) -> None:
     """Classify any newly failed jobs, then print job, setting, cause, evidence, fix and the check that catches it now."""
     if ctx.invoked_subcommand is not None:
@@ -55,7 +56,7 @@ def report(
     if cause is not None:
         get_cause(cause)  # an unknown cause is bad input, not an empty table
     # Nothing to classify (the usual case): read with sqlite3 and never import the ORM (~0.45 s).
-    fast = read_table_rows(db_path(), experiment, cause, newest, since_at)
+    fast = read_table_rows(db_path(), experiment, cause, newest, since_at, user)
     if fast is not None:
         rows, total = fast
     else:
@@ -64,8 +65,8 @@ def report(
 
         with session() as db:
             record_failures(db)
-            rows = postmortem_rows(db, experiment=experiment, since=since_at, cause=cause, newest=newest)
-            total = count_failures(db, experiment=experiment, cause=cause)
+            rows = postmortem_rows(db, experiment=experiment, since=since_at, cause=cause, newest=newest, user=user)
+            total = count_failures(db, experiment=experiment, cause=cause, user=user)
     if not table_only:
         total = len(rows)
     if as_json:

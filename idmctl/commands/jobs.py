@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import time
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -11,6 +12,9 @@ from ground.errors import CheckFailed, UserError
 from idmctl.commands import job_flags
 from idmctl.output import console, emit_json, err_console, make_table
 from ground.units import format_duration
+
+if TYPE_CHECKING:
+    from idmctl.jobs.efficiency import EfficiencyReport, Suggestion
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
 ClusterOpt = Annotated[str | None, typer.Option("--cluster", help="Cluster profile (default $IDMCTL_CLUSTER or local).")]
@@ -74,14 +78,36 @@ def submit(
     job = done.job
     if as_json:
         emit_json({"job": job.id, "chain": job.chain_id, "scheduler_id": job.scheduler_id, "executor": job.executor,
-                   "script": job.script_path, "log": job.log_path, "forced": job.forced_reason is not None})
+                   "script": job.script_path, "log": job.log_path, "forced": job.forced_reason is not None,
+                   "suggestions": [s.__dict__ for s in _suggestions(job.experiment, json.loads(job.options_json or "{}"))[1]]})
         return
     console.print(f"submitted job {job.id} ({job.executor} {job.scheduler_id}) chain {job.chain_id} attempt {job.attempt}"
                   f"  qos {job.qos}  retries {done.chain.retries_budget}", markup=False)
     console.print(f"script {job.script_path}", markup=False)
     console.print(f"log    {job.log_path}", markup=False)
     if job.forced_reason:
-        console.print(f"FORCED without preflight: {job.forced_reason}", markup=False)
+        failed = json.loads(job.options_json).get("admitted", {}).get("admission", {}).get("failed", [])
+        past = f" and past FAILs ({', '.join(failed)})" if failed else ""
+        console.print(f"FORCED without preflight{past}: {job.forced_reason}", markup=False)
+    _print_suggestions(job.experiment, json.loads(job.options_json or "{}"))
+
+
+def _suggestions(experiment: str, options: dict) -> tuple["EfficiencyReport | None", list["Suggestion"]]:
+    """The last efficiency report of the experiment and its suggestions the new job has not taken."""
+    from idmctl.jobs.efficiency import last_report, still_apply
+
+    report = last_report(experiment)
+    return report, (still_apply(report, options) if report else [])
+
+
+def _print_suggestions(experiment: str, options: dict[str, object]) -> None:
+    """What the last ended job of this experiment says the next one should ask for (issue 19 §3)."""
+    report, suggestions = _suggestions(experiment, options)
+    if not report or not suggestions:
+        return
+    console.print(f"from the efficiency report of job {report.job} (`idmctl jobs show` for all of it):", markup=False)
+    for suggestion in suggestions:
+        console.print(f"  suggest {suggestion.line()}", markup=False)
 
 
 def _submit_sweep(reference: str, variant_names: list[str], overrides: dict, cluster: str | None, dry_run: bool,
@@ -127,7 +153,8 @@ def sync(
     report = _sync_or_say_who_did_not_answer(run_sync, retry=not no_retry)
     if as_json:
         emit_json({"checked": report.checked, "changed": report.changed, "finished": report.finished,
-                   "resubmitted": report.resubmitted, "stopped": report.stopped, "unconfirmed": report.unconfirmed})
+                   "resubmitted": report.resubmitted, "stopped": report.stopped, "unconfirmed": report.unconfirmed,
+                   "hung": report.hung})
         return
     unconfirmed = f", {len(report.unconfirmed)} unconfirmed (squeue says ended; sacct has not recorded it yet)" \
         if report.unconfirmed else ""
@@ -137,6 +164,9 @@ def sync(
         console.print(f"  job {old} → resubmitted as job {new}", markup=False)
     for job_id, why in report.stopped:
         console.print(f"  job {job_id}: chain stopped — {why}", markup=False)
+    for job_id in report.hung:
+        console.print(f"  job {job_id}: hang — no heartbeat past its threshold (`idmctl failures`); its watchdog "
+                      "kills it and the chain resumes elsewhere", markup=False)
 
 
 def _sync_or_say_who_did_not_answer(run_sync, **kwargs):  # type: ignore[no-untyped-def]
@@ -155,6 +185,7 @@ def jobs(
     limit: Annotated[int, typer.Option("--limit", help="Newest N jobs.")] = 30,
     ui_url: Annotated[str, typer.Option("--ui-url", help="Where `idmctl ui` serves, for the run links.")] = "http://127.0.0.1:5000",
     as_json: JsonOpt = False,
+    user: Annotated[str | None, typer.Option("--user", help="Only jobs this user submitted (a team's shared store holds everyone's).")] = None,
 ) -> None:
     """Recorded jobs, newest first: state as the scheduler reports it, queue wait, restarts, MLflow run."""
     if ctx.invoked_subcommand is not None:
@@ -166,7 +197,7 @@ def jobs(
     from idmctl.jobs.eta import eta_for_job
     from idmctl.jobs.listing import queue_wait_seconds, read_jobs
 
-    fast = read_jobs(db_path(), limit)
+    fast = read_jobs(db_path(), limit, user)
     if fast is not None:
         rows, chains = fast
     else:
@@ -176,7 +207,8 @@ def jobs(
         from idmctl.store.models import Chain, Job
 
         with session() as db:
-            rows = db.exec(select(Job).order_by(Job.id.desc()).limit(limit)).all()  # type: ignore[union-attr]
+            query = select(Job) if user is None else select(Job).where(Job.user == user)
+            rows = db.exec(query.order_by(Job.id.desc()).limit(limit)).all()  # type: ignore[union-attr]
             chain_ids = {j.chain_id for j in rows if j.chain_id is not None}
             chains = {c.id: c for c in db.exec(select(Chain).where(Chain.id.in_(chain_ids)))}
     run_of_chain = {cid: c.mlflow_run_id for cid, c in chains.items()}
@@ -187,7 +219,7 @@ def jobs(
         "scheduler_id": j.scheduler_id, "state": j.state, "reason": j.reason, "exit_code": j.exit_code,
         "restarts": j.restarts, "qos": j.qos, "nodes": j.node_list, "queue_wait_s": queue_wait_seconds(j),
         "submitted_at": j.submitted_at, "started_at": j.started_at, "ended_at": j.ended_at,
-        "forced": j.forced_reason, "mlflow_run_id": run_of_chain.get(j.chain_id),
+        "forced": j.forced_reason, "user": j.user, "host": j.host, "mlflow_run_id": run_of_chain.get(j.chain_id),
         "run_url": run_url(run_of_chain[j.chain_id], ui_url) if run_of_chain.get(j.chain_id) else None,
         "build": json.loads(j.options_json or "{}").get("build"),
         "eta": etas[j.id].as_dict() if etas.get(j.id) else None,
@@ -287,4 +319,7 @@ def register(app: typer.Typer) -> None:
     jobs_app = typer.Typer(invoke_without_command=True, help="Recorded jobs; `jobs import` pulls sacct history.")
     jobs_app.callback()(jobs)
     jobs_app.command("import")(jobs_import)
+    from idmctl.commands.job_show import show
+
+    jobs_app.command("show")(show)
     app.add_typer(jobs_app, name="jobs")

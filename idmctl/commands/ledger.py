@@ -13,6 +13,7 @@ def ledger(
     by: Annotated[str, typer.Option("--by", help="Group by experiment, qos or cause.")] = "experiment",
     since: Annotated[str | None, typer.Option("--since", help="Only runs ended since a date (2026-11-01) or a look-back (7d).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+    user: Annotated[str | None, typer.Option("--user", help="Only jobs this user submitted (a team's shared store holds everyone's).")] = None,
 ) -> None:
     """GPU-hours charged, useful (reached a checkpoint that was used) and lost per cause and per preemption."""
     from ground.paths import db_path
@@ -21,14 +22,15 @@ def ledger(
 
     check_grouping(by)  # bad input before anything is read
     since_at = parse_since(since) if since else None
-    costs = run_costs(db_path())
-    if costs is None:  # failed runs not classified yet (or no store): classify them as `failures` does
+    costs = run_costs(db_path(), user)
+    if costs is None:  # failed runs not classified yet, no store, or the shared store: through the ORM
         from idmctl.failures.postmortem import record_failures
+        from idmctl.ledger import run_costs_orm
         from idmctl.store import session
 
         with session() as db:
             record_failures(db)
-        costs = run_costs(db_path()) or []
+            costs = run_costs_orm(db, user)
     rows, total = build(costs, by, since_at)
     if as_json:
         emit_json({"by": by, "since": since_at.isoformat() if since_at else None,

@@ -37,6 +37,10 @@ class RunRecord:
     node_list: str | None = None
     steps: list[tuple[str, str, str]] = field(default_factory=list)
     """(step id, state, exit code) of this run's steps."""
+    usage: dict[str, str] = field(default_factory=dict)
+    """sacct's usage fields of the allocation line (Elapsed, TotalCPU, AllocCPUS, ReqMem, Timelimit...), as printed."""
+    step_usage: dict[str, dict[str, str]] = field(default_factory=dict)
+    """The same per step id: MaxRSS and NTasks live on the steps."""
 
 
 @dataclass

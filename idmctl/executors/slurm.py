@@ -17,6 +17,9 @@ from ground.errors import CheckFailed, UserError
 from idmctl.executors.base import JobStatus, RunRecord, SchedulerUnreachable
 
 SACCT_FIELDS = ("JobID", "State", "ExitCode", "Reason", "Submit", "Start", "End", "NodeList")
+USAGE_FIELDS = ("Elapsed", "TotalCPU", "AllocCPUS", "ReqMem", "MaxRSS", "Timelimit", "NTasks", "NNodes")
+"""What the efficiency report reads, in the same call (issue 19 §3). MaxRSS lives on the steps
+(``.batch``, ``.0``), not the allocation line: the call lists steps (no ``-X``)."""
 IDS_PER_CALL = 5000
 """Job ids per sacct call: keeps the command line far below ARG_MAX (5000 × ~8 chars)."""
 CALL_TIMEOUT_S = 120
@@ -50,19 +53,22 @@ def parse_sacct(text: str) -> dict[str, JobStatus]:
     statuses: dict[str, JobStatus] = {}
     for line in text.splitlines():
         parts = line.split("|")
-        if len(parts) != len(SACCT_FIELDS):
+        if len(parts) not in (len(SACCT_FIELDS), len(SACCT_FIELDS) + len(USAGE_FIELDS)):
             continue
-        job_id, state, exit_code, reason, submit, start, end, nodes = parts
+        job_id, state, exit_code, reason, submit, start, end, nodes = parts[:len(SACCT_FIELDS)]
+        usage = {k: v for k, v in zip(USAGE_FIELDS, parts[len(SACCT_FIELDS):]) if v}
         if "." in job_id:  # a step (batch, extern, 0, 1...) of the job's latest run listed so far
             base = statuses.get(job_id.split(".")[0])
             if base is not None and base.runs:
                 base.runs[-1].steps.append((job_id, state, exit_code))
+                if usage:
+                    base.runs[-1].step_usage[job_id] = usage
             continue
         assigned = nodes not in ("", "None assigned")
         # A job cancelled while pending gets Start = End from sacct but no node: it never started.
         run = RunRecord(state=state, exit_code=exit_code or None, reason=reason or None,
                         started_at=parse_time(start) if assigned else None, ended_at=parse_time(end),
-                        node_list=nodes if assigned else None)
+                        node_list=nodes if assigned else None, usage=usage)
         status = statuses.get(job_id)
         if status is None:
             status = statuses[job_id] = JobStatus(scheduler_id=job_id, state=state, submitted_at=parse_time(submit))
@@ -145,11 +151,12 @@ class SlurmExecutor:
         for start in range(0, len(ids), IDS_PER_CALL):
             chunk = ids[start:start + IDS_PER_CALL]
             result = _run(["sacct", "-n", "-P", "-D", "-j", ",".join(chunk),
-                           f"--format={','.join(SACCT_FIELDS)}"])
+                           f"--format={','.join(SACCT_FIELDS + USAGE_FIELDS)}"])
             if result.returncode != 0:
                 # sacct talks to slurmdbd only ("Problem talking to the database: Connection refused").
                 raise SchedulerUnreachable("slurmdbd", "sacct", _last_error(result))
             statuses.update(parse_sacct(result.stdout))
+        self._hold_back_preempted(statuses)
         lagging = [i for i in ids if i not in statuses]
         if lagging:
             result = _run(["squeue", "-h", "-t", "all", "-j", ",".join(lagging), "-o", SQUEUE_FORMAT])
@@ -163,6 +170,20 @@ class SlurmExecutor:
         elif ids:
             check_controller()  # sacct answers from the database even while the controller is down
         return statuses
+
+    @staticmethod
+    def _hold_back_preempted(statuses: dict[str, JobStatus]) -> None:
+        """sacct says PREEMPTED as soon as a preemption starts, also on a cluster that cancels; the job
+        script may still checkpoint and requeue itself (it did on the local cluster with the QoS set to
+        cancel). Until squeue no longer shows the job live, it is not over: sync would otherwise resubmit
+        a chain whose job comes back by itself, and two attempts would train into one run directory."""
+        preempted = [i for i, status in statuses.items() if status.state.split(" ")[0] == "PREEMPTED"]
+        if not preempted:
+            return
+        result = _run(["squeue", "-h", "-t", "all", "-j", ",".join(preempted), "-o", SQUEUE_FORMAT])
+        for job_id, live in parse_squeue(result.stdout).items():
+            if job_id in statuses and not is_final(live.state):
+                statuses[job_id].state, statuses[job_id].ended_at = live.state, None
 
     def cancel(self, scheduler_id: str) -> None:
         # scancel exits 0 on an unknown id (slurm-notes 11); -v makes it say so on stderr.

@@ -48,6 +48,9 @@ class Cause:
     """At most this many resubmissions for this cause in one chain (None: only the chain's retries budget)."""
     exclude_node_for_s: float | None = None
     """``exclude_node_and_resume``: seconds the job's node is left out of later submissions."""
+    scheduler_requeues: bool = False
+    """Slurm requeues such a job itself (free); where the cluster's preemption cancels instead, sync
+    resubmits in its place, also without spending the chain's retries."""
 
 
 @dataclass(frozen=True)
@@ -122,6 +125,12 @@ def _policy(entry: dict[str, Any], path: str, where: str) -> dict[str, Any]:
             raise UserError(f"max_per_chain {limit!r} needs a retrying action and an integer >= 1", file=path,
                             field=f"{where}.max_per_chain", hint="e.g. `action: rollback` with `max_per_chain: 1`")
         policy["max_per_chain"] = limit
+    requeues = entry.get("scheduler_requeues", False)
+    if not isinstance(requeues, bool) or (requeues and action not in RETRY_ACTIONS):
+        raise UserError(f"scheduler_requeues {requeues!r} needs true/false and a retrying action", file=path,
+                        field=f"{where}.scheduler_requeues", hint="e.g. `action: resume` with `scheduler_requeues: true`")
+    if requeues:
+        policy["scheduler_requeues"] = True
     exclude = entry.get("exclude_node_for")
     if (exclude is None) != (action != "exclude_node_and_resume"):
         raise UserError("exclude_node_for goes with, and only with, action exclude_node_and_resume", file=path,

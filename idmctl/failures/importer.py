@@ -17,7 +17,7 @@ from idmctl.executors.slurm import parse_time
 from idmctl.store.models import Job
 
 IMPORT_FIELDS = ("JobID", "State", "ExitCode", "DerivedExitCode", "Reason", "Submit", "Start", "End", "NodeList",
-                 "QOS", "AllocTRES", "WorkDir", "JobName")
+                 "QOS", "AllocTRES", "WorkDir", "User", "JobName")
 """JobName last and a unit-separator delimiter: a ``|`` in a job name cannot shift the columns."""
 DELIMITER = "\x1f"
 _GPUS = re.compile(r"gres/gpu=(\d+)")
@@ -38,6 +38,8 @@ class SacctJob:
     qos: str | None
     gpus: int | None
     work_dir: str | None
+    user: str | None = None
+    """Who submitted it (sacct's User): in the team's shared store, ``--user`` finds imported jobs too."""
     restarts: int = 0
 
 
@@ -61,13 +63,13 @@ def parse_history(text: str) -> list[SacctJob]:
         parts = line.split(DELIMITER)
         if len(parts) != len(IMPORT_FIELDS):
             continue
-        job_id, state, exit_code, derived, reason, submit, start, end, nodes, qos, tres, work_dir, name = parts
+        job_id, state, exit_code, derived, reason, submit, start, end, nodes, qos, tres, work_dir, user, name = parts
         gpus = _GPUS.search(tres)
         record = SacctJob(scheduler_id=job_id, name=name, state=state, exit_code=exit_code or None,
                           derived_exit_code=derived or None, reason=reason or None,
                           submitted_at=parse_time(submit), started_at=parse_time(start), ended_at=parse_time(end),
                           node_list=nodes if nodes not in ("", "None assigned") else None, qos=qos or None,
-                          gpus=int(gpus.group(1)) if gpus else (0 if tres else None), work_dir=work_dir or None)
+                          gpus=int(gpus.group(1)) if gpus else (0 if tres else None), work_dir=work_dir or None, user=user or None)
         earlier = jobs.get(job_id)
         if earlier is not None:
             record.restarts = earlier.restarts + 1
@@ -100,6 +102,8 @@ def import_history(db: Session, records: list[SacctJob]) -> list[Job]:
                   restarts=record.restarts, qos=record.qos, gpus=record.gpus, log_path=log_path,
                   log_tail=read_log_tail(log_path) or None, imported=True,
                   options_json=json.dumps({"derived_exit_code": record.derived_exit_code}))
+        if record.user:  # the submitter, not whoever ran the import (host stays the importer's)
+            job.user = record.user
         db.add(job)
         added.append(job)
     db.flush()

@@ -194,8 +194,9 @@ def record_fix(db: Session, job_ids: list[str], note: str, commit: str | None = 
 
 
 def postmortem_rows(db: Session, experiment: str | None = None, since: datetime | None = None,
-                    cause: str | None = None, newest: int | None = None) -> list[PostmortemRow]:
-    """Every classified failure (or the ``newest`` N), oldest first, filtered by experiment, time and cause."""
+                    cause: str | None = None, newest: int | None = None, user: str | None = None) -> list[PostmortemRow]:
+    """Every classified failure (or the ``newest`` N), oldest first, filtered by experiment, time, cause and
+    the job's user."""
     if cause is not None:
         get_cause(cause)  # an unknown cause is bad input, not an empty table
     query = select(Failure, Job).where(Failure.job_id == Job.id)
@@ -203,6 +204,8 @@ def postmortem_rows(db: Session, experiment: str | None = None, since: datetime 
         query = query.where(Job.experiment == experiment)
     if cause:
         query = query.where(Failure.cause == cause)
+    if user:
+        query = query.where(Job.user == user)
     if newest:
         # Only the rows a table shows are loaded; the sort below restores oldest-first order.
         ended = func.coalesce(Job.ended_at, Job.submitted_at, Job.created_at)
@@ -217,11 +220,14 @@ def postmortem_rows(db: Session, experiment: str | None = None, since: datetime 
     return rows
 
 
-def count_failures(db: Session, experiment: str | None = None, cause: str | None = None) -> int:
+def count_failures(db: Session, experiment: str | None = None, cause: str | None = None,
+                   user: str | None = None) -> int:
     """How many failed runs are recorded (for "showing N of M")."""
     query = select(func.count(Failure.id)).where(Failure.job_id == Job.id)
     if experiment:
         query = query.where(Job.experiment == experiment)
     if cause:
         query = query.where(Failure.cause == cause)
+    if user:
+        query = query.where(Job.user == user)
     return int(db.exec(query).one())

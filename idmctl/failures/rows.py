@@ -18,8 +18,9 @@ from typing import Any
 from ground.errors import UserError
 from ground.units import parse_duration
 from idmctl.failures.classify import Classification, get_cause, is_failed_state
+from idmctl.store.url import shared_url
 
-HEAD_REVISION = "0001"
+HEAD_REVISION = "0002"
 """The schema the fast read understands; equal to ``idmctl.store.db.HEAD_REVISION`` (a test checks)."""
 
 
@@ -84,6 +85,8 @@ class PostmortemRow:
     suggested_fix: str
     ended_at: datetime | None
     imported: bool = False
+    user: str | None = None
+    """Who submitted the job (the shared store holds the whole team's)."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     def as_json(self) -> dict[str, Any]:
@@ -102,7 +105,8 @@ def build_row(failure: Any, job: Any, fix: Any | None) -> PostmortemRow:
         setting=setting_of(job), state=job.state, cause=failure.cause,
         evidence=Classification(failure.cause, lines, detail).headline, evidence_lines=lines, detail=detail,
         caught_by=info.caught_by, fix_id=failure.fix_id, fix=fix.note if fix else None,
-        commit=fix.commit if fix else None, suggested_fix=info.fix, ended_at=job.ended_at, imported=bool(job.imported))
+        commit=fix.commit if fix else None, suggested_fix=info.fix, ended_at=job.ended_at, imported=bool(job.imported),
+        user=getattr(job, "user", None))
 
 
 def _when(text: str | None) -> datetime | None:
@@ -115,8 +119,9 @@ def _when(text: str | None) -> datetime | None:
 
 def open_classified(db: Path) -> sqlite3.Connection | None:
     """A read-only sqlite3 connection to the store (rows as ``sqlite3.Row``), or None when the ORM path
-    must run instead: no store, another schema revision, or jobs that still need classifying."""
-    if not db.exists():
+    must run instead: no store, another schema revision, jobs that still need classifying, or the team's
+    PostgreSQL store (``IDMCTL_DB_URL``)."""
+    if shared_url() or not db.exists():
         return None
     connection = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10)
     connection.row_factory = sqlite3.Row
@@ -137,7 +142,7 @@ def open_classified(db: Path) -> sqlite3.Connection | None:
 
 
 def read_table_rows(db: Path, experiment: str | None, cause: str | None, newest: int | None,
-                    since: datetime | None = None) -> tuple[list[PostmortemRow], int] | None:
+                    since: datetime | None = None, user: str | None = None) -> tuple[list[PostmortemRow], int] | None:
     """The ``newest`` rows (None: all) ended since ``since``, oldest first, and the count of failed runs
     (before ``since``), read with sqlite3: exactly what :func:`postmortem.postmortem_rows` and
     ``count_failures`` return. None when the ORM path must run instead (no store, another schema
@@ -153,12 +158,15 @@ def read_table_rows(db: Path, experiment: str | None, cause: str | None, newest:
         if cause:
             where.append("f.cause = ?")
             params.append(cause)
+        if user:
+            where.append('j."user" = ?')
+            params.append(user)
         clause = " AND ".join(where)
         total = connection.execute(f"SELECT count(f.id) FROM failure f, job j WHERE {clause}", params).fetchone()[0]
         selected = connection.execute(
             "SELECT f.cause, f.evidence, f.detail_json, f.fix_id, j.id, j.chain_id, j.experiment, j.state, j.gpus, "
             "j.qos, j.routing_n, j.scheduler_id, j.restarts, j.imported, j.ended_at, j.submitted_at, j.created_at, "
-            "x.note, x.\"commit\" FROM failure f, job j LEFT JOIN fix x ON x.id = f.fix_id "
+            "j.\"user\", x.note, x.\"commit\" FROM failure f, job j LEFT JOIN fix x ON x.id = f.fix_id "
             f"WHERE {clause} ORDER BY coalesce(j.ended_at, j.submitted_at, j.created_at) DESC, j.id DESC LIMIT ?",
             [*params, -1 if newest is None else newest]).fetchall()  # LIMIT -1: no limit
     except sqlite3.Error:
@@ -174,7 +182,7 @@ def read_table_rows(db: Path, experiment: str | None, cause: str | None, newest:
         job = SimpleNamespace(id=row["id"], chain_id=row["chain_id"], experiment=row["experiment"], state=row["state"],
                               gpus=row["gpus"], qos=row["qos"], routing_n=row["routing_n"],
                               scheduler_id=row["scheduler_id"], restarts=row["restarts"], imported=row["imported"],
-                              ended_at=_when(row["ended_at"]))
+                              ended_at=_when(row["ended_at"]), user=row["user"])
         fix = SimpleNamespace(note=row["note"], commit=row["commit"]) if row["fix_id"] else None
         rows.append(build_row(failure, job, fix))
     rows.sort(key=lambda r: (_naive_utc(r.ended_at) or datetime.min, r.job_pk, r.detail.get("run", 1)))

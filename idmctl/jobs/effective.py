@@ -11,7 +11,7 @@ on what it measured too, so the flags that change that (:data:`SMOKE_FLAGS`) are
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pydantic import ValidationError
@@ -165,6 +165,8 @@ def build(experiment: str, flags: dict[str, Any], cluster: str | None) -> Effect
                             hint="pass --time (the build preflight's build_smoke row estimates the wall clock)")
     else:
         options = job_limits(declared, profile, options)
+    options = replace(options, hang_k=profile.hang.k, hang_floor_s=profile.hang.floor_seconds,
+                      hang_poll_s=profile.hang.poll_seconds)
     flagged = [flag for flag in given if flag in SPEC_FLAGS]
     if declared.spec.resources.time_limit is None and "--time" not in flagged:
         flagged.append("--time")

@@ -11,20 +11,24 @@ from typing import Any
 
 JOB_COLUMNS = ("id", "chain_id", "attempt", "experiment", "executor", "scheduler_id", "state", "reason", "exit_code",
                "restarts", "qos", "node_list", "submitted_at", "started_at", "ended_at", "forced_reason",
-               "options_json", "script_path")
+               "options_json", "script_path", "user", "host")
 CHAIN_COLUMNS = ("id", "mlflow_run_id", "retries_budget", "retries_used")
 _DATES = ("submitted_at", "started_at", "ended_at")
 
 
-def read_jobs(db: Path, limit: int) -> tuple[list[Any], dict[int, Any]] | None:
-    """The newest ``limit`` jobs and their chains, as attribute rows like the ORM's; None → use the ORM."""
+def read_jobs(db: Path, limit: int, user: str | None = None) -> tuple[list[Any], dict[int, Any]] | None:
+    """The newest ``limit`` jobs (of ``user`` only, when given) and their chains, as attribute rows like
+    the ORM's; None → use the ORM."""
     from idmctl.store.fast import connect, from_db_time, rows
 
     try:
         with connect(db) as fast:
             if fast is None:
                 return None
-            jobs = rows(fast, f"SELECT {', '.join(JOB_COLUMNS)} FROM job ORDER BY id DESC LIMIT ?", (limit,))
+            mine = ' WHERE "user" = ?' if user else ""
+            columns = ", ".join(f'"{name}"' for name in JOB_COLUMNS)
+            jobs = rows(fast, f"SELECT {columns} FROM job{mine} ORDER BY id DESC LIMIT ?",
+                        (user, limit) if user else (limit,))
             chain_ids = sorted({job.chain_id for job in jobs if job.chain_id is not None})
             chains = rows(fast, f"SELECT {', '.join(CHAIN_COLUMNS)} FROM chain WHERE id IN "
                                 f"({', '.join('?' * len(chain_ids))})", tuple(chain_ids)) if chain_ids else []

@@ -62,6 +62,10 @@ class JobOptions:
     """Resubmissions allowed for retryable causes."""
     entry: str = DEFAULT_ENTRY
     """Python module started with ``python -m ENTRY --run-dir RUN_DIR``."""
+    hang_k: float = 10.0
+    """The watchdog's k, floor and poll (the cluster profile's ``hang:``, kept so a resubmit uses the same)."""
+    hang_floor_s: float = 600.0
+    hang_poll_s: float = 30.0
     signal_lead: int | None = None
     """Seconds of USR1 warning; derived from measured step + checkpoint write time (or the spec's)."""
     checkpoint_every: int | None = None
@@ -227,6 +231,9 @@ class RenderContext:
     python: str = sys.executable
     repo_root: Path = REPO_ROOT
     extra_env: dict[str, str] = field(default_factory=dict)
+    stage_bytes: int | None = None
+    """What stage-in copies to each node (the disk check's number at submit); the node guard compares
+    it with the node's free scratch. None: not known, the guard skips that comparison."""
 
 
 def render_script(resolved: ResolvedSpec, options: JobOptions, ctx: RenderContext) -> str:
@@ -276,6 +283,7 @@ def render_script(resolved: ResolvedSpec, options: JobOptions, ctx: RenderContex
                              suffix=".pt" if spec.data.cache_format == "legacy_pt" else ".safetensors",
                              python=ctx.python)
     q = shlex.quote
+    guard = _guard_lines(resolved, options, ctx)
     body = [
         "set -uo pipefail",
         *(f"export {key}={q(value)}" for key, value in env.items()),
@@ -284,7 +292,11 @@ def render_script(resolved: ResolvedSpec, options: JobOptions, ctx: RenderContex
         f'echo "idmctl: job ${{SLURM_JOB_ID:-local}} chain ${contract.ENV_CHAIN_ID} attempt ${contract.ENV_ATTEMPT}'
         ' restart ${SLURM_RESTART_COUNT:-0} on $(hostname) at $(date -Is)"',
         "",
+        *guard,
+        "node_guard stage" + _guard_stage_args(resolved, options, ctx),
+        "",
         stage,
+        "node_guard train",
         "",
         "# Ranks: srun under Slurm (Fabric reads SLURM_* and needs ntasks-per-node == devices);",
         "# the local executor runs the same script without srun.",
@@ -292,6 +304,10 @@ def render_script(resolved: ResolvedSpec, options: JobOptions, ctx: RenderContex
         'if [ -n "${SLURM_JOB_ID:-}" ]; then LAUNCH=(srun --kill-on-bad-exit=1); else LAUNCH=(); fi',
         f'"${{LAUNCH[@]}}" {q(ctx.python)} -m {options.entry} --run-dir "$RUN_DIR"{_build_args(options)} &',
         "TRAINER=$!",
+        "# The hang watchdog: stacks of every rank, then kill, when the heartbeat stops (trainers/watchdog.py).",
+        f'{q(ctx.python)} -m trainers.watchdog --run-dir "$RUN_DIR" --trainer-pid "$TRAINER" --k {options.hang_k:g} '
+        f'--floor {options.hang_floor_s:g} --poll {options.hang_poll_s:g} &',
+        "WATCHDOG=$!",
         "# USR1 arrives before preemption or the time limit: pass it on so the trainer checkpoints, and",
         "# requeue afterwards. TERM alone is scancel (or a kill): checkpoint, but never requeue a cancel.",
         "REQUEUE_WANTED=0",
@@ -302,11 +318,16 @@ def render_script(resolved: ResolvedSpec, options: JobOptions, ctx: RenderContex
         '  wait "$TRAINER"; STATUS=$?',
         '  kill -0 "$TRAINER" 2>/dev/null || break  # wait was interrupted by a signal, not the exit',
         "done",
+        'kill "$WATCHDOG" 2>/dev/null; wait "$WATCHDOG"; WATCHED=$?',
+        f'if [ "$WATCHED" -eq {contract.EXIT_HANG} ]; then STATUS={contract.EXIT_HANG}; fi  # the watchdog killed a hung trainer',
         f'if [ "$STATUS" -eq {contract.EXIT_REQUEUE} ] && [ "$REQUEUE_WANTED" -eq 1 ]; then',
         '  echo "idmctl: trainer checkpointed and asked to be requeued"',
         '  if [ -n "${SLURM_JOB_ID:-}" ]; then',
         "    # A preempted job that exits by itself is not requeued by Slurm: requeue ourselves (slurm-notes 4).",
-        '    scontrol requeue "$SLURM_JOB_ID" && sleep 60',
+        '    if scontrol requeue "$SLURM_JOB_ID"; then sleep 60; else',
+        "      # A cluster whose preemption cancels may refuse it: sync resubmits the chain (taxonomy: preempted).",
+        f'      echo "{contract.REQUEUE_REFUSED}: sync resubmits the chain"',
+        "    fi",
         "  fi",
         "fi",
         'echo "idmctl: trainer exited $STATUS at $(date -Is)"',
@@ -322,6 +343,45 @@ def _build_args(options: JobOptions) -> str:
     return f" --mode {options.build} --processes {options.ranks_per_node}"
 
 
+def _guard_lines(resolved: ResolvedSpec, options: JobOptions, ctx: RenderContext) -> list[str]:
+    """``node_guard PHASE [ARGS]``: trainers.node_guard on every node with the needs computed here
+    (shm from the preflight's arithmetic, GPUs from the request); an unfit node ends the job with
+    ``EXIT_NODE_UNFIT`` and the marker line the classifier reads as ``node_unfit``."""
+    from idmctl.preflight.shm import need_bytes
+
+    shm_need = need_bytes(resolved.spec)
+    q = shlex.quote
+    guard = f"{q(ctx.python)} -m trainers.node_guard --shm-need {shm_need} --gpus {options.gpus_per_node}"
+    return [
+        f"# node guard: /dev/shm free vs the loader's {shm_need:,} B (stale segments of dead jobs are the evidence),",
+        f"# scratch vs stage-in bytes, the {options.gpus_per_node} GPUs requested visible, the cache mounted; before stage-in and training.",
+        "node_guard() {",
+        '  if [ -n "${SLURM_JOB_ID:-}" ] && [ "${SLURM_JOB_NUM_NODES:-1}" -gt 1 ]; then',
+        '    srun --nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 \\',
+        f'      {guard} --phase "$@"',
+        "  else",
+        f'    {guard} --phase "$@"',
+        "  fi",
+        "  local status=$?",
+        '  if [ "$status" -ne 0 ]; then',
+        '    echo "idmctl: node guard ($1) failed with exit $status at $(date -Is): ending the job before it runs"',
+        '    exit "$status"',
+        "  fi",
+        "}",
+    ]
+
+
+def _guard_stage_args(resolved: ResolvedSpec, options: JobOptions, ctx: RenderContext) -> str:
+    """The stage phase also checks the cache mount (when stage-in or the trainer reads it: another
+    ``--entry``, such as the tests' stand-ins, may read no cache) and scratch against stage-in bytes."""
+    spec, q = resolved.spec, shlex.quote
+    args = ""
+    if spec.stage.enabled or options.entry == DEFAULT_ENTRY:
+        args += f" --cache-root {q(str(check_shell_path(spec.data.cache_root, 'data.cache_root', str(resolved.path))))}"
+    if spec.stage.enabled and ctx.stage_bytes is not None:
+        dest = check_shell_path(spec.stage.dest, "stage.dest", str(resolved.path))
+        args += f" --stage-dest {q(str(dest))} --stage-bytes {int(ctx.stage_bytes)}"
+    return args
 def _comment(text: str) -> str:
     """One comment line: no newline or control character can end it early."""
     return re.sub(r"[\x00-\x1f\x7f]", " ", text)

@@ -32,6 +32,8 @@ class Decision:
     exclude_for: timedelta | None = None
     """How long ``exclude_nodes`` stay out of later submissions (the cause's ``exclude_node_for``)."""
     extra_env: dict[str, str] = field(default_factory=dict)
+    spends_retry: bool = True
+    """False where sync stands in for a requeue the cluster did not do (preemption mode CANCEL)."""
 
 
 def node_exclusion_time(cause: str) -> timedelta:
@@ -39,11 +41,13 @@ def node_exclusion_time(cause: str) -> timedelta:
     return timedelta(seconds=get_cause(cause).exclude_node_for_s or 0)
 
 
-def decide(cause: str | None, node_list: str | None, retries_left: int, earlier_for_cause: int = 0) -> Decision:
+def decide(cause: str | None, node_list: str | None, retries_left: int, earlier_for_cause: int = 0,
+           cluster_cancels: bool = False) -> Decision:
     """What to do after a job ended: ``cause`` None means it completed.
 
     ``retries_left`` is the chain's budget (0 under ``sync --no-retry``); ``earlier_for_cause`` counts
-    the chain's earlier attempts that ended with this same cause (each was resubmitted once).
+    the chain's earlier attempts that ended with this same cause (each was resubmitted once);
+    ``cluster_cancels``: the cluster's preemption mode for the job is CANCEL, not REQUEUE.
     """
     if cause is None:
         return Decision("done", "completed", "finished")
@@ -56,6 +60,9 @@ def decide(cause: str | None, node_list: str | None, retries_left: int, earlier_
         return Decision("stop", cause, f"already resubmitted {earlier_for_cause}× for {cause} in this chain "
                                        f"(max_per_chain {policy.max_per_chain}); fix: {policy.fix}",
                         exclude_nodes=exclude, exclude_for=exclude_for)
+    if policy.scheduler_requeues and cluster_cancels:
+        return Decision("retry", cause, "the cluster cancels preempted jobs instead of requeueing them: resubmit "
+                                        "in its place and resume from the chain's checkpoint", spends_retry=False)
     if retries_left <= 0:
         return Decision("stop", cause, "no retries left in the chain's budget (--retries)",
                         exclude_nodes=exclude, exclude_for=exclude_for)
@@ -83,4 +90,15 @@ def decide_for_job(db: Session, job: Job, chain: Chain, retry: bool = True) -> D
                if other.id != job.id and other.attempt < job.attempt and is_failed_state(other.state)]
     same = sum(1 for other in earlier if classify_job(other).cause == cause)
     retries_left = chain.retries_budget - chain.retries_used if retry else 0
-    return decide(cause, job.node_list, retries_left, same)
+    cancels = retry and get_cause(cause).scheduler_requeues and job.executor == "slurm" and _cluster_cancels(job)
+    return decide(cause, job.node_list, retries_left, same, cluster_cancels=cancels)
+
+
+def _cluster_cancels(job: Job) -> bool:
+    """Whether preemption cancels this job's QoS/partition on its cluster (read now, from Slurm)."""
+    import json
+
+    from idmctl.executors.preempt_mode import CANCEL, preempt_mode
+
+    partition = json.loads(job.options_json or "{}").get("partition")
+    return preempt_mode(job.qos, partition if isinstance(partition, str) else None) == CANCEL

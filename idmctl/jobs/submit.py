@@ -75,7 +75,9 @@ def admit(job: EffectiveJob, force_reason: str | None, version: str) -> Admissio
     from idmctl.preflight.record import latest_passing
 
     passing = latest_passing(job.declared, job.profile_hash, job.smoke_flags, version)
-    admission = _judge(job, passing, version)
+    # Without a pass (and no --force) submit refuses anyway: the flags' FAILs are still named, but a
+    # check nothing remembers for this code is SKIPped rather than importing torch to refuse slowly.
+    admission = _judge(job, passing, version, memo_only=passing is None and force_reason is None)
     if admission.failed and force_reason is None:
         raise Refused(job, admission)
     if force_reason is None and passing is None:
@@ -83,7 +85,7 @@ def admit(job: EffectiveJob, force_reason: str | None, version: str) -> Admissio
     return admission
 
 
-def _judge(job: EffectiveJob, passing: "PreflightRun | None", version: str) -> Admission:
+def _judge(job: EffectiveJob, passing: "PreflightRun | None", version: str, memo_only: bool = False) -> Admission:
     """The submit-time checks: the build preflight's for ``--build``, the training preflight's otherwise."""
     if job.options.build:
         from cache.build_plan import check_mode
@@ -93,14 +95,23 @@ def _judge(job: EffectiveJob, passing: "PreflightRun | None", version: str) -> A
         return judge_build(job, passing)
     from idmctl.preflight.admission import judge
 
-    return judge(job, passing, version)
+    return judge(job, passing, version, memo_only=memo_only)
 
 
-def _context(resolved: ResolvedSpec, chain_id: int, attempt: int, executor: str, extra_env: dict[str, str]) -> RenderContext:
+def _context(resolved: ResolvedSpec, chain_id: int, attempt: int, executor: str, extra_env: dict[str, str],
+             admitted: dict[str, Any] | None = None) -> RenderContext:
     run_dir = runs_dir(resolved.name, chain_id)
     log_name = f"slurm-%j.out" if executor == "slurm" else "local-%j.out"
     return RenderContext(run_dir=run_dir, chain_id=chain_id, attempt=attempt, idmctl_home=home(),
-                         log_path=str(run_dir / log_name), extra_env=extra_env)
+                         log_path=str(run_dir / log_name), extra_env=extra_env, stage_bytes=admitted_stage_bytes(admitted))
+
+
+def admitted_stage_bytes(admitted: dict[str, Any] | None) -> int | None:
+    """The stage-in bytes the disk check computed on the job as admitted (the node guard's scratch need)."""
+    checks = ((admitted or {}).get("admission") or {}).get("checks") or []
+    numbers = next((c.get("numbers") or {} for c in checks if c.get("name") == "disk"), {})
+    value = numbers.get("stage_bytes")
+    return int(value) if isinstance(value, (int, float)) else None
 
 
 @dataclass
@@ -118,7 +129,8 @@ def dry_run(experiment: str, overrides: dict[str, Any], cluster: str | None) -> 
     job = prepare(experiment, overrides, cluster)
     version = code_version()
     admission = _judge(job, latest_passing(job.declared, job.profile_hash, job.smoke_flags, version), version)
-    script = render_script(job.resolved, job.options, _context(job.resolved, DRY_RUN_CHAIN_ID, 1, job.profile.scheduler, {}))
+    script = render_script(job.resolved, job.options, _context(job.resolved, DRY_RUN_CHAIN_ID, 1, job.profile.scheduler, {},
+                                                               {"admission": admission.as_dict()}))
     return DryRun(script, job, admission)
 
 
@@ -142,7 +154,7 @@ def _submit_attempt(resolved: ResolvedSpec, scheduler: str, options: JobOptions,
     """``resolved`` is the effective spec (what the trainer reads); ``spec_hash`` the spec's own hash (the
     gate's key, kept on the rows); ``admitted`` the effective job and the checks it passed."""
     version = version or code_version()
-    ctx = _context(resolved, chain_id, attempt, scheduler, {contract.ENV_CODE_VERSION: version, **extra_env})
+    ctx = _context(resolved, chain_id, attempt, scheduler, {contract.ENV_CODE_VERSION: version, **extra_env}, admitted)
     script = render_script(resolved, options, ctx)
     write_run_spec(ctx.run_dir, resolved)
     script_path = ctx.run_dir / f"attempt-{attempt}.sbatch"
@@ -236,8 +248,9 @@ def _update(job_id: int, job_values: dict[str, Any], chain_id: int, chain_values
     return job, chain
 
 
-def resubmit(job_id: int, extra_env: dict[str, str], reason: str) -> "Job":
-    """A new attempt of the job's chain with the same options (plus current node exclusions)."""
+def resubmit(job_id: int, extra_env: dict[str, str], reason: str, spends_retry: bool = True) -> "Job":
+    """A new attempt of the job's chain with the same options (plus current node exclusions);
+    ``spends_retry`` False where it stands in for a requeue the cluster would not do."""
     from idmctl.store.db import session
     from idmctl.store.models import Chain, Job
 
@@ -247,8 +260,9 @@ def resubmit(job_id: int, extra_env: dict[str, str], reason: str) -> "Job":
             raise UserError(f"no job {job_id}", field="JOB")
         chain = db.get(Chain, old.chain_id)
         assert chain is not None
-        chain.retries_used += 1
-        db.add(chain)
+        if spends_retry:
+            chain.retries_used += 1
+            db.add(chain)
         spec_json = json.loads(Path(old.script_path or "").with_name(SPEC_FILE).read_text())
     options_data = {k: v for k, v in json.loads(old.options_json).items() if k in JobOptions.__dataclass_fields__}
     options = with_exclusions(JobOptions(**options_data), active_exclusions())

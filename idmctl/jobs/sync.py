@@ -35,6 +35,8 @@ class SyncReport:
     """(old job id, new job id)."""
     stopped: list[tuple[int, str]] = field(default_factory=list)
     """(job id, why the chain stopped)."""
+    hung: list[int] = field(default_factory=list)
+    """Running jobs whose heartbeat is silent past the hang threshold (classified ``hang`` now)."""
     unconfirmed: list[int] = field(default_factory=list)
     """Jobs squeue shows ended that sacct has not recorded yet (asked again next sync)."""
 
@@ -85,7 +87,8 @@ def _apply(job: Job, status: JobStatus) -> bool:
             options["runs"] = [{"state": r.state, "exit_code": r.exit_code, "reason": r.reason,
                                 "started_at": r.started_at.isoformat() if r.started_at else None,
                                 "ended_at": r.ended_at.isoformat() if r.ended_at else None,
-                                "node_list": r.node_list, "steps": [list(step) for step in r.steps]}
+                                "node_list": r.node_list, "steps": [list(step) for step in r.steps],
+                                **({"usage": r.usage, "step_usage": r.step_usage} if r.usage else {})}
                                for r in status.runs]
             job.options_json = json.dumps(options)
     job.log_tail = log_tail(job.log_path) or job.log_tail
@@ -153,8 +156,12 @@ def sync(retry: bool = True) -> SyncReport:
                 if _apply(row, status):
                     report.changed.append(row.id or 0)
                 _exclude_nodes_that_failed(db, row, status)
+                # RUNNING, or ended by squeue's word while sacct lags (UNCONFIRMED): either way not classified yet.
+                if row.state in ("RUNNING", UNCONFIRMED) and _note_hang(db, row):
+                    report.hung.append(row.id or 0)
                 if is_final(row.state):
                     ended.append(row.id or 0)
+                    _record_efficiency(row)
                 elif row.state == UNCONFIRMED:
                     report.unconfirmed.append(row.id or 0)
                 db.add(row)
@@ -178,14 +185,105 @@ def sync(retry: bool = True) -> SyncReport:
                 report.stopped.append((job_id, f"{decision.cause}: {decision.why}"))
             db.add(chain)
         if decision.action == "retry":
-            new_job = resubmit(job_id, decision.extra_env, reason=f"{decision.cause}: {decision.why}")
+            new_job = resubmit(job_id, decision.extra_env, reason=f"{decision.cause}: {decision.why}",
+                               spends_retry=decision.spends_retry)
             report.resubmitted.append((job_id, new_job.id or 0))
+    if ended:
+        _log_efficiency(ended)
     if ended:  # classify now: Failure rows with evidence, and the chain's MLflow run marked FAILED/KILLED
         from idmctl.failures.postmortem import record_failures
 
         with session() as db:
             record_failures(db, [job for job in (db.get(Job, job_id) for job_id in ended) if job is not None])
     return report
+
+
+def _note_hang(db: Session, job: Job) -> bool:
+    """Sync's own look at a running job's heartbeat (issue 19 §2, "or sync for jobs it sees"): silent past
+    max(k × s/step, floor) of the job's options, it is classified ``hang`` now — a Failure row for the
+    current run, before the job's watchdog has dumped the stacks and killed it, so the record's latency is
+    the threshold plus one sync interval. When the job ends the row is reclassified from its log (the
+    watchdog's marker) and the retry policy acts then, as for any cause."""
+    from ground import heartbeat
+    from ground.contract import CAUSE_HANG
+    from idmctl.store.models import Failure
+
+    options = json.loads(job.options_json or "{}")
+    k, floor, run_dir = options.get("hang_k"), options.get("hang_floor_s"), run_dir_of(job)
+    runs = options.get("runs") or []
+    # This run's start: a requeued job's earlier run left a beat that is older than it.
+    started = datetime.fromisoformat(runs[-1]["started_at"]) if runs and runs[-1].get("started_at") else job.started_at
+    if k is None or floor is None or run_dir is None or started is None:
+        return False
+    beat = heartbeat.read(run_dir)
+    if beat is None or beat.at < _aware(started).timestamp():
+        return False  # not armed: no beat from this run yet (a previous attempt's file is older)
+    now = datetime.now(timezone.utc)
+    silent, limit = now.timestamp() - beat.at, heartbeat.threshold_s(beat, float(k), float(floor))
+    if silent <= limit:
+        return False
+    run = job.restarts + 1
+    known = db.exec(select(Failure).where(Failure.job_id == job.id)).all()
+    if any(json.loads(f.detail_json or "{}").get("run", 1) == run for f in known):
+        return False  # already recorded for this run
+    last = datetime.fromtimestamp(beat.at, timezone.utc).isoformat(timespec="milliseconds")
+    pace = f"{beat.s_per_step:.3f} s/step" if beat.s_per_step else "no step timed yet"
+    evidence = [f"Slurm: State={job.state} on {job.node_list}",
+                f"sync: no heartbeat for {silent:.1f} s since step {beat.step} at {last} > max({k:g} × {pace}, "
+                f"{floor:g} s) = {limit:.1f} s; the job's watchdog dumps every rank's stacks and kills it"]
+    detail = {"run": run, "final": False, "seen_by": "sync", "node": job.node_list, "step": str(beat.step),
+              "last_beat": last, "silent_s": f"{silent:.1f}", "threshold_s": f"{limit:.1f}"}
+    db.add(Failure(job_id=job.id or 0, cause=CAUSE_HANG, evidence="\n".join(evidence),
+                   detail_json=json.dumps(detail, sort_keys=True), classified_at=now))
+    return True
+
+
+def _record_efficiency(job: Job) -> None:
+    """The efficiency report of a job that just ended, kept on its row (``options_json`` ``efficiency``)."""
+    from ground.trainer_stats import attempt_totals
+    from idmctl.jobs.efficiency import report
+
+    options = json.loads(job.options_json or "{}")
+    runs = options.get("runs") or [{"state": job.state}]
+    run_dir = run_dir_of(job)
+    trainer = attempt_totals(run_dir, job.attempt) if run_dir is not None else None
+    options["efficiency"] = report(job.scheduler_id or f"#{job.id}", runs[-1], options, trainer).as_dict()
+    job.options_json = json.dumps(options)
+
+
+def _log_efficiency(job_ids: list[int]) -> None:
+    """The reports onto each chain's MLflow run: metrics at step = attempt, the lines as a tag."""
+    with session() as db:
+        pairs = [(job, db.get(Chain, job.chain_id)) for job in (db.get(Job, i) for i in job_ids)
+                 if job is not None and job.chain_id is not None]
+        todo = [(job.attempt, chain.mlflow_run_id, json.loads(job.options_json or "{}").get("efficiency"))
+                for job, chain in pairs if chain is not None and chain.mlflow_run_id]
+    todo = [item for item in todo if item[2]]
+    if not todo:
+        return
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient  # heavy (~1.3 s): only when a job with a run ended
+
+    from ground import tracking as names
+    from ground.paths import mlflow_tracking_uri
+    from idmctl.jobs.efficiency import EfficiencyReport
+    from idmctl.output import err_console
+
+    with names.store_init_lock():
+        client = MlflowClient(tracking_uri=mlflow_tracking_uri())
+    for attempt, run_id, data in todo:
+        found = EfficiencyReport.from_dict(data)
+        metrics = {names.M_JOB_CPU_EFF: found.cpu_eff, names.M_JOB_MEM_EFF: found.mem_eff,
+                   names.M_JOB_TIME_FRAC: found.time_frac, names.M_JOB_PEAK_RSS: found.peak_rss_bytes}
+        try:
+            for key, value in metrics.items():
+                if value is not None:
+                    client.log_metric(run_id, key, float(value), step=attempt)
+            text = "\n".join([*found.lines(), *(f"suggest {s.line()}" for s in found.suggestions)])
+            client.set_tag(run_id, f"{names.TAG_EFFICIENCY}.attempt-{attempt}", text[:5000] or "no figures")
+        except MlflowException as exc:  # the report on our row matters more than its copy in MLflow
+            err_console.print(f"warning: could not log the efficiency of attempt {attempt} to MLflow run {run_id}: "
+                              f"{exc}", markup=False)
 
 
 def _exclude_nodes_that_failed(db: Session, job: Job, status: JobStatus) -> None:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from idmctl.preflight import smoke as smoke_check
 from idmctl.preflight.result import CheckResult, Measurements, PreflightContext, SmokeMeasurement, Status
-from idmctl.preflight.runner import STATIC_CHECKS, _safe, gather, introspect
+from idmctl.preflight.runner import NOT_RERUN, STATIC_CHECKS, _safe, gather, introspect
 
 FLAG_BLIND = ("introspection", "cache")
 """Checks no submit flag can change (they read the code, the data section and the files, never resources)."""
@@ -77,21 +77,46 @@ def _blame(job: "EffectiveJob", name: str, measured: Measurements) -> list[str]:
     return [flag for flag in changed if fails([flag])] or changed
 
 
+def name_flags(job: "EffectiveJob", results: list[CheckResult], measured: Measurements) -> list[CheckResult]:
+    """Each FAIL the flags caused, with ``(from --qos sub)`` appended and ``from_flags`` in its numbers."""
+    out: list[CheckResult] = []
+    for result in results:
+        flags: list[str] = []
+        if result.status is Status.FAIL and result.name == smoke_check.NAME:
+            flags = [f for f in job.changed_flags if f in ("--mem", "--gres")]  # peak × ranks vs --mem
+        elif result.status is Status.FAIL and result.name not in FLAG_BLIND:
+            flags = _blame(job, result.name, measured)
+        if flags:
+            result = replace(result, summary=f"{result.summary} (from {', '.join(job.shown(f) for f in flags)})",
+                             numbers={**result.numbers, "from_flags": flags})
+        out.append(result)
+    return out
+
+
 def judge(job: "EffectiveJob", preflight: "PreflightRun | None", code_version: str | None,
-          measurements: Measurements | None = None) -> Admission:
+          measurements: Measurements | None = None, memo_only: bool = False) -> Admission:
     """Run every static check on the effective job and re-judge the preflight's smoke measurement.
-    With the code version, introspection and cache inspection come from the memo when nothing changed."""
+    With the code version, introspection and cache inspection come from the memo when nothing changed;
+    ``memo_only`` (submit is refusing anyway: no passing preflight) SKIPs them rather than import torch."""
     started = time.perf_counter()
     timings: dict[str, float] = {}
     tick = time.perf_counter()
-    measured = measurements if measurements is not None else gather(job.resolved, job.profile, code_version)
+    measured = (measurements if measurements is not None
+                else gather(job.resolved, job.profile, code_version, memo_only=memo_only))
     timings["gather"] = (time.perf_counter() - tick) * 1000
-    measured = replace(measured, smoke=stored_smoke(preflight))
+    # As run_preflight: step times of earlier runs count only when they ran this very code (limits.derive).
+    measured = replace(measured, smoke=stored_smoke(preflight),
+                       recorded_runs=[r for r in measured.recorded_runs if r.code_version == code_version])
     ctx = PreflightContext(job.resolved, job.profile, measured)
     results: list[CheckResult] = []
     for module in STATIC_CHECKS:
         tick = time.perf_counter()
-        results.append(introspect(ctx, code_version) if module.NAME == "introspection" else _safe(module, ctx))
+        if module.NAME == "introspection":
+            results.append(introspect(ctx, code_version, memo_only))
+        elif module.NAME == "cache" and not measured.cache_inspected:
+            results.append(CheckResult(module.NAME, Status.SKIP, NOT_RERUN, {}, ""))
+        else:
+            results.append(_safe(module, ctx))
         timings[module.NAME] = (time.perf_counter() - tick) * 1000
     if measured.smoke is not None:
         tick = time.perf_counter()
@@ -103,19 +128,5 @@ def judge(job: "EffectiveJob", preflight: "PreflightRun | None", code_version: s
         why = (f"preflight #{preflight.id} stored no smoke measurement" if preflight is not None
                else "no passing preflight of this key to take the smoke's measurement from")
         results.append(CheckResult(smoke_check.NAME, Status.SKIP, why, {}, "" if preflight else "run the preflight the gate asks for"))
-    blamed: list[CheckResult] = []
-    for result in results:
-        if result.status is Status.FAIL and result.name in FLAG_BLIND:
-            pass
-        elif result.status is Status.FAIL and result.name != smoke_check.NAME:
-            flags = _blame(job, result.name, measured)
-            if flags:
-                result = replace(result, summary=f"{result.summary} (from {', '.join(job.shown(f) for f in flags)})",
-                                 numbers={**result.numbers, "from_flags": flags})
-        elif result.status is Status.FAIL:
-            changed = [f for f in job.changed_flags if f in ("--mem", "--gres")]  # peak × ranks vs --mem
-            if changed:
-                result = replace(result, summary=f"{result.summary} (from {', '.join(job.shown(f) for f in changed)})",
-                                 numbers={**result.numbers, "from_flags": changed})
-        blamed.append(result)
+    blamed = name_flags(job, results, measured)
     return Admission(blamed, preflight.id if preflight else None, time.perf_counter() - started, timings)

@@ -253,9 +253,12 @@ def latest_smoke(spec_hash: str) -> "SmokeMeasurement | None":
                 text = found[0].numbers_json if found else None
                 break
         if attempt == 0:
+            from ground.paths import db_path
             from idmctl.store.db import open_store
 
-            open_store()  # no store yet or an older revision: the ORM creates or migrates it, once
+            if not db_path().exists():
+                return None  # no store, no smoke recorded; a read never creates one (a dry-run writes nothing)
+            open_store()  # an older revision: the ORM migrates it, once
     if not text:
         return None
     numbers = json.loads(text)

@@ -127,6 +127,8 @@ class Measurements:
     queue_waits: list[QueueWait] = field(default_factory=list)
     """Recorded jobs with the same QoS and GPU count (and others with the same GPU count)."""
     smoke: SmokeMeasurement | None = None
+    cache_inspected: bool = True
+    """False when gathering skipped the cache inspection (``memo_only`` and nothing remembered)."""
     recorded_runs: list[RecordedRun] = field(default_factory=list)
     """Step times earlier runs measured (``idmctl.preflight.limits`` derives the time limit from them)."""
 

@@ -108,32 +108,44 @@ def _waits(rows: list, gpus: int) -> list[QueueWait]:
     return waits
 
 
-def _inspections(resolved: ResolvedSpec, tree_digest: str, code_version: str | None) -> list[CacheInspection]:
-    """Every split's cache inspection, remembered per (code, data section, files): see ``memo``."""
+def _inspections(resolved: ResolvedSpec, tree_digest: str, code_version: str | None,
+                 memo_only: bool = False) -> list[CacheInspection] | None:
+    """Every split's cache inspection, remembered per (code, data section, files): see ``memo``.
+    ``memo_only``: None instead of inspecting (which imports torch) when nothing is remembered."""
     data = resolved.spec.data
     key = memo.cache_key(resolved, code_version, tree_digest, expand_path(data.episodes)) if code_version else None
     stored = memo.load("cache", key)
     if stored is not None:
         return [CacheInspection(**found) for found in stored]
+    if memo_only:
+        return None
     splits = dict.fromkeys((data.train_split, data.eval_split))
     found = [cache.inspect_split(resolved.spec, split) for split in splits]
     memo.store("cache", key, [asdict(f) for f in found])
     return found
 
 
-def introspect(ctx: PreflightContext, code_version: str | None) -> CheckResult:
-    """The introspection check, remembered per (code version, spec without resources): see ``memo``."""
+NOT_RERUN = ("not re-run: nothing remembered for this code version, and without a passing preflight of it submit "
+             "refuses anyway; the preflight it asks for runs this check")
+
+
+def introspect(ctx: PreflightContext, code_version: str | None, memo_only: bool = False) -> CheckResult:
+    """The introspection check, remembered per (code version, spec without resources): see ``memo``.
+    ``memo_only``: SKIP instead of importing the trainer's registries (torch) when nothing is remembered."""
     key = memo.introspection_key(ctx.resolved, code_version) if code_version else None
     stored = memo.load("introspection", key)
     if stored is not None:
         return CheckResult(stored["name"], Status(stored["status"]), stored["summary"], stored["numbers"], stored["fix"])
+    if memo_only:
+        return CheckResult(introspection.NAME, Status.SKIP, NOT_RERUN, {}, "")
     result = _safe(introspection, ctx)
     if not result.summary.startswith(("check crashed", "cannot import")):  # environment trouble: try again next time
         memo.store("introspection", key, result.as_dict())
     return result
 
 
-def gather(resolved: ResolvedSpec, profile: ClusterProfile, code_version: str | None = None) -> Measurements:
+def gather(resolved: ResolvedSpec, profile: ClusterProfile, code_version: str | None = None,
+           memo_only: bool = False) -> Measurements:
     """Everything static checks need from this machine and the store (no smoke). With the code version,
     cache inspections are remembered until a cache file, the episodes file, the data section or the code
     changes."""
@@ -141,17 +153,17 @@ def gather(resolved: ResolvedSpec, profile: ClusterProfile, code_version: str | 
     root = expand_path(data.cache_root)
     present = root.is_dir()
     cache_bytes = file_count = None
-    inspections = []
+    inspections: list[CacheInspection] | None = []
     if present:
         cache_bytes, file_count, tree_digest = memo.tree_fingerprint(root)
-        inspections = _inspections(resolved, tree_digest, code_version)
+        inspections = _inspections(resolved, tree_digest, code_version, memo_only)
     res = resolved.spec.resources
     return Measurements(
         shm_free_bytes=_free_bytes(Path("/dev/shm")),
         scratch_free_bytes=_free_bytes(expand_path(resolved.spec.stage.dest)),
         cache_present=present, cache_bytes=cache_bytes, cache_file_count=file_count,
-        cache_inspections=inspections, queue_waits=queue_history(res.gpus_per_node * res.nodes),
-        recorded_runs=recorded_runs(),
+        cache_inspections=inspections or [], queue_waits=queue_history(res.gpus_per_node * res.nodes),
+        cache_inspected=inspections is not None, recorded_runs=recorded_runs(),
     )
 
 
@@ -208,6 +220,10 @@ def run_preflight(resolved: ResolvedSpec, profile: ClusterProfile, profile_hash:
     results = {**early, **{module.NAME: _safe(module, ctx) for module in STATIC_CHECKS if module.NAME not in early}}
     results[smoke.NAME] = smoke_not_run or _safe(smoke, ctx)
     ordered = [results[name] for name in CHECK_NAMES]
+    if job is not None and job.changed_flags:
+        from idmctl.preflight.admission import name_flags
+
+        ordered = name_flags(job, ordered, ctx.measurements)
     seconds = time.perf_counter() - started
     smoke_flags = job.smoke_flags if job is not None else {}
     report = PreflightReport(declared.name, declared.hash, version, profile.name, profile_hash, with_smoke,

@@ -1,4 +1,5 @@
-"""Open the SQLite store under ``$IDMCTL_HOME``: WAL, a busy timeout, migrations to head.
+"""Open the SQLite store under ``$IDMCTL_HOME`` (WAL, a busy timeout) or the team's PostgreSQL store
+(``IDMCTL_DB_URL``, idmctl/store/shared.py), migrated to head.
 
 The schema is owned by Alembic (``migrations/versions``). Opening checks the stored revision with
 one cheap query and runs ``alembic upgrade head`` only when it differs, so commands stay fast.
@@ -21,6 +22,7 @@ from sqlmodel import Session, create_engine
 from ground.contract import ENV_HOME
 from ground.errors import UserError
 from ground.paths import db_path
+from idmctl.store.url import shared_url
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 from idmctl.store.head import HEAD_REVISION  # noqa: E402  (re-exported: store_db.HEAD_REVISION)
@@ -138,8 +140,20 @@ def _engine_for(path: str) -> Engine:
     return engine
 
 
+@lru_cache(maxsize=8)
+def _shared_engine(url: str) -> Engine:
+    from idmctl.store.shared import open_shared
+
+    return open_shared(url)
+
+
 def open_store(path: Path | None = None) -> Engine:
-    """The engine for the store at ``path`` (default ``$IDMCTL_HOME/idmctl.sqlite``), migrated to head."""
+    """The engine for the store at ``path`` (default: the team's ``IDMCTL_DB_URL`` when set, else
+    ``$IDMCTL_HOME/idmctl.sqlite``), migrated to head."""
+    if path is None:
+        url = shared_url()
+        if url:
+            return _shared_engine(url)
     return _engine_for(str(path or db_path()))
 
 

@@ -19,8 +19,11 @@ from typing import Any
 
 from ground.paths import db_path
 from idmctl.store.head import HEAD_REVISION
+from idmctl.store.url import shared_url, writer
 
 BUSY_TIMEOUT_S = 10.0
+WRITER_TABLES = frozenset({"spec_version", "preflight_run", "chain", "job", "failure", "fix", "node_exclusion"})
+"""Tables whose rows carry the writer's ``user`` and ``host`` (models.Written), as the ORM fills them."""
 
 
 def db_time(moment: datetime | None = None) -> str:
@@ -36,32 +39,51 @@ def from_db_time(text: str | None) -> datetime | None:
     return moment.replace(tzinfo=timezone.utc) if moment.tzinfo is None else moment.astimezone(timezone.utc)
 
 
-@contextmanager
-def connect(path: Path | None = None) -> Iterator[sqlite3.Connection | None]:
-    """A connection (committed on success) to a store at head, or None: no store yet, or another revision."""
-    db = Path(path or db_path())
-    if not db.exists():
-        yield None
-        return
+_OPEN: dict[str, sqlite3.Connection] = {}
+"""One connection per process (for the store last used): opening, closing (a WAL checkpoint) and the
+revision query once, not per statement group — half of a submit's store time otherwise."""
+
+
+def _open(db: Path) -> sqlite3.Connection | None:
     connection = sqlite3.connect(db, timeout=BUSY_TIMEOUT_S)
     connection.row_factory = sqlite3.Row
     try:
-        try:
-            row = connection.execute("SELECT version_num FROM alembic_version").fetchone()
-        except sqlite3.Error:
-            row = None
-        if row is None or row[0] != HEAD_REVISION:
-            yield None
-            return
-        connection.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
-        connection.execute("PRAGMA foreign_keys=ON")
+        row = connection.execute("SELECT version_num FROM alembic_version").fetchone()
+    except sqlite3.Error:
+        row = None
+    if row is None or row[0] != HEAD_REVISION:
+        connection.close()
+        return None
+    connection.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
+    connection.execute("PRAGMA foreign_keys=ON")
+    for other in _OPEN.values():  # tests switch IDMCTL_HOME; a process needs one store at a time
+        other.close()
+    _OPEN.clear()
+    _OPEN[str(db)] = connection
+    return connection
+
+
+@contextmanager
+def connect(path: Path | None = None) -> Iterator[sqlite3.Connection | None]:
+    """A transaction (committed on success, rolled back on error) on a store at head, or None: no store
+    yet, another revision (the caller then takes the ORM path, which migrates), or the team's PostgreSQL
+    store (``IDMCTL_DB_URL``), which only the ORM path writes."""
+    if shared_url():  # whatever the path: the caller's default store is the shared one
+        yield None
+        return
+    db = Path(path or db_path())
+    connection = _OPEN.get(str(db))
+    if connection is None:
+        connection = _open(db) if db.exists() else None
+    if connection is None:
+        yield None
+        return
+    try:
         yield connection
         connection.commit()
     except BaseException:
         connection.rollback()
         raise
-    finally:
-        connection.close()
 
 
 def rows(connection: sqlite3.Connection, sql: str, params: tuple[Any, ...] = ()) -> list[SimpleNamespace]:
@@ -70,6 +92,9 @@ def rows(connection: sqlite3.Connection, sql: str, params: tuple[Any, ...] = ())
 
 
 def insert(connection: sqlite3.Connection, table: str, values: dict[str, Any]) -> int:
+    if table in WRITER_TABLES:
+        user, host = writer()
+        values = {"user": user, "host": host, **values}
     columns = ", ".join(f'"{name}"' for name in values)
     marks = ", ".join("?" for _ in values)
     cursor = connection.execute(f"INSERT INTO {table} ({columns}) VALUES ({marks})", tuple(values.values()))

@@ -7,12 +7,30 @@ from datetime import datetime, timezone
 
 from sqlmodel import Field, SQLModel
 
+from idmctl.store.url import writer
+
 
 def utcnow() -> datetime:
     return datetime.now(timezone.utc)
 
 
-class SpecVersion(SQLModel, table=True):
+def _user() -> str:
+    return writer()[0]
+
+
+def _host() -> str:
+    return writer()[1]
+
+
+class Written(SQLModel):
+    """Who wrote the row, from where: in the team's shared store (IDMCTL_DB_URL) everyone's rows meet,
+    and ``--user`` filters on this. NULL on rows written before migration 0002."""
+
+    user: str | None = Field(default_factory=_user, index=True)
+    host: str | None = Field(default_factory=_host)
+
+
+class SpecVersion(Written, table=True):
     """One exact resolved spec, named by its canonical content hash."""
 
     __tablename__ = "spec_version"
@@ -23,7 +41,7 @@ class SpecVersion(SQLModel, table=True):
     registered_at: datetime = Field(default_factory=utcnow)
 
 
-class PreflightRun(SQLModel, table=True):
+class PreflightRun(Written, table=True):
     """One preflight of (spec hash, code version, cluster profile hash)."""
 
     __tablename__ = "preflight_run"
@@ -53,7 +71,7 @@ class PreflightCheck(SQLModel, table=True):
     fix: str = ""
 
 
-class Chain(SQLModel, table=True):
+class Chain(Written, table=True):
     """All attempts of one logical run (requeues and resubmissions) share one chain and one MLflow run."""
 
     __tablename__ = "chain"
@@ -67,7 +85,7 @@ class Chain(SQLModel, table=True):
     created_at: datetime = Field(default_factory=utcnow)
 
 
-class Job(SQLModel, table=True):
+class Job(Written, table=True):
     """One scheduler job (one sbatch / one local subprocess). Requeues of it are counted in ``restarts``."""
 
     __tablename__ = "job"
@@ -105,7 +123,7 @@ class Job(SQLModel, table=True):
     updated_at: datetime = Field(default_factory=utcnow)
 
 
-class Failure(SQLModel, table=True):
+class Failure(Written, table=True):
     """The classified cause of a job that did not complete, with its evidence."""
 
     __tablename__ = "failure"
@@ -118,7 +136,7 @@ class Failure(SQLModel, table=True):
     classified_at: datetime = Field(default_factory=utcnow, index=True)
 
 
-class Fix(SQLModel, table=True):
+class Fix(Written, table=True):
     """A recorded fix; one fix may cover several failures (6054/6108/6158 share one)."""
 
     __tablename__ = "fix"
@@ -128,7 +146,7 @@ class Fix(SQLModel, table=True):
     created_at: datetime = Field(default_factory=utcnow)
 
 
-class NodeExclusion(SQLModel, table=True):
+class NodeExclusion(Written, table=True):
     """A node that caused a hardware failure, avoided by later submissions until ``until``."""
 
     __tablename__ = "node_exclusion"

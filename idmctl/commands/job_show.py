@@ -1,0 +1,55 @@
+"""``idmctl jobs show ID``: one job's record, and its efficiency report once it ended."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+from ground.errors import UserError
+from idmctl.output import console, emit_json
+
+
+def show(
+    job: Annotated[int, typer.Argument(help="idmctl job id (see `idmctl jobs`).")],
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+) -> None:
+    """A job's record (state, nodes, times) and, once it ended, its efficiency report with suggestions."""
+    from idmctl.jobs.efficiency import EfficiencyReport
+    from idmctl.store.fast import connect, rows
+
+    with connect() as db:
+        fast = db is not None
+        found = rows(db, "SELECT * FROM job WHERE id = ?", (job,)) if db is not None else []
+    if not fast:  # no store yet, or one the ORM must migrate first
+        from idmctl.store.db import session
+        from idmctl.store.models import Job
+
+        with session() as orm:
+            stored = orm.get(Job, job)
+            found = [stored] if stored is not None else []
+    if not found:
+        raise UserError(f"no job {job}", field="JOB", hint="see `idmctl jobs`")
+    row = found[0]
+    options = json.loads(row.options_json or "{}")
+    efficiency = options.get("efficiency")
+    if as_json:
+        emit_json({"job": row.id, "chain": row.chain_id, "attempt": row.attempt, "experiment": row.experiment,
+                   "scheduler_id": row.scheduler_id, "state": row.state, "exit_code": row.exit_code,
+                   "nodes": row.node_list, "qos": row.qos, "efficiency": efficiency})
+        return
+    console.print(f"job {row.id} ({row.executor} {row.scheduler_id or '—'}) chain {row.chain_id} attempt {row.attempt}  "
+                  f"{row.experiment}  {row.state} {row.exit_code or ''} on {row.node_list or '—'}  qos {row.qos or '—'}",
+                  markup=False)
+    console.print(f"asked: --mem {options.get('mem')}  -c {options.get('cpus_per_node')}  --time {options.get('time_limit')}"
+                  f"  gpus/node {options.get('gpus_per_node')}", markup=False)
+    if not efficiency:
+        console.print("efficiency: not yet (the report is written by `idmctl sync` when the job ends)", markup=False)
+        return
+    report = EfficiencyReport.from_dict(efficiency)
+    console.print("efficiency:", markup=False)
+    for line in report.lines() or ["no figures recorded"]:
+        console.print(f"  {line}", markup=False)
+    for suggestion in report.suggestions:
+        console.print(f"  suggest {suggestion.line()}", markup=False)

@@ -1,0 +1,138 @@
+"""The hang watchdog the job script starts beside the trainer (issue 19 §2).
+
+``python -m trainers.watchdog --run-dir DIR --trainer-pid PID --k K --floor S --poll S`` (k, floor and
+poll from the cluster profile's ``hang:``; rendered by idmctl/jobs/render.py). Every ``poll`` seconds it
+reads the heartbeat (``ground.heartbeat``: progress.json and its mtime). It arms at the first beat of
+this attempt (a file left by an earlier attempt is older than the watchdog), and when the heartbeat has
+not moved for longer than max(k × the measured s/step, floor) it:
+
+1. sends SIGUSR2 to every rank (``scancel --signal=USR2`` on each job step under Slurm, the trainer's
+   process tree otherwise): each rank's ``faulthandler`` writes all its threads' Python stacks into the
+   job log;
+2. waits ``--dump-wait`` seconds for the dumps, prints ``IDMCTL_FAILURE cause=hang node=... step=...
+   silent_s=... threshold_s=...``;
+3. kills the ranks with SIGKILL (the step only: the batch script lives on to exit ``EXIT_HANG``), and
+   exits ``EXIT_HANG``.
+
+Sync classifies the job ``hang``, leaves the node out and resubmits: the chain resumes from its checkpoint.
+Imports only the standard library and ``ground``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from ground.contract import CAUSE_HANG, EXIT_HANG, FAILURE_MARKER, STACKS_SIGNAL
+from ground.heartbeat import read, threshold_s
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has exited (slurm-notes 6)
+    except OSError:
+        return False
+
+
+def _descendants(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(parent, []).append(int(entry.name))
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo.extend(children.get(pid, []))
+    return found
+
+
+def _job_steps(job_id: str) -> list[str]:
+    """The job's numbered steps (``123.0``): the ranks live there, not under the batch shell."""
+    result = subprocess.run(["squeue", "-h", "-s", "-j", job_id, "-o", "%i"], capture_output=True, text=True,
+                            timeout=60)
+    return [s for s in result.stdout.split() if s.split(".")[-1].isdigit()]
+
+
+def signal_ranks(trainer_pid: int, signame: str) -> str:
+    """Send ``signame`` to every rank; returns where it went (for the log)."""
+    job_id = os.environ.get("SLURM_JOB_ID")
+    if job_id:
+        steps = _job_steps(job_id)
+        for step in steps:
+            subprocess.run(["scancel", f"--signal={signame}", step], capture_output=True, timeout=60)
+        return f"steps {','.join(steps) or 'none'}"
+    pids = _descendants(trainer_pid)
+    for pid in pids:
+        try:
+            os.kill(pid, getattr(signal, f"SIG{signame}"))
+        except OSError:
+            pass
+    return f"pids {','.join(map(str, pids))}"
+
+
+def _iso(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, timezone.utc).isoformat(timespec="milliseconds")
+
+
+def watch(run_dir: Path, trainer_pid: int, k: float, floor: float, poll: float, dump_wait: float) -> int:
+    started = time.time()
+    node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    print(f"idmctl: watchdog on {node}: hang when the heartbeat stops for max({k:g} × s/step, {floor:g} s), "
+          f"checked every {poll:g} s", flush=True)
+    while _alive(trainer_pid):
+        time.sleep(poll)
+        beat = read(run_dir)
+        if beat is None or beat.at < started - 1:
+            continue  # not armed: no beat of this attempt yet (stage-in, imports, a previous attempt's file)
+        now = time.time()
+        silent, limit = now - beat.at, threshold_s(beat, k, floor)
+        if silent <= limit or not _alive(trainer_pid):
+            continue
+        # From here on the job script's TERM (sent when the killed trainer exits) must not cut the verdict short.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        pace = f"{beat.s_per_step:.3f} s/step" if beat.s_per_step else "no step timed yet"
+        print(f"idmctl: watchdog: no heartbeat for {silent:.1f} s since step {beat.step} at {_iso(beat.at)} "
+              f"> max({k:g} × {pace}, {floor:g} s) = {limit:.1f} s; dumping every rank's Python stacks "
+              f"(SIG{STACKS_SIGNAL})", flush=True)
+        where = signal_ranks(trainer_pid, STACKS_SIGNAL)
+        time.sleep(dump_wait)
+        print(" ".join([FAILURE_MARKER, f"cause={CAUSE_HANG}", f"node={node}", f"step={beat.step}",
+                        f"last_beat={_iso(beat.at)}", f"silent_s={silent:.1f}", f"threshold_s={limit:.1f}",
+                        f"k={k:g}", f"floor_s={floor:g}",
+                        f"s_per_step={beat.s_per_step:.4f}" if beat.s_per_step else "s_per_step=none"]),
+              file=sys.stderr, flush=True)
+        killed = signal_ranks(trainer_pid, "KILL")
+        print(f"idmctl: watchdog: stacks requested from {where}; killed {killed}", flush=True)
+        return EXIT_HANG
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m trainers.watchdog", description=__doc__.splitlines()[0])
+    parser.add_argument("--run-dir", required=True, type=Path)
+    parser.add_argument("--trainer-pid", required=True, type=int)
+    parser.add_argument("--k", type=float, required=True, help="Hang after k × the measured step time...")
+    parser.add_argument("--floor", type=float, required=True, help="...but never sooner than this many seconds.")
+    parser.add_argument("--poll", type=float, required=True, help="Seconds between heartbeat reads.")
+    parser.add_argument("--dump-wait", type=float, default=1.0, help="Seconds the ranks get to write their stacks.")
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # the job script ends us when the trainer exits
+    return watch(args.run_dir, args.trainer_pid, args.k, args.floor, args.poll, args.dump_wait)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
