@@ -186,7 +186,8 @@ def measure(fast: bool) -> dict[str, Any]:
     speedups = [s / p for s, p in zip(results["sequential_s"], results["parallel_s"])]
     span_speedups = [s / p for s, p in zip(results["sequential_span_s"], results["parallel_span_s"])]
     return {**results, "speedup": speedups, "span_speedup": span_speedups, "load_average": list(os.getloadavg()),
-            "geometry": f"{demos} demos × {steps} steps, 2 cameras, 5×32×32, 1 builder process per job on a whole node (-c 2)"}
+            "geometry": f"{demos} demos × {steps} steps, 2 cameras, 5×32×32, 1 builder process per job on a whole "
+                        "node (-c 2)"}
 
 
 def run(fast: bool) -> list[Figure] | list[str]:
