@@ -26,6 +26,7 @@ MODULES = [
     ("Preflight static checks", "bench.preflight_static"),
     ("Hidden-cache reads", "bench.hidden_reads"),
     ("Three-way latent cache", "bench.latent_parallel"),
+    ("Cache build jobs on Slurm", "bench.build_jobs"),
     ("Trainer overhead", "bench.trainer_overhead"),
     ("Sync of many jobs", "bench.sync_jobs"),
     ("Submit overhead", "bench.submit_overhead"),

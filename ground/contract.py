@@ -81,6 +81,17 @@ CAUSE_NODE_UNFIT = "node_unfit"
 CAUSE_HANG = "hang"
 """The watchdog's cause: the trainer's heartbeat stopped for longer than the cluster's hang threshold."""
 CAUSE_NAN_LOSS = "nan_loss"
+CAUSE_DISK_FULL = "disk_full"
+"""A job's own output (cache files, checkpoints) hit ENOSPC: the builders print it with the path."""
+CAUSE_MISSING_WEIGHTS = "missing_weights"
+"""A build job found no model weights where the spec points (checked before any process starts)."""
+CAUSE_PT_NORM_MISSING = "pt_norm_missing"
+"""An FF build with point maps found no PT norm file: FF runs after PT (card B)."""
+
+# Cache builds as jobs (``idmctl submit EXP --build MODE``): the entry the job script starts, and the modes.
+BUILD_ENTRY = "trainers.build_job"
+BUILD_MODES = ("hidden", "rgb", "pt", "ff")
+"""``hidden``: the Cosmos hidden-state cache; ``rgb``/``pt``/``ff``: one slot of card B's latent cache."""
 """The cause the trainer reports for a non-finite loss (marker line, ``failure.json``, MLflow tag): a cause
 name of idmctl/failures/taxonomy.yaml, whose ``action`` decides what sync does (a test checks the name)."""
 

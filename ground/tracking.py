@@ -30,6 +30,8 @@ TAG_ATTEMPT_START_STEP = "idmctl.attempt_start_step"
 """The step the current attempt resumed from (0: a fresh start); the full record is :data:`M_ATTEMPT_START`."""
 TAG_FAILURE_CAUSE = "failure_cause"
 TAG_SLURM_STATE = "slurm_state"
+TAG_BUILD = "idmctl.build"
+"""On a cache build job's run: the mode built (hidden, rgb, pt, ff); compare leaves such runs out."""
 
 # Params: the trainer logs the canonical spec flattened (``flatten``), so a param key is the spec
 # field's dotted path. These are the ones the control plane reads back (compare); a test checks each

@@ -166,7 +166,8 @@ def load_runs(tracking_uri: str | None = None) -> list[CompareRow]:
     if experiment is None:
         return []
     runs = client.search_runs([experiment.experiment_id], max_results=5000, order_by=["attribute.start_time ASC"])
-    return [_run_row(client, run) for run in runs]
+    # Cache build jobs log their own runs (files built, files/s): they have no loss or EEF to compare.
+    return [_run_row(client, run) for run in runs if tracking.TAG_BUILD not in run.data.tags]
 
 
 def surviving_history(client: Any, run_id: str, key: str) -> list[tuple[int, float]]:

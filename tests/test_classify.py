@@ -14,11 +14,13 @@ from pathlib import Path
 import pytest
 
 from ground.errors import UserError
+from idmctl.preflight.build import BUILD_CHECK_NAMES
 from idmctl.failures.classify import (
     classify, cause_names, is_failed_state, load_taxonomy, marker_line, parse_traceback,
 )
 
-PREFLIGHT_CHECKS = {"spec", "introspection", "loader", "shm", "io", "qos", "disk", "cache", "smoke", "none"}
+PREFLIGHT_CHECKS = {"spec", "introspection", "loader", "shm", "io", "qos", "disk", "cache", "smoke", "none",
+                    *BUILD_CHECK_NAMES}
 
 
 def run_python(script: Path, *args: str) -> subprocess.CompletedProcess[str]:

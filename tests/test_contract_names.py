@@ -86,5 +86,7 @@ def test_the_params_compare_reads_are_keys_the_trainer_logs() -> None:
 
 def test_the_trainer_reports_a_cause_the_taxonomy_knows() -> None:
     assert contract.CAUSE_NAN_LOSS in cause_names()
+    for cause in (contract.CAUSE_DISK_FULL, contract.CAUSE_MISSING_WEIGHTS, contract.CAUSE_PT_NORM_MISSING):
+        assert cause in cause_names()  # the build job's markers
     assert tracking.EEF_METRIC.match(tracking.eef_metric(24)) and tracking.EEF_METRIC.match(
         tracking.eef_metric(5, simulator=True)).group(1) == "sim_"

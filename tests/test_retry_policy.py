@@ -45,6 +45,13 @@ SAMPLES: dict[str, tuple[str, str, str, bool]] = {
     "oom_cuda": ("FAILED", "1:0", "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", True),
     "shm_enospc": ("FAILED", "1:0", "RuntimeError: unable to write to file </torch_1234_567_0>: "
                                     "No space left on device (28) /dev/shm", True),
+    # The build job's markers (trainers.build_job / the builders), as they print them.
+    "disk_full": ("FAILED", "1:0", f"{contract.FAILURE_MARKER} cause={contract.CAUSE_DISK_FULL} path=/cache/"
+                                   "5x32x32_rgb/.demo_3_s0.safetensors.tmp77: No space left on device", True),
+    "missing_weights": ("FAILED", "1:0", f"{contract.FAILURE_MARKER} cause={contract.CAUSE_MISSING_WEIGHTS} "
+                                         "field=latent.vae: VAE weights directory /models/wan does not exist", True),
+    "pt_norm_missing": ("FAILED", "1:0", f"{contract.FAILURE_MARKER} cause={contract.CAUSE_PT_NORM_MISSING} "
+                                         "field=latent.pt_norm_path: FF needs the PT norm file", True),
     "loader_config": ("FAILED", "1:0", "ValueError: persistent_workers option needs num_workers > 0", True),
     "python_exception": ("FAILED", "1:0", "Traceback (most recent call last):\n"
                                           '  File "/work/main/cache/dataset.py", line 568, in __init__\n'

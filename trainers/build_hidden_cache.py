@@ -195,9 +195,19 @@ def main(argv: list[str] | None = None) -> None:
     assert accelerator.num_processes == world == args.expect_processes, (
         f"accelerate runs {accelerator.num_processes} process(es), WORLD_SIZE={world}, "
         f"expected {args.expect_processes}")
-    spec = ExperimentSpec.model_validate(json.loads(Path(args.spec_json).read_text()))
-    counts = build_shard(spec, accelerator.process_index, accelerator.num_processes, args.model_dir,
-                         show_progress=accelerator.is_local_main_process, text_encoder_dir=args.text_encoder_dir)
+    document = json.loads(Path(args.spec_json).read_text())
+    # A build job passes its run directory's spec.json ({"name", "hash", "spec"}); build-hidden a bare spec.
+    spec = ExperimentSpec.model_validate(document["spec"] if "hash" in document and "spec" in document else document)
+    try:
+        counts = build_shard(spec, accelerator.process_index, accelerator.num_processes, args.model_dir,
+                             show_progress=accelerator.is_local_main_process, text_encoder_dir=args.text_encoder_dir)
+    except UserError as exc:
+        print(exc.line(), file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
+    except OSError as exc:
+        from trainers.build_latent_cache import disk_full_exit
+
+        raise SystemExit(disk_full_exit(exc)) from None
     print(json.dumps({"process": accelerator.process_index, **counts}), flush=True)
     accelerator.wait_for_everyone()
 

@@ -25,7 +25,10 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ground.spec.loader import ResolvedSpec
 
 MODES = ("rgb", "pt", "ff", "all")
 
@@ -34,12 +37,13 @@ def mode_slots(mode: str, slots: tuple[str, ...]) -> tuple[str, ...]:
     return slots if mode == "all" else (mode,)
 
 
-def build(spec_name: str, mode: str, *, rank: int = 0, world_size: int = 1, recompute_norm: bool = False,
+def build(spec_name: "str | ResolvedSpec", mode: str, *, rank: int = 0, world_size: int = 1, recompute_norm: bool = False,
           progress: bool = True, barrier: Callable[[], None] = lambda: None,
           share: Callable[[Any], Any] = lambda value: value) -> dict[str, Any]:
     """Build this rank's share of ``mode``'s slots; returns a JSON-able report.
 
     ``barrier`` and ``share`` (rank 0's value to every rank) come from accelerate when sharded.
+    ``spec_name`` may be a resolved spec (a build job's run-directory ``spec.json``).
     """
     import torch
 
@@ -52,7 +56,7 @@ def build(spec_name: str, mode: str, *, rank: int = 0, world_size: int = 1, reco
     torch.set_num_threads(1)
     if mode not in MODES:
         raise UserError(f"unknown mode {mode!r}", field="--mode", hint=f"one of {', '.join(MODES)}")
-    resolved = load_spec(spec_name)
+    resolved = spec_name if not isinstance(spec_name, str) else load_spec(spec_name)
     latent = latent_section(resolved.spec)
     if mode == "pt" and not latent.use_pointmap:
         raise UserError("mode pt but the spec has use_pointmap: false", file=str(resolved.path),
@@ -117,6 +121,30 @@ class _progress_bar:
             self._progress.stop()
 
 
+def run_dir_spec(run_dir: Path) -> "ResolvedSpec":
+    """The spec a build job was submitted with (its run directory's ``spec.json``), as a resolved spec."""
+    from ground.contract import SPEC_FILE
+    from ground.run_dir import read_run_spec
+    from ground.spec.loader import ResolvedSpec
+
+    run = read_run_spec(run_dir)
+    return ResolvedSpec(name=run.name, path=Path(run_dir) / SPEC_FILE, spec=run.spec)
+
+
+def disk_full_exit(exc: OSError) -> int:
+    """ENOSPC while writing the cache: print the failure marker (the classifier's ``disk_full``) and exit 1;
+    any other OSError is re-raised (a traceback is the evidence then)."""
+    import errno
+
+    from ground.contract import CAUSE_DISK_FULL, FAILURE_MARKER
+
+    if exc.errno != errno.ENOSPC:
+        raise exc
+    print(f"{FAILURE_MARKER} cause={CAUSE_DISK_FULL} path={exc.filename or '?'}: {exc.strerror}", file=sys.stderr,
+          flush=True)
+    return 1
+
+
 def _accelerate_context() -> tuple[int, int, Callable[[], None], Callable[[Any], Any]]:
     """Rank, world size, barrier and broadcast under ``accelerate launch``; a plain process otherwise."""
     expected = int(os.environ.get("WORLD_SIZE", "1"))
@@ -142,7 +170,8 @@ def _accelerate_context() -> tuple[int, int, Callable[[], None], Callable[[Any],
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--spec", required=True, help="experiment name or YAML path")
+    parser.add_argument("--spec", help="experiment name or YAML path")
+    parser.add_argument("--run-dir", type=Path, help="a build job's run directory: build its spec.json")
     parser.add_argument("--mode", required=True, choices=MODES)
     parser.add_argument("--recompute-norm", action="store_true", help="re-run the PT statistics pass")
     parser.add_argument("--report", type=Path, help="write the JSON report here (rank N appends .rankN)")
@@ -151,13 +180,18 @@ def main(argv: list[str] | None = None) -> int:
     from ground.errors import UserError
     from ground.paths import atomic_write_text
 
+    if (args.spec is None) == (args.run_dir is None):
+        parser.error("give exactly one of --spec and --run-dir")
     rank, world_size, barrier, share = _accelerate_context()
     try:
-        report = build(args.spec, args.mode, rank=rank, world_size=world_size, recompute_norm=args.recompute_norm,
+        spec: Any = args.spec if args.run_dir is None else run_dir_spec(args.run_dir)
+        report = build(spec, args.mode, rank=rank, world_size=world_size, recompute_norm=args.recompute_norm,
                        progress=not args.no_progress, barrier=barrier, share=share)
     except UserError as exc:
         print(exc.line(), file=sys.stderr)
         return 2
+    except OSError as exc:
+        return disk_full_exit(exc)
     if args.report:
         path = args.report if world_size == 1 else args.report.with_name(f"{args.report.name}.rank{rank}")
         atomic_write_text(path, json.dumps(report, indent=2) + "\n")

@@ -14,12 +14,14 @@ Exclude = Annotated[str | None, typer.Option("--exclude", help="Comma-separated 
 JobName = Annotated[str | None, typer.Option("-J", "--job-name", help="Job name (default the experiment).")]
 Time = Annotated[str | None, typer.Option("--time", help="Time limit, Slurm format (default resources.time_limit).")]
 Retries = Annotated[int | None, typer.Option("--retries", help="Resubmissions for retryable causes (default resources.retries).")]
+Build = Annotated[str | None, typer.Option("--build", help="A cache build job instead of training: hidden, rgb, pt or ff.")]
 Entry = Annotated[str | None, typer.Option("--entry", help="Python module the job runs (default trainers.train).")]
 
 
 def flags(qos: str | None, gres: str | None, cpus: int | None, mem: str | None, exclude: str | None,
-          job_name: str | None, time_limit: str | None, retries: int | None, entry: str | None) -> dict[str, Any]:
+          job_name: str | None, time_limit: str | None, retries: int | None, entry: str | None,
+          build: str | None = None) -> dict[str, Any]:
     """The flags keyed as ``resolve_options`` reads them (None = not given)."""
     return {"--qos": qos, "--gres": gres, "-c": cpus, "--mem": mem, "-J": job_name, "--time": time_limit,
-            "--retries": retries, "--entry": entry,
+            "--retries": retries, "--entry": entry, "--build": build,
             "--exclude": [n for n in exclude.split(",") if n] if exclude is not None else None}

@@ -31,6 +31,7 @@ def submit(
     time_limit: job_flags.Time = None,
     retries: job_flags.Retries = None,
     entry: job_flags.Entry = None,
+    build: job_flags.Build = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the batch script (and on stderr the checks); submit nothing.")] = False,
     force: Annotated[bool, typer.Option("--force", help="Submit without a passing preflight or despite a FAIL (needs --reason).")] = False,
     reason: Annotated[str | None, typer.Option("--reason", help="Why the preflight gate is bypassed (recorded).")] = None,
@@ -42,7 +43,7 @@ def submit(
     from idmctl.commands.preflight import print_checks
     from idmctl.jobs import submit as submitting
 
-    overrides = job_flags.flags(qos, gres, cpus, mem, exclude, job_name, time_limit, retries, entry)
+    overrides = job_flags.flags(qos, gres, cpus, mem, exclude, job_name, time_limit, retries, entry, build)
     from ground.spec import load_experiments
 
     variants = load_experiments(experiment)
@@ -189,6 +190,8 @@ def jobs(
     """Recorded jobs, newest first: state as the scheduler reports it, queue wait, restarts, MLflow run."""
     if ctx.invoked_subcommand is not None:
         return
+    import json
+
     from ground.paths import db_path
     from idmctl.compare import run_url
     from idmctl.jobs.eta import eta_for_job
@@ -218,6 +221,7 @@ def jobs(
         "submitted_at": j.submitted_at, "started_at": j.started_at, "ended_at": j.ended_at,
         "forced": j.forced_reason, "user": j.user, "host": j.host, "mlflow_run_id": run_of_chain.get(j.chain_id),
         "run_url": run_url(run_of_chain[j.chain_id], ui_url) if run_of_chain.get(j.chain_id) else None,
+        "build": json.loads(j.options_json or "{}").get("build"),
         "eta": etas[j.id].as_dict() if etas.get(j.id) else None,
     } for j in rows]
     if as_json:
@@ -228,7 +232,8 @@ def jobs(
     for r in records:
         wait = format_duration(r["queue_wait_s"]) if r["queue_wait_s"] is not None else "—"
         eta = etas.get(r["job"])
-        table.add_row(str(r["job"]), f"{r['chain']}/{r['attempt']}", r["experiment"], r["scheduler_id"] or "—",
+        experiment = f"{r['experiment']} (build {r['build']})" if r["build"] else r["experiment"]
+        table.add_row(str(r["job"]), f"{r['chain']}/{r['attempt']}", experiment, r["scheduler_id"] or "—",
                       r["state"], r["exit_code"] or "—", str(r["restarts"]), r["qos"] or "—", r["nodes"] or "—", wait,
                       eta.progress_text if eta else "—", _rate(eta), eta.finish_text(now) if eta else "—",
                       r["run_url"] or "—")

@@ -40,6 +40,7 @@ def preflight(
     time_limit: job_flags.Time = None,
     retries: job_flags.Retries = None,
     entry: job_flags.Entry = None,
+    build: job_flags.Build = None,
     what_if: Annotated[list[str] | None, typer.Option(
         "--what-if", help="section.field=value: rerun the static checks on the altered spec (never edited, "
                           "nothing recorded) beside the original. Repeatable.")] = None,
@@ -48,9 +49,11 @@ def preflight(
 
     Submit's flags check the job as it will be submitted; --gres and --entry change what the smoke
     measures, so a submit with them needs a preflight with them. A sweep runs every variant in one
-    table; --what-if reruns the static checks on an altered spec beside the original."""
+    table; --what-if reruns the static checks on an altered spec beside the original. --build MODE runs
+    the build preflight (weights, PT norm file, output disk, a 1-file encode smoke → wall-clock estimate
+    vs --time)."""
     from ground.spec import load_experiments
-    from idmctl.jobs.effective import build
+    from idmctl.jobs.effective import build as build_job
     from idmctl.preflight.runner import run_preflight
     from idmctl.profile import load_profile
 
@@ -73,11 +76,18 @@ def preflight(
         profile, profile_hash = load_profile(cluster)
         run_what_if(variants[0], profile, profile_hash, what_if, as_json=as_json)
         return
-    job = build(experiment, job_flags.flags(qos, gres, cpus, mem, exclude, job_name, time_limit, retries, entry),
-                cluster)
+    job = build_job(experiment, job_flags.flags(qos, gres, cpus, mem, exclude, job_name, time_limit, retries, entry,
+                                                build), cluster)
     resolved, profile, profile_hash = job.declared, job.profile, job.profile_hash
-    report = run_preflight(resolved, profile, profile_hash, with_smoke=not no_smoke, smoke_timeout_s=smoke_timeout,
-                           job=job)
+    if job.options.build:  # the build preflight: weights, PT norm file, output disk, 1-file encode smoke
+        from cache.build_plan import check_mode
+        from idmctl.preflight.build import run_build_preflight
+
+        check_mode(job.resolved, job.options.build)
+        report = run_build_preflight(job, with_smoke=not no_smoke, timeout_s=smoke_timeout)
+    else:
+        report = run_preflight(resolved, profile, profile_hash, with_smoke=not no_smoke, smoke_timeout_s=smoke_timeout,
+                               job=job)
     if as_json:
         emit_json(report.as_dict())
     else:

@@ -25,11 +25,12 @@ from idmctl.profile import ClusterProfile
 SPEC_FLAGS: dict[str, str] = {"--qos": "qos", "--time": "time_limit", "--mem": "mem", "-c": "cpus",
                               "--gres": "gpus_per_node"}
 """Flag → the ``resources`` field it overrides in the effective spec."""
-SMOKE_FLAGS = ("--gres", "--entry")
+SMOKE_FLAGS = ("--gres", "--entry", "--build")
 """Flags that change what the smoke measured, so a preflight with the same flags must have passed:
 ``--gres`` changes the device and the world size (grad accumulation, DDP), ``--entry`` the code that
-runs. The others (--qos, --time, --mem, -c, --exclude, -J, --retries) change only what the static
-checks judge, and those run again on the effective job at every submit."""
+runs, ``--build`` makes it a cache build (the build preflight's 1-file encode). The others (--qos,
+--time, --mem, -c, --exclude, -J, --retries) change only what the static checks judge, and those run
+again on the effective job at every submit."""
 
 
 def _option_value(options: JobOptions, resource_field: str) -> Any:
@@ -80,8 +81,10 @@ class EffectiveJob:
         res = self.declared.spec.resources
         out = [flag for flag, name in SPEC_FLAGS.items()
                if flag in self.flags and _option_value(self.options, name) != getattr(res, name)]
-        if self.options.entry != DEFAULT_ENTRY:
+        if self.options.entry != DEFAULT_ENTRY and not self.options.build:
             out.append("--entry")
+        if self.options.build:
+            out.append("--build")
         return out
 
     @property
@@ -93,6 +96,8 @@ class EffectiveJob:
             out["--gres"] = f"gpu:{self.options.gpus_per_node}"
         if "--entry" in changed:
             out["--entry"] = self.options.entry
+        if self.options.build:
+            out["--build"] = self.options.build
         return out
 
     def shown(self, flag: str) -> str:
@@ -152,7 +157,14 @@ def build(experiment: str, flags: dict[str, Any], cluster: str | None) -> Effect
     # measurement; the effective spec then carries the derived time limit, so the checks judge it.
     from idmctl.preflight.limits import job_limits
 
-    options = job_limits(declared, profile, options)
+    if options.build:
+        # A build has no steps or checkpoints to derive limits from: its time limit is the spec's or --time's,
+        # judged by the build preflight's estimate (build_smoke).
+        if options.time_limit is None:
+            raise UserError("a build job needs a time limit", file=str(declared.path), field="resources.time_limit",
+                            hint="pass --time (the build preflight's build_smoke row estimates the wall clock)")
+    else:
+        options = job_limits(declared, profile, options)
     options = replace(options, hang_k=profile.hang.k, hang_floor_s=profile.hang.floor_seconds,
                       hang_poll_s=profile.hang.poll_seconds)
     flagged = [flag for flag in given if flag in SPEC_FLAGS]

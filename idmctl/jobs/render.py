@@ -72,6 +72,9 @@ class JobOptions:
     """Derived steps between checkpoints, passed as IDMCTL_CHECKPOINT_EVERY when the spec sets none."""
     derivation: list[str] = field(default_factory=list)
     """How the limits were derived, one line each: printed as comments at the top of the script."""
+    build: str | None = None
+    """``--build MODE``: a cache build job (``contract.BUILD_ENTRY``), one task per node launching
+    ``ranks_per_node`` builder processes with accelerate; None for training."""
 
     @property
     def cpus_per_task(self) -> int:
@@ -159,8 +162,19 @@ def resolve_options(resolved: ResolvedSpec, overrides: dict[str, Any]) -> JobOpt
         return overrides[name] if overrides.get(name) is not None else default
 
     gpus = parse_gres(overrides["--gres"]) if overrides.get("--gres") is not None else res.gpus_per_node
+    build = overrides.get("--build")
+    if build is not None:
+        if build not in contract.BUILD_MODES:
+            raise UserError(f"unknown build {build!r}", file="command line", field="--build",
+                            hint=f"one of {', '.join(contract.BUILD_MODES)}")
+        if overrides.get("--entry") is not None:
+            raise UserError("--build runs the build entry; --entry does not go with it", file="command line",
+                            field="--entry", hint="drop --entry")
+        if res.nodes != 1:
+            raise UserError(f"a build job runs on one node, the spec asks for {res.nodes}", file=spec_file,
+                            field="resources.nodes", hint="submit one build per node (e.g. RGB and PT on two nodes)")
     options = JobOptions(
-        job_name=flag("-J", res.job_name or resolved.name),
+        job_name=flag("-J", f"{resolved.name}-build-{build}" if build else res.job_name or resolved.name),
         qos=flag("--qos", res.qos),
         partition=res.partition,
         nodes=res.nodes,
@@ -171,7 +185,8 @@ def resolve_options(resolved: ResolvedSpec, overrides: dict[str, Any]) -> JobOpt
         time_limit=flag("--time", res.time_limit),
         exclude=list(flag("--exclude", res.exclude)),
         retries=flag("--retries", res.retries),
-        entry=flag("--entry", DEFAULT_ENTRY),
+        entry=contract.BUILD_ENTRY if build else flag("--entry", DEFAULT_ENTRY),
+        build=build,
     )
     check_name(options.job_name, *reversed(source("-J", "resources.job_name")))
     check_name(options.qos, *reversed(source("--qos", "resources.qos")))
@@ -235,8 +250,9 @@ def render_script(resolved: ResolvedSpec, options: JobOptions, ctx: RenderContex
         f"#SBATCH --qos={options.qos}",
         *([f"#SBATCH --partition={options.partition}"] if options.partition else []),
         f"#SBATCH --nodes={options.nodes}",
-        f"#SBATCH --ntasks-per-node={options.ranks_per_node}",
-        f"#SBATCH --cpus-per-task={options.cpus_per_task}",
+        # A build is one task (accelerate starts ranks_per_node builder processes inside it).
+        f"#SBATCH --ntasks-per-node={1 if options.build else options.ranks_per_node}",
+        f"#SBATCH --cpus-per-task={options.cpus_per_node if options.build else options.cpus_per_task}",
         f"#SBATCH --mem={options.mem_mib}M",
         *([f"#SBATCH --gres=gpu:{options.gpus_per_node}"] if options.gpus_per_node else []),
         f"#SBATCH --time={slurm_time(options.time_seconds)}",
@@ -259,9 +275,13 @@ def render_script(resolved: ResolvedSpec, options: JobOptions, ctx: RenderContex
     for key, value in env.items():
         if not re.fullmatch(r"[A-Z_][A-Z0-9_]*", key):
             raise UserError(f"{key!r} is not an environment variable name", field="env")
-    stage = _stage_block(spec.stage.enabled, spec.data.cache_root, spec.stage.dest, spec_file,
-                         routed_blocks=spec.data.selected_blocks if spec.stage.layers == "routed" else None,
-                         suffix=".pt" if spec.data.cache_format == "legacy_pt" else ".safetensors", python=ctx.python)
+    if options.build:
+        stage = "# stage-in: none (a build job writes the cache)"
+    else:
+        stage = _stage_block(spec.stage.enabled, spec.data.cache_root, spec.stage.dest, spec_file,
+                             routed_blocks=spec.data.selected_blocks if spec.stage.layers == "routed" else None,
+                             suffix=".pt" if spec.data.cache_format == "legacy_pt" else ".safetensors",
+                             python=ctx.python)
     q = shlex.quote
     guard = _guard_lines(resolved, options, ctx)
     body = [
@@ -282,7 +302,7 @@ def render_script(resolved: ResolvedSpec, options: JobOptions, ctx: RenderContex
         "# the local executor runs the same script without srun.",
         *_multi_node_env(options),
         'if [ -n "${SLURM_JOB_ID:-}" ]; then LAUNCH=(srun --kill-on-bad-exit=1); else LAUNCH=(); fi',
-        f'"${{LAUNCH[@]}}" {q(ctx.python)} -m {options.entry} --run-dir "$RUN_DIR" &',
+        f'"${{LAUNCH[@]}}" {q(ctx.python)} -m {options.entry} --run-dir "$RUN_DIR"{_build_args(options)} &',
         "TRAINER=$!",
         "# The hang watchdog: stacks of every rank, then kill, when the heartbeat stops (trainers/watchdog.py).",
         f'{q(ctx.python)} -m trainers.watchdog --run-dir "$RUN_DIR" --trainer-pid "$TRAINER" --k {options.hang_k:g} '
@@ -314,6 +334,13 @@ def render_script(resolved: ResolvedSpec, options: JobOptions, ctx: RenderContex
         'exit "$STATUS"',
     ]
     return "\n".join([*header, *body]) + "\n"
+
+
+def _build_args(options: JobOptions) -> str:
+    """`` --mode M --processes N`` for a build job: one builder process per device (GPU, or CPU rank)."""
+    if not options.build:
+        return ""
+    return f" --mode {options.build} --processes {options.ranks_per_node}"
 
 
 def _guard_lines(resolved: ResolvedSpec, options: JobOptions, ctx: RenderContext) -> list[str]:

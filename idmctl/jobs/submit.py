@@ -72,18 +72,30 @@ def prepare(experiment: str, overrides: dict[str, Any], cluster: str | None) -> 
 def admit(job: EffectiveJob, force_reason: str | None, version: str) -> Admission:
     """Gate + submit-time checks. Checks first: a FAIL on the job as submitted is the more specific
     answer (and names its flag) than "no preflight for these flags"."""
-    from idmctl.preflight.admission import judge
     from idmctl.preflight.record import latest_passing
 
     passing = latest_passing(job.declared, job.profile_hash, job.smoke_flags, version)
     # Without a pass (and no --force) submit refuses anyway: the flags' FAILs are still named, but a
     # check nothing remembers for this code is SKIPped rather than importing torch to refuse slowly.
-    admission = judge(job, passing, version, memo_only=passing is None and force_reason is None)
+    admission = _judge(job, passing, version, memo_only=passing is None and force_reason is None)
     if admission.failed and force_reason is None:
         raise Refused(job, admission)
     if force_reason is None and passing is None:
         require_preflight(job)  # raises, saying why there is no pass (the ORM path: only on refusal)
     return admission
+
+
+def _judge(job: EffectiveJob, passing: "PreflightRun | None", version: str, memo_only: bool = False) -> Admission:
+    """The submit-time checks: the build preflight's for ``--build``, the training preflight's otherwise."""
+    if job.options.build:
+        from cache.build_plan import check_mode
+        from idmctl.preflight.build import judge as judge_build
+
+        check_mode(job.resolved, job.options.build)  # a spec that cannot build this mode is bad input (exit 2)
+        return judge_build(job, passing)
+    from idmctl.preflight.admission import judge
+
+    return judge(job, passing, version, memo_only=memo_only)
 
 
 def _context(resolved: ResolvedSpec, chain_id: int, attempt: int, executor: str, extra_env: dict[str, str],
@@ -112,12 +124,11 @@ class DryRun:
 def dry_run(experiment: str, overrides: dict[str, Any], cluster: str | None) -> DryRun:
     """The exact script a submit would send (chain id 0 stands in for the one submit would create), and
     the verdicts submit would reach on it. Never raises on a FAIL: showing it is the point."""
-    from idmctl.preflight.admission import judge
     from idmctl.preflight.record import latest_passing
 
     job = prepare(experiment, overrides, cluster)
     version = code_version()
-    admission = judge(job, latest_passing(job.declared, job.profile_hash, job.smoke_flags, version), version)
+    admission = _judge(job, latest_passing(job.declared, job.profile_hash, job.smoke_flags, version), version)
     script = render_script(job.resolved, job.options, _context(job.resolved, DRY_RUN_CHAIN_ID, 1, job.profile.scheduler, {},
                                                                {"admission": admission.as_dict()}))
     return DryRun(script, job, admission)
