@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ground.contract import BUILD_MODES, CAUSE_MISSING_WEIGHTS, CAUSE_PT_NORM_MISSING
 from ground.errors import UserError
-from ground.paths import expand_path
+from ground.paths import expand_path, free_bytes
 from ground.spec.loader import ResolvedSpec
 
 HIDDEN_SUFFIX = ".safetensors"
@@ -135,16 +135,6 @@ def norm_problem(resolved: ResolvedSpec, mode: str) -> Problem | None:
                    "latent.pt_norm_path", "build PT first (`--build pt` computes it), then FF (card B's order)")
 
 
-def free_bytes(path: Path) -> int | None:
-    """Free bytes of the filesystem that will hold ``path`` (its nearest existing parent)."""
-    probe = path
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    try:
-        stats = os.statvfs(probe)
-    except OSError:
-        return None
-    return stats.f_bavail * stats.f_frsize
 
 
 def written_since(directory: Path, since: float) -> tuple[int, int]:

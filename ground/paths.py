@@ -103,3 +103,22 @@ def expand_path(text: str) -> Path:
     for key in sorted(env, key=len, reverse=True):
         expanded = expanded.replace(f"${{{key}}}", env[key]).replace(f"${key}", env[key])
     return Path(expanded).expanduser()
+
+
+def nearest_existing(path: Path) -> Path:
+    """``path`` or its nearest existing parent: where a file system can be asked about a path not made yet."""
+    probe = Path(path)
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    return probe
+
+
+def free_bytes(path: Path) -> int | None:
+    """Free bytes (for an unprivileged user) of the file system that holds or will hold ``path``;
+    None when it cannot be asked."""
+    try:
+        stats = os.statvfs(nearest_existing(path))
+    except OSError:
+        return None
+    return stats.f_bavail * stats.f_frsize
+

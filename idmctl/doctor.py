@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ground.contract import ENV_CLUSTER, ENV_HOME
-from ground.paths import REPO_ROOT, clusters_dir, db_path, home, mlflow_tracking_uri
+from ground.paths import REPO_ROOT, clusters_dir, db_path, home, mlflow_tracking_uri, nearest_existing
 from ground.units import format_bytes
 
 OK, WARN, FAIL, SKIP = "OK", "WARN", "FAIL", "SKIP"
@@ -126,17 +126,12 @@ def mount_of(path: Path, mounts_text: str | None = None) -> tuple[str, str]:
     return best
 
 
-def _existing_ancestor(path: Path) -> Path:
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    return path
-
 
 def check_home(mounts_text: str | None = None) -> Row:
     path = home()
     if path.exists() and not path.is_dir():
         return Row(ENV_HOME, FAIL, f"{path} is a file, not a directory", f"point {ENV_HOME} at a directory")
-    probe_dir = path if path.exists() else _existing_ancestor(path)
+    probe_dir = path if path.exists() else nearest_existing(path)
     resolved = probe_dir.resolve()
     point, fstype = mount_of(resolved, mounts_text)
     try:
@@ -327,7 +322,7 @@ def check_render() -> Row:
 
 
 def _space_row(name: str, path: Path, warn_below: int, why: str) -> Row:
-    target = _existing_ancestor(path)
+    target = nearest_existing(path)
     try:
         stat = os.statvfs(target)
     except OSError as exc:

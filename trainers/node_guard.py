@@ -30,6 +30,7 @@ from pathlib import Path
 
 from ground.contract import CAUSE_NODE_UNFIT, ENV_SHM_DIR, EXIT_NODE_UNFIT, FAILURE_MARKER, STAGE_MARKER
 from ground.units import format_bytes
+from ground.paths import free_bytes
 
 DEFAULT_SHM = "/dev/shm"
 
@@ -51,13 +52,6 @@ class Segment:
     uid: int
 
 
-def free_bytes(path: Path) -> int:
-    """Free bytes (for an unprivileged user) of the file system holding ``path`` or its nearest existing parent."""
-    probe = path
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    stat = os.statvfs(probe)
-    return stat.f_bavail * stat.f_frsize
 
 
 def segments(shm_dir: Path) -> list[Segment]:
@@ -112,8 +106,15 @@ def stale_segments(shm_dir: Path) -> list[Segment]:
             if str(s.path) not in referenced and (s.uid == me or me == 0 or s.uid not in uids)]
 
 
+def _free(path: Path) -> int:
+    free = free_bytes(path)
+    if free is None:
+        raise OSError(f"cannot read the free space of {path}")
+    return free
+
+
 def check_shm(shm_dir: Path, need: int) -> Finding:
-    free = free_bytes(shm_dir)
+    free = _free(shm_dir)
     stale = stale_segments(shm_dir)
     stale_bytes = sum(s.bytes for s in stale)
     numbers = {"shm_dir": shm_dir, "shm_free_bytes": free, "shm_need_bytes": need,
@@ -129,7 +130,7 @@ def check_shm(shm_dir: Path, need: int) -> Finding:
 def check_scratch(dest: Path, stage_bytes: int) -> Finding:
     if (dest / STAGE_MARKER).exists():
         return Finding("scratch", True, f"scratch: {dest} already staged", {"stage_dest": dest})
-    free = free_bytes(dest)
+    free = _free(dest)
     numbers = {"stage_dest": dest, "scratch_free_bytes": free, "stage_bytes": stage_bytes}
     verdict = "<" if free < stage_bytes else "≥"
     return Finding("scratch", free >= stage_bytes,

@@ -135,7 +135,7 @@ def _plan(job: "EffectiveJob") -> "BuildPlan":
 
 
 def _disk(job: "EffectiveJob", plan: "BuildPlan", smoke: BuildSmoke | None) -> CheckResult:
-    from cache.build_plan import free_bytes
+    from ground.paths import free_bytes
 
     free = free_bytes(plan.output_dir)
     numbers: dict[str, Any] = {"output_dir": str(plan.output_dir), "todo": plan.todo, "present": plan.present,

@@ -7,13 +7,12 @@ compute time when it ran on the job's kind of device.
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ground.paths import expand_path
+from ground.paths import expand_path, free_bytes
 from idmctl.preflight import cache, disk, introspection, io, loader, memo, qos, shm, smoke, spec, whatif
 from idmctl.preflight.result import (CHECK_NAMES, CacheInspection, CheckResult, Measurements, PreflightContext,
                                      QueueWait, RecordedRun, SmokeMeasurement, Status)
@@ -56,16 +55,6 @@ class PreflightReport:
                 "checks": [r.as_dict() for r in self.results]}
 
 
-def _free_bytes(path: Path) -> int | None:
-    """Free bytes of the filesystem holding ``path`` (or its nearest existing parent)."""
-    probe = path
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    try:
-        stats = os.statvfs(probe)
-    except OSError:
-        return None
-    return stats.f_bavail * stats.f_frsize
 
 
 def queue_history(gpus: int) -> list[QueueWait]:
@@ -159,8 +148,8 @@ def gather(resolved: ResolvedSpec, profile: ClusterProfile, code_version: str | 
         inspections = _inspections(resolved, tree_digest, code_version, memo_only)
     res = resolved.spec.resources
     return Measurements(
-        shm_free_bytes=_free_bytes(Path("/dev/shm")),
-        scratch_free_bytes=_free_bytes(expand_path(resolved.spec.stage.dest)),
+        shm_free_bytes=free_bytes(Path("/dev/shm")),
+        scratch_free_bytes=free_bytes(expand_path(resolved.spec.stage.dest)),
         cache_present=present, cache_bytes=cache_bytes, cache_file_count=file_count,
         cache_inspections=inspections or [], queue_waits=queue_history(res.gpus_per_node * res.nodes),
         cache_inspected=inspections is not None, recorded_runs=recorded_runs(),
