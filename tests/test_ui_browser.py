@@ -120,8 +120,12 @@ def test_compare_page_shows_both_runs(idmctl_home: Path, tmp_path: Path):
     experiment_id, first = _log_run("latent_c_n4", 1, [(20000, 130.0), (60000, 121.25)])
     port = _free_port()
     env = {**os.environ, ENV_HOME: str(idmctl_home), "PYTHONUNBUFFERED": "1"}
+    # Ctrl-C is what a user stops `idmctl ui` with. A suite started in the background (scripts/cpu_hog.sh
+    # runs its command with `&`) inherits SIGINT ignored, and Python then keeps ignoring it: give the UI
+    # the default disposition a terminal would.
     ui = subprocess.Popen([sys.executable, "-m", "idmctl", "ui", "--port", str(port)], cwd=REPO, env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         banner = _read_until(ui, "EEF mm charts first:", timeout_s=120)
         assert f"MLflow UI: http://127.0.0.1:{port}" in banner, banner
