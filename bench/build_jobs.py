@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import Figure
+from bench.common import Figure, restore_environ, saved_environ
 from ground.contract import ENV_CLUSTER, ENV_HOME
 
 QOS = "share"
@@ -168,7 +168,7 @@ def measure(fast: bool) -> dict[str, Any]:
     # 600 files per slot: each build ~20-45 s here (start-up and model load ~7-10 s), so a job's start-up
     # (~1-2 s) is a small share of it; fast mode only checks the machinery.
     demos, steps, rounds = (1, 5, 1) if fast else (40, 33, 3)
-    saved = {key: os.environ.get(key) for key in (ENV_HOME, ENV_CLUSTER)}
+    saved = saved_environ(ENV_HOME, ENV_CLUSTER)
     results: dict[str, list[float]] = {}
     root = Path(tempfile.mkdtemp(prefix="bench-build-jobs-"))  # not under pytest's tmp: jobs outlive a test
     try:
@@ -177,11 +177,7 @@ def measure(fast: bool) -> dict[str, Any]:
             for name, value in _one_round(root / f"round{index}", demos, steps, parallel_first=index % 2 == 1).items():
                 results.setdefault(name, []).append(value)
     finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        restore_environ(saved)
         shutil.rmtree(root, ignore_errors=True)
     speedups = [s / p for s, p in zip(results["sequential_s"], results["parallel_s"])]
     span_speedups = [s / p for s, p in zip(results["sequential_span_s"], results["parallel_span_s"])]

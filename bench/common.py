@@ -6,6 +6,7 @@ shared machines), so ``BENCHMARKS.md`` states ratios, not just seconds.
 
 from __future__ import annotations
 
+import os
 import re
 import statistics
 import subprocess
@@ -126,3 +127,18 @@ def print_figures(figures: "list[Figure] | str") -> None:
     import json
 
     print(json.dumps(figures if isinstance(figures, str) else [f.as_dict() for f in figures], indent=2))
+
+
+def saved_environ(*keys: str) -> dict[str, str | None]:
+    """The current values of ``keys`` (None: unset), for :func:`restore_environ` after a benchmark
+    that points ``IDMCTL_HOME``/``IDMCTL_CLUSTER`` somewhere else in this process."""
+    return {key: os.environ.get(key) for key in keys}
+
+
+def restore_environ(saved: dict[str, str | None]) -> None:
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+

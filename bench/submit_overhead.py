@@ -17,7 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench.common import Figure, time_call, print_figures
+from bench.common import Figure, print_figures, restore_environ, saved_environ, time_call
 from ground.contract import ENV_HOME
 
 
@@ -25,7 +25,7 @@ def run(fast: bool = False) -> list[Figure] | str:
     from idmctl.jobs.submit import dry_run
 
     repeats = 3 if fast else 15
-    saved = {key: os.environ.get(key) for key in (ENV_HOME,)}
+    saved = saved_environ(ENV_HOME)
     figures: list[Figure] = []
     with tempfile.TemporaryDirectory(prefix="idmctl-bench-submit-") as tmp:
         os.environ[ENV_HOME] = str(Path(tmp) / "home")
@@ -45,11 +45,7 @@ def run(fast: bool = False) -> list[Figure] | str:
                                       reference_name="sbatch --test-only --wrap true", reference_samples=bare,
                                       target="ratio ≈ 1: the script adds nothing to the scheduler's work"))
         finally:
-            for key, value in saved.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
+            restore_environ(saved)
     return figures
 
 
@@ -171,9 +167,7 @@ def _checks_in_process(spec: Path, home: Path, repeats: int) -> Figure:
     re-judged from the preflight's measurement, in-process, as ``submit`` runs them."""
     import statistics
 
-    from bench.common import time_call
-
-    saved = os.environ.get(ENV_HOME)
+    saved = saved_environ(ENV_HOME)
     os.environ[ENV_HOME] = str(home)
     try:
         from ground.contract import code_version
@@ -187,10 +181,7 @@ def _checks_in_process(spec: Path, home: Path, repeats: int) -> Figure:
         admissions = []
         samples = time_call(lambda: admissions.append(judge(job, passing, version)), repeats)
     finally:
-        if saved is None:
-            os.environ.pop(ENV_HOME, None)
-        else:
-            os.environ[ENV_HOME] = saved
+        restore_environ(saved)
     per_check = {name: statistics.median(a.check_ms[name] for a in admissions) for name in admissions[0].check_ms}
     shown = ", ".join(f"{name} {ms:.2f}" for name, ms in per_check.items())
     return Figure("submit-time checks on the effective job (in-process, quickstart data)", "s", samples,
