@@ -39,16 +39,6 @@ def _source_id(src: Path) -> dict[str, Any]:
     return {"path": str(src.resolve()), "bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns}
 
 
-def _pread_into(fd: int, view: memoryview, offset: int, path: Path) -> None:
-    done = 0
-    while done < len(view):
-        got = os.preadv(fd, [view[done:]], offset + done)
-        if got == 0:
-            raise UserError(f"truncated while reading {len(view):,} B at byte {offset:,}", file=str(path),
-                            field="cache", hint="copy it again from the source")
-        done += got
-
-
 def is_converted(dest: Path, src: Path, blocks: list[int]) -> bool:
     """True when ``dest`` is a complete output of ``src`` (same path, size, mtime) with these blocks."""
     from cache.hidden import inspect_file
@@ -64,7 +54,7 @@ def is_converted(dest: Path, src: Path, blocks: list[int]) -> bool:
 
 def convert_file(src: str | Path, dest: str | Path, blocks: list[int] | None = None) -> dict[str, Any]:
     """Write ``dest`` from ``src`` with ``blocks`` (default all), verified; skip when already done."""
-    from cache.hidden import inspect_file, write_layers
+    from cache.hidden import inspect_file, pread_into, write_layers
 
     src, dest = Path(src), Path(dest)
     info = inspect_file(src)
@@ -85,7 +75,8 @@ def convert_file(src: str | Path, dest: str | Path, blocks: list[int] | None = N
             buffer = bytearray(layer_bytes)
             for block in blocks:
                 os.posix_fadvise(fd, info.offsets[block], layer_bytes, os.POSIX_FADV_WILLNEED)
-                _pread_into(fd, memoryview(buffer), info.offsets[block], src)
+                pread_into(fd, memoryview(buffer), info.offsets[block], src, f"layer_{block}",
+                           "copy it again from the source")
                 crcs[block] = zlib.crc32(buffer)
                 yield buffer
 
@@ -106,7 +97,7 @@ def convert_file(src: str | Path, dest: str | Path, blocks: list[int] | None = N
 
 def check_against(written: Path, crcs: dict[int, int], blocks: list[int], storage_crc32: int | None) -> None:
     """Read ``written`` back from the disk and compare each layer's CRC-32 with the source's."""
-    from cache.hidden import inspect_file
+    from cache.hidden import inspect_file, pread_into
 
     info = inspect_file(written)
     layer_bytes = info.geometry.layer_bytes
@@ -115,7 +106,7 @@ def check_against(written: Path, crcs: dict[int, int], blocks: list[int], storag
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # fsynced already: read back from the disk
         buffer = bytearray(layer_bytes)
         for block in blocks:
-            _pread_into(fd, memoryview(buffer), info.offsets[block], written)
+            pread_into(fd, memoryview(buffer), info.offsets[block], written, f"layer_{block}", "check the disk; rerun")
             if zlib.crc32(buffer) != crcs[block]:
                 raise UserError(f"layer_{block} read back with CRC-32 {zlib.crc32(buffer):08x}, the source's is "
                                 f"{crcs[block]:08x}", file=str(written), field="cache", hint="check the disk; rerun")

@@ -217,3 +217,27 @@ def test_cli_inspect_rejects_a_cache_that_disagrees_with_the_spec(cli, tmp_path:
     assert result.exit_code == 2
     assert result.output.strip() == (f"error: {root / 'demo_0.safetensors'}:data.cached_layers: file has layers "
                                      f"[0, 1, 2, 5] but the spec says [0, 1, 2, 3] (fix the spec or rebuild the cache)")
+
+
+def test_a_file_cut_short_under_a_read_is_one_line_and_no_piece_reads_a_reused_fd(tmp_path: Path) -> None:
+    """The exact read is cut into pieces read by several threads (cache.hidden.READ_THREADS). A file
+    truncated after it was inspected (a copy still in progress) ends some pieces early: the read raises
+    the one-line error, and only after every piece has stopped is the fd closed (then reused by the
+    next open, which must read its own bytes)."""
+    from cache.hidden import READ_PIECE_BYTES
+
+    hidden = _hidden(layers=3, frames=6, h=16, w=32, c=1024)  # 1 MiB per frame-layer
+    path, other = tmp_path / "demo_0.safetensors", tmp_path / "demo_1.safetensors"
+    write_hidden(path, hidden, [0, 1, 2], {})
+    write_hidden(other, -hidden, [0, 1, 2], {})
+    info = inspect_file(path)
+    window = 6
+    assert window * info.geometry.frame_bytes > 2 * READ_PIECE_BYTES  # several pieces per layer
+    with open(path, "r+b") as handle:
+        handle.truncate(info.offsets[2] + info.geometry.frame_bytes)  # layer 2 keeps one frame
+    with pytest.raises(UserError) as exc:
+        read_hidden(path, [0, 2], 0, window, info=info)
+    line = exc.value.line()
+    assert line.startswith(f"error: {path}:cache: truncated while reading layer index 2 at byte "), line
+    assert "\n" not in line
+    torch.testing.assert_close(read_hidden(other, [0, 2], 0, window), -hidden[[0, 2]], rtol=0, atol=0)
