@@ -8,6 +8,7 @@ failure marker the classifier knows. One definition, so a check cannot pass whil
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,18 +108,51 @@ class Problem:
 def weights_problem(resolved: ResolvedSpec, mode: str) -> Problem | None:
     """Model weights the build loads are not on this machine (``tiny`` is a seeded config: no weights)."""
     if mode == "hidden":
-        return None  # the job builds with the tiny seeded Wan VAE + Cosmos (real weights: cache build-hidden --model-dir)
+        return _hidden_models_problem(resolved)
     latent = resolved.spec.latent
     assert latent is not None
     if latent.vae == "tiny":
         return None
     directory = expand_path(latent.vae)
     for candidate in (directory / "vae", directory):
-        if (candidate / "config.json").is_file() and any(p.suffix in _WEIGHT_SUFFIXES for p in candidate.iterdir()):
+        if candidate.is_dir() and _weights_folder(candidate):
             return None
     what = "does not exist" if not directory.exists() else "holds no config.json with weights (vae/ or itself)"
     return Problem(CAUSE_MISSING_WEIGHTS, f"VAE weights directory {directory} {what}", "latent.vae",
                    "point latent.vae at a local diffusers AutoencoderKLWan folder (or 'tiny' for smoke runs)")
+
+
+def _weights_folder(folder: Path) -> bool:
+    return (folder / "config.json").is_file() and any(p.suffix in _WEIGHT_SUFFIXES for p in folder.iterdir())
+
+
+def _hidden_models_problem(resolved: ResolvedSpec) -> Problem | None:
+    """``data.models``: both folders with a config and weights, and a transformer as wide and as deep as
+    the cache the spec describes. Only the configs are read (the weights are tens of GB); the build
+    preflight's encode smoke then loads them with the builder's own ``load_models``."""
+    data = resolved.spec.data
+    if data.models == "tiny":
+        return None
+    root = expand_path(data.models)
+    fix = "point data.models at a local folder with vae/ and transformer/ (save_pretrained layout), or 'tiny'"
+    if not root.is_dir():
+        return Problem(CAUSE_MISSING_WEIGHTS, f"model directory {root} does not exist", "data.models", fix)
+    for name in ("vae", "transformer"):
+        folder = root / name
+        if not folder.is_dir() or not _weights_folder(folder):
+            return Problem(CAUSE_MISSING_WEIGHTS, f"{folder} holds no config.json with weights", "data.models", fix)
+    try:
+        config = json.loads((root / "transformer" / "config.json").read_text())
+        width = int(config["num_attention_heads"]) * int(config["attention_head_dim"])
+        depth = int(config["num_layers"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return Problem(CAUSE_MISSING_WEIGHTS, f"{root / 'transformer' / 'config.json'} is not a Cosmos transformer "
+                       f"config ({type(exc).__name__}: {exc})", "data.models", fix)
+    if width != data.channels or depth <= max(data.cached_layers):
+        return Problem(CAUSE_MISSING_WEIGHTS, f"the transformer in {root} has hidden size {width} and {depth} blocks; "
+                       f"the spec caches {data.channels} channels of blocks {data.cached_layers}", "data.channels",
+                       "use the model the cache is meant for, or fix data.channels / data.cached_layers")
+    return None
 
 
 def norm_problem(resolved: ResolvedSpec, mode: str) -> Problem | None:

@@ -3,6 +3,7 @@ random weights; real weights load from local folders), real accelerate."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -167,3 +168,43 @@ def test_cli_build_then_inspect(cli, quick: tuple[ExperimentSpec, list[str]]) ->
     assert "all layers      4 layers × 2 frames × 4 × 4 × 32 × 4 B = 16,384 B (16.4 kB)  → 2.0× less" in shown.output
     assert "built by        transformer: CosmosTransformer3DModel:tiny config:" in shown.output
     assert "built by        text_conditioning: zeros" in shown.output
+
+
+def test_the_spec_names_the_models_the_build_job_and_its_preflight_load(
+        quick: tuple[ExperimentSpec, list[str]], tmp_path: Path, cli) -> None:
+    """``data.models`` is where a build job (``submit --build hidden``) finds real weights: the builder
+    loads them without a flag, and the build preflight checks the folders and the transformer's config
+    against the cache's geometry before anything is submitted."""
+    import json
+
+    from ground.contract import ENV_EXPERIMENTS
+
+    spec, _ = quick
+    vae, transformer, _, _ = load_models(spec.data)
+    models = tmp_path / "cosmos"
+    vae.save_pretrained(models / "vae")
+    transformer.save_pretrained(models / "transformer")
+    experiments = Path(os.environ[ENV_EXPERIMENTS])
+
+    def preflight(name: str, models_dir: Path, **data: object) -> dict[str, dict]:
+        extra = "".join(f"  {key}: {value}\n" for key, value in data.items())
+        (experiments / f"{name}.yaml").write_text(f"extends: quickstart\ndata:\n  models: {models_dir}\n{extra}")
+        result = cli("preflight", name, "--build", "hidden", "--json")
+        return {c["name"]: c for c in json.loads(result.stdout)["checks"]}
+
+    checks = preflight("real_models", models)
+    assert checks["build_weights"]["status"] == "PASS", checks["build_weights"]
+    assert f"weights in {models}" in checks["build_weights"]["summary"]
+    assert checks["build_smoke"]["status"] == "PASS", checks["build_smoke"]  # loaded through load_models
+
+    missing = preflight("no_models", tmp_path / "nowhere")["build_weights"]
+    assert missing["status"] == "FAIL" and missing["numbers"]["field"] == "data.models"
+    assert f"model directory {tmp_path / 'nowhere'} does not exist" in missing["summary"]
+    wrong = preflight("wrong_width", models, channels=64)["build_weights"]
+    assert wrong["status"] == "FAIL" and "hidden size 32 and 4 blocks; the spec caches 64 channels" in wrong["summary"]
+
+    with_models = spec.model_copy(update={"data": spec.data.model_copy(update={"models": str(models)})})
+    build_hidden_cache(with_models)  # no --model-dir: the spec says where
+    info = inspect_file(cache_file(expand_path(spec.data.cache_root), "demo_0", "safetensors"))
+    assert info.meta["vae"].startswith("AutoencoderKLWan:cosmos config:") and "tiny-seed0" not in info.meta["vae"]
+    assert "tiny-seed0" not in info.meta["transformer"]

@@ -99,9 +99,14 @@ def test_t5_directory_without_transformers_is_one_line(quick: ExperimentSpec, tm
         (tmp_path / "t5").mkdir()
         with pytest.raises(UserError, match="the T5 text encoder needs the `transformers` package"):
             build_hidden_cache(quick, text_encoder_dir=str(tmp_path / "t5"))
+        # The spec's data.text_encoder reaches the builder without a flag (a build job has none).
+        with pytest.raises(UserError, match="the T5 text encoder needs the `transformers` package"):
+            build_hidden_cache(_with(quick, text_encoder=str(tmp_path / "t5")))
         return
     with pytest.raises(UserError, match="text encoder directory does not exist"):
         build_hidden_cache(quick, text_encoder_dir=str(tmp_path / "nowhere"))
+    with pytest.raises(UserError, match="text encoder directory does not exist"):
+        build_hidden_cache(_with(quick, text_encoder=str(tmp_path / "nowhere")))
 
 
 def test_preflight_fails_a_cache_built_by_other_models(quick: ExperimentSpec, tmp_path: Path) -> None:

@@ -29,6 +29,7 @@ import torch
 from cache.latent.encoder import TINY_CONFIG as TINY_VAE_CONFIG
 from cache.latent.encoder import load_encoder as load_vae
 from ground.errors import UserError
+from ground.paths import expand_path
 from ground.spec.schema import DataSpec
 
 TINY_SEED = 0
@@ -69,7 +70,7 @@ def weights_sha(folder: Path) -> str:
     """sha256 over the weight files of a ``save_pretrained`` folder, in name order."""
     files = sorted(p for p in folder.iterdir() if p.suffix in (".safetensors", ".bin"))
     if not files:
-        raise UserError("no weight files (*.safetensors / *.bin)", file=str(folder), field="--model-dir",
+        raise UserError("no weight files (*.safetensors / *.bin)", file=str(folder), field="data.models",
                         hint="point it at a diffusers save_pretrained folder")
     digest = hashlib.sha256()
     for path in files:
@@ -96,9 +97,13 @@ def _subfolder(root: Path, name: str) -> tuple[Path, str | None]:
 
 
 def load_models(data: DataSpec, model_dir: str | None = None) -> tuple[Any, Any, ModelIdentity, ModelIdentity]:
-    """(vae, transformer, vae identity, transformer identity), frozen, checked against the spec."""
+    """(vae, transformer, vae identity, transformer identity), frozen, checked against the spec.
+
+    ``model_dir`` (``cache build-hidden --model-dir``) wins over the spec's ``data.models``."""
     from diffusers import CosmosTransformer3DModel
 
+    if model_dir is None and data.models != "tiny":
+        model_dir = str(expand_path(data.models))
     if model_dir is None:
         vae = load_vae("tiny").vae  # card B's seeded tiny Wan VAE: one definition for both caches
         torch.manual_seed(TINY_SEED)
@@ -108,7 +113,7 @@ def load_models(data: DataSpec, model_dir: str | None = None) -> tuple[Any, Any,
     else:
         root = Path(model_dir)
         if not root.is_dir():
-            raise UserError("model directory does not exist", file=str(root), field="--model-dir",
+            raise UserError("model directory does not exist", file=str(root), field="data.models",
                             hint="give a local folder holding vae/ and transformer/")
         vae_dir, _ = _subfolder(root, "vae")
         tr_dir, tr_sub = _subfolder(root, "transformer")
@@ -117,7 +122,7 @@ def load_models(data: DataSpec, model_dir: str | None = None) -> tuple[Any, Any,
             transformer = CosmosTransformer3DModel.from_pretrained(root, subfolder=tr_sub, local_files_only=True)
         except (OSError, ValueError) as exc:
             raise UserError(f"cannot load CosmosTransformer3DModel ({str(exc).splitlines()[0][:160]})", file=str(root),
-                            field="--model-dir", hint="a save_pretrained folder transformer/ with config.json") from exc
+                            field="data.models", hint="a save_pretrained folder transformer/ with config.json") from exc
         vae_id = ModelIdentity(f"AutoencoderKLWan:{root.name}", config_sha(vae.config), weights_sha(vae_dir))
         tr_id = ModelIdentity(f"CosmosTransformer3DModel:{root.name}", config_sha(transformer.config),
                               weights_sha(tr_dir))

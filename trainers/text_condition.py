@@ -49,6 +49,8 @@ class TextConditioning:
         self.text_dim = text_dim
         self._dir = next((d for d in prompt_dirs(spec) if d.is_dir()), None)
         self._t5: tuple[Any, Any] | None = None
+        if text_encoder_dir is None and spec.data.text_encoder is not None:  # a --text-encoder-dir flag wins
+            text_encoder_dir = str(expand_path(spec.data.text_encoder))
         if self._dir is not None:
             self.source = f"prompt_embeddings:{self._dir}"
         elif text_encoder_dir is not None:
@@ -93,7 +95,7 @@ class TextConditioning:
         embeds[0, int(mask.sum()):] = 0  # the pipeline zeroes the padding positions
         if embeds.shape[-1] != self.text_dim:
             raise UserError(f"T5 gives {embeds.shape[-1]}-wide embeddings, the transformer wants {self.text_dim}",
-                            field="--text-encoder-dir", hint="use the text encoder the transformer was trained with")
+                            field="data.text_encoder", hint="use the text encoder the transformer was trained with")
         return embeds
 
 
@@ -109,13 +111,13 @@ def _instruction(episodes: EpisodeFile, demo: str) -> str:
 
 def _load_t5(folder: Path) -> tuple[Any, Any]:
     if not folder.is_dir():
-        raise UserError("text encoder directory does not exist", file=str(folder), field="--text-encoder-dir",
+        raise UserError("text encoder directory does not exist", file=str(folder), field="data.text_encoder",
                         hint="give a local folder holding text_encoder/ and tokenizer/")
     try:
         from transformers import AutoTokenizer, T5EncoderModel
     except ImportError:
         raise UserError("the T5 text encoder needs the `transformers` package, which is not installed",
-                        file=str(folder), field="--text-encoder-dir",
+                        file=str(folder), field="data.text_encoder",
                         hint="install transformers, or precompute prompt_embeddings/ elsewhere") from None
     encoder_dir = folder / "text_encoder" if (folder / "text_encoder").is_dir() else folder
     tokenizer_dir = folder / "tokenizer" if (folder / "tokenizer").is_dir() else folder

@@ -73,6 +73,14 @@ class DataSpec(Strict):
     ``None``: not checked (legacy caches record none). Preflight's ``cache`` check FAILs on another."""
     transformer_id: str | None = None
     """Identity of the Cosmos transformer the cache must be built by (same form as ``vae_id``)."""
+    models: str = "tiny"
+    """What the hidden-cache builder encodes with. ``tiny``: a seeded tiny Wan VAE and Cosmos transformer
+    (tests, quickstart); otherwise a local directory holding ``vae/`` and ``transformer/`` as the
+    Cosmos-Predict2 repositories lay them out (``from_pretrained(local_files_only=True)``). Build jobs
+    (``submit --build hidden``) and ``cache build-hidden`` read it; the build preflight checks it."""
+    text_encoder: str | None = None
+    """A local T5 encoder directory for the prompt embeddings when the episodes have no precomputed
+    ``prompt_embeddings/``; ``None``: zeros when there are none."""
     selected_layer_indices: list[LayerIndex] = Field(min_length=1, max_length=MAX_DEPTH)
     """Indices into ``cached_layers`` that the routed model reads (N = len)."""
     frame_window: int = Field(ge=1, le=MAX_COUNT)

@@ -131,9 +131,10 @@ def build_hidden_cmd(
     experiment: ExperimentArg,
     processes: Annotated[int, typer.Option("--processes", min=1, help="accelerate processes (work is sharded).")] = 1,
     model_dir: Annotated[str | None, typer.Option("--model-dir", help="Local folder with vae/ and transformer/ "
-                                                  "(from_pretrained); default: tiny seeded configs.")] = None,
+                                                  "(from_pretrained); default: the spec's data.models.")] = None,
     text_encoder_dir: Annotated[str | None, typer.Option("--text-encoder-dir", help="Local T5 (text_encoder/ + "
-                                                         "tokenizer/), used when there is no prompt_embeddings/.")] = None,
+                                                         "tokenizer/), used when there is no prompt_embeddings/; default: the spec's "
+                                                         "data.text_encoder.")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Encode every episode with the Wan VAE + frozen Cosmos transformer; cache the spec's blocks' hidden states."""

@@ -107,7 +107,11 @@ def _weights(job: "EffectiveJob") -> CheckResult:
                            {"field": problem.field}, problem.fix)
     latent = job.resolved.spec.latent
     if mode == "hidden":
-        return CheckResult("build_weights", Status.PASS, "tiny seeded Wan VAE + Cosmos (no weights to load)")
+        models = job.resolved.spec.data.models
+        where = ("tiny seeded Wan VAE + Cosmos (no weights to load)" if models == "tiny" else
+                 f"Wan VAE + Cosmos weights in {models} (configs fit the cache: {job.resolved.spec.data.channels} "
+                 f"channels, blocks {job.resolved.spec.data.cached_layers})")
+        return CheckResult("build_weights", Status.PASS, where)
     assert latent is not None
     where = "tiny seeded config (no weights to load)" if latent.vae == "tiny" else f"weights in {latent.vae}"
     return CheckResult("build_weights", Status.PASS, f"AutoencoderKLWan: {where}")

@@ -88,7 +88,7 @@ def check(ctx: PreflightContext) -> CheckResult:
     if train is None or train.error or train.missing or train.mismatched or train.episodes == 0:
         fix = "build the missing entries (idmctl cache build-hidden EXP) or fix the spec's geometry"
         if train is not None and any("stale cache" in m for m in train.mismatched):
-            fix = ("rebuild with the models the spec names (idmctl cache build-hidden EXP --model-dir DIR), "
+            fix = ("rebuild with the models the spec names (data.models; idmctl submit EXP --build hidden), "
                    "or set data.vae_id / data.transformer_id to the models that built it")
         return CheckResult(NAME, Status.FAIL, summary, numbers, fix)
     others_bad = [f for s, f in inspections.items() if s != data.train_split and (f.error or f.missing or f.mismatched)]
