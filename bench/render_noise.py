@@ -55,9 +55,9 @@ SIZE = 64
 
 def _robosuite_env(seed: int) -> Any:
     """A Lift env with robosuite's own offscreen renderer: the old demo path."""
-    from trainers.sim.env import CAMERA, CONTROL_FREQ_HZ, ROBOT, _prepare
+    from trainers.sim.env import CAMERA, CONTROL_FREQ_HZ, ROBOT, prepare_robosuite
 
-    _prepare()
+    prepare_robosuite()
     import robosuite as suite
     from robosuite.controllers import load_composite_controller_config
 

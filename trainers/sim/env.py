@@ -38,7 +38,7 @@ class _BelowError(logging.Filter):
         return record.levelno >= logging.ERROR
 
 
-def _prepare() -> None:
+def prepare_robosuite() -> None:
     """Before the first ``import mujoco``/``import robosuite`` of the process: renderer and log level.
 
     ``MUJOCO_GL=egl`` (Mesa's EGL device platform, llvmpipe on the CPU) unless the user chose
@@ -55,7 +55,7 @@ def _prepare() -> None:
 
 def make_env(env_name: str, *, seed: int | None = None) -> Any:
     """A robosuite env with the Panda's default (OSC pose) controller and no renderer of its own."""
-    _prepare()
+    prepare_robosuite()
     import robosuite as suite
     from robosuite.controllers import load_composite_controller_config
 
@@ -117,7 +117,7 @@ class Camera:
     """
 
     def __init__(self, sim: Any, size: int, *, camera: str = CAMERA, fast: bool = True) -> None:
-        _prepare()
+        prepare_robosuite()
         import mujoco
 
         model = sim.model._model
