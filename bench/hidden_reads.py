@@ -95,7 +95,9 @@ def run(fast: bool) -> list[Figure]:
         def library_slice() -> None:
             with safe_open(str(ours), framework="pt") as handle:
                 for block in SELECTION:
-                    handle.get_slice(f"layer_{block}")[FRAME_START:FRAME_START + WINDOW]
+                    # The slice can be a view of safetensors' mmap: clone() makes it read the bytes, as
+                    # a sample that reaches the model must (otherwise pages are never touched).
+                    handle.get_slice(f"layer_{block}")[FRAME_START:FRAME_START + WINDOW].clone()
 
         methods = {
             "ours: header + exact preadv (FADV_RANDOM, 8 × 2 MiB in flight)": (ours, lambda: read_hidden(ours, SELECTION, FRAME_START, WINDOW)),
