@@ -254,10 +254,11 @@ def latest_smoke(spec_hash: str) -> "SmokeMeasurement | None":
                 break
         if attempt == 0:
             from ground.paths import db_path
-            from idmctl.store.db import open_store
 
             if not db_path().exists():
                 return None  # no store, no smoke recorded; a read never creates one (a dry-run writes nothing)
+            from idmctl.store.db import open_store  # only now: SQLAlchemy's import is ~0.3 s of a cold preflight
+
             open_store()  # an older revision: the ORM migrates it, once
     if not text:
         return None
