@@ -7,6 +7,7 @@ input; bad input is one line ``error: <file>:<field>: <what> (<hint>)`` with no 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, MutableMapping
 from typing import Annotated, Any
 
 import click
@@ -47,8 +48,145 @@ def _usage_line(exc: Any) -> str:
     return f"error: command line: {what} (see `{where} --help`)"
 
 
+def _exp(target: typer.Typer) -> None:
+    from idmctl.commands import exp
+
+    target.add_typer(exp.app, name="exp")
+
+
+def _quickstart(target: typer.Typer) -> None:
+    from idmctl.commands import quickstart
+
+    target.command("quickstart")(quickstart.quickstart)
+
+
+def _compare(target: typer.Typer) -> None:
+    from idmctl.commands import compare
+
+    target.command("compare")(compare.compare)
+
+
+def _ui(target: typer.Typer) -> None:
+    from idmctl.commands import ui
+
+    target.command("ui")(ui.ui)
+
+
+def _failures(target: typer.Typer) -> None:
+    from idmctl.commands import failures
+
+    target.add_typer(failures.app, name="failures")
+
+
+def _preflight(target: typer.Typer) -> None:
+    from idmctl.commands import preflight
+
+    target.command("preflight")(preflight.preflight)
+
+
+def _jobs(target: typer.Typer) -> None:
+    from idmctl.commands import jobs
+
+    jobs.register(target)  # submit, sync, jobs, watch, cancel
+
+
+def _cache(target: typer.Typer) -> None:
+    from idmctl.commands import cache
+    from idmctl.commands import cache_latent  # noqa: F401  (adds `cache build` and `cache status`)
+
+    target.add_typer(cache.app, name="cache")
+
+
+def _train(target: typer.Typer) -> None:
+    from idmctl.commands import train
+
+    target.command("train")(train.train)
+    target.add_typer(train.model_app, name="model")
+
+
+def _data(target: typer.Typer) -> None:
+    from idmctl.commands import data
+
+    target.add_typer(data.app, name="data")
+
+
+def _ledger(target: typer.Typer) -> None:
+    from idmctl.commands import ledger
+
+    target.command("ledger")(ledger.ledger)
+
+
+def _doctor(target: typer.Typer) -> None:
+    from idmctl.commands import doctor
+
+    target.command("doctor")(doctor.doctor)
+
+
+_COMMANDS: dict[str, Callable[[typer.Typer], None]] = {
+    # In the order `idmctl --help` lists them: typer puts plain commands before groups, each in the
+    # order they were registered.
+    "quickstart": _quickstart, "compare": _compare, "ui": _ui, "preflight": _preflight, "submit": _jobs,
+    "sync": _jobs, "watch": _jobs, "cancel": _jobs, "train": _train, "ledger": _ledger, "doctor": _doctor,
+    "exp": _exp, "failures": _failures, "jobs": _jobs, "cache": _cache, "model": _train, "data": _data,
+}
+"""Each command and the function that registers it (and its siblings from the same module)."""
+
+
+def _noop() -> None:
+    """The scratch app's callback: with one, typer builds a group even around a single command."""
+
+
+class _LazyCommands(MutableMapping[str, click.Command]):
+    """The root group's commands, each module imported only when its command is looked up (issue 15).
+
+    Importing every command module and converting every command (typer builds a Pydantic adapter per
+    parameter) cost ~0.1 s of each `idmctl` process. Names, order and suggestions come from
+    :data:`_COMMANDS` without importing anything; ``idmctl --help`` loads them all. A command is built
+    by registering it on a scratch Typer, exactly as it used to be registered on ``app``."""
+
+    def __init__(self, eager: MutableMapping[str, click.Command]) -> None:
+        self._built: dict[str, click.Command] = dict(eager)
+
+    def _build(self, name: str) -> None:
+        scratch = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+        scratch.callback()(_noop)
+        _COMMANDS[name](scratch)
+        built = typer.main.get_command(scratch)
+        assert isinstance(built, TyperGroup)
+        for sibling, command in built.commands.items():
+            self._built.setdefault(sibling, command)
+
+    def __getitem__(self, name: str) -> click.Command:
+        if name not in self._built and name in _COMMANDS:
+            self._build(name)
+        return self._built[name]
+
+    def __setitem__(self, name: str, command: click.Command) -> None:
+        self._built[name] = command
+
+    def __delitem__(self, name: str) -> None:
+        del self._built[name]
+
+    def _names(self) -> list[str]:
+        return [*_COMMANDS, *(name for name in self._built if name not in _COMMANDS)]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names())
+
+    def __len__(self) -> int:
+        return len(self._names())
+
+    def __contains__(self, name: object) -> bool:
+        return name in _COMMANDS or name in self._built
+
+
 class _ContractGroup(TyperGroup):
-    """Turns UserError/CheckFailed from any subcommand, and Click's usage errors, into the one-line contract."""
+    """Turns UserError/CheckFailed from any subcommand, and Click's usage errors, into the one-line contract.
+    Its commands are loaded on first use (:class:`_LazyCommands`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.commands = _LazyCommands(self.commands)
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         try:
@@ -92,37 +230,6 @@ app = typer.Typer(
 @app.callback()
 def _root(debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks for errors.")] = False) -> None:
     _debug["on"] = debug
-
-
-def _register_commands() -> None:
-    # Each command module owns one sub-app; imports here are light (no torch/mlflow).
-    from idmctl.commands import exp, quickstart
-
-    app.add_typer(exp.app, name="exp")
-    app.command("quickstart")(quickstart.quickstart)
-    from idmctl.commands import compare, ui
-    app.command("compare")(compare.compare); app.command("ui")(ui.ui)
-    from idmctl.commands import failures
-
-    app.add_typer(failures.app, name="failures")
-    from idmctl.commands import preflight
-    app.command("preflight")(preflight.preflight)
-    from idmctl.commands import jobs
-    jobs.register(app)  # submit, sync, jobs, watch, cancel
-    from idmctl.commands import cache
-    app.add_typer(cache.app, name="cache")
-    from idmctl.commands import cache_latent  # noqa: F401  (adds `cache build` and `cache status`)
-    from idmctl.commands import train
-    app.command("train")(train.train); app.add_typer(train.model_app, name="model")
-    from idmctl.commands import data
-    app.add_typer(data.app, name="data")
-    from idmctl.commands import ledger
-    app.command("ledger")(ledger.ledger)
-    from idmctl.commands import doctor
-    app.command("doctor")(doctor.doctor)
-
-
-_register_commands()
 
 
 def main() -> None:
