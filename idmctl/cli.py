@@ -15,6 +15,9 @@ import typer
 from typer.core import TyperGroup
 
 from ground.errors import EXIT_BAD_INPUT, EXIT_FAILED, CheckFailed, UserError
+from idmctl import cli_coercion
+
+cli_coercion.install()  # no Pydantic adapter for a parameter whose value needs no coercion
 
 _debug = {"on": False}
 
