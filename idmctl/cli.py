@@ -7,15 +7,18 @@ input; bad input is one line ``error: <file>:<field>: <what> (<hint>)`` with no 
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterator, MutableMapping
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import click
 import typer
 from typer.core import TyperGroup
 
 from ground.errors import EXIT_BAD_INPUT, EXIT_FAILED, CheckFailed, UserError
 from idmctl import cli_coercion
+
+if TYPE_CHECKING:
+    from typer._click import Command, Context
 
 cli_coercion.install()  # no Pydantic adapter for a parameter whose value needs no coercion
 
@@ -33,15 +36,20 @@ def set_debug() -> None:
 
 
 def _usage_error_classes() -> tuple[type[Exception], ...]:
-    # typer 0.29 parses with its own copy of click (typer._click): its UsageError is not click's.
+    """Click's usage errors. typer 0.29 parses with its own copy of click (typer._click), whose UsageError
+    is not click's; click itself (~12 ms to import) counts only once something has imported it (then
+    only it can have raised one)."""
+    classes: list[type[Exception]] = []
     try:
         from typer._click.exceptions import UsageError as TyperUsageError
     except ImportError:
-        return (click.UsageError,)
-    return (click.UsageError, TyperUsageError)
-
-
-_USAGE_ERRORS = _usage_error_classes()
+        import click  # noqa: F401  (an older typer parses with click itself)
+    else:
+        classes.append(TyperUsageError)
+    click = sys.modules.get("click")
+    if click is not None:
+        classes.append(click.UsageError)
+    return tuple(classes)
 
 
 def _usage_line(exc: Any) -> str:
@@ -139,7 +147,7 @@ def _noop() -> None:
     """The scratch app's callback: with one, typer builds a group even around a single command."""
 
 
-class _LazyCommands(MutableMapping[str, click.Command]):
+class _LazyCommands(MutableMapping[str, Any]):
     """The root group's commands, each module imported only when its command is looked up (issue 15).
 
     Importing every command module and converting every command (typer builds a Pydantic adapter per
@@ -147,8 +155,8 @@ class _LazyCommands(MutableMapping[str, click.Command]):
     :data:`_COMMANDS` without importing anything; ``idmctl --help`` loads them all. A command is built
     by registering it on a scratch Typer, exactly as it used to be registered on ``app``."""
 
-    def __init__(self, eager: MutableMapping[str, click.Command]) -> None:
-        self._built: dict[str, click.Command] = dict(eager)
+    def __init__(self, eager: MutableMapping[str, Command]) -> None:
+        self._built: dict[str, Command] = dict(eager)
 
     def _build(self, name: str) -> None:
         scratch = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
@@ -159,12 +167,12 @@ class _LazyCommands(MutableMapping[str, click.Command]):
         for sibling, command in built.commands.items():
             self._built.setdefault(sibling, command)
 
-    def __getitem__(self, name: str) -> click.Command:
+    def __getitem__(self, name: str) -> Command:
         if name not in self._built and name in _COMMANDS:
             self._build(name)
         return self._built[name]
 
-    def __setitem__(self, name: str, command: click.Command) -> None:
+    def __setitem__(self, name: str, command: Command) -> None:
         self._built[name] = command
 
     def __delitem__(self, name: str) -> None:
@@ -191,33 +199,33 @@ class _ContractGroup(TyperGroup):
         super().__init__(*args, **kwargs)
         self.commands = _LazyCommands(self.commands)
 
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+    def parse_args(self, ctx: Context, args: list[str]) -> list[str]:
         try:
             return super().parse_args(ctx, args)
-        except _USAGE_ERRORS as exc:
+        except _usage_error_classes() as exc:  # evaluated only when an exception is raised
             if type(exc).__name__ == "NoArgsIsHelpError" or _debug["on"]:
                 raise
-            click.echo(_usage_line(exc), err=True)
+            typer.echo(_usage_line(exc), err=True)
             ctx.exit(EXIT_BAD_INPUT)
 
-    def invoke(self, ctx: click.Context) -> Any:
+    def invoke(self, ctx: Context) -> Any:
         try:
             return super().invoke(ctx)
-        except _USAGE_ERRORS as exc:
+        except _usage_error_classes() as exc:  # evaluated only when an exception is raised
             if type(exc).__name__ == "NoArgsIsHelpError" or _debug["on"]:
                 raise
-            click.echo(_usage_line(exc), err=True)
+            typer.echo(_usage_line(exc), err=True)
             ctx.exit(EXIT_BAD_INPUT)
         except UserError as exc:
             if _debug["on"]:
                 raise
-            click.echo(exc.line(), err=True)
+            typer.echo(exc.line(), err=True)
             ctx.exit(EXIT_BAD_INPUT)
         except CheckFailed as exc:
             if _debug["on"]:
                 raise
             if str(exc):
-                click.echo(str(exc), err=True)
+                typer.echo(str(exc), err=True)
             ctx.exit(EXIT_FAILED)
 
 
