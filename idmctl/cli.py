@@ -95,10 +95,15 @@ def _preflight(target: typer.Typer) -> None:
     target.command("preflight")(preflight.preflight)
 
 
-def _jobs(target: typer.Typer) -> None:
-    from idmctl.commands import jobs
+def _jobs(name: str) -> Callable[[typer.Typer], None]:
+    """The registrar of one of submit, sync, watch, cancel and jobs (one module registers all five)."""
 
-    jobs.register(target)  # submit, sync, jobs, watch, cancel
+    def register(target: typer.Typer) -> None:
+        from idmctl.commands import jobs
+
+        jobs.register(target, [name])
+
+    return register
 
 
 def _cache(target: typer.Typer) -> None:
@@ -136,9 +141,10 @@ def _doctor(target: typer.Typer) -> None:
 _COMMANDS: dict[str, Callable[[typer.Typer], None]] = {
     # In the order `idmctl --help` lists them: typer puts plain commands before groups, each in the
     # order they were registered.
-    "quickstart": _quickstart, "compare": _compare, "ui": _ui, "preflight": _preflight, "submit": _jobs,
-    "sync": _jobs, "watch": _jobs, "cancel": _jobs, "train": _train, "ledger": _ledger, "doctor": _doctor,
-    "exp": _exp, "failures": _failures, "jobs": _jobs, "cache": _cache, "model": _train, "data": _data,
+    "quickstart": _quickstart, "compare": _compare, "ui": _ui, "preflight": _preflight,
+    "submit": _jobs("submit"), "sync": _jobs("sync"), "watch": _jobs("watch"), "cancel": _jobs("cancel"),
+    "train": _train, "ledger": _ledger, "doctor": _doctor,
+    "exp": _exp, "failures": _failures, "jobs": _jobs("jobs"), "cache": _cache, "model": _train, "data": _data,
 }
 """Each command and the function that registers it (and its siblings from the same module)."""
 
