@@ -13,8 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ground.paths import expand_path, free_bytes
-from idmctl.preflight import (background, cache, disk, introspection, io, loader, memo, qos, shm, smoke, spec,
-                              whatif)
+from idmctl.preflight import cache, disk, introspection, io, loader, memo, qos, shm, smoke, spec, whatif
 from idmctl.preflight.result import (CHECK_NAMES, CacheInspection, CheckResult, Measurements, PreflightContext,
                                      QueueWait, RecordedRun, SmokeMeasurement, Status)
 from idmctl.profile import ClusterProfile
@@ -22,6 +21,7 @@ from ground.spec.loader import ResolvedSpec
 
 if TYPE_CHECKING:
     from idmctl.jobs.effective import EffectiveJob
+    from idmctl.preflight.background import Forked
 
 STATIC_CHECKS = (spec, introspection, loader, shm, io, qos, disk, cache)
 
@@ -128,17 +128,19 @@ def _remembered_introspection(resolved: ResolvedSpec, code_version: str | None) 
 
 
 def start_introspection(resolved: ResolvedSpec, profile: ClusterProfile,
-                        code_version: str | None) -> background.Forked | None:
+                        code_version: str | None) -> Forked | None:
     """Start the introspection (its torch import) in a forked child when nothing is remembered, so it
     overlaps the store and the other checks; :func:`introspect` collects it."""
     if _remembered_introspection(resolved, code_version) is not None:
         return None
+    from idmctl.preflight import background  # here: submit (memo or SKIP) never needs it
+
     ctx = PreflightContext(resolved, profile)  # introspection reads the spec only, no measurements
     return background.start(lambda: _safe(introspection, ctx))
 
 
 def introspect(ctx: PreflightContext, code_version: str | None, memo_only: bool = False,
-               started: background.Forked | None = None) -> CheckResult:
+               started: Forked | None = None) -> CheckResult:
     """The introspection check, remembered per (code version, spec without resources): see ``memo``.
     ``memo_only``: SKIP instead of importing the trainer's registries (torch) when nothing is remembered.
     ``started``: the child :func:`start_introspection` forked for this very spec; its result is used."""
@@ -148,6 +150,8 @@ def introspect(ctx: PreflightContext, code_version: str | None, memo_only: bool 
         return stored
     if memo_only:
         return CheckResult(introspection.NAME, Status.SKIP, NOT_RERUN, {}, "")
+    from idmctl.preflight import background
+
     result = background.collect(started, lambda: _safe(introspection, ctx))
     if not result.summary.startswith(("check crashed", "cannot import")):  # environment trouble: try again next time
         memo.store("introspection", key, result.as_dict())
@@ -228,7 +232,10 @@ def run_preflight(resolved: ResolvedSpec, profile: ClusterProfile, profile_hash:
                                               if module.NAME not in (spec.NAME, introspection.NAME)}
         early = {spec.NAME: spec_result, introspection.NAME: introspect(ctx, version, started=started_introspection)}
     finally:
-        background.cancel(started_introspection)  # a no-op once collected; else (an error above) no orphan child
+        if started_introspection is not None:
+            from idmctl.preflight import background
+
+            background.cancel(started_introspection)  # a no-op once collected; else (an error above) no orphan child
     smoke_result: SmokeMeasurement | None = None
     smoke_not_run: CheckResult | None = None
     if with_smoke:
