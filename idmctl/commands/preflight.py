@@ -90,7 +90,7 @@ def preflight(
         report = run_build_preflight(job, with_smoke=not no_smoke, timeout_s=smoke_timeout)
     else:
         report = run_preflight(resolved, profile, profile_hash, with_smoke=not no_smoke, smoke_timeout_s=smoke_timeout,
-                               job=job, version=version)
+                               job=job, version=version, introspect_aside=True)
     if as_json:
         emit_json(report.as_dict())
     else:

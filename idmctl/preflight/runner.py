@@ -202,9 +202,14 @@ def _safe(check_module: object, ctx: PreflightContext) -> CheckResult:
 def run_preflight(resolved: ResolvedSpec, profile: ClusterProfile, profile_hash: str, *, with_smoke: bool = True,
                   smoke_timeout_s: float = smoke.DEFAULT_TIMEOUT_S, record: bool = True,
                   measurements: Measurements | None = None, job: "EffectiveJob | None" = None,
-                  version: str | None = None) -> PreflightReport:
+                  version: str | None = None, introspect_aside: bool = False) -> PreflightReport:
     """Run all checks; ``measurements`` replaces gathering (tests, benchmarks); ``version`` is the code
     version when the caller already has it (a sweep computes it once for all variants: two git calls).
+
+    ``introspect_aside``: a cold introspection runs in a forked child (see ``background``), for a
+    process that runs one preflight (``idmctl preflight EXP``). A process that runs several (a sweep,
+    a what-if) leaves it False: the first in-process import of torch then serves them all, where each
+    child would import it again.
 
     With ``job`` (preflight given submit's flags) the checks and the smoke judge the effective job,
     and the run is recorded under the spec's own hash with the job's smoke flags in its key.
@@ -216,9 +221,9 @@ def run_preflight(resolved: ResolvedSpec, profile: ClusterProfile, profile_hash:
     if job is not None:
         declared, resolved = job.declared, job.resolved
     version = version or code_version()
-    # Cold (nothing remembered): the torch import runs in a child on the other core while this process
-    # gathers (on a new home: creates the store) and runs the checks that need no torch.
-    started_introspection = start_introspection(resolved, profile, version)
+    # Aside and cold (nothing remembered): the torch import runs in a child on the other core while this
+    # process gathers (on a new home: creates the store) and runs the checks that need no torch.
+    started_introspection = start_introspection(resolved, profile, version) if introspect_aside else None
     try:
         measured = measurements if measurements is not None else gather(resolved, profile, version)
         # Step times of earlier runs count only when they ran this very code (limits.derive).
