@@ -76,7 +76,7 @@ def preflight(
         profile, profile_hash = load_profile(cluster)
         run_what_if(variants[0], profile, profile_hash, what_if, as_json=as_json)
         return
-    from ground.contract import code_version
+    from idmctl.preflight.record import code_version  # looked up here, as run_preflight does
 
     version = code_version()  # once (two git calls): the limits derivation and the checks both use it
     job = build_job(experiment, job_flags.flags(qos, gres, cpus, mem, exclude, job_name, time_limit, retries, entry,
