@@ -7,6 +7,7 @@ input; bad input is one line ``error: <file>:<field>: <what> (<hint>)`` with no 
 
 from __future__ import annotations
 
+import gc
 import sys
 from collections.abc import Callable, Iterator, MutableMapping
 from typing import TYPE_CHECKING, Annotated, Any
@@ -250,4 +251,15 @@ def _root(debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks f
 
 
 def main() -> None:
-    app()
+    try:
+        app()
+    finally:
+        # The command is done (typer ends it with SystemExit). Freezing what is left spares the interpreter's
+        # last garbage collections of every imported module's objects at shutdown: ~30 ms of a ~0.25 s
+        # `idmctl submit` (issue 15). Atexit handlers, weakref finalizers and flushing stdout still run;
+        # what only that last collection would have closed is closed first: the store connections (they
+        # sit in reference cycles, and their close checkpoints the WAL).
+        from idmctl.store import close_open_stores
+
+        close_open_stores()
+        gc.freeze()
