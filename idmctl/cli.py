@@ -7,13 +7,21 @@ input; bad input is one line ``error: <file>:<field>: <what> (<hint>)`` with no 
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+import gc
+import sys
+from collections.abc import Callable, Iterator, MutableMapping
+from typing import TYPE_CHECKING, Annotated, Any
 
-import click
 import typer
 from typer.core import TyperGroup
 
 from ground.errors import EXIT_BAD_INPUT, EXIT_FAILED, CheckFailed, UserError
+from idmctl import cli_coercion
+
+if TYPE_CHECKING:
+    from typer._click import Command, Context
+
+cli_coercion.install()  # no Pydantic adapter for a parameter whose value needs no coercion
 
 _debug = {"on": False}
 
@@ -29,15 +37,20 @@ def set_debug() -> None:
 
 
 def _usage_error_classes() -> tuple[type[Exception], ...]:
-    # typer 0.29 parses with its own copy of click (typer._click): its UsageError is not click's.
+    """Click's usage errors. typer 0.29 parses with its own copy of click (typer._click), whose UsageError
+    is not click's; click itself (~12 ms to import) counts only once something has imported it (then
+    only it can have raised one)."""
+    classes: list[type[Exception]] = []
     try:
         from typer._click.exceptions import UsageError as TyperUsageError
     except ImportError:
-        return (click.UsageError,)
-    return (click.UsageError, TyperUsageError)
-
-
-_USAGE_ERRORS = _usage_error_classes()
+        import click  # noqa: F401  (an older typer parses with click itself)
+    else:
+        classes.append(TyperUsageError)
+    click = sys.modules.get("click")
+    if click is not None:
+        classes.append(click.UsageError)
+    return tuple(classes)
 
 
 def _usage_line(exc: Any) -> str:
@@ -47,36 +60,179 @@ def _usage_line(exc: Any) -> str:
     return f"error: command line: {what} (see `{where} --help`)"
 
 
-class _ContractGroup(TyperGroup):
-    """Turns UserError/CheckFailed from any subcommand, and Click's usage errors, into the one-line contract."""
+def _exp(target: typer.Typer) -> None:
+    from idmctl.commands import exp
 
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+    target.add_typer(exp.app, name="exp")
+
+
+def _quickstart(target: typer.Typer) -> None:
+    from idmctl.commands import quickstart
+
+    target.command("quickstart")(quickstart.quickstart)
+
+
+def _compare(target: typer.Typer) -> None:
+    from idmctl.commands import compare
+
+    target.command("compare")(compare.compare)
+
+
+def _ui(target: typer.Typer) -> None:
+    from idmctl.commands import ui
+
+    target.command("ui")(ui.ui)
+
+
+def _failures(target: typer.Typer) -> None:
+    from idmctl.commands import failures
+
+    target.add_typer(failures.app, name="failures")
+
+
+def _preflight(target: typer.Typer) -> None:
+    from idmctl.commands import preflight
+
+    target.command("preflight")(preflight.preflight)
+
+
+def _jobs(name: str) -> Callable[[typer.Typer], None]:
+    """The registrar of one of submit, sync, watch, cancel and jobs (one module registers all five)."""
+
+    def register(target: typer.Typer) -> None:
+        from idmctl.commands import jobs
+
+        jobs.register(target, [name])
+
+    return register
+
+
+def _cache(target: typer.Typer) -> None:
+    from idmctl.commands import cache
+    from idmctl.commands import cache_latent  # noqa: F401  (adds `cache build` and `cache status`)
+
+    target.add_typer(cache.app, name="cache")
+
+
+def _train(target: typer.Typer) -> None:
+    from idmctl.commands import train
+
+    target.command("train")(train.train)
+    target.add_typer(train.model_app, name="model")
+
+
+def _data(target: typer.Typer) -> None:
+    from idmctl.commands import data
+
+    target.add_typer(data.app, name="data")
+
+
+def _ledger(target: typer.Typer) -> None:
+    from idmctl.commands import ledger
+
+    target.command("ledger")(ledger.ledger)
+
+
+def _doctor(target: typer.Typer) -> None:
+    from idmctl.commands import doctor
+
+    target.command("doctor")(doctor.doctor)
+
+
+_COMMANDS: dict[str, Callable[[typer.Typer], None]] = {
+    # In the order `idmctl --help` lists them: typer puts plain commands before groups, each in the
+    # order they were registered.
+    "quickstart": _quickstart, "compare": _compare, "ui": _ui, "preflight": _preflight,
+    "submit": _jobs("submit"), "sync": _jobs("sync"), "watch": _jobs("watch"), "cancel": _jobs("cancel"),
+    "train": _train, "ledger": _ledger, "doctor": _doctor,
+    "exp": _exp, "failures": _failures, "jobs": _jobs("jobs"), "cache": _cache, "model": _train, "data": _data,
+}
+"""Each command and the function that registers it (and its siblings from the same module)."""
+
+
+def _noop() -> None:
+    """The scratch app's callback: with one, typer builds a group even around a single command."""
+
+
+class _LazyCommands(MutableMapping[str, Any]):
+    """The root group's commands, each module imported only when its command is looked up (issue 15).
+
+    Importing every command module and converting every command (typer builds a Pydantic adapter per
+    parameter) cost ~0.1 s of each `idmctl` process. Names, order and suggestions come from
+    :data:`_COMMANDS` without importing anything; ``idmctl --help`` loads them all. A command is built
+    by registering it on a scratch Typer, exactly as it used to be registered on ``app``."""
+
+    def __init__(self, eager: MutableMapping[str, Command]) -> None:
+        self._built: dict[str, Command] = dict(eager)
+
+    def _build(self, name: str) -> None:
+        scratch = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+        scratch.callback()(_noop)
+        _COMMANDS[name](scratch)
+        built = typer.main.get_command(scratch)
+        assert isinstance(built, TyperGroup)
+        for sibling, command in built.commands.items():
+            self._built.setdefault(sibling, command)
+
+    def __getitem__(self, name: str) -> Command:
+        if name not in self._built and name in _COMMANDS:
+            self._build(name)
+        return self._built[name]
+
+    def __setitem__(self, name: str, command: Command) -> None:
+        self._built[name] = command
+
+    def __delitem__(self, name: str) -> None:
+        del self._built[name]
+
+    def _names(self) -> list[str]:
+        return [*_COMMANDS, *(name for name in self._built if name not in _COMMANDS)]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names())
+
+    def __len__(self) -> int:
+        return len(self._names())
+
+    def __contains__(self, name: object) -> bool:
+        return name in _COMMANDS or name in self._built
+
+
+class _ContractGroup(TyperGroup):
+    """Turns UserError/CheckFailed from any subcommand, and Click's usage errors, into the one-line contract.
+    Its commands are loaded on first use (:class:`_LazyCommands`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.commands = _LazyCommands(self.commands)
+
+    def parse_args(self, ctx: Context, args: list[str]) -> list[str]:
         try:
             return super().parse_args(ctx, args)
-        except _USAGE_ERRORS as exc:
+        except _usage_error_classes() as exc:  # evaluated only when an exception is raised
             if type(exc).__name__ == "NoArgsIsHelpError" or _debug["on"]:
                 raise
-            click.echo(_usage_line(exc), err=True)
+            typer.echo(_usage_line(exc), err=True)
             ctx.exit(EXIT_BAD_INPUT)
 
-    def invoke(self, ctx: click.Context) -> Any:
+    def invoke(self, ctx: Context) -> Any:
         try:
             return super().invoke(ctx)
-        except _USAGE_ERRORS as exc:
+        except _usage_error_classes() as exc:  # evaluated only when an exception is raised
             if type(exc).__name__ == "NoArgsIsHelpError" or _debug["on"]:
                 raise
-            click.echo(_usage_line(exc), err=True)
+            typer.echo(_usage_line(exc), err=True)
             ctx.exit(EXIT_BAD_INPUT)
         except UserError as exc:
             if _debug["on"]:
                 raise
-            click.echo(exc.line(), err=True)
+            typer.echo(exc.line(), err=True)
             ctx.exit(EXIT_BAD_INPUT)
         except CheckFailed as exc:
             if _debug["on"]:
                 raise
             if str(exc):
-                click.echo(str(exc), err=True)
+                typer.echo(str(exc), err=True)
             ctx.exit(EXIT_FAILED)
 
 
@@ -94,36 +250,16 @@ def _root(debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks f
     _debug["on"] = debug
 
 
-def _register_commands() -> None:
-    # Each command module owns one sub-app; imports here are light (no torch/mlflow).
-    from idmctl.commands import exp, quickstart
-
-    app.add_typer(exp.app, name="exp")
-    app.command("quickstart")(quickstart.quickstart)
-    from idmctl.commands import compare, ui
-    app.command("compare")(compare.compare); app.command("ui")(ui.ui)
-    from idmctl.commands import failures
-
-    app.add_typer(failures.app, name="failures")
-    from idmctl.commands import preflight
-    app.command("preflight")(preflight.preflight)
-    from idmctl.commands import jobs
-    jobs.register(app)  # submit, sync, jobs, watch, cancel
-    from idmctl.commands import cache
-    app.add_typer(cache.app, name="cache")
-    from idmctl.commands import cache_latent  # noqa: F401  (adds `cache build` and `cache status`)
-    from idmctl.commands import train
-    app.command("train")(train.train); app.add_typer(train.model_app, name="model")
-    from idmctl.commands import data
-    app.add_typer(data.app, name="data")
-    from idmctl.commands import ledger
-    app.command("ledger")(ledger.ledger)
-    from idmctl.commands import doctor
-    app.command("doctor")(doctor.doctor)
-
-
-_register_commands()
-
-
 def main() -> None:
-    app()
+    try:
+        app()
+    finally:
+        # The command is done (typer ends it with SystemExit). Freezing what is left spares the interpreter's
+        # last garbage collections of every imported module's objects at shutdown: ~30 ms of a ~0.25 s
+        # `idmctl submit` (issue 15). Atexit handlers, weakref finalizers and flushing stdout still run;
+        # what only that last collection would have closed is closed first: the store connections (they
+        # sit in reference cycles, and their close checkpoints the WAL).
+        from idmctl.store import close_open_stores
+
+        close_open_stores()
+        gc.freeze()

@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-from rich.table import Table
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
+
 
 def _width() -> int | None:
     """Terminal width on a TTY; wide enough for every table when piped (tests, logs, CI)."""
@@ -17,8 +19,25 @@ def _width() -> int | None:
     return None if sys.stdout.isatty() else 200
 
 
-console = Console(highlight=False, soft_wrap=False, width=_width())
-err_console = Console(stderr=True, highlight=False, soft_wrap=True, width=_width())
+class _LazyConsole:
+    """A rich ``Console`` made on first use: importing rich is ~20 ms, which a ``--json`` command (a
+    submit, ``failures --json``) never needs (issue 15). Its settings are fixed when this module is
+    imported, as they were when the console itself was made here."""
+
+    def __init__(self, **settings: Any) -> None:
+        self._settings = settings
+        self._console: Console | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        if self._console is None:
+            from rich.console import Console
+
+            self._console = Console(**self._settings)
+        return getattr(self._console, name)
+
+
+console: Console = _LazyConsole(highlight=False, soft_wrap=False, width=_width())  # type: ignore[assignment]
+err_console: Console = _LazyConsole(stderr=True, highlight=False, soft_wrap=True, width=_width())  # type: ignore[assignment]
 
 
 def emit_json(data: Any) -> None:
@@ -35,7 +54,9 @@ def emit_json_rows(rows: list[Any]) -> None:
     sys.stdout.flush()
 
 
-def make_table(*columns: str, title: str | None = None) -> Table:
+def make_table(*columns: str, title: str | None = None) -> "Table":
+    from rich.table import Table
+
     table = Table(title=title, show_lines=False, header_style="bold")
     for column in columns:
         table.add_column(column, overflow="fold")

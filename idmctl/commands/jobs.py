@@ -14,6 +14,8 @@ from idmctl.output import console, emit_json, err_console, make_table
 from ground.units import format_duration
 
 if TYPE_CHECKING:
+    from collections.abc import Collection
+
     from idmctl.jobs.efficiency import EfficiencyReport, Suggestion
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
@@ -310,9 +312,14 @@ def cancel(job: Annotated[int, typer.Argument(help="idmctl job id (see `idmctl j
     console.print(f"cancelled job {job} ({row.executor} {row.scheduler_id})", markup=False)
 
 
-def register(app: typer.Typer) -> None:
+def register(app: typer.Typer, names: "Collection[str] | None" = None) -> None:
+    """Add submit, sync, watch, cancel and the ``jobs`` group to ``app``; ``names``: only those (the CLI
+    builds just the command it runs)."""
     for command in (submit, sync, watch, cancel):
-        app.command(command.__name__)(command)
+        if names is None or command.__name__ in names:
+            app.command(command.__name__)(command)
+    if names is not None and "jobs" not in names:
+        return
     # `idmctl jobs` lists; `idmctl jobs import` pulls sacct history (a group whose callback is the listing).
     from idmctl.commands.failures import jobs_import
 

@@ -76,8 +76,11 @@ def preflight(
         profile, profile_hash = load_profile(cluster)
         run_what_if(variants[0], profile, profile_hash, what_if, as_json=as_json)
         return
+    from idmctl.preflight.record import code_version  # looked up here, as run_preflight does
+
+    version = code_version()  # once (two git calls): the limits derivation and the checks both use it
     job = build_job(experiment, job_flags.flags(qos, gres, cpus, mem, exclude, job_name, time_limit, retries, entry,
-                                                build), cluster)
+                                                build), cluster, version)
     resolved, profile, profile_hash = job.declared, job.profile, job.profile_hash
     if job.options.build:  # the build preflight: weights, PT norm file, output disk, 1-file encode smoke
         from cache.build_plan import check_mode
@@ -87,7 +90,7 @@ def preflight(
         report = run_build_preflight(job, with_smoke=not no_smoke, timeout_s=smoke_timeout)
     else:
         report = run_preflight(resolved, profile, profile_hash, with_smoke=not no_smoke, smoke_timeout_s=smoke_timeout,
-                               job=job)
+                               job=job, version=version, introspect_aside=True)
     if as_json:
         emit_json(report.as_dict())
     else:

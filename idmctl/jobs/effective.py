@@ -138,9 +138,10 @@ def active_exclusions() -> list[str]:
     return sorted({row.node for row in rows if (row.until if row.until.tzinfo else row.until.replace(tzinfo=timezone.utc)) > now})
 
 
-def build(experiment: str, flags: dict[str, Any], cluster: str | None) -> EffectiveJob:
+def build(experiment: str, flags: dict[str, Any], cluster: str | None, version: str | None = None) -> EffectiveJob:
     """Load the spec and the profile, resolve the flags, merge active exclusions: the effective job.
-    Bad flag values are UserErrors naming the flag (exit 2)."""
+    Bad flag values are UserErrors naming the flag (exit 2). ``version``: the code version, when the
+    caller has it already (else the limits derivation asks git)."""
     from ground.spec.loader import load_spec
     from idmctl.jobs.render import resolve_options, with_exclusions
     from idmctl.profile import load_profile
@@ -164,7 +165,7 @@ def build(experiment: str, flags: dict[str, Any], cluster: str | None) -> Effect
             raise UserError("a build job needs a time limit", file=str(declared.path), field="resources.time_limit",
                             hint="pass --time (the build preflight's build_smoke row estimates the wall clock)")
     else:
-        options = job_limits(declared, profile, options)
+        options = job_limits(declared, profile, options, version)
     options = replace(options, hang_k=profile.hang.k, hang_floor_s=profile.hang.floor_seconds,
                       hang_poll_s=profile.hang.poll_seconds)
     flagged = [flag for flag in given if flag in SPEC_FLAGS]

@@ -62,9 +62,10 @@ def require_preflight(job: EffectiveJob) -> "PreflightRun":
     return require_pass(job.declared, job.profile, job.profile_hash, job.smoke_flags)
 
 
-def prepare(experiment: str, overrides: dict[str, Any], cluster: str | None) -> EffectiveJob:
+def prepare(experiment: str, overrides: dict[str, Any], cluster: str | None,
+            version: str | None = None) -> EffectiveJob:
     """The effective job, rendered once: bad input fails here, before anything is written."""
-    job = build_effective(experiment, overrides, cluster)
+    job = build_effective(experiment, overrides, cluster, version)
     render_script(job.resolved, job.options, _context(job.resolved, DRY_RUN_CHAIN_ID, 1, job.profile.scheduler, {}))
     return job
 
@@ -126,8 +127,8 @@ def dry_run(experiment: str, overrides: dict[str, Any], cluster: str | None) -> 
     the verdicts submit would reach on it. Never raises on a FAIL: showing it is the point."""
     from idmctl.preflight.record import latest_passing
 
-    job = prepare(experiment, overrides, cluster)
     version = code_version()
+    job = prepare(experiment, overrides, cluster, version)
     admission = _judge(job, latest_passing(job.declared, job.profile_hash, job.smoke_flags, version), version)
     script = render_script(job.resolved, job.options, _context(job.resolved, DRY_RUN_CHAIN_ID, 1, job.profile.scheduler, {},
                                                                {"admission": admission.as_dict()}))
@@ -136,8 +137,8 @@ def dry_run(experiment: str, overrides: dict[str, Any], cluster: str | None) -> 
 
 def submit(experiment: str, overrides: dict[str, Any], cluster: str | None,
            force_reason: str | None = None) -> Submitted:
-    job = prepare(experiment, overrides, cluster)
-    version = code_version()  # once per submit: two git calls
+    version = code_version()  # once per submit (two git calls), for the limits and the gate alike
+    job = prepare(experiment, overrides, cluster, version)
     admission = admit(job, force_reason, version)
     forced = None
     if force_reason is not None:

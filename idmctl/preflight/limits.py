@@ -254,10 +254,11 @@ def latest_smoke(spec_hash: str) -> "SmokeMeasurement | None":
                 break
         if attempt == 0:
             from ground.paths import db_path
-            from idmctl.store.db import open_store
 
             if not db_path().exists():
                 return None  # no store, no smoke recorded; a read never creates one (a dry-run writes nothing)
+            from idmctl.store.db import open_store  # only now: SQLAlchemy's import is ~0.3 s of a cold preflight
+
             open_store()  # an older revision: the ORM migrates it, once
     if not text:
         return None
@@ -270,7 +271,7 @@ def latest_smoke(spec_hash: str) -> "SmokeMeasurement | None":
 
 
 def limits_for(resolved: "ResolvedSpec", profile: "ClusterProfile", *, qos: str | None = None,
-               time_override: float | None = None) -> Limits:
+               time_override: float | None = None, version: str | None = None) -> Limits:
     """Derive outside a preflight (exp show, submit): this machine's measurements, the latest recorded
     smoke of this spec, and earlier runs of this code. ``qos`` is a ``--qos`` flag (its preempt cycle counts)."""
     from ground.paths import expand_path
@@ -285,19 +286,20 @@ def limits_for(resolved: "ResolvedSpec", profile: "ClusterProfile", *, qos: str 
     # cache inspection (it imports torch) and no queue history: submit stays light.
     root = expand_path(resolved.spec.data.cache_root)
     cache_bytes, files = tree_fingerprint(root)[:2] if root.is_dir() else (None, None)
-    version = code_version()
+    version = version or code_version()  # a caller that has it (submit) saves two git calls
     measured = Measurements(cache_present=cache_bytes is not None, cache_bytes=cache_bytes, cache_file_count=files,
                             recorded_runs=recorded_runs(home() / "runs"), smoke=latest_smoke(resolved.hash))
     return derive(PreflightContext(resolved, profile, measured), version, time_override=time_override)
 
 
-def job_limits(resolved: "ResolvedSpec", profile: "ClusterProfile", options: "JobOptions") -> "JobOptions":
+def job_limits(resolved: "ResolvedSpec", profile: "ClusterProfile", options: "JobOptions",
+               version: str | None = None) -> "JobOptions":
     """Fill what the spec and flags leave open (time limit, checkpoint interval, signal lead) with the
     derived values, and note every value's arithmetic for the script's header."""
     from ground.units import parse_duration
 
     flag_time = parse_duration(options.time_limit) if options.time_limit and options.time_limit != resolved.spec.resources.time_limit else None
-    limits = limits_for(resolved, profile, qos=options.qos, time_override=flag_time)
+    limits = limits_for(resolved, profile, qos=options.qos, time_override=flag_time, version=version)
     return replace(options, time_limit=options.time_limit or limits.derived_time_limit_slurm,
                    signal_lead=int(limits.signal_lead.effective),
                    checkpoint_every=None if resolved.spec.train.checkpoint_every else int(limits.checkpoint_every.derived),

@@ -21,6 +21,7 @@ from ground.spec.loader import ResolvedSpec
 
 if TYPE_CHECKING:
     from idmctl.jobs.effective import EffectiveJob
+    from idmctl.preflight.background import Forked
 
 STATIC_CHECKS = (spec, introspection, loader, shm, io, qos, disk, cache)
 
@@ -118,16 +119,40 @@ NOT_RERUN = ("not re-run: nothing remembered for this code version, and without 
              "refuses anyway; the preflight it asks for runs this check")
 
 
-def introspect(ctx: PreflightContext, code_version: str | None, memo_only: bool = False) -> CheckResult:
-    """The introspection check, remembered per (code version, spec without resources): see ``memo``.
-    ``memo_only``: SKIP instead of importing the trainer's registries (torch) when nothing is remembered."""
-    key = memo.introspection_key(ctx.resolved, code_version) if code_version else None
+def _remembered_introspection(resolved: ResolvedSpec, code_version: str | None) -> CheckResult | None:
+    key = memo.introspection_key(resolved, code_version) if code_version else None
     stored = memo.load("introspection", key)
+    if stored is None:
+        return None
+    return CheckResult(stored["name"], Status(stored["status"]), stored["summary"], stored["numbers"], stored["fix"])
+
+
+def start_introspection(resolved: ResolvedSpec, profile: ClusterProfile,
+                        code_version: str | None) -> Forked | None:
+    """Start the introspection (its torch import) in a forked child when nothing is remembered, so it
+    overlaps the store and the other checks; :func:`introspect` collects it."""
+    if _remembered_introspection(resolved, code_version) is not None:
+        return None
+    from idmctl.preflight import background  # here: submit (memo or SKIP) never needs it
+
+    ctx = PreflightContext(resolved, profile)  # introspection reads the spec only, no measurements
+    return background.start(lambda: _safe(introspection, ctx))
+
+
+def introspect(ctx: PreflightContext, code_version: str | None, memo_only: bool = False,
+               started: Forked | None = None) -> CheckResult:
+    """The introspection check, remembered per (code version, spec without resources): see ``memo``.
+    ``memo_only``: SKIP instead of importing the trainer's registries (torch) when nothing is remembered.
+    ``started``: the child :func:`start_introspection` forked for this very spec; its result is used."""
+    key = memo.introspection_key(ctx.resolved, code_version) if code_version else None
+    stored = _remembered_introspection(ctx.resolved, code_version)
     if stored is not None:
-        return CheckResult(stored["name"], Status(stored["status"]), stored["summary"], stored["numbers"], stored["fix"])
+        return stored
     if memo_only:
         return CheckResult(introspection.NAME, Status.SKIP, NOT_RERUN, {}, "")
-    result = _safe(introspection, ctx)
+    from idmctl.preflight import background
+
+    result = background.collect(started, lambda: _safe(introspection, ctx))
     if not result.summary.startswith(("check crashed", "cannot import")):  # environment trouble: try again next time
         memo.store("introspection", key, result.as_dict())
     return result
@@ -177,9 +202,14 @@ def _safe(check_module: object, ctx: PreflightContext) -> CheckResult:
 def run_preflight(resolved: ResolvedSpec, profile: ClusterProfile, profile_hash: str, *, with_smoke: bool = True,
                   smoke_timeout_s: float = smoke.DEFAULT_TIMEOUT_S, record: bool = True,
                   measurements: Measurements | None = None, job: "EffectiveJob | None" = None,
-                  version: str | None = None) -> PreflightReport:
+                  version: str | None = None, introspect_aside: bool = False) -> PreflightReport:
     """Run all checks; ``measurements`` replaces gathering (tests, benchmarks); ``version`` is the code
     version when the caller already has it (a sweep computes it once for all variants: two git calls).
+
+    ``introspect_aside``: a cold introspection runs in a forked child (see ``background``), for a
+    process that runs one preflight (``idmctl preflight EXP``). A process that runs several (a sweep,
+    a what-if) leaves it False: the first in-process import of torch then serves them all, where each
+    child would import it again.
 
     With ``job`` (preflight given submit's flags) the checks and the smoke judge the effective job,
     and the run is recorded under the spec's own hash with the job's smoke flags in its key.
@@ -191,11 +221,26 @@ def run_preflight(resolved: ResolvedSpec, profile: ClusterProfile, profile_hash:
     if job is not None:
         declared, resolved = job.declared, job.resolved
     version = version or code_version()
-    measured = measurements if measurements is not None else gather(resolved, profile, version)
-    # Step times of earlier runs count only when they ran this very code (limits.derive).
-    measured = replace(measured, recorded_runs=[r for r in measured.recorded_runs if r.code_version == version])
-    ctx = PreflightContext(resolved, profile, measured)
-    early = {spec.NAME: _safe(spec, ctx), introspection.NAME: introspect(ctx, version)}
+    # Aside and cold (nothing remembered): the torch import runs in a child on the other core while this
+    # process gathers (on a new home: creates the store) and runs the checks that need no torch.
+    started_introspection = start_introspection(resolved, profile, version) if introspect_aside else None
+    try:
+        measured = measurements if measurements is not None else gather(resolved, profile, version)
+        # Step times of earlier runs count only when they ran this very code (limits.derive).
+        measured = replace(measured, recorded_runs=[r for r in measured.recorded_runs if r.code_version == version])
+        ctx = PreflightContext(resolved, profile, measured)
+        spec_result = _safe(spec, ctx)
+        # Without a smoke the other static checks do not wait on introspection: run them before collecting
+        # it. (They see the same context as below: no smoke measurement.)
+        unsmoked = PreflightContext(resolved, profile, replace(measured, smoke=None))
+        static_early = {} if with_smoke else {module.NAME: _safe(module, unsmoked) for module in STATIC_CHECKS
+                                              if module.NAME not in (spec.NAME, introspection.NAME)}
+        early = {spec.NAME: spec_result, introspection.NAME: introspect(ctx, version, started=started_introspection)}
+    finally:
+        if started_introspection is not None:
+            from idmctl.preflight import background
+
+            background.cancel(started_introspection)  # a no-op once collected; else (an error above) no orphan child
     smoke_result: SmokeMeasurement | None = None
     smoke_not_run: CheckResult | None = None
     if with_smoke:
@@ -206,7 +251,8 @@ def run_preflight(resolved: ResolvedSpec, profile: ClusterProfile, profile_hash:
         else:
             smoke_result = smoke.run_smoke(resolved, smoke_timeout_s)
     ctx = PreflightContext(resolved, profile, replace(measured, smoke=smoke_result))
-    results = {**early, **{module.NAME: _safe(module, ctx) for module in STATIC_CHECKS if module.NAME not in early}}
+    results = {**early, **static_early, **{module.NAME: _safe(module, ctx) for module in STATIC_CHECKS
+                                           if module.NAME not in early and module.NAME not in static_early}}
     results[smoke.NAME] = smoke_not_run or _safe(smoke, ctx)
     ordered = [results[name] for name in CHECK_NAMES]
     if job is not None and job.changed_flags:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import fcntl
 import sqlite3
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import lru_cache
@@ -120,6 +121,18 @@ def _init_lock(db_file: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+_ENGINES: "weakref.WeakSet[Engine]" = weakref.WeakSet()
+"""Every engine this process made and still holds (``_engine_for`` and ``_shared_engine`` cache them),
+for :func:`dispose_engines`; weak, so an engine the caches evict is freed as before."""
+
+
+def dispose_engines() -> None:
+    """Close the pooled connections of every engine made here (a SQLite store's last close checkpoints its
+    WAL into the store file), which ``idmctl.cli.main`` no longer leaves to the interpreter's shutdown."""
+    for engine in list(_ENGINES):
+        engine.dispose()
+
+
 @lru_cache(maxsize=8)
 def _engine_for(path: str) -> Engine:
     url = f"sqlite:///{path}"
@@ -137,6 +150,7 @@ def _engine_for(path: str) -> Engine:
                     raise _unusable(db_file, exc) from exc
     engine = create_engine(url, connect_args={"timeout": BUSY_TIMEOUT_MS / 1000})
     event.listen(engine, "connect", _set_pragmas)
+    _ENGINES.add(engine)
     return engine
 
 
@@ -144,7 +158,9 @@ def _engine_for(path: str) -> Engine:
 def _shared_engine(url: str) -> Engine:
     from idmctl.store.shared import open_shared
 
-    return open_shared(url)
+    engine = open_shared(url)
+    _ENGINES.add(engine)
+    return engine
 
 
 def open_store(path: Path | None = None) -> Engine:

@@ -63,6 +63,13 @@ def _open(db: Path) -> sqlite3.Connection | None:
     return connection
 
 
+def close_all() -> None:
+    """Close the connection this process keeps (the last close checkpoints the WAL into the store file)."""
+    for connection in _OPEN.values():
+        connection.close()
+    _OPEN.clear()
+
+
 @contextmanager
 def connect(path: Path | None = None) -> Iterator[sqlite3.Connection | None]:
     """A transaction (committed on success, rolled back on error) on a store at head, or None: no store
