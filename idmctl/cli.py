@@ -16,12 +16,16 @@ import typer
 from typer.core import TyperGroup
 
 from ground.errors import EXIT_BAD_INPUT, EXIT_FAILED, CheckFailed, UserError
-from idmctl import cli_coercion
 
 if TYPE_CHECKING:
     from typer._click import Command, Context
 
-cli_coercion.install()  # no Pydantic adapter for a parameter whose value needs no coercion
+try:  # no Pydantic adapter for a parameter whose value needs no coercion (typer internals: see pyproject)
+    from idmctl import cli_coercion
+
+    cli_coercion.install()
+except (ImportError, AttributeError):  # a typer without these internals: only the speed differs
+    pass
 
 _debug = {"on": False}
 
