@@ -93,7 +93,9 @@ def _steps(run_dir: Path, total: int, seconds: float, hang_at: int | None = None
             return EXIT_REQUEUE
         time.sleep(seconds)
         step += 1
-        tmp = ckpt.with_suffix(".tmp")
+        # One temp file per process: with 2 tasks per node both ranks checkpoint, and a shared temp name let
+        # one rank rename the other's file away (FileNotFoundError, the blocker of 5961 died, 5961 ran).
+        tmp = ckpt.with_suffix(f".tmp{os.getpid()}")
         tmp.write_text(json.dumps({"step": step}))
         os.replace(tmp, ckpt)
         print(f"entry: step {step}", flush=True)
