@@ -136,6 +136,7 @@ def test_replay_card_a_failures_side_by_side(cli, tmp_path: Path, monkeypatch: p
     jobs["5961"] = submit(cli, queue, "--entry", "tests.jobs_entry", "--exclude", "n1")
     wait_until(lambda: squeue_state(jobs["5961"]["scheduler_id"]) == "PENDING", 30, "the queued job")
     time.sleep(4)  # the wait the record must show
+    assert squeue_state(blocker["scheduler_id"]) == "RUNNING", "the blocker ended early: 5961 would run, not wait"
     assert cli("cancel", str(jobs["5961"]["job"])).exit_code == 0
     assert cli("cancel", str(blocker["job"])).exit_code == 0
 
