@@ -165,9 +165,11 @@ def _one_round(home: Path, demos: int, steps: int, parallel_first: bool = False)
 
 
 def measure(fast: bool) -> dict[str, Any]:
-    # 600 files per slot: each build ~20-45 s here (start-up and model load ~7-10 s), so a job's start-up
-    # (~1-2 s) is a small share of it; fast mode only checks the machinery.
-    demos, steps, rounds = (1, 5, 1) if fast else (40, 33, 3)
+    # 1,200 files per slot: each build ~40 s here (start-up and model load ~7-10 s). With 600 (~20 s), the
+    # few seconds Slurm sometimes took to start a job on an idle cluster (0-4 s measured) were 5-20 % of
+    # a build and swung a round between 1.5x and 2.0x; real builds run for hours, where such a delay is
+    # nothing. Fast mode only checks the machinery.
+    demos, steps, rounds = (1, 5, 1) if fast else (80, 33, 3)
     saved = saved_environ(ENV_HOME, ENV_CLUSTER)
     results: dict[str, list[float]] = {}
     root = Path(tempfile.mkdtemp(prefix="bench-build-jobs-"))  # not under pytest's tmp: jobs outlive a test
