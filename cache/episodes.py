@@ -188,21 +188,25 @@ class EpisodeFile:
         self.path = Path(path)
         self._handle: h5py.File | None = None
         self._pid: int | None = None
+        self._obs_datasets: dict[tuple[str, str], h5py.Dataset] = {}
+        """(demo, key) → its dataset in the open handle: a cache builder reads the same few arrays
+        thousands of times, and each lookup through the groups costs more than a small read."""
 
     @property
     def handle(self) -> h5py.File:
         if self._handle is None or self._pid != os.getpid():
             self._handle = _open(self.path)
             self._pid = os.getpid()
+            self._obs_datasets = {}
         return self._handle
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"path": self.path, "_handle": None, "_pid": None}
+        return {"path": self.path, "_handle": None, "_pid": None, "_obs_datasets": {}}
 
     def close(self) -> None:
         if self._handle is not None and self._pid == os.getpid():
             self._handle.close()
-        self._handle, self._pid = None, None
+        self._handle, self._pid, self._obs_datasets = None, None, {}
 
     def demos(self, split: str) -> list[str]:
         return _list_demos(self.handle, self.path, split)
@@ -218,11 +222,15 @@ class EpisodeFile:
         return self._group(name)["actions"][start:stop]
 
     def obs(self, name: str, key: str, start: int = 0, stop: int | None = None) -> np.ndarray:
-        group = self._group(name)
-        if "obs" not in group or key not in group["obs"]:
-            raise UserError(f"demo has no observation {key!r}", file=str(self.path), field=f"data/{name}/obs/{key}",
-                            hint="record it when writing the demos")
-        return group["obs"][key][start:stop]
+        self.handle  # noqa: B018 -- (re)opens in this process, which also empties the dataset cache
+        dataset = self._obs_datasets.get((name, key))
+        if dataset is None:
+            group = self._group(name)
+            if "obs" not in group or key not in group["obs"]:
+                raise UserError(f"demo has no observation {key!r}", file=str(self.path),
+                                field=f"data/{name}/obs/{key}", hint="record it when writing the demos")
+            dataset = self._obs_datasets[(name, key)] = group["obs"][key]
+        return dataset[start:stop]
 
     def read_demo(self, name: str) -> Demo:
         return _read_demo(self.handle, self.path, name)

@@ -234,3 +234,29 @@ def test_real_weights_load_from_a_local_directory_only(episodes: Path, tmp_path:
                                  build_only_slot="rgb")
     with pytest.raises(UserError, match="VAE weights directory does not exist"):
         missing.encoder
+
+
+def test_a_window_of_points_is_its_frames_read_one_by_one(tmp_path: Path) -> None:
+    """window_points reads each array once for a whole strided window (the PT build's hot path); every
+    frame must be what a per-frame read and unprojection gives, and a window past the episode's end is a
+    one-line error, not a shorter window."""
+    import pickle
+
+    from cache.episodes import EpisodeFile
+    from cache.latent.pointmaps import depth_to_points, window_points
+
+    episodes = EpisodeFile(write_scene_episodes(tmp_path / "scenes.hdf5"))
+    demo, camera = episodes.demos("all")[0], "robot0_agentview_right"
+    window = window_points(episodes, demo, camera, range(1, 9, 3), 10.0)
+    assert len(window) == 3
+    for (points, valid), step in zip(window, (1, 4, 7)):
+        one = [episodes.obs(demo, f"{camera}_{name}", step, step + 1)[0] for name in ("depth", "intrinsics", "extrinsics")]
+        expected_points, expected_valid = depth_to_points(*one, 10.0)
+        assert np.array_equal(points, expected_points) and np.array_equal(valid, expected_valid)
+    with pytest.raises(UserError) as exc:
+        window_points(episodes, demo, camera, range(5, 12, 3), 10.0)
+    assert f"{camera} frames 5..11 requested, the demo records 9 steps" in exc.value.line()
+    # The cached dataset handles never travel to a DataLoader worker: the copy reads through its own.
+    copy = pickle.loads(pickle.dumps(episodes))
+    assert np.array_equal(copy.obs(demo, f"{camera}_depth", 0, 2), episodes.obs(demo, f"{camera}_depth", 0, 2),
+                          equal_nan=True)  # this view holds NaN depth on purpose

@@ -23,7 +23,7 @@ from cache.episodes import EpisodeFile
 from cache.latent.encoder import VideoEncoder, load_encoder
 from cache.latent.files import read_latent, write_latent
 from cache.latent.layout import PT_META_FILE, SLOTS, LatentLayout, latent_section, sample_starts
-from cache.latent.pointmaps import frame_points, normalise, read_norm_file
+from cache.latent.pointmaps import normalise, read_norm_file, window_points
 from cache.latent.pt_hash import PtMeta, norm_path_for, pt_meta_for
 from ground.errors import UserError
 from ground.paths import atomic_write_text, expand_path
@@ -158,8 +158,8 @@ class LatentCacheDataset(Dataset):
         views = []
         for camera in self.latent.cameras:
             maps = []
-            for step in self._timesteps(start, frames):
-                points, valid = frame_points(self.episodes, key, camera, step, self.latent.pt_max_depth)
+            for points, valid in window_points(self.episodes, key, camera, self._timesteps(start, frames),
+                                               self.latent.pt_max_depth):
                 self._check_size(points.shape[:2], key, f"{camera}_depth")
                 maps.append(normalise(points, valid, mean, std))
             clip = torch.from_numpy(np.stack(maps)).permute(3, 0, 1, 2) / PT_RANGE
