@@ -140,7 +140,8 @@ def test_replay_card_a_failures_side_by_side(cli, tmp_path: Path, monkeypatch: p
     assert cli("cancel", str(jobs["5961"]["job"])).exit_code == 0
     assert cli("cancel", str(blocker["job"])).exit_code == 0
 
-    sync_until_final(cli, [job["job"] for job in jobs.values()])
+    # The blocker too: its row is asserted below, and a running trainer takes seconds to stop on TERM.
+    sync_until_final(cli, [job["job"] for job in jobs.values()] + [blocker["job"]])
     found = failures_by_job(cli)
     by_card = {card: found[job["scheduler_id"]] for card, job in jobs.items()}
 
