@@ -214,7 +214,7 @@ def test_rgb_and_pt_build_at_once_on_two_nodes_then_ff_reencodes_no_rgb(cli, slu
 @pytest.mark.slow
 def test_build_preempted_on_sub_resumes_skipping_finished_files(cli, slurm_home: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    from slurm_support import sh, squeue_state, text_so_far, wait_until
+    from slurm_support import release_requeued, text_so_far, wait_until
 
     # 12 demos × 19 starts = 228 RGB files: ~40 s at the ~6 files/s seen here, so the preemption (a few
     # seconds after the core-own submit) lands mid-build.
@@ -231,8 +231,7 @@ def test_build_preempted_on_sub_resumes_skipping_finished_files(cli, slurm_home:
     log = Path(low["log"])
 
     def restarted() -> bool:
-        if squeue_state(low["scheduler_id"]) == "PENDING":  # requeued: release it now (slurm-notes 2)
-            sh("scontrol", "update", f"JobId={low['scheduler_id']}", "StartTime=now", check=False)
+        release_requeued(low["scheduler_id"])
         return "restart 1" in text_so_far(log)
 
     wait_until(restarted, 180, "the preempted build to restart", poll_s=1.0)

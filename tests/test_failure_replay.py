@@ -24,7 +24,7 @@ from sqlmodel import select
 
 from idmctl.store.db import session
 from idmctl.store.models import Job
-from slurm_support import sh, slurm_conf, squeue_state, text_so_far, wait_until
+from slurm_support import release_requeued, sh, slurm_conf, squeue_state, text_so_far, wait_until
 from ground.contract import ENV_CLUSTER
 
 pytestmark = pytest.mark.slurm
@@ -215,8 +215,8 @@ def test_replay_preempted_three_times_in_one_chain(cli, tmp_path: Path, monkeypa
         def requeued_and_released() -> bool:
             if f"restart {preemption}" in text_so_far(log):
                 return True
-            if squeue_state(low_id) == "PENDING" and squeue_state(high["scheduler_id"]) in ("COMPLETED", ""):
-                sh("scontrol", "update", f"JobId={low_id}", "StartTime=now", check=False)
+            if squeue_state(high["scheduler_id"]) in ("COMPLETED", ""):
+                release_requeued(low_id)
             return False
 
         wait_until(requeued_and_released, 120, f"preemption {preemption} and restart", poll_s=1.0)

@@ -17,7 +17,7 @@ from sqlmodel import select
 
 from idmctl.store.db import session
 from idmctl.store.models import Chain, Job
-from slurm_support import sh, slurm_conf, squeue_state, text_so_far, wait_until
+from slurm_support import release_requeued, sh, slurm_conf, squeue_state, text_so_far, wait_until
 from ground.contract import ENV_CLUSTER, ENV_HOME, MLFLOW_RUN_ID_FILE
 
 pytestmark = pytest.mark.slurm
@@ -160,9 +160,7 @@ def test_sub_job_preempted_by_core_own_requeues_and_resumes_from_checkpoint(cli,
         return "restart 1" in text_so_far(Path(low["log"]))
 
     def release_and_check() -> bool:
-        # A requeued job is held for cred_expire+1 s (BeginTime); release it at once (slurm-notes 2).
-        if squeue_state(low_id) == "PENDING":
-            sh("scontrol", "update", f"JobId={low_id}", "StartTime=now", check=False)
+        release_requeued(low_id)
         return restarted()
 
     wait_until(release_and_check, 120, "the sub job to be requeued and restarted", poll_s=1.0)
@@ -197,8 +195,7 @@ def test_preempted_real_trainer_resumes_from_its_checkpoint_with_exact_step_coun
                    "--mem", "500MB", "--exclude", "n2")
 
     def restarted() -> bool:
-        if squeue_state(low["scheduler_id"]) == "PENDING":
-            sh("scontrol", "update", f"JobId={low['scheduler_id']}", "StartTime=now", check=False)
+        release_requeued(low["scheduler_id"])
         return "restart 1" in text_so_far(log_path)
 
     wait_until(restarted, 180, "the preempted trainer to restart", poll_s=1.0)
@@ -229,9 +226,7 @@ def test_node_failure_requeues_resumes_and_excludes_the_node(cli, monkeypatch: p
     sh("scontrol", "update", f"NodeName={failed}", "State=DOWN", "Reason=idmctl-test-node-fail")
     try:
         def release_and_check() -> bool:
-            # A requeued job is held for cred_expire+1 s (BeginTime); release it at once.
-            if squeue_state(job["scheduler_id"]) == "PENDING":
-                sh("scontrol", "update", f"JobId={job['scheduler_id']}", "StartTime=now", check=False)
+            release_requeued(job["scheduler_id"])
             return "restart 1" in text_so_far(Path(job["log"]))
 
         wait_until(release_and_check, 120, f"the job to restart on {survivor}", poll_s=1.0)

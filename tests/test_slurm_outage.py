@@ -30,8 +30,8 @@ import pytest
 from idmctl.executors.base import is_final
 from idmctl.store.db import session
 from idmctl.store.models import Job
-from slurm_support import (conf_with_unreachable, sh, slurm_conf, slurmdbd_stopped, squeue_state, text_so_far,
-                           wait_until)
+from slurm_support import (conf_with_unreachable, release_requeued, sh, slurm_conf, slurmdbd_stopped, squeue_state,
+                           text_so_far, wait_until)
 
 pytestmark = pytest.mark.slurm
 
@@ -81,8 +81,7 @@ def test_slurmdbd_outage_during_a_requeued_job_changes_no_row_and_sync_confirms_
     sh("scontrol", "requeue", slurm_id)
 
     def released_and_restarted() -> bool:
-        if squeue_state(slurm_id) == "PENDING":  # held cred_expire+1 s after a requeue (slurm-notes 2)
-            sh("scontrol", "update", f"JobId={slurm_id}", "StartTime=now", check=False)
+        release_requeued(slurm_id)
         return "restart 1" in text_so_far(log)
 
     wait_until(released_and_restarted, 90, f"job {slurm_id} to restart after the requeue")
