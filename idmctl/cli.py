@@ -8,6 +8,7 @@ input; bad input is one line ``error: <file>:<field>: <what> (<hint>)`` with no 
 from __future__ import annotations
 
 import gc
+import importlib
 import sys
 from collections.abc import Callable, Iterator, MutableMapping
 from typing import TYPE_CHECKING, Annotated, Any
@@ -64,40 +65,22 @@ def _usage_line(exc: Any) -> str:
     return f"error: command line: {what} (see `{where} --help`)"
 
 
-def _exp(target: typer.Typer) -> None:
-    from idmctl.commands import exp
+def _command(name: str) -> Callable[[typer.Typer], None]:
+    """The registrar of command ``name``: the function ``name`` of ``idmctl.commands.<name>``."""
 
-    target.add_typer(exp.app, name="exp")
+    def register(target: typer.Typer) -> None:
+        target.command(name)(getattr(importlib.import_module(f"idmctl.commands.{name}"), name))
 
-
-def _quickstart(target: typer.Typer) -> None:
-    from idmctl.commands import quickstart
-
-    target.command("quickstart")(quickstart.quickstart)
+    return register
 
 
-def _compare(target: typer.Typer) -> None:
-    from idmctl.commands import compare
+def _group(name: str) -> Callable[[typer.Typer], None]:
+    """The registrar of command group ``name``: the Typer ``app`` of ``idmctl.commands.<name>``."""
 
-    target.command("compare")(compare.compare)
+    def register(target: typer.Typer) -> None:
+        target.add_typer(importlib.import_module(f"idmctl.commands.{name}").app, name=name)
 
-
-def _ui(target: typer.Typer) -> None:
-    from idmctl.commands import ui
-
-    target.command("ui")(ui.ui)
-
-
-def _failures(target: typer.Typer) -> None:
-    from idmctl.commands import failures
-
-    target.add_typer(failures.app, name="failures")
-
-
-def _preflight(target: typer.Typer) -> None:
-    from idmctl.commands import preflight
-
-    target.command("preflight")(preflight.preflight)
+    return register
 
 
 def _jobs(name: str) -> Callable[[typer.Typer], None]:
@@ -119,37 +102,22 @@ def _cache(target: typer.Typer) -> None:
 
 
 def _train(target: typer.Typer) -> None:
+    """`train` and `model` live in one module and are registered together."""
     from idmctl.commands import train
 
     target.command("train")(train.train)
     target.add_typer(train.model_app, name="model")
 
 
-def _data(target: typer.Typer) -> None:
-    from idmctl.commands import data
-
-    target.add_typer(data.app, name="data")
-
-
-def _ledger(target: typer.Typer) -> None:
-    from idmctl.commands import ledger
-
-    target.command("ledger")(ledger.ledger)
-
-
-def _doctor(target: typer.Typer) -> None:
-    from idmctl.commands import doctor
-
-    target.command("doctor")(doctor.doctor)
-
-
 _COMMANDS: dict[str, Callable[[typer.Typer], None]] = {
     # In the order `idmctl --help` lists them: typer puts plain commands before groups, each in the
     # order they were registered.
-    "quickstart": _quickstart, "compare": _compare, "ui": _ui, "preflight": _preflight,
+    "quickstart": _command("quickstart"), "compare": _command("compare"), "ui": _command("ui"),
+    "preflight": _command("preflight"),
     "submit": _jobs("submit"), "sync": _jobs("sync"), "watch": _jobs("watch"), "cancel": _jobs("cancel"),
-    "train": _train, "ledger": _ledger, "doctor": _doctor,
-    "exp": _exp, "failures": _failures, "jobs": _jobs("jobs"), "cache": _cache, "model": _train, "data": _data,
+    "train": _train, "ledger": _command("ledger"), "doctor": _command("doctor"),
+    "exp": _group("exp"), "failures": _group("failures"), "jobs": _jobs("jobs"), "cache": _cache, "model": _train,
+    "data": _group("data"),
 }
 """Each command and the function that registers it (and its siblings from the same module)."""
 
