@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from idmctl.commands import options
 from idmctl.output import console, emit_json
 from ground.paths import expand_path
 from ground.units import format_bytes
@@ -17,8 +18,6 @@ if TYPE_CHECKING:
 
 app = typer.Typer(help="The hidden-state cache: inspect its geometry and I/O, build it.", no_args_is_help=True)
 
-JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
-ExperimentArg = Annotated[str, typer.Argument(help="Experiment name or YAML path.")]
 SUFFIX = {"safetensors": ".safetensors", "legacy_pt": ".pt"}
 
 
@@ -87,7 +86,7 @@ def cache_report(spec: ExperimentSpec) -> dict[str, Any]:
 
 
 @app.command("inspect")
-def inspect_cmd(experiment: ExperimentArg, as_json: JsonOpt = False) -> None:
+def inspect_cmd(experiment: options.Experiment, as_json: options.Json = False) -> None:
     """Cached layers and shapes, bytes per sample for the spec's selection, and what it saves."""
     from ground.spec import load_spec  # pydantic loads only for cache commands
 
@@ -128,14 +127,14 @@ def inspect_cmd(experiment: ExperimentArg, as_json: JsonOpt = False) -> None:
 
 @app.command("build-hidden")
 def build_hidden_cmd(
-    experiment: ExperimentArg,
+    experiment: options.Experiment,
     processes: Annotated[int, typer.Option("--processes", min=1, help="accelerate processes (work is sharded).")] = 1,
     model_dir: Annotated[str | None, typer.Option("--model-dir", help="Local folder with vae/ and transformer/ "
                                                   "(from_pretrained); default: the spec's data.models.")] = None,
     text_encoder_dir: Annotated[str | None, typer.Option("--text-encoder-dir", help="Local T5 (text_encoder/ + "
                                                          "tokenizer/), used when there is no prompt_embeddings/; default: the spec's "
                                                          "data.text_encoder.")] = None,
-    as_json: JsonOpt = False,
+    as_json: options.Json = False,
 ) -> None:
     """Encode every episode with the Wan VAE + frozen Cosmos transformer; cache the spec's blocks' hidden states."""
     from trainers.build_hidden_cache import build_hidden_cache  # imports torch only when building
@@ -160,11 +159,11 @@ def default_convert_out(cache_root: str, blocks: list[int] | None) -> str:
 
 @app.command("convert")
 def convert_cmd(
-    experiment: ExperimentArg,
+    experiment: options.Experiment,
     layers: Annotated[str, typer.Option("--layers", help="routed: only the blocks the spec selects; all: every "
                                         "cached block.")] = "all",
     out: Annotated[str | None, typer.Option("--out", help="Output directory (default beside data.cache_root).")] = None,
-    as_json: JsonOpt = False,
+    as_json: options.Json = False,
 ) -> None:
     """Convert the cache to our per-layer safetensors: exact reads, verified, resumable, kill-safe."""
     from cache.convert import SUFFIXES, convert_dir  # imports torch only when converting

@@ -10,24 +10,23 @@ from typing import Annotated, Any
 
 import typer
 
+from idmctl.commands import options
 from idmctl.commands.cache import app
 from ground.errors import UserError
 from idmctl.output import console, emit_json, make_table
 
 MODES = ("rgb", "pt", "ff", "all")
-JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
-ExperimentArg = Annotated[str, typer.Argument(help="Experiment name or YAML path.")]
 
 
 @app.command("build")
 def build_cmd(
-    experiment: ExperimentArg,
+    experiment: options.Experiment,
     mode: Annotated[str, typer.Option("--mode", help="Slot to build: rgb, pt, ff, or all (the lazy-fill flow).")] = "all",
     processes: Annotated[int, typer.Option("--processes", min=1, help="accelerate processes; work is sharded "
                                            "by process index.")] = 1,
     recompute_norm: Annotated[bool, typer.Option("--recompute-norm", help="Re-run the PT statistics pass (new "
                                                  "norm file → new _pt__<hash>/ dir).")] = False,
-    as_json: JsonOpt = False,
+    as_json: options.Json = False,
 ) -> None:
     """Build latent slots of EXP; resumable (skips what exists), atomic writes, only the slot asked for."""
     if mode not in MODES:
@@ -73,7 +72,7 @@ def _merge(reports: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 @app.command("status")
-def status_cmd(experiment: ExperimentArg, as_json: JsonOpt = False) -> None:
+def status_cmd(experiment: options.Experiment, as_json: options.Json = False) -> None:
     """Per latent slot: directory, hash, files present / expected; and stale PT directories."""
     from cache.latent.status import latent_status
 

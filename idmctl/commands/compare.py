@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 from rich.text import Text
 
+from idmctl.commands import options
 from ground.tracking import DEFAULT_RANK_METRIC
 from idmctl.output import console, emit_json, make_table
 
@@ -16,7 +17,7 @@ def compare(
     experiments: Annotated[list[str] | None, typer.Argument(
         help="Experiments, run names (exp#chain) or run ids; default: every tracked run.")] = None,
     metric: Annotated[str, typer.Option("--metric", help="Metric that ranks the runs (lower is better).")] = DEFAULT_RANK_METRIC,
-    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+    as_json: options.Json = False,
     as_markdown: Annotated[bool, typer.Option("--markdown", help="A Markdown table (for notes and cards).")] = False,
     plot: Annotated[Path | None, typer.Option("--plot", help="Also draw loss and EEF-mm curves to this PNG.")] = None,
     ui_url: Annotated[str, typer.Option("--ui-url", help="Where `idmctl ui` serves, for the links.")] = "http://127.0.0.1:5000",

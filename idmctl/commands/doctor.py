@@ -6,6 +6,7 @@ from typing import Annotated
 
 import typer
 
+from idmctl.commands import options
 from ground.errors import CheckFailed
 from idmctl.output import console, emit_json, make_table
 
@@ -13,7 +14,7 @@ STYLE = {"OK": "green", "WARN": "yellow", "FAIL": "bold red", "SKIP": "dim"}
 
 
 def doctor(
-    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+    as_json: options.Json = False,
     no_render: Annotated[bool, typer.Option("--no-render", help="Skip the one-frame render (~5 s).")] = False,
 ) -> None:
     """Python and packages, $IDMCTL_HOME, both stores, Slurm and the cluster profile, rendering, /dev/shm and

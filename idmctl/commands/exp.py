@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from idmctl.commands import options
 from ground.tracking import flatten
 from idmctl.output import console, emit_json, make_table
 
@@ -18,8 +19,6 @@ if TYPE_CHECKING:
 # for them at start-up.
 
 app = typer.Typer(help="Experiment specs: list, show, validate, register, diff.", no_args_is_help=True)
-
-JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
 
 
 def _summary(resolved: ResolvedSpec) -> dict[str, Any]:
@@ -39,7 +38,7 @@ def _summary(resolved: ResolvedSpec) -> dict[str, Any]:
 
 
 @app.command("list")
-def list_cmd(as_json: JsonOpt = False) -> None:
+def list_cmd(as_json: options.Json = False) -> None:
     """Every runnable experiment in experiments/ (bases excluded), validated."""
     from ground.spec import list_experiments, load_experiments
 
@@ -55,7 +54,7 @@ def list_cmd(as_json: JsonOpt = False) -> None:
 
 
 @app.command("show")
-def show_cmd(experiment: Annotated[str, typer.Argument(help="Experiment name or YAML path.")], as_json: JsonOpt = False,
+def show_cmd(experiment: options.Experiment, as_json: options.Json = False,
              cluster: Annotated[str | None, typer.Option("--cluster", help="Cluster profile the limits are derived for (default $IDMCTL_CLUSTER or local).")] = None) -> None:
     """The resolved spec (bases merged, defaults filled), the values derived from it, and the time limit,
     checkpoint interval and signal lead derived from measurements, with their arithmetic."""
@@ -99,7 +98,7 @@ def show_cmd(experiment: Annotated[str, typer.Argument(help="Experiment name or 
 @app.command("validate")
 def validate_cmd(
     experiments: Annotated[list[str] | None, typer.Argument(help="Names or paths; default: every shipped experiment.")] = None,
-    as_json: JsonOpt = False,
+    as_json: options.Json = False,
 ) -> None:
     """Validate specs strictly; exit 2 on the first bad one with a one-line error."""
     from ground.spec import list_experiments, load_experiments
@@ -116,7 +115,7 @@ def validate_cmd(
 @app.command("register")
 def register_cmd(
     experiments: Annotated[list[str] | None, typer.Argument(help="Names or paths; default: every shipped experiment.")] = None,
-    as_json: JsonOpt = False,
+    as_json: options.Json = False,
 ) -> None:
     """Validate all given specs, then record their versions in the store (nothing is written if any is bad)."""
     from ground.spec import list_experiments, load_experiments
@@ -137,7 +136,7 @@ def register_cmd(
 def diff_cmd(
     a: Annotated[str, typer.Argument(help="First experiment.")],
     b: Annotated[str, typer.Argument(help="Second experiment.")],
-    as_json: JsonOpt = False,
+    as_json: options.Json = False,
 ) -> None:
     """Fields (and derived values) that differ between two resolved specs."""
     from ground.spec import load_spec

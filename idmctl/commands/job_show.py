@@ -7,13 +7,14 @@ from typing import Annotated
 
 import typer
 
+from idmctl.commands import options
 from ground.errors import UserError
 from idmctl.output import console, emit_json
 
 
 def show(
     job: Annotated[int, typer.Argument(help="idmctl job id (see `idmctl jobs`).")],
-    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+    as_json: options.Json = False,
 ) -> None:
     """A job's record (state, nodes, times) and, once it ended, its efficiency report with suggestions."""
     from idmctl.jobs.efficiency import EfficiencyReport

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from ground.errors import CheckFailed, UserError
-from idmctl.commands import job_flags
+from idmctl.commands import job_flags, options
 from idmctl.output import console, emit_json, err_console, make_table
 from ground.units import format_duration
 
@@ -18,12 +18,10 @@ if TYPE_CHECKING:
 
     from idmctl.jobs.efficiency import EfficiencyReport, Suggestion
 
-JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
-ClusterOpt = Annotated[str | None, typer.Option("--cluster", help="Cluster profile (default $IDMCTL_CLUSTER or local).")]
 
 
 def submit(
-    experiment: Annotated[str, typer.Argument(help="Experiment name or YAML path.")],
+    experiment: options.Experiment,
     qos: job_flags.Qos = None,
     gres: job_flags.Gres = None,
     cpus: job_flags.Cpus = None,
@@ -37,8 +35,8 @@ def submit(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the batch script (and on stderr the checks); submit nothing.")] = False,
     force: Annotated[bool, typer.Option("--force", help="Submit without a passing preflight or despite a FAIL (needs --reason).")] = False,
     reason: Annotated[str | None, typer.Option("--reason", help="Why the preflight gate is bypassed (recorded).")] = None,
-    cluster: ClusterOpt = None,
-    as_json: JsonOpt = False,
+    cluster: options.Cluster = None,
+    as_json: options.Json = False,
 ) -> None:
     """Render the batch script from the spec (flags override its defaults), check the job as it will
     run, and submit it."""
@@ -147,7 +145,7 @@ def _submit_sweep(reference: str, variant_names: list[str], overrides: dict, clu
 
 def sync(
     no_retry: Annotated[bool, typer.Option("--no-retry", help="Update records only; resubmit nothing.")] = False,
-    as_json: JsonOpt = False,
+    as_json: options.Json = False,
 ) -> None:
     """Update every unfinished job with one scheduler call; retry ended ones by cause."""
     from idmctl.jobs.sync import sync as run_sync
@@ -186,7 +184,7 @@ def jobs(
     ctx: typer.Context,
     limit: Annotated[int, typer.Option("--limit", help="Newest N jobs.")] = 30,
     ui_url: Annotated[str, typer.Option("--ui-url", help="Where `idmctl ui` serves, for the run links.")] = "http://127.0.0.1:5000",
-    as_json: JsonOpt = False,
+    as_json: options.Json = False,
     user: Annotated[str | None, typer.Option("--user", help="Only jobs this user submitted (a team's shared store holds everyone's).")] = None,
 ) -> None:
     """Recorded jobs, newest first: state as the scheduler reports it, queue wait, restarts, MLflow run."""

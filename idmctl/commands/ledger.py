@@ -6,13 +6,14 @@ from typing import Annotated
 
 import typer
 
+from idmctl.commands import options
 from idmctl.output import console, emit_json, make_table
 
 
 def ledger(
     by: Annotated[str, typer.Option("--by", help="Group by experiment, qos or cause.")] = "experiment",
     since: Annotated[str | None, typer.Option("--since", help="Only runs ended since a date (2026-11-01) or a look-back (7d).")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+    as_json: options.Json = False,
     user: Annotated[str | None, typer.Option("--user", help="Only jobs this user submitted (a team's shared store holds everyone's).")] = None,
 ) -> None:
     """GPU-hours charged, useful (reached a checkpoint that was used) and lost per cause and per preemption."""

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from ground.errors import CheckFailed
-from idmctl.commands import job_flags
+from idmctl.commands import job_flags, options
 from idmctl.output import console, emit_json, err_console, make_table
 
 if TYPE_CHECKING:
@@ -26,10 +26,10 @@ def print_checks(results: "list[CheckResult]", title: str, err: bool = False) ->
 
 
 def preflight(
-    experiment: Annotated[str, typer.Argument(help="Experiment name or YAML path.")],
+    experiment: options.Experiment,
     no_smoke: Annotated[bool, typer.Option("--no-smoke", help="Static checks only (cannot unlock submit).")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
-    cluster: Annotated[str | None, typer.Option("--cluster", help="Cluster profile (default $IDMCTL_CLUSTER or local).")] = None,
+    as_json: options.Json = False,
+    cluster: options.Cluster = None,
     smoke_timeout: Annotated[float, typer.Option("--smoke-timeout", help="Seconds before the smoke is killed.")] = 300.0,
     qos: job_flags.Qos = None,
     gres: job_flags.Gres = None,

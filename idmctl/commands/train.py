@@ -15,12 +15,11 @@ from typing import Annotated, Any
 
 import typer
 
+from idmctl.commands import options
 from ground.contract import EXIT_NAN, EXIT_REQUEUE, FAILURE_FILE
 from ground.errors import CheckFailed, UserError
 from idmctl.output import console, emit_json, make_table
 from ground.paths import REPO_ROOT, home
-
-JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
 
 
 def default_run_dir(name: str, short_hash: str) -> Path:
@@ -29,7 +28,7 @@ def default_run_dir(name: str, short_hash: str) -> Path:
 
 
 def train(
-    experiment: Annotated[str, typer.Argument(help="Experiment name or YAML path.")],
+    experiment: options.Experiment,
     run_dir: Annotated[Path | None, typer.Option("--run-dir", help="Run directory (default: $IDMCTL_HOME/runs/EXP-HASH).")] = None,
 ) -> None:
     """Train EXP on this machine with the real trainer; re-running resumes from the newest checkpoint."""
@@ -66,8 +65,8 @@ model_app = typer.Typer(help="Inspect the model a spec builds.", no_args_is_help
 
 @model_app.command("summary")
 def summary(
-    experiment: Annotated[str, typer.Argument(help="Experiment name or YAML path.")],
-    as_json: JsonOpt = False,
+    experiment: options.Experiment,
+    as_json: options.Json = False,
 ) -> None:
     """Parameters by part and the routing map, built on the meta device (instant at full size)."""
     document = model_summary(experiment)
