@@ -230,6 +230,7 @@ class RenderContext:
     """Absolute; may contain ``%j`` (Slurm substitutes the job id)."""
     python: str = sys.executable
     repo_root: Path = REPO_ROOT
+    """Where the job runs from: the chain's code snapshot (``ground.code_snapshot``)."""
     extra_env: dict[str, str] = field(default_factory=dict)
     stage_bytes: int | None = None
     """What stage-in copies to each node (the disk check's number at submit); the node guard compares
@@ -291,6 +292,7 @@ def render_script(resolved: ResolvedSpec, options: JobOptions, ctx: RenderContex
         f"cd {q(str(ctx.repo_root))} || exit 1",
         f'echo "idmctl: job ${{SLURM_JOB_ID:-local}} chain ${contract.ENV_CHAIN_ID} attempt ${contract.ENV_ATTEMPT}'
         ' restart ${SLURM_RESTART_COUNT:-0} on $(hostname) at $(date -Is)"',
+        *_snapshot_lines(env, ctx),
         "",
         *guard,
         "node_guard stage" + _guard_stage_args(resolved, options, ctx),
@@ -334,6 +336,20 @@ def render_script(resolved: ResolvedSpec, options: JobOptions, ctx: RenderContex
         'exit "$STATUS"',
     ]
     return "\n".join([*header, *body]) + "\n"
+
+
+def _snapshot_lines(env: dict[str, str], ctx: RenderContext) -> list[str]:
+    """A job runs the code it was admitted for: the snapshot comes first on every process's import path
+    (an editable install would otherwise pull the live tree back in), and its digest and the Python
+    environment are checked before the node guard and stage-in spend any time."""
+    if contract.ENV_SNAPSHOT not in env:
+        return ["# code: the live tree (a job submitted before code snapshots)"]
+    q = shlex.quote
+    return [
+        f"# code: snapshot {env[contract.ENV_CODE_VERSION]}, the code the gate admitted; every attempt of the chain runs it.",
+        f'export PYTHONPATH={q(str(ctx.repo_root))}"${{PYTHONPATH:+:$PYTHONPATH}}"',
+        f"{q(ctx.python)} -m ground.code_snapshot verify || exit $?",
+    ]
 
 
 def _build_args(options: JobOptions) -> str:

@@ -17,9 +17,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ground import contract
-from ground.contract import SPEC_FILE, code_version
+from ground.code_snapshot import SnapshotError, tree
+from ground.contract import SPEC_FILE
 from ground.errors import CheckFailed, UserError
 from idmctl.executors import executor_for
+from idmctl.jobs.code import JobCode, freeze, planned, require_present
 from idmctl.jobs.effective import EffectiveJob, active_exclusions, build as build_effective
 from idmctl.jobs.render import JobOptions, RenderContext, render_script, with_exclusions
 from ground.paths import atomic_write_text, home
@@ -100,11 +102,14 @@ def _judge(job: EffectiveJob, passing: "PreflightRun | None", version: str, memo
 
 
 def _context(resolved: ResolvedSpec, chain_id: int, attempt: int, executor: str, extra_env: dict[str, str],
-             admitted: dict[str, Any] | None = None) -> RenderContext:
+             admitted: dict[str, Any] | None = None, code: JobCode | None = None) -> RenderContext:
+    """``code``: the snapshot the attempt runs from (None only for jobs submitted before snapshots existed,
+    whose resubmissions keep running the live tree as they always did)."""
     run_dir = runs_dir(resolved.name, chain_id)
     log_name = f"slurm-%j.out" if executor == "slurm" else "local-%j.out"
+    where = {"repo_root": Path(code.directory), "extra_env": {**code.env(), **extra_env}} if code else {"extra_env": extra_env}
     return RenderContext(run_dir=run_dir, chain_id=chain_id, attempt=attempt, idmctl_home=home(),
-                         log_path=str(run_dir / log_name), extra_env=extra_env, stage_bytes=admitted_stage_bytes(admitted))
+                         log_path=str(run_dir / log_name), stage_bytes=admitted_stage_bytes(admitted), **where)
 
 
 def admitted_stage_bytes(admitted: dict[str, Any] | None) -> int | None:
@@ -127,42 +132,58 @@ def dry_run(experiment: str, overrides: dict[str, Any], cluster: str | None) -> 
     the verdicts submit would reach on it. Never raises on a FAIL: showing it is the point."""
     from idmctl.preflight.record import latest_passing
 
-    version = code_version()
+    snapshot = tree()
+    version = snapshot.version
     job = prepare(experiment, overrides, cluster, version)
     admission = _judge(job, latest_passing(job.declared, job.profile_hash, job.smoke_flags, version), version)
     script = render_script(job.resolved, job.options, _context(job.resolved, DRY_RUN_CHAIN_ID, 1, job.profile.scheduler, {},
-                                                               {"admission": admission.as_dict()}))
+                                                               {"admission": admission.as_dict()},
+                                                               planned(snapshot, job.profile)))
     return DryRun(script, job, admission)
 
 
 def submit(experiment: str, overrides: dict[str, Any], cluster: str | None,
            force_reason: str | None = None) -> Submitted:
-    version = code_version()  # once per submit (two git calls), for the limits and the gate alike
+    # The tree is read once: its digest is the gate's key, and the snapshot the job runs is made from the
+    # very listing that was hashed (a file edited after this point fails the snapshot, not the job).
+    snapshot = tree()
+    version = snapshot.version
     job = prepare(experiment, overrides, cluster, version)
     admission = admit(job, force_reason, version)
     forced = None
     if force_reason is not None:
         forced = f"{getpass.getuser()}@{socket.gethostname()} at {datetime.now(timezone.utc).isoformat(timespec='seconds')}: {force_reason}"
+    code = freeze(snapshot, job.profile)
     chain_id = _new_chain(job)
-    admitted = {"job": job.record(), "admission": admission.as_dict()}
+    admitted = {"job": job.record(), "admission": admission.as_dict(), "cluster": _profile_source(cluster)}
     return _submit_attempt(job.resolved, job.profile.scheduler, job.options, chain_id, 1, admission.preflight_id, forced,
-                           {}, spec_hash=job.declared.hash, admitted=admitted, version=version)
+                           {}, spec_hash=job.declared.hash, admitted=admitted, code=code)
+
+
+def _profile_source(cluster: str | None) -> str:
+    """The profile file a chain was admitted under: its resubmissions are judged against the same one."""
+    from idmctl.profile import profile_path
+
+    return str(profile_path(cluster))
 
 
 def _submit_attempt(resolved: ResolvedSpec, scheduler: str, options: JobOptions, chain_id: int, attempt: int,
                     preflight_id: int | None, forced: str | None, extra_env: dict[str, str], *,
-                    spec_hash: str, admitted: dict[str, Any] | None, version: str | None = None) -> Submitted:
+                    spec_hash: str, admitted: dict[str, Any] | None, code: JobCode | None) -> Submitted:
     """``resolved`` is the effective spec (what the trainer reads); ``spec_hash`` the spec's own hash (the
-    gate's key, kept on the rows); ``admitted`` the effective job and the checks it passed."""
-    version = version or code_version()
-    ctx = _context(resolved, chain_id, attempt, scheduler, {contract.ENV_CODE_VERSION: version, **extra_env}, admitted)
+    gate's key, kept on the rows); ``admitted`` the effective job and the checks it passed; ``code`` the
+    chain's snapshot."""
+    version = code.version if code else contract.code_version()
+    if not code:
+        extra_env = {contract.ENV_CODE_VERSION: version, **extra_env}
+    ctx = _context(resolved, chain_id, attempt, scheduler, extra_env, admitted, code)
     script = render_script(resolved, options, ctx)
     write_run_spec(ctx.run_dir, resolved)
     script_path = ctx.run_dir / f"attempt-{attempt}.sbatch"
     atomic_write_text(script_path, script)
     executor = executor_for(scheduler)
     recorded = {**options.as_dict(), "rollback": bool(extra_env.get(contract.ENV_ROLLBACK)),
-                **({"admitted": admitted} if admitted else {})}
+                **({"admitted": admitted} if admitted else {}), **({"code": code.as_dict()} if code else {})}
     job_id = _insert_job(dict(chain_id=chain_id, attempt=attempt, experiment=resolved.name, spec_hash=spec_hash,
                               code_version=version, preflight_id=preflight_id, executor=executor.name,
                               state="SUBMITTING", qos=options.qos, gpus=options.gpus_per_node * options.nodes,
@@ -249,11 +270,18 @@ def _update(job_id: int, job_values: dict[str, Any], chain_id: int, chain_values
     return job, chain
 
 
+class ResubmitRefused(CheckFailed):
+    """A resubmission the checks would now refuse (or whose snapshot is gone): the chain stops, and the
+    refused attempt is recorded (state SUBMIT_FAILED) with the verdict as its reason."""
+
+
 def resubmit(job_id: int, extra_env: dict[str, str], reason: str, spends_retry: bool = True) -> "Job":
-    """A new attempt of the job's chain with the same options (plus current node exclusions);
+    """A new attempt of the job's chain: the same options plus the current node exclusions, the chain's
+    code snapshot, and admitted like a submission (every static check on the new effective job; the smoke's
+    stored measurement re-judged, not rerun: the snapshot and its smoke flags are the ones it measured).
     ``spends_retry`` False where it stands in for a requeue the cluster would not do."""
     from idmctl.store.db import session
-    from idmctl.store.models import Chain, Job
+    from idmctl.store.models import Chain, Job, PreflightRun
 
     with session() as db:
         old = db.get(Job, job_id)
@@ -265,20 +293,72 @@ def resubmit(job_id: int, extra_env: dict[str, str], reason: str, spends_retry: 
             chain.retries_used += 1
             db.add(chain)
         spec_json = json.loads(Path(old.script_path or "").with_name(SPEC_FILE).read_text())
-    options_data = {k: v for k, v in json.loads(old.options_json).items() if k in JobOptions.__dataclass_fields__}
+        preflight = db.get(PreflightRun, old.preflight_id) if old.preflight_id else None
+        if preflight is not None:
+            db.expunge(preflight)
+        old_values = {"chain_id": old.chain_id, "attempt": old.attempt, "preflight_id": old.preflight_id,
+                      "forced": old.forced_reason, "spec_hash": old.spec_hash, "executor": old.executor,
+                      "code_version": old.code_version, "options_json": old.options_json,
+                      "script_path": old.script_path}
+    stored = json.loads(old_values["options_json"])
+    options_data = {k: v for k, v in stored.items() if k in JobOptions.__dataclass_fields__}
     options = with_exclusions(JobOptions(**options_data), active_exclusions())
-    resolved = _resolved_from_run(spec_json, old)
-    scheduler = "slurm" if old.executor == "slurm" else "local"
-    admitted = json.loads(old.options_json).get("admitted")
-    submitted = _submit_attempt(resolved, scheduler, options, old.chain_id, old.attempt + 1,
-                                old.preflight_id, old.forced_reason, {**extra_env, contract.ENV_RETRY_REASON: reason},
-                                spec_hash=old.spec_hash or resolved.hash, admitted=admitted)
+    resolved = _resolved_from_run(spec_json, old_values["script_path"])
+    scheduler = "slurm" if old_values["executor"] == "slurm" else "local"
+    first = stored.get("admitted") or {}
+    code = JobCode.from_record(stored)
+    env = {**extra_env, contract.ENV_RETRY_REASON: reason}
+    attempt = old_values["attempt"] + 1
+    try:
+        if code is not None:
+            require_present(code)
+        admission = _readmit(resolved, options, first, preflight, code.version if code else old_values["code_version"])
+    except (SnapshotError, UserError) as exc:
+        _refuse(old_values, resolved, options, attempt, f"resubmission refused: {exc}", first, code)
+        raise ResubmitRefused(f"resubmission refused: {exc}") from exc
+    admitted = {**first, "admission": admission.as_dict(), "resubmission_of": job_id}
+    if admission.failed and not old_values["forced"]:
+        named = "; ".join(f"{r.name}: {r.summary}" for r in admission.results if r.status.value == "FAIL")
+        why = f"resubmission refused: {', '.join(admission.failed)} FAIL on the job as it would be resubmitted — {named}"
+        _refuse(old_values, resolved, options, attempt, why, admitted, code)
+        raise ResubmitRefused(why)
+    submitted = _submit_attempt(resolved, scheduler, options, old_values["chain_id"], attempt,
+                                old_values["preflight_id"], old_values["forced"], env,
+                                spec_hash=old_values["spec_hash"] or resolved.hash, admitted=admitted, code=code)
     return submitted.job
 
 
-def _resolved_from_run(spec_json: dict[str, Any], job: "Job") -> ResolvedSpec:
+def _readmit(resolved: ResolvedSpec, options: JobOptions, first: dict[str, Any], preflight: "PreflightRun | None",
+             version: str | None) -> "Admission":
+    """The submit-time checks on the attempt about to be sent, against the profile the chain was admitted
+    under (as it reads now). Introspection and the cache inspection come from the memo of this code or are
+    SKIPped: no flag changes them, and importing the live tree here would judge other code."""
+    from idmctl.jobs.effective import EffectiveJob
+    from idmctl.preflight.admission import judge
+    from idmctl.profile import load_profile
+
+    profile, profile_hash = load_profile(first.get("cluster"))
+    flags = (first.get("job") or {}).get("flags") or {}
+    job = EffectiveJob(resolved, resolved, options, flags, profile, profile_hash, list(options.exclude))
+    return judge(job, preflight, version, memo_only=True)
+
+
+def _refuse(old: dict[str, Any], resolved: ResolvedSpec, options: JobOptions, attempt: int, why: str,
+            admitted: dict[str, Any] | None, code: JobCode | None) -> None:
+    """The attempt that was not sent, as a row: ``idmctl jobs show`` names the verdict."""
+    recorded = {**options.as_dict(), **({"admitted": admitted} if admitted else {}), **({"code": code.as_dict()} if code else {})}
+    job_id = _insert_job(dict(chain_id=old["chain_id"], attempt=attempt, experiment=resolved.name,
+                              spec_hash=old["spec_hash"] or resolved.hash, code_version=code.version if code else old["code_version"],
+                              preflight_id=old["preflight_id"], executor=old["executor"], state="SUBMIT_FAILED",
+                              qos=options.qos, gpus=options.gpus_per_node * options.nodes,
+                              routing_n=resolved.spec.data.routing_n, script_path=None,
+                              options_json=json.dumps(recorded), forced_reason=old["forced"], reason=why[:500]))
+    _update(job_id, {}, old["chain_id"], {"status": "FAILED"})
+
+
+def _resolved_from_run(spec_json: dict[str, Any], script_path: str | None) -> ResolvedSpec:
     """The exact spec the chain started with (the YAML may have changed since)."""
     from ground.spec.schema import ExperimentSpec
 
     spec = ExperimentSpec.model_validate(spec_json["spec"])
-    return ResolvedSpec(name=spec_json["name"], path=Path(job.script_path or "").with_name(SPEC_FILE), spec=spec)
+    return ResolvedSpec(name=spec_json["name"], path=Path(script_path or "").with_name(SPEC_FILE), spec=spec)
