@@ -72,6 +72,8 @@ class JobOptions:
     """Derived steps between checkpoints, passed as IDMCTL_CHECKPOINT_EVERY when the spec sets none."""
     derivation: list[str] = field(default_factory=list)
     """How the limits were derived, one line each: printed as comments at the top of the script."""
+    hold: bool = False
+    """``--hold``: submitted held (``#SBATCH --hold``) until ``scontrol release``; a resubmission is never held."""
     build: str | None = None
     """``--build MODE``: a cache build job (``contract.BUILD_ENTRY``), one task per node launching
     ``ranks_per_node`` builder processes with accelerate; None for training."""
@@ -186,6 +188,7 @@ def resolve_options(resolved: ResolvedSpec, overrides: dict[str, Any]) -> JobOpt
         exclude=list(flag("--exclude", res.exclude)),
         retries=flag("--retries", res.retries),
         entry=contract.BUILD_ENTRY if build else flag("--entry", DEFAULT_ENTRY),
+        hold=bool(overrides.get("--hold")),
         build=build,
     )
     check_name(options.job_name, *reversed(source("-J", "resources.job_name")))
@@ -262,6 +265,7 @@ def render_script(resolved: ResolvedSpec, options: JobOptions, ctx: RenderContex
         "#SBATCH --open-mode=append",
         "#SBATCH --requeue",
         f"#SBATCH --signal=B:USR1@{options.signal_lead_s}",
+        *(["#SBATCH --hold"] if options.hold else []),
         *(f"# idmctl: {_comment(line)}" for line in options.derivation),
     ]
     env = {

@@ -11,7 +11,7 @@ from __future__ import annotations
 import getpass
 import json
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -160,6 +160,80 @@ def submit(experiment: str, overrides: dict[str, Any], cluster: str | None,
                            {}, spec_hash=job.declared.hash, admitted=admitted, code=code)
 
 
+CODE_CHOICES = ("chain", "current")
+"""``submit --resume CHAIN --code``: the chain's own snapshot (default), or the tree as it is now."""
+
+
+def resume(experiment: str, chain_id: int, overrides: dict[str, Any], cluster: str | None, code_choice: str = "chain",
+           force_reason: str | None = None) -> Submitted:
+    """A new attempt of an ended chain: its run directory (so the trainer resumes from its checkpoints) and
+    its MLflow run. It runs the chain's snapshot unless ``code_choice`` is ``current``, which moves the chain
+    to the tree as it is now; either way the gate needs a passing preflight of the code that will run."""
+    from idmctl.store.db import session
+    from idmctl.store.models import Chain, Job
+    from sqlmodel import select
+
+    if code_choice not in CODE_CHOICES:
+        raise UserError(f"unknown --code {code_choice!r}", file="command line", field="--code",
+                        hint="chain (the chain's snapshot) or current (the tree as it is now)")
+    with session() as db:
+        chain = db.get(Chain, chain_id)
+        attempts = list(db.exec(select(Job).where(Job.chain_id == chain_id).order_by(Job.attempt)).all()) if chain else []
+        if chain is None or not attempts:
+            raise UserError(f"no chain {chain_id}", file="command line", field="--resume", hint="see `idmctl jobs`")
+        from idmctl.executors.base import is_final
+
+        running = [a for a in attempts if a.scheduler_id and not is_final(a.state)]
+        if running:
+            raise UserError(f"chain {chain_id} is still running (job {running[-1].id}, {running[-1].state})",
+                            file="command line", field="--resume", hint="wait for it to end, or `idmctl cancel` it")
+        last = attempts[-1]
+        stored, spec_hash, experiment_of = json.loads(last.options_json or "{}"), chain.spec_hash, chain.experiment
+        last_attempt = max(a.attempt for a in attempts)
+    if code_choice == "chain":
+        code = JobCode.from_record(stored)
+        if code is None:
+            raise UserError(f"chain {chain_id} ran the live tree (submitted before code snapshots)", file="command line",
+                            field="--code", hint="resume it with --code current")
+        try:
+            require_present(code)
+        except SnapshotError as exc:
+            raise UserError(str(exc), file="command line", field="--code", hint="resume with --code current") from exc
+        snapshot, version = None, code.version
+    else:
+        snapshot = tree()
+        version = snapshot.version
+    job = prepare(experiment, overrides, cluster, version)
+    if (job.declared.name, job.declared.hash) != (experiment_of, spec_hash):
+        raise UserError(f"chain {chain_id} runs {experiment_of} at spec {spec_hash[:12]}, not {job.declared.name} at "
+                        f"{job.declared.hash[:12]}", file="command line", field="--resume",
+                        hint="a changed spec is a new chain: submit it without --resume")
+    admission = admit(job, force_reason, version)
+    if snapshot is not None:
+        code = freeze(snapshot, job.profile)
+    forced = None
+    if force_reason is not None:
+        forced = f"{getpass.getuser()}@{socket.gethostname()} at {datetime.now(timezone.utc).isoformat(timespec='seconds')}: {force_reason}"
+    _update_chain(chain_id, {"status": "ACTIVE"})
+    admitted = {"job": job.record(), "admission": admission.as_dict(), "cluster": _profile_source(cluster),
+                "resumed_with": code_choice}
+    return _submit_attempt(job.resolved, job.profile.scheduler, job.options, chain_id, last_attempt + 1,
+                           admission.preflight_id, forced, {contract.ENV_RETRY_REASON: f"resumed by hand (--code {code_choice})"},
+                           spec_hash=job.declared.hash, admitted=admitted, code=code)
+
+
+def _update_chain(chain_id: int, values: dict[str, Any]) -> None:
+    from idmctl.store.db import session
+    from idmctl.store.models import Chain
+
+    with session() as db:
+        chain = db.get(Chain, chain_id)
+        if chain is not None:
+            for key, value in values.items():
+                setattr(chain, key, value)
+            db.add(chain)
+
+
 def _profile_source(cluster: str | None) -> str:
     """The profile file a chain was admitted under: its resubmissions are judged against the same one."""
     from idmctl.profile import profile_path
@@ -302,7 +376,7 @@ def resubmit(job_id: int, extra_env: dict[str, str], reason: str, spends_retry: 
                       "script_path": old.script_path}
     stored = json.loads(old_values["options_json"])
     options_data = {k: v for k, v in stored.items() if k in JobOptions.__dataclass_fields__}
-    options = with_exclusions(JobOptions(**options_data), active_exclusions())
+    options = with_exclusions(replace(JobOptions(**options_data), hold=False), active_exclusions())
     resolved = _resolved_from_run(spec_json, old_values["script_path"])
     scheduler = "slurm" if old_values["executor"] == "slurm" else "local"
     first = stored.get("admitted") or {}
@@ -353,7 +427,7 @@ def _refuse(old: dict[str, Any], resolved: ResolvedSpec, options: JobOptions, at
                               qos=options.qos, gpus=options.gpus_per_node * options.nodes,
                               routing_n=resolved.spec.data.routing_n, script_path=None,
                               options_json=json.dumps(recorded), forced_reason=old["forced"], reason=why[:500]))
-    _update(job_id, {}, old["chain_id"], {"status": "FAILED"})
+    _update(job_id, {"state": "SUBMIT_FAILED"}, old["chain_id"], {"status": "FAILED"})
 
 
 def _resolved_from_run(spec_json: dict[str, Any], script_path: str | None) -> ResolvedSpec:
