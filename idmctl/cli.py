@@ -115,7 +115,7 @@ _COMMANDS: dict[str, Callable[[typer.Typer], None]] = {
     "quickstart": _command("quickstart"), "compare": _command("compare"), "ui": _command("ui"),
     "preflight": _command("preflight"),
     "submit": _jobs("submit"), "sync": _jobs("sync"), "watch": _jobs("watch"), "cancel": _jobs("cancel"),
-    "train": _train, "ledger": _command("ledger"), "doctor": _command("doctor"),
+    "train": _train, "ledger": _command("ledger"), "doctor": _command("doctor"), "gc": _command("gc"),
     "exp": _group("exp"), "failures": _group("failures"), "jobs": _jobs("jobs"), "cache": _cache, "model": _train,
     "data": _group("data"),
 }

@@ -347,10 +347,28 @@ def check_scratch() -> Row:
                       "stage-in copies the cache here (stage.dest): free space or point stage.dest elsewhere")
 
 
+def check_code_store() -> Row:
+    """What the code snapshots cost: distinct file contents (their hard links cost nothing more)."""
+    from idmctl.jobs.code import store_for, usage
+    from idmctl.profile import load_profile
+
+    try:
+        store = store_for(load_profile(None)[0])
+    except Exception:  # an unreadable profile is the slurm row's finding; count the default store
+        from ground.code_snapshot import default_store
+
+        store = default_store()
+    used = usage(store)
+    if not used.snapshots:
+        return Row("code store", OK, f"{store}: no snapshots yet (submit writes one per code version)")
+    return Row("code store", OK, f"{store}: {used.snapshots} snapshot(s), {used.objects} distinct files, "
+                                 f"{format_bytes(used.object_bytes)} (`idmctl gc` removes those no unfinished chain uses)")
+
+
 CHECKS: tuple[tuple[str, Callable[[], Row]], ...] = (
     ("python", check_python), ("packages", check_packages), (ENV_HOME, check_home), ("store", check_store),
     ("mlflow store", check_mlflow), ("slurm", check_slurm), ("rendering", check_render), ("/dev/shm", check_shm),
-    ("scratch", check_scratch),
+    ("scratch", check_scratch), ("code store", check_code_store),
 )
 
 

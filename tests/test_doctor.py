@@ -15,7 +15,7 @@ from ground.contract import ENV_CLUSTER, ENV_HOME
 from idmctl.store.head import HEAD_REVISION
 
 REPO = Path(__file__).resolve().parent.parent
-ROWS = ["python", "packages", ENV_HOME, "store", "mlflow store", "slurm", "rendering", "/dev/shm", "scratch"]
+ROWS = ["python", "packages", ENV_HOME, "store", "mlflow store", "slurm", "rendering", "/dev/shm", "scratch", "code store"]
 
 
 def _rows(result) -> dict[str, dict]:  # type: ignore[no-untyped-def]
@@ -130,3 +130,18 @@ def test_a_check_that_breaks_is_a_failing_row_unless_debug(monkeypatch, debug: b
     else:
         row, = doctor.run_doctor().rows
         assert row.status == "FAIL" and "OSError: boom" in row.detail and "--debug" in row.fix
+
+
+def test_the_code_store_row_counts_snapshots_and_their_distinct_bytes(cli, idmctl_home: Path, tmp_path: Path) -> None:
+    from ground.code_snapshot import default_store, materialize, tree
+
+    assert "no snapshots yet" in _rows(cli("doctor", "--json", "--no-render"))["code store"]["detail"]
+    root = tmp_path / "code"
+    (root / "pkg").mkdir(parents=True)
+    (root / "pkg" / "a.py").write_text("A = 1\n")
+    (root / "pkg" / "b.py").write_text("B = 22\n")
+    materialize(tree(root), default_store())
+    (root / "pkg" / "b.py").write_text("B = 333\n")
+    materialize(tree(root), default_store())  # a.py is shared: 3 distinct contents, not 4
+    row = _rows(cli("doctor", "--json", "--no-render"))["code store"]
+    assert row["status"] == "OK" and "2 snapshot(s), 3 distinct files, 21 B" in row["detail"], row

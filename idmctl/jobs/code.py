@@ -7,7 +7,6 @@ snapshots no unfinished chain uses.
 
 from __future__ import annotations
 
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
