@@ -12,9 +12,10 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from cache.dataset import HiddenMultiLayerDataset, HiddenSingleLayerDataset
+from ground.class_path import resolve_class
 from ground.errors import UserError
 from ground.paths import expand_path
-from ground.spec.schema import ExperimentSpec
+from ground.spec.schema import ClassRef, ExperimentSpec
 
 DATASETS: dict[str, type[Dataset]] = {
     "hidden_multilayer": HiddenMultiLayerDataset,
@@ -25,11 +26,15 @@ SPLIT_ROLES = ("train", "eval")
 
 
 def dataset_class(spec: ExperimentSpec) -> type[Dataset]:
+    """A registry name, or the team's own class by ``{class_path, init_args}`` (within ``code.roots``)."""
+    chosen = spec.data.dataset
+    if isinstance(chosen, ClassRef):
+        return resolve_class(chosen, spec, "data.dataset")
     try:
-        return DATASETS[spec.data.dataset]
+        return DATASETS[chosen]
     except KeyError:
-        raise UserError(f"unknown dataset {spec.data.dataset!r}", field="data.dataset",
-                        hint=f"registered: {', '.join(DATASETS)}") from None
+        raise UserError(f"unknown dataset {chosen!r}", field="data.dataset",
+                        hint=f"registered: {', '.join(DATASETS)}; or {{class_path: pkg.module.Class, init_args: {{...}}}}") from None
 
 
 def split_name(spec: ExperimentSpec, split: str) -> str:
@@ -43,6 +48,8 @@ def dataset_kwargs(spec: ExperimentSpec, split: str, cache_root: str | None = No
     ``cache_root`` overrides ``data.cache_root`` (e.g. the staged copy on node-local disk).
     """
     data = spec.data
+    if isinstance(data.dataset, ClassRef):  # the team's class gets what the spec says, and which split
+        return {**data.dataset.init_args, "split": split_name(spec, split)}
     return {
         "episodes": str(expand_path(data.episodes)),
         "cache_root": str(expand_path(cache_root or data.cache_root)),

@@ -58,18 +58,42 @@ class TreeFile:
     """``f`` a file, ``x`` an executable file, ``l`` a symlink."""
 
 
+EXTERNAL_DIR = "_roots"
+"""In a snapshot, where the code roots that lie outside the project go (``_roots/<name>/``)."""
+
+
 @dataclass(frozen=True)
 class Tree:
-    """A code root as it is now: its files, their digest, and the commit it was at (informative only)."""
+    """Code as it is now: its files, their digest, and the commit it was at (informative only). The
+    project's files sit at the top; a code root outside the project sits under ``_roots/<name>/``."""
 
     root: Path
     files: tuple[TreeFile, ...]
     digest: str
     commit: str | None
+    external: tuple[tuple[str, Path], ...] = ()
+    """(prefix, folder) of every code root outside the project."""
 
     @property
     def version(self) -> str:
         return self.digest[:VERSION_LENGTH]
+
+    def source(self, rel: str) -> Path:
+        """Where file ``rel`` of the tree lives on disk now."""
+        for prefix, folder in self.external:
+            if rel.startswith(prefix + "/"):
+                return folder / rel[len(prefix) + 1:]
+        return self.root / rel
+
+    def import_dirs(self, directory: Path, roots: list[Path]) -> list[Path]:
+        """The snapshot's copies of ``roots``, in order: inside the project at their relative path,
+        outside it under ``_roots/``."""
+        external = {folder: prefix for prefix, folder in self.external}
+        out = []
+        for root in roots:
+            root = root.resolve()
+            out.append(directory / external[root] if root in external else directory / root.relative_to(self.root))
+        return out
 
 
 def _git_files(root: Path) -> tuple[list[str], str | None] | None:
@@ -136,6 +160,25 @@ def tree(root: Path | None = None) -> Tree:
     return Tree(root, files, digest_of(files), commit)
 
 
+def code_tree(roots: list[Path] | tuple[Path, ...] = ()) -> Tree:
+    """The project plus the code roots outside it (roots inside it are already among its files)."""
+    from dataclasses import replace
+
+    project = tree()
+    outside = [r.resolve() for r in roots if not r.resolve().is_relative_to(project.root)]
+    if not outside:
+        return project
+    files, external = list(project.files), []
+    for folder in dict.fromkeys(outside):
+        if not folder.is_dir():
+            raise SnapshotError(f"code root {folder} is not a folder")
+        part = tree(folder)
+        prefix = f"{EXTERNAL_DIR}/{folder.name}-{hashlib.sha256(str(folder).encode()).hexdigest()[:8]}"
+        files += [replace(f, path=f"{prefix}/{f.path}") for f in part.files]
+        external.append((prefix, folder))
+    return Tree(project.root, tuple(files), digest_of(files), project.commit, tuple(external))
+
+
 def code_version(root: Path | None = None) -> str:
     """The digest of what a job submitted now would run (16 hex digits): the preflight gate's key."""
     return tree(root).version
@@ -190,9 +233,9 @@ def materialize(snapshot: Tree, store: Path | None = None) -> Path:
             dest = building / item.path
             dest.parent.mkdir(parents=True, exist_ok=True)
             if item.kind == "l":
-                os.symlink(os.readlink(snapshot.root / item.path), dest)
+                os.symlink(os.readlink(snapshot.source(item.path)), dest)
                 continue
-            obj = _store_object(store, snapshot.root / item.path, item)
+            obj = _store_object(store, snapshot.source(item.path), item)
             try:
                 os.link(obj, dest)
             except OSError:  # a store on a filesystem without hard links: a read-only copy

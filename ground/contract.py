@@ -7,6 +7,13 @@ runs inside it) is named here once.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from ground.spec.schema import ExperimentSpec
+
 
 # Exit statuses of a trainer / job entry.
 EXIT_OK = 0
@@ -32,6 +39,8 @@ ENV_SNAPSHOT = "IDMCTL_SNAPSHOT"
 """The snapshot directory the job script runs from; the trainer checks its digest and its imports against it."""
 ENV_CODE_STORE = "IDMCTL_CODE_STORE"
 """The code store holding the snapshots and the environment records (``$IDMCTL_HOME/code`` unless the profile names one)."""
+ENV_CODE_ROOTS = "IDMCTL_CODE_ROOTS"
+"""The snapshot's copies of the spec's ``code.roots`` (``os.pathsep``-separated): class paths resolve there."""
 ENV_ENV_DIGEST = "IDMCTL_ENV_DIGEST"
 """The digest of the Python environment at submit; a job whose environment differs stops (``env_changed``)."""
 ENV_RETRY_REASON = "IDMCTL_RETRY_REASON"
@@ -48,6 +57,22 @@ ENV_LOCAL_JOB_ID = "IDMCTL_LOCAL_JOB_ID"
 ENV_SHM_DIR = "IDMCTL_SHM_DIR"
 """Where the node guard looks for shared-memory segments (default ``/dev/shm``); tests point it at a small
 tmpfs, ``{node}`` standing for the node's name (the test cluster's nodes share one host)."""
+# The entry contract: what any job entry (idmctl's trainer, or the team's own module or launch script)
+# is given and reports. Plain variables and stdout lines, so an entry needs no idmctl import.
+ENV_RUN_DIR = "IDMCTL_RUN_DIR"
+"""The run directory: ``spec.json`` inside; the entry writes its checkpoints here and resumes from the newest."""
+ENV_SMOKE_STEPS = "IDMCTL_SMOKE_STEPS"
+"""Set only by the preflight's smoke: run exactly this many optimizer steps, report each, and exit 0."""
+ENV_SMOKE_BATCH = "IDMCTL_SMOKE_BATCH"
+"""Set only by the smoke: the per-device batch size to use for those steps."""
+STEP_MARKER = "IDMCTL_STEP"
+"""One stdout line per optimizer step: ``IDMCTL_STEP step=<int> loss=<float> seconds=<float>
+[peak_mem_bytes=<int>]`` (``trainers.entry_helper.Reporter.step`` prints it). The smoke's step time,
+losses and peak memory come from these lines."""
+PHASE_MARKER = "IDMCTL_PHASE"
+"""Optional, once: ``IDMCTL_PHASE dataset_s=<float> sample_s=<float> model_s=<float>`` (build times)."""
+CHECKPOINT_MARKER = "IDMCTL_CHECKPOINT"
+"""Optional, per checkpoint: ``IDMCTL_CHECKPOINT seconds=<float> bytes=<int>`` (what the signal lead covers)."""
 # Read by the control plane from the user's shell:
 ENV_CLUSTER = "IDMCTL_CLUSTER"
 ENV_EXPERIMENTS = "IDMCTL_EXPERIMENTS"
@@ -99,6 +124,9 @@ CAUSE_MISSING_WEIGHTS = "missing_weights"
 CAUSE_PT_NORM_MISSING = "pt_norm_missing"
 """An FF build with point maps found no PT norm file: FF runs after PT (card B)."""
 
+DEFAULT_ENTRY = "trainers.train"
+"""What a job runs unless the spec's ``code.entry`` or ``--entry`` names another: idmctl's trainer."""
+
 # Cache builds as jobs (``idmctl submit EXP --build MODE``): the entry the job script starts, and the modes.
 BUILD_ENTRY = "trainers.build_job"
 BUILD_MODES = ("hidden", "rgb", "pt", "ff")
@@ -107,9 +135,19 @@ BUILD_MODES = ("hidden", "rgb", "pt", "ff")
 name of idmctl/failures/taxonomy.yaml, whose ``action`` decides what sync does (a test checks the name)."""
 
 
-def code_version() -> str:
+def code_version(spec: "ExperimentSpec | None" = None) -> str:
     """The digest of the code a job submitted now would run (``ground.code_snapshot``): 16 hex digits over
-    every tracked and untracked-but-not-ignored file of the project, as it is on disk."""
-    from ground.code_snapshot import code_version as digest
+    every tracked and untracked-but-not-ignored file of the project, as it is on disk, and of the spec's
+    ``code.roots`` that lie outside it."""
+    from ground.code_snapshot import code_tree
 
-    return digest()
+    return code_tree(spec_roots(spec)).version
+
+
+def spec_roots(spec: "ExperimentSpec | None") -> list["Path"]:
+    """The spec's ``code.roots`` as folders (relative ones from the project root); [] without a spec."""
+    if spec is None or not spec.code.roots:
+        return []
+    from ground.class_path import code_roots
+
+    return code_roots(spec)[1:]

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ground.errors import UserError
-from ground.spec.schema import ExperimentSpec
+from ground.spec.schema import ClassRef, ExperimentSpec
 
 if TYPE_CHECKING:
     import torch
@@ -26,16 +26,23 @@ def model_class(spec: ExperimentSpec) -> type["nn.Module"]:
     """The class ``model.name`` refers to (UserError naming the field if unknown)."""
     import importlib
 
+    if isinstance(spec.model.name, ClassRef):
+        from ground.class_path import resolve_class
+
+        return resolve_class(spec.model.name, spec, "model.name")
     target = MODELS.get(spec.model.name)
     if target is None:
         raise UserError(f"unknown model {spec.model.name!r}", field="model.name",
-                        hint=f"registered: {', '.join(sorted(MODELS))}")
+                        hint=f"registered: {', '.join(sorted(MODELS))}; or {{class_path: pkg.module.Class, init_args: {{...}}}}")
     module_name, class_name = target.split(":")
     return getattr(importlib.import_module(module_name), class_name)
 
 
 def model_kwargs(spec: ExperimentSpec) -> dict[str, Any]:
-    """Constructor arguments derived from the spec (``{"cfg": RoutedDiTConfig}``)."""
+    """Constructor arguments derived from the spec (``{"cfg": RoutedDiTConfig}``); a class of the team's
+    own gets its ``init_args`` as written."""
+    if isinstance(spec.model.name, ClassRef):
+        return dict(spec.model.name.init_args)
     from trainers.model import RoutedDiTConfig, routing_map
 
     try:

@@ -62,11 +62,18 @@ HASH_NEUTRAL_DEFAULTS: dict[tuple[str, str], Any] = {("loader", "repeats"): 1, (
 that does not use them keeps the hash (and the preflight passes) it had before they existed."""
 
 
+HASH_NEUTRAL_SECTIONS = ("code",)
+"""Sections added after specs were recorded, left out of the canonical form when entirely at their defaults."""
+
+
 def canonical_spec(spec: ExperimentSpec) -> dict[str, Any]:
     dumped = spec.model_dump(mode="json")
     for (section, key), default in HASH_NEUTRAL_DEFAULTS.items():
         if isinstance(dumped.get(section), dict) and dumped[section].get(key) == default:
             del dumped[section][key]
+    for section in HASH_NEUTRAL_SECTIONS:
+        if dumped.get(section) == type(spec).model_fields[section].default.model_dump(mode="json"):
+            del dumped[section]
     return dumped
 
 

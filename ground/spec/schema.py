@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
@@ -40,6 +40,27 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
+CLASS_PATH = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$"
+"""``package.module.ClassName``: dotted identifiers only (never an expression or a file path)."""
+
+
+class ClassRef(Strict):
+    """A class of the team's own code, by import path, with its constructor's arguments (the
+    LightningCLI / jsonargparse convention). Where a spec names a class it takes a registry name
+    (``hidden_multilayer``, an alias of one of idmctl's classes) or this."""
+
+    class_path: str = Field(pattern=CLASS_PATH, max_length=512)
+    """``package.module.ClassName``; it must import from the project or one of ``code.roots``."""
+    init_args: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments of the class's ``__init__``, passed exactly as written (introspection binds
+    them to its signature before anything runs: card A job 6321's TypeError, in seconds)."""
+
+
+def class_label(value: "str | ClassRef") -> str:
+    """How a spec's class choice reads in a table: the registry name or the class path."""
+    return value if isinstance(value, str) else value.class_path
+
+
 class DataSpec(Strict):
     """Episodes, the multi-layer hidden-state cache, and what one sample reads from it."""
 
@@ -55,8 +76,9 @@ class DataSpec(Strict):
     """``safetensors``: idmctl's per-layer format; ``legacy_pt``: the card's bf16 ``.pt`` dict."""
     cache_files: int | None = Field(default=None, ge=1)
     """Expected number of cache files, for sizing stage-in when the cache is not on this machine."""
-    dataset: str = "hidden_multilayer"
-    """Registry name of the dataset class the trainer builds (see ``cache/registry``)."""
+    dataset: str | ClassRef = "hidden_multilayer"
+    """Registry name of the dataset class the trainer builds (see ``cache/registry``), or a class of the
+    team's own (``{class_path, init_args}``; the factory adds ``split``)."""
     cached_layers: list[BlockId] = Field(min_length=1, max_length=MAX_DEPTH)
     """Cosmos transformer block ids stored in each cache file, in file order."""
     frames: int = Field(ge=1, le=MAX_COUNT)
@@ -132,8 +154,9 @@ class DataSpec(Strict):
 class ModelSpec(Strict):
     """The layer-routed action DiT and its flow-matching head."""
 
-    name: str = "layer_routed_dit"
-    """Registry name of the model class (see ``trainers/registry``)."""
+    name: str | ClassRef = "layer_routed_dit"
+    """Registry name of the model class (see ``trainers/registry``), or a class of the team's own
+    (``{class_path, init_args}``, built as ``cls(**init_args)``)."""
     depth: int = Field(ge=1, le=MAX_DEPTH)
     """Number of DiT blocks (D); block i cross-attends to one routed layer."""
     hidden_dim: int = Field(ge=1, le=MAX_WIDTH)
@@ -448,6 +471,37 @@ def check_job_time(value: str) -> float:
     return seconds
 
 
+ENTRY_MODULE = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
+
+
+class CodeSpec(Strict):
+    """The code a job runs: which repositories, and which entry."""
+
+    roots: list[str] = Field(default_factory=list, max_length=32)
+    """Folders of the team's own code (their packages sit at the top of each), relative to the project
+    root or absolute. They go on the job's import path; class paths must import from the project or from
+    one of them; every root is frozen into the job's code snapshot and counted in the code version."""
+    entry: str | None = Field(default=None, max_length=4096)
+    """What the job runs: a Python module (``team_idm.train``: ``python -m MODULE --run-dir RUN_DIR``) or
+    a command line (``bash scripts/run.sh``, run from the snapshot with ``IDMCTL_RUN_DIR`` set). None is
+    idmctl's trainer; ``--entry`` overrides it. The preflight's smoke runs this same entry."""
+
+    @field_validator("roots")
+    @classmethod
+    def _plain_roots(cls, roots: list[str]) -> list[str]:
+        for root in roots:
+            if not root.strip() or re.search(r"[\x00-\x1f\x7f]", root):
+                raise ValueError(f"{root!r} is not a folder path")
+        return roots
+
+    @field_validator("entry")
+    @classmethod
+    def _plain_entry(cls, entry: str | None) -> str | None:
+        if entry is not None and (not entry.strip() or re.search(r"[\x00-\x1f\x7f]", entry)):
+            raise ValueError("the entry is empty or holds a control character: a module name or one command line")
+        return entry
+
+
 class ExperimentSpec(Strict):
     """A resolved experiment: every section present, every value typed."""
 
@@ -462,6 +516,8 @@ class ExperimentSpec(Strict):
     eval: EvalSpec = EvalSpec()
     latent: LatentCacheSpec | None = None
     """Card B's RGB / PT / FF video-latent cache, for runs that train on Wan VAE latents."""
+    code: CodeSpec = CodeSpec()
+    """The team's own repositories and entry (default: idmctl's trainer, the project alone)."""
     goal: str | None = None
     """Adoption criterion, e.g. ``eef_mm_24ep <= 125``."""
 

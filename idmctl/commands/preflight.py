@@ -76,9 +76,9 @@ def preflight(
         profile, profile_hash = load_profile(cluster)
         run_what_if(variants[0], profile, profile_hash, what_if, as_json=as_json)
         return
-    from idmctl.preflight.record import code_version  # looked up here, as run_preflight does
+    from idmctl.preflight.record import version_for  # looked up here, as run_preflight does
 
-    version = code_version()  # once (two git calls): the limits derivation and the checks both use it
+    version = version_for(variants[0].spec)  # once: the limits derivation and the checks both use it
     job = build_job(experiment, job_flags.flags(qos, gres, cpus, mem, exclude, job_name, time_limit, retries, entry,
                                                 build), cluster, version)
     resolved, profile, profile_hash = job.declared, job.profile, job.profile_hash

@@ -7,17 +7,20 @@ snapshots no unfinished chain uses.
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ground import contract
-from ground.code_snapshot import (OBJECTS_DIR, SNAPSHOTS_DIR, SnapshotError, Tree, default_store, materialize,
-                                  record_environment, snapshot_dir)
+from ground.code_snapshot import (OBJECTS_DIR, SNAPSHOTS_DIR, SnapshotError, Tree, code_tree, default_store,
+                                  materialize, record_environment, snapshot_dir)
+from ground.contract import spec_roots
 from ground.errors import UserError
 from ground.paths import expand_path
 
 if TYPE_CHECKING:
+    from ground.spec.schema import ExperimentSpec
     from idmctl.profile import ClusterProfile
 
 
@@ -30,11 +33,14 @@ class JobCode:
     store: str
     env_digest: str
     commit: str | None = None
+    import_dirs: tuple[str, ...] = ()
+    """The snapshot's copies of the spec's ``code.roots``: on the job's import path, where class paths resolve."""
 
     def env(self) -> dict[str, str]:
         """The job script's exports: the trainer checks its code and environment against them."""
         return {contract.ENV_CODE_VERSION: self.version, contract.ENV_SNAPSHOT: self.directory,
-                contract.ENV_CODE_STORE: self.store, contract.ENV_ENV_DIGEST: self.env_digest}
+                contract.ENV_CODE_STORE: self.store, contract.ENV_ENV_DIGEST: self.env_digest,
+                **({contract.ENV_CODE_ROOTS: os.pathsep.join(self.import_dirs)} if self.import_dirs else {})}
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -46,7 +52,8 @@ class JobCode:
         if not isinstance(data, dict):
             return None
         try:
-            return cls(**{k: data[k] for k in ("version", "directory", "store", "env_digest")}, commit=data.get("commit"))
+            return cls(**{k: data[k] for k in ("version", "directory", "store", "env_digest")}, commit=data.get("commit"),
+                       import_dirs=tuple(data.get("import_dirs") or ()))
         except (KeyError, TypeError):
             return None
 
@@ -55,7 +62,15 @@ def store_for(profile: "ClusterProfile") -> Path:
     return expand_path(profile.code_store) if profile.code_store else default_store()
 
 
-def freeze(snapshot: Tree, profile: "ClusterProfile") -> JobCode:
+def tree_for(spec: "ExperimentSpec") -> Tree:
+    """The code a job of ``spec`` would run: the project and the spec's ``code.roots``."""
+    try:
+        return code_tree(spec_roots(spec))
+    except SnapshotError as exc:
+        raise UserError(str(exc), field="code.roots", hint="name folders that exist on this machine") from exc
+
+
+def freeze(snapshot: Tree, profile: "ClusterProfile", spec: "ExperimentSpec") -> JobCode:
     """Materialise the gated tree in the profile's code store and record this Python environment."""
     store = store_for(profile)
     try:
@@ -64,16 +79,18 @@ def freeze(snapshot: Tree, profile: "ClusterProfile") -> JobCode:
     except (OSError, SnapshotError) as exc:
         raise UserError(f"cannot write the code snapshot: {exc}", field="code_store",
                         hint="point the cluster profile's code_store (or IDMCTL_HOME) at writable storage every node mounts") from exc
-    return JobCode(snapshot.version, str(directory), str(store), env_digest, snapshot.commit)
+    dirs = tuple(str(p) for p in snapshot.import_dirs(directory, spec_roots(spec)))
+    return JobCode(snapshot.version, str(directory), str(store), env_digest, snapshot.commit, dirs)
 
 
-def planned(snapshot: Tree, profile: "ClusterProfile") -> JobCode:
+def planned(snapshot: Tree, profile: "ClusterProfile", spec: "ExperimentSpec") -> JobCode:
     """What :func:`freeze` would give, writing nothing (``submit --dry-run``)."""
     from ground.code_snapshot import environment, environment_digest
 
     store = store_for(profile)
-    return JobCode(snapshot.version, str(snapshot_dir(snapshot.version, store)), str(store),
-                   environment_digest(environment()), snapshot.commit)
+    directory = snapshot_dir(snapshot.version, store)
+    dirs = tuple(str(p) for p in snapshot.import_dirs(directory, spec_roots(spec)))
+    return JobCode(snapshot.version, str(directory), str(store), environment_digest(environment()), snapshot.commit, dirs)
 
 
 def require_present(code: JobCode) -> None:

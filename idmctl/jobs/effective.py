@@ -11,7 +11,9 @@ on what it measured too, so the flags that change that (:data:`SMOKE_FLAGS`) are
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
@@ -114,6 +116,46 @@ class EffectiveJob:
                 "spec_hash": self.declared.hash, "effective_spec_hash": self.resolved.hash}
 
 
+INTERPRETERS = ("bash", "sh", "python", "python3")
+"""Programs whose first argument is the script that must exist (``bash scripts/run.sh``)."""
+
+
+def check_entry_exists(entry: str, declared: ResolvedSpec, from_flag: bool) -> None:
+    """The entry the job would start can be started: a module that imports from the code roots, or a
+    program on PATH (or in the first root) and, for an interpreter, its script. Bad input, exit 2."""
+    import importlib.util
+    import shutil
+
+    from ground.class_path import code_roots, ensure_importable, inside
+    from idmctl.jobs.render import entry_words
+
+    where, field_name = ("command line", "--entry") if from_flag else (str(declared.path), "code.entry")
+    roots = code_roots(declared.spec)
+    words = entry_words(entry)
+    if words is None:
+        ensure_importable(roots)
+        try:
+            found = importlib.util.find_spec(entry)
+        except (ImportError, ValueError):
+            found = None
+        if found is None or found.origin is None or not inside(Path(found.origin), roots):
+            raise UserError(f"module {entry!r} does not import from the code roots ({', '.join(map(str, roots))})",
+                            file=where, field=field_name, hint="check the name, or add its repository to code.roots")
+        return
+    cwd = roots[1] if len(roots) > 1 else roots[0]
+    program = words[0]
+    if "/" in program:
+        path = cwd / program
+        if not (path.is_file() and os.access(path, os.X_OK)):
+            raise UserError(f"{program!r} is not an executable file in {cwd}", file=where, field=field_name,
+                            hint=f"chmod +x it, or start it with its interpreter (bash {program})")
+    elif shutil.which(program) is None:
+        raise UserError(f"{program!r} is not on PATH", file=where, field=field_name, hint="install it or give its path")
+    if program in INTERPRETERS and len(words) > 1 and not words[1].startswith("-") and not (cwd / words[1]).is_file():
+        raise UserError(f"{words[1]!r} does not exist in {cwd} (a command-line entry runs from the first code root)",
+                        file=where, field=field_name, hint="give the script's path relative to that root")
+
+
 def active_exclusions() -> list[str]:
     """Nodes excluded by ``sync`` (node failures) whose exclusion has not expired."""
     from datetime import datetime, timezone
@@ -155,6 +197,8 @@ def build(experiment: str, flags: dict[str, Any], cluster: str | None, version: 
     if options.hold and profile.scheduler != "slurm":
         raise UserError(f"--hold needs a Slurm cluster; {profile.name} runs jobs at once", file="command line",
                         field="--hold", hint="drop --hold, or submit with --cluster naming a Slurm profile")
+    if not options.build and options.entry != DEFAULT_ENTRY:
+        check_entry_exists(options.entry, declared, from_flag="--entry" in given)
     exclusions = active_exclusions()
     options = with_exclusions(options, exclusions)
     # What the spec and flags leave open (time limit, checkpoint interval, signal lead) is derived from

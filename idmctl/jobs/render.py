@@ -9,6 +9,7 @@ The same script runs under Slurm (``srun`` launches the ranks) and under the loc
 from __future__ import annotations
 
 import math
+import os
 import re
 import shlex
 import sys
@@ -30,8 +31,7 @@ _SBATCH_PATH = re.compile(r"^/[A-Za-z0-9._/+@%=-]{1,4000}$")
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _GRES = re.compile(r"^gpu:(\d{1,3})$")
 _UNSAFE_CHARS = re.compile(r"[\x00-\x1f\x7f`$;|&<>\\'\"]")
-DEFAULT_ENTRY = "trainers.train"
-"""The module a job runs unless ``--entry`` says otherwise."""
+DEFAULT_ENTRY = contract.DEFAULT_ENTRY
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,8 @@ class JobOptions:
     retries: int = 0
     """Resubmissions allowed for retryable causes."""
     entry: str = DEFAULT_ENTRY
-    """Python module started with ``python -m ENTRY --run-dir RUN_DIR``."""
+    """A Python module started with ``python -m ENTRY --run-dir RUN_DIR``, or a command line (the team's
+    launch script) run from the snapshot's copy of the first code root (``--entry``, else ``code.entry``)."""
     hang_k: float = 10.0
     """The watchdog's k, floor and poll (the cluster profile's ``hang:``, kept so a resubmit uses the same)."""
     hang_floor_s: float = 600.0
@@ -187,7 +188,7 @@ def resolve_options(resolved: ResolvedSpec, overrides: dict[str, Any]) -> JobOpt
         time_limit=flag("--time", res.time_limit),
         exclude=list(flag("--exclude", res.exclude)),
         retries=flag("--retries", res.retries),
-        entry=contract.BUILD_ENTRY if build else flag("--entry", DEFAULT_ENTRY),
+        entry=contract.BUILD_ENTRY if build else flag("--entry", resolved.spec.code.entry or DEFAULT_ENTRY),
         hold=bool(overrides.get("--hold")),
         build=build,
     )
@@ -196,9 +197,7 @@ def resolve_options(resolved: ResolvedSpec, overrides: dict[str, Any]) -> JobOpt
     if options.partition is not None:
         check_name(options.partition, "resources.partition", spec_file)
     check_nodes(options.exclude, *reversed(source("--exclude", "resources.exclude")))
-    if not _MODULE.fullmatch(options.entry):
-        raise UserError(f"{options.entry!r} is not a Python module name", file="command line", field="--entry",
-                        hint="e.g. trainers.train")
+    check_entry(options.entry, *source("--entry", "code.entry"))
     for name, spec_field, check in (("--mem", "resources.mem", check_job_mem), ("--time", "resources.time_limit", check_job_time)):
         value = overrides.get(name)
         if value is not None:
@@ -214,6 +213,27 @@ def resolve_options(resolved: ResolvedSpec, overrides: dict[str, Any]) -> JobOpt
     if not 0 <= options.retries <= 1_000:
         raise UserError("must be 0 … 1000", file="command line", field="--retries", hint="resubmission budget")
     return options
+
+
+def entry_words(entry: str) -> list[str] | None:
+    """A command-line entry's words (None for a Python module name)."""
+    return None if _MODULE.fullmatch(entry) else shlex.split(entry)
+
+
+def check_entry(entry: str, source: str, field_name: str) -> None:
+    """A module name, or one command line of plain words (no shell syntax: it is quoted word by word)."""
+    try:
+        words = entry_words(entry)
+    except ValueError as exc:
+        raise UserError(f"{entry!r} is not one command line ({exc})", file=source, field=field_name,
+                        hint="a module such as team_idm.train, or e.g. bash scripts/run.sh") from exc
+    if words is None:
+        return
+    bad = [w for w in words if _UNSAFE_CHARS.search(w)]
+    if not words or bad:
+        raise UserError(f"{entry!r} is neither a module name nor a plain command line", file=source, field=field_name,
+                        hint="a module (team_idm.train) or words without ;, |, $, backticks or redirections "
+                             "(bash scripts/run.sh --flag 1)")
 
 
 def with_exclusions(options: JobOptions, nodes: list[str]) -> JobOptions:
@@ -274,6 +294,10 @@ def render_script(resolved: ResolvedSpec, options: JobOptions, ctx: RenderContex
         contract.ENV_ATTEMPT: str(ctx.attempt),
         contract.ENV_SPEC_HASH: resolved.hash,
         "PYTHONUNBUFFERED": "1",
+        # The entry contract's variables: any entry (module or launch script) finds its run directory
+        # and the interpreter the gate checked.
+        contract.ENV_RUN_DIR: str(ctx.run_dir),
+        "IDMCTL_PYTHON": ctx.python,
         **({contract.ENV_CHECKPOINT_EVERY: str(options.checkpoint_every)} if options.checkpoint_every else {}),
         **ctx.extra_env,
     }
@@ -308,7 +332,7 @@ def render_script(resolved: ResolvedSpec, options: JobOptions, ctx: RenderContex
         "# the local executor runs the same script without srun.",
         *_multi_node_env(options),
         'if [ -n "${SLURM_JOB_ID:-}" ]; then LAUNCH=(srun --kill-on-bad-exit=1); else LAUNCH=(); fi',
-        f'"${{LAUNCH[@]}}" {q(ctx.python)} -m {options.entry} --run-dir "$RUN_DIR"{_build_args(options)} &',
+        *_entry_lines(options, ctx, env),
         "TRAINER=$!",
         "# The hang watchdog: stacks of every rank, then kill, when the heartbeat stops (trainers/watchdog.py).",
         f'{q(ctx.python)} -m trainers.watchdog --run-dir "$RUN_DIR" --trainer-pid "$TRAINER" --k {options.hang_k:g} '
@@ -342,6 +366,19 @@ def render_script(resolved: ResolvedSpec, options: JobOptions, ctx: RenderContex
     return "\n".join([*header, *body]) + "\n"
 
 
+def _entry_lines(options: JobOptions, ctx: RenderContext, env: dict[str, str]) -> list[str]:
+    """The entry under the launcher, in the background (the script waits on it and forwards signals). A
+    command line runs from the snapshot's copy of the first code root, its words quoted one by one."""
+    q = shlex.quote
+    words = entry_words(options.entry)
+    if words is None:
+        return [f'"${{LAUNCH[@]}}" {q(ctx.python)} -m {options.entry} --run-dir "$RUN_DIR"{_build_args(options)} &']
+    roots = [r for r in env.get(contract.ENV_CODE_ROOTS, "").split(os.pathsep) if r]
+    where = roots[0] if roots else str(ctx.repo_root)
+    return [f"# entry: {_comment(options.entry)} (the entry contract: IDMCTL_RUN_DIR, one IDMCTL_STEP line per step)",
+            f'(cd {q(where)} && exec "${{LAUNCH[@]}}" {" ".join(q(w) for w in words)}) &']
+
+
 def _snapshot_lines(env: dict[str, str], ctx: RenderContext) -> list[str]:
     """A job runs the code it was admitted for: the snapshot comes first on every process's import path
     (an editable install would otherwise pull the live tree back in), and its digest and the Python
@@ -349,9 +386,10 @@ def _snapshot_lines(env: dict[str, str], ctx: RenderContext) -> list[str]:
     if contract.ENV_SNAPSHOT not in env:
         return ["# code: the live tree (a job submitted before code snapshots)"]
     q = shlex.quote
+    roots = [r for r in env.get(contract.ENV_CODE_ROOTS, "").split(os.pathsep) if r]
     return [
         f"# code: snapshot {env[contract.ENV_CODE_VERSION]}, the code the gate admitted; every attempt of the chain runs it.",
-        f'export PYTHONPATH={q(str(ctx.repo_root))}"${{PYTHONPATH:+:$PYTHONPATH}}"',
+        f'export PYTHONPATH={q(os.pathsep.join([str(ctx.repo_root), *roots]))}"${{PYTHONPATH:+:$PYTHONPATH}}"',
         f"{q(ctx.python)} -m ground.code_snapshot verify || exit $?",
     ]
 

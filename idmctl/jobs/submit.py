@@ -17,15 +17,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ground import contract
-from ground.code_snapshot import SnapshotError, tree
+from ground.code_snapshot import SnapshotError
 from ground.contract import SPEC_FILE
 from ground.errors import CheckFailed, UserError
 from idmctl.executors import executor_for
-from idmctl.jobs.code import JobCode, freeze, planned, require_present
+from idmctl.jobs.code import JobCode, freeze, planned, require_present, tree_for
 from idmctl.jobs.effective import EffectiveJob, active_exclusions, build as build_effective
 from idmctl.jobs.render import JobOptions, RenderContext, render_script, with_exclusions
 from ground.paths import atomic_write_text, home
-from ground.spec.loader import ResolvedSpec
+from ground.spec.loader import ResolvedSpec, load_spec
 
 from ground.run_dir import write_run_spec  # torch-free: {"name", "hash", "spec"}
 
@@ -132,13 +132,13 @@ def dry_run(experiment: str, overrides: dict[str, Any], cluster: str | None) -> 
     the verdicts submit would reach on it. Never raises on a FAIL: showing it is the point."""
     from idmctl.preflight.record import latest_passing
 
-    snapshot = tree()
+    snapshot = tree_for(load_spec(experiment).spec)
     version = snapshot.version
     job = prepare(experiment, overrides, cluster, version)
     admission = _judge(job, latest_passing(job.declared, job.profile_hash, job.smoke_flags, version), version)
     script = render_script(job.resolved, job.options, _context(job.resolved, DRY_RUN_CHAIN_ID, 1, job.profile.scheduler, {},
                                                                {"admission": admission.as_dict()},
-                                                               planned(snapshot, job.profile)))
+                                                               planned(snapshot, job.profile, job.declared.spec)))
     return DryRun(script, job, admission)
 
 
@@ -146,14 +146,14 @@ def submit(experiment: str, overrides: dict[str, Any], cluster: str | None,
            force_reason: str | None = None) -> Submitted:
     # The tree is read once: its digest is the gate's key, and the snapshot the job runs is made from the
     # very listing that was hashed (a file edited after this point fails the snapshot, not the job).
-    snapshot = tree()
+    snapshot = tree_for(load_spec(experiment).spec)
     version = snapshot.version
     job = prepare(experiment, overrides, cluster, version)
     admission = admit(job, force_reason, version)
     forced = None
     if force_reason is not None:
         forced = f"{getpass.getuser()}@{socket.gethostname()} at {datetime.now(timezone.utc).isoformat(timespec='seconds')}: {force_reason}"
-    code = freeze(snapshot, job.profile)
+    code = freeze(snapshot, job.profile, job.declared.spec)
     chain_id = _new_chain(job)
     admitted = {"job": job.record(), "admission": admission.as_dict(), "cluster": _profile_source(cluster)}
     return _submit_attempt(job.resolved, job.profile.scheduler, job.options, chain_id, 1, admission.preflight_id, forced,
@@ -201,7 +201,7 @@ def resume(experiment: str, chain_id: int, overrides: dict[str, Any], cluster: s
             raise UserError(str(exc), file="command line", field="--code", hint="resume with --code current") from exc
         snapshot, version = None, code.version
     else:
-        snapshot = tree()
+        snapshot = tree_for(load_spec(experiment).spec)
         version = snapshot.version
     job = prepare(experiment, overrides, cluster, version)
     if (job.declared.name, job.declared.hash) != (experiment_of, spec_hash):
@@ -210,7 +210,7 @@ def resume(experiment: str, chain_id: int, overrides: dict[str, Any], cluster: s
                         hint="a changed spec is a new chain: submit it without --resume")
     admission = admit(job, force_reason, version)
     if snapshot is not None:
-        code = freeze(snapshot, job.profile)
+        code = freeze(snapshot, job.profile, job.declared.spec)
     forced = None
     if force_reason is not None:
         forced = f"{getpass.getuser()}@{socket.gethostname()} at {datetime.now(timezone.utc).isoformat(timespec='seconds')}: {force_reason}"

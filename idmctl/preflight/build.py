@@ -214,11 +214,11 @@ def run_build_preflight(job: "EffectiveJob", *, with_smoke: bool = True, timeout
     """Weights, norm and disk first; the smoke only when they pass (it would fail the same way)."""
     from dataclasses import replace
 
-    from idmctl.preflight.record import code_version, record_run
+    from idmctl.preflight.record import record_run, version_for
     from idmctl.preflight.runner import PreflightReport
 
     started = time.perf_counter()
-    version = code_version()
+    version = version_for(job.declared.spec)
     static = _checks(job, None)
     smoke: BuildSmoke | None = None
     if with_smoke:

@@ -13,6 +13,7 @@ from typing import Any
 
 from ground.errors import UserError
 from ground.paths import REPO_ROOT
+from ground.spec.schema import ClassRef, class_label
 from idmctl.preflight.result import CheckResult, PreflightContext, Status
 
 NAME = "introspection"
@@ -62,6 +63,49 @@ def bind_error(target: Callable[..., Any], kwargs: dict[str, Any]) -> str | None
     return f"{getattr(target, '__name__', target)}.__init__() " + "; ".join(parts)
 
 
+def unexpected(target: Callable[..., Any], kwargs: dict[str, Any]) -> list[str]:
+    """The kwargs ``target``'s signature has no parameter for (none when it takes ``**kwargs``)."""
+    params = inspect.signature(target).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return []
+    return [k for k in kwargs if k not in params
+            or params[k].kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.VAR_POSITIONAL)]
+
+
+def sibling_hints(target: type, kwargs: dict[str, Any]) -> list[str]:
+    """For each kwarg ``target`` rejects: the look-alike class of the same module that takes it (card A job
+    6321: the parameter went into HiddenRaw, line 415, while HiddenMultiLayer, line 568, was built), else
+    the parameter of ``target`` it is probably a misspelling of."""
+    import difflib
+    import sys
+
+    module = sys.modules.get(getattr(target, "__module__", ""), None)
+    classes = [obj for obj in vars(module).values() if inspect.isclass(obj) and obj is not target
+               and obj.__module__ == target.__module__] if module is not None else []
+    own = [name for name in inspect.signature(target).parameters if name not in ("self", "args", "kwargs")]
+    hints = []
+    for name in unexpected(target, kwargs):
+        takers = [cls for cls in classes if _takes(cls, name)]
+        if takers:
+            others = " and ".join(f"{cls.__name__} ({where(cls)})" for cls in takers)
+            hints.append(f"`{name}` is accepted by {others}, not by {target.__name__} ({where(target)}), "
+                         "the class this spec builds")
+            continue
+        close = difflib.get_close_matches(name, own, n=1)
+        if close:
+            hints.append(f"`{name}`: did you mean `{close[0]}` of {target.__name__} ({where(target)})?")
+    return hints
+
+
+def _takes(cls: type, name: str) -> bool:
+    try:
+        params = inspect.signature(cls).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in params and params[name].kind not in (inspect.Parameter.POSITIONAL_ONLY,
+                                                          inspect.Parameter.VAR_POSITIONAL)
+
+
 def _alternatives(registry: Any, kwargs: dict[str, Any], wrong: Any) -> list[str]:
     """Other registered dataset classes that do take these kwargs (the look-alike the author meant)."""
     table = getattr(registry, "DATASETS", None)
@@ -86,6 +130,9 @@ def _resolve(ctx: PreflightContext) -> tuple[list[tuple[str, Any, dict[str, Any]
     except UserError as exc:
         fails.append(f"dataset: {exc.line().removeprefix('error: ')}")
         fixes.append(exc.hint or "fix data.dataset")
+    except Exception as exc:  # the team's module raised while importing: the FAIL is its own exception
+        fails.append(f"dataset: importing {class_label(spec.data.dataset)} raised {_raised(exc)}")
+        fixes.append("fix the module's import error; reproduce with python -c 'import <module>' from its root")
     collate = getattr(data_registry, "collate_fn", None)
     if callable(collate):
         try:
@@ -97,7 +144,27 @@ def _resolve(ctx: PreflightContext) -> tuple[list[tuple[str, Any, dict[str, Any]
     except UserError as exc:
         fails.append(f"model: {exc.line().removeprefix('error: ')}")
         fixes.append(exc.hint or "fix model.name")
+    except Exception as exc:
+        fails.append(f"model: importing {class_label(spec.model.name)} raised {_raised(exc)}")
+        fixes.append("fix the module's import error; reproduce with python -c 'import <module>' from its root")
     return targets, fails, fixes
+
+
+def _raised(exc: BaseException) -> str:
+    """``file:line → ExcType: message`` of the innermost frame (the team's line, not importlib's)."""
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    last = next((f for f in reversed(frames) if "importlib" not in f.filename), frames[-1] if frames else None)
+    place = f"{_shown(Path(last.filename))}:{last.lineno} → " if last else ""
+    return f"{place}{type(exc).__name__}: {exc}"
+
+
+def _shown(path: Path) -> Path:
+    try:
+        return path.resolve().relative_to(REPO_ROOT)
+    except ValueError:
+        return path
 
 
 def check(ctx: PreflightContext) -> CheckResult:
@@ -121,6 +188,13 @@ def check(ctx: PreflightContext) -> CheckResult:
         fails.append(f"{role}: {_qualified(target)} rejects the spec's kwargs → TypeError: {error}")
         from cache import registry as data_registry
 
+        chosen = ctx.spec.data.dataset if role == "dataset" else ctx.spec.model.name
+        if isinstance(chosen, ClassRef):
+            hints = sibling_hints(target, kwargs)
+            fails[-1] += "".join(f"; {hint}" for hint in hints)
+            fixes.append(f"fix {target.__name__}.__init__ ({where(target)}) to take what {role} init_args give, or "
+                         f"point {'data.dataset' if role == 'dataset' else 'model.name'}.class_path at the class that does")
+            continue
         others = _alternatives(data_registry, kwargs, target) if role == "dataset" else []
         fixes.append(f"did you mean {' or '.join(others)}?" if others else
                      f"add the parameter to {getattr(target, '__name__', target)}.__init__ ({where(target)}) or stop "

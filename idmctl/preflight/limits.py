@@ -275,7 +275,7 @@ def limits_for(resolved: "ResolvedSpec", profile: "ClusterProfile", *, qos: str 
     """Derive outside a preflight (exp show, submit): this machine's measurements, the latest recorded
     smoke of this spec, and earlier runs of this code. ``qos`` is a ``--qos`` flag (its preempt cycle counts)."""
     from ground.paths import expand_path
-    from idmctl.preflight.record import code_version
+    from idmctl.preflight.record import version_for
     from idmctl.preflight.result import Measurements
     from idmctl.preflight.memo import tree_fingerprint
 
@@ -286,7 +286,7 @@ def limits_for(resolved: "ResolvedSpec", profile: "ClusterProfile", *, qos: str 
     # cache inspection (it imports torch) and no queue history: submit stays light.
     root = expand_path(resolved.spec.data.cache_root)
     cache_bytes, files = tree_fingerprint(root)[:2] if root.is_dir() else (None, None)
-    version = version or code_version()  # a caller that has it (submit) saves two git calls
+    version = version or version_for(resolved.spec)  # a caller that has it (submit) saves hashing the tree
     measured = Measurements(cache_present=cache_bytes is not None, cache_bytes=cache_bytes, cache_file_count=files,
                             recorded_runs=recorded_runs(home() / "runs"), smoke=latest_smoke(resolved.hash))
     return derive(PreflightContext(resolved, profile, measured), version, time_override=time_override)

@@ -13,8 +13,15 @@ from idmctl.preflight.result import CheckResult, Status
 if TYPE_CHECKING:
     from idmctl.profile import ClusterProfile
     from ground.spec.loader import ResolvedSpec
+    from ground.spec.schema import ExperimentSpec
     from idmctl.store.models import PreflightCheck, PreflightRun
 
+
+
+def version_for(spec: "ExperimentSpec") -> str:
+    """The code version for this spec: the project's, plus its ``code.roots`` outside the project.
+    (Looked up through this module's ``code_version``, so a test can pin it.)"""
+    return code_version(spec) if spec.code.roots else code_version()
 
 def record_run(resolved: "ResolvedSpec", profile_name: str, profile_hash: str, version: str,
                results: list[CheckResult], with_smoke: bool, seconds: float,
@@ -152,7 +159,7 @@ def require_pass(resolved: "ResolvedSpec", profile: "ClusterProfile", profile_ha
     from idmctl.jobs.effective import flags_text
 
     wanted = smoke_flags or {}
-    version = version or code_version()
+    version = version or version_for(resolved.spec)
     latest = latest_run(resolved.hash, version, profile_hash, smoke_flags=wanted)
     if latest is None:
         raise CheckFailed(f"preflight required: {_why_no_match(resolved, profile.name, profile_hash, version, wanted)}")

@@ -93,6 +93,8 @@ class SmokeMeasurement:
     checkpoint_s: float | None = None
     """Seconds to write the model + optimizer state once, as the trainer's checkpoint holds them."""
     checkpoint_bytes: int | None = None
+    entry: str | None = None
+    """The job's own entry whose reports these are (None: idmctl's trainer, through ``trainers.smoke``)."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

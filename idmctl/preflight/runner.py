@@ -214,13 +214,13 @@ def run_preflight(resolved: ResolvedSpec, profile: ClusterProfile, profile_hash:
     With ``job`` (preflight given submit's flags) the checks and the smoke judge the effective job,
     and the run is recorded under the spec's own hash with the job's smoke flags in its key.
     """
-    from idmctl.preflight.record import code_version, record_run
+    from idmctl.preflight.record import record_run, version_for
 
     started = time.perf_counter()
     declared = resolved
     if job is not None:
         declared, resolved = job.declared, job.resolved
-    version = version or code_version()
+    version = version or version_for(declared.spec)
     # Aside and cold (nothing remembered): the torch import runs in a child on the other core while this
     # process gathers (on a new home: creates the store) and runs the checks that need no torch.
     started_introspection = start_introspection(resolved, profile, version) if introspect_aside else None
@@ -249,7 +249,8 @@ def run_preflight(resolved: ResolvedSpec, profile: ClusterProfile, profile_hash:
             smoke_not_run = CheckResult(smoke.NAME, Status.SKIP, f"not run: {', '.join(blocking)} FAILed, the trainer would "
                                   "crash the same way", {}, "fix the failing checks above")
         else:
-            smoke_result = smoke.run_smoke(resolved, smoke_timeout_s)
+            entry = job.options.entry if job is not None else (resolved.spec.code.entry or smoke.DEFAULT_ENTRY)
+            smoke_result = smoke.run_smoke(resolved, smoke_timeout_s, entry=entry)
     ctx = PreflightContext(resolved, profile, replace(measured, smoke=smoke_result))
     results = {**early, **static_early, **{module.NAME: _safe(module, ctx) for module in STATIC_CHECKS
                                            if module.NAME not in early and module.NAME not in static_early}}

@@ -16,6 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from ground import contract
 from ground.paths import REPO_ROOT, atomic_write_text
 from idmctl.preflight.budget import fmt_seconds
 from idmctl.preflight.result import CheckResult, PreflightContext, SmokeMeasurement, Status
@@ -24,6 +25,8 @@ from ground.units import format_bytes
 
 NAME = "smoke"
 DEFAULT_TIMEOUT_S = 300.0
+DEFAULT_ENTRY = contract.DEFAULT_ENTRY
+"""idmctl's own trainer is smoked through ``trainers.smoke`` (the same factories)."""
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>.+)$')
 _EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit|Warning)\b.*|^[A-Za-z_][\w.]*: .+")
 
@@ -62,16 +65,28 @@ def _report_from_stdout(stdout: str) -> dict | None:
     return None
 
 
-def run_smoke(resolved: ResolvedSpec, timeout_s: float = DEFAULT_TIMEOUT_S) -> SmokeMeasurement:
-    """Run ``python -m trainers.smoke --spec-json FILE`` and parse its report."""
+def run_smoke(resolved: ResolvedSpec, timeout_s: float = DEFAULT_TIMEOUT_S, entry: str = DEFAULT_ENTRY) -> SmokeMeasurement:
+    """The job's entry for a few steps: idmctl's trainer through ``python -m trainers.smoke --spec-json
+    FILE`` (its own factories, timed part by part), any other entry under the entry contract
+    (``entry_smoke``). Both run from a snapshot of the code, the very one submit will hand the job."""
+    if entry != DEFAULT_ENTRY:
+        from dataclasses import replace
+
+        from idmctl.preflight.entry_smoke import run_entry_smoke
+
+        return replace(run_entry_smoke(resolved, entry, timeout_s), entry=entry)
+    from ground.code_snapshot import default_store, materialize
+    from idmctl.jobs.code import tree_for
+
     started = time.perf_counter()
+    directory = materialize(tree_for(resolved.spec), default_store())
     with tempfile.TemporaryDirectory(prefix="idmctl_smoke_") as tmp:
         spec_file = Path(tmp) / f"{resolved.name}.json"
         atomic_write_text(spec_file, resolved.canonical_json)
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(directory), os.environ.get("PYTHONPATH")]))}
         try:
             done = subprocess.run([sys.executable, "-m", "trainers.smoke", "--spec-json", str(spec_file)],
-                                  capture_output=True, text=True, timeout=timeout_s, cwd=REPO_ROOT, env=env)
+                                  capture_output=True, text=True, timeout=timeout_s, cwd=directory, env=env)
         except subprocess.TimeoutExpired:
             return SmokeMeasurement(ok=False, error=f"timed out after {timeout_s:.0f} s", wall_s=time.perf_counter() - started)
     wall = time.perf_counter() - started
@@ -112,8 +127,11 @@ def check(ctx: PreflightContext) -> CheckResult:
                            {}, "run `idmctl preflight EXP` without --no-smoke")
     numbers = smoke.as_dict()
     if not smoke.ok:
-        return CheckResult(NAME, Status.FAIL, f"the real trainer failed after {smoke.wall_s:.1f} s: {smoke.error}",
-                           numbers, "fix the error above; reproduce with `python -m trainers.smoke --spec-json FILE`")
+        who = f"the job's entry {smoke.entry!r}" if smoke.entry else "the real trainer"
+        again = (f"`IDMCTL_SMOKE_STEPS=3 IDMCTL_RUN_DIR=DIR {smoke.entry}` from its root" if smoke.entry
+                 else "`python -m trainers.smoke --spec-json FILE`")
+        return CheckResult(NAME, Status.FAIL, f"{who} failed after {smoke.wall_s:.1f} s: {smoke.error}",
+                           numbers, f"fix the error above; reproduce with {again}")
     if not smoke.losses or not all(math.isfinite(loss) for loss in smoke.losses):
         shown = ", ".join(f"{loss:.4g}" for loss in smoke.losses) or "none"
         return CheckResult(NAME, Status.FAIL, f"losses not finite on {smoke.device}: {shown}", numbers,

@@ -29,10 +29,10 @@ def cell(result: CheckResult) -> str:
 def run_sweep_preflight(variants: list[ResolvedSpec], profile: ClusterProfile, profile_hash: str, *,
                         with_smoke: bool, smoke_timeout_s: float, as_json: bool) -> None:
     from idmctl.output import console, emit_json, make_table
-    from ground.contract import code_version
+    from idmctl.preflight.record import version_for
     from idmctl.preflight.runner import run_preflight
 
-    version = code_version()  # once for the sweep: the variants share the code
+    version = version_for(variants[0].spec)  # once for the sweep: the variants share the code
     reports = [run_preflight(v, profile, profile_hash, with_smoke=with_smoke, smoke_timeout_s=smoke_timeout_s,
                              version=version) for v in variants]
     axes = list(variants[0].axes)

@@ -64,9 +64,9 @@ def run_what_if(resolved: ResolvedSpec, profile: ClusterProfile, profile_hash: s
 
     overrides = dict(parse_override(text) for text in texts)  # every bad override exits 2 before any work
     altered = apply_overrides(resolved, overrides)
-    from ground.contract import code_version
+    from idmctl.preflight.record import version_for
 
-    version = code_version()
+    version = version_for(resolved.spec)
     before = run_preflight(resolved, profile, profile_hash, with_smoke=False, record=False, version=version)
     after = run_preflight(altered, profile, profile_hash, with_smoke=False, record=False, version=version)
     rows = [RowChange(a.name, a, b) for a, b in zip(before.results, after.results)]
