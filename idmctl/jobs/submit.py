@@ -22,6 +22,7 @@ from ground.errors import CheckFailed, UserError
 from idmctl.executors import executor_for
 from idmctl.jobs.effective import EffectiveJob, active_exclusions, build as build_effective
 from idmctl.jobs.render import JobOptions, RenderContext, render_script, with_exclusions
+from idmctl.jobs.verdict import Verdict, require_acceptance, scheduler_verdict
 from ground.paths import atomic_write_text, home
 from ground.spec.loader import ResolvedSpec
 
@@ -120,6 +121,8 @@ class DryRun:
     script: str
     job: EffectiveJob
     admission: Admission
+    verdict: Verdict
+    """What the scheduler says about ``script`` (``sbatch --test-only``): submit asks the same."""
 
 
 def dry_run(experiment: str, overrides: dict[str, Any], cluster: str | None) -> DryRun:
@@ -132,7 +135,7 @@ def dry_run(experiment: str, overrides: dict[str, Any], cluster: str | None) -> 
     admission = _judge(job, latest_passing(job.declared, job.profile_hash, job.smoke_flags, version), version)
     script = render_script(job.resolved, job.options, _context(job.resolved, DRY_RUN_CHAIN_ID, 1, job.profile.scheduler, {},
                                                                {"admission": admission.as_dict()}))
-    return DryRun(script, job, admission)
+    return DryRun(script, job, admission, scheduler_verdict(job.profile.scheduler, script))
 
 
 def submit(experiment: str, overrides: dict[str, Any], cluster: str | None,
@@ -140,6 +143,10 @@ def submit(experiment: str, overrides: dict[str, Any], cluster: str | None,
     version = code_version()  # once per submit (two git calls), for the limits and the gate alike
     job = prepare(experiment, overrides, cluster, version)
     admission = admit(job, force_reason, version)
+    # Before any row exists: the dry-run script has the real one's #SBATCH header (only the run
+    # directory's chain id differs), so the scheduler's answer on it is its answer on the job.
+    require_acceptance(job.profile.scheduler, render_script(
+        job.resolved, job.options, _context(job.resolved, DRY_RUN_CHAIN_ID, 1, job.profile.scheduler, {})))
     forced = None
     if force_reason is not None:
         forced = f"{getpass.getuser()}@{socket.gethostname()} at {datetime.now(timezone.utc).isoformat(timespec='seconds')}: {force_reason}"
