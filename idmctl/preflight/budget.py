@@ -50,6 +50,9 @@ class Staging:
     cache_root: str
     nodes: int = 1
     """Nodes staging at once; they share the NAS, so the copy takes ``nodes × bytes ÷ nas_read``."""
+    reused: bool = False
+    """``stage.dest`` on this machine already holds a finished copy with this spec's key
+    (``ground.stage``): stage-in copies nothing, takes no time. ``bytes`` stays what a copy would need."""
 
     @property
     def copied(self) -> str:
@@ -89,10 +92,17 @@ def staging(ctx: PreflightContext, layers: str | None = None) -> Staging:
                        "this machine)")
         is_measured = False
     nodes = ctx.spec.resources.nodes
-    seconds = nodes * size / nas if stage.enabled else 0.0
+    # Only for the spec's own layer set: a what-if of another one is another key, copied anew.
+    state = measured.staged_copy if ctx.is_this_machine and layers == stage.layers else None
+    reused = stage.enabled and state == "reuse"
+    seconds = nodes * size / nas if stage.enabled and not reused else 0.0
     if nodes > 1:
         formula += f", per node (each of {nodes} nodes stages its own copy)"
-    return Staging(stage.enabled, size, formula, is_measured, seconds, data.cache_root, nodes)
+    if reused:
+        formula += f"; {stage.dest} already holds this copy (same source, layers, model, files): nothing to copy"
+    elif state == "replace":
+        formula += f"; the copy at {stage.dest} is of another key (layer set, cache files or model): replaced"
+    return Staging(stage.enabled, size, formula, is_measured, seconds, data.cache_root, nodes, reused)
 
 
 def routed_staging_fix(ctx: PreflightContext, fits: Callable[[Staging], bool]) -> str | None:

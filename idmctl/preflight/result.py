@@ -123,6 +123,10 @@ class Measurements:
     cache_bytes: int | None = None
     """Measured size of the cache directory (what stage-in copies), when present."""
     cache_file_count: int | None = None
+    staged_copy: str | None = None
+    """What stage-in would do with the copy at ``stage.dest`` on this machine (local profiles only:
+    a cluster node's disk cannot be seen from here): ``reuse`` (a finished copy with this spec's key),
+    ``replace`` (a copy of another key: removed and copied again), None (nothing there, or not looked)."""
     cache_inspections: list[CacheInspection] = field(default_factory=list)
     queue_waits: list[QueueWait] = field(default_factory=list)
     """Recorded jobs with the same QoS and GPU count (and others with the same GPU count)."""
