@@ -109,12 +109,34 @@ def staged_as(dest: Path, key: dict[str, Any]) -> bool:
     return marker is not None and marker["digest"] == key["digest"]
 
 
+def staged_here(source: Path, dest: Path) -> dict[str, Any] | None:
+    """The finished copy at ``dest``, for judging specs against it without walking the source per
+    spec: its ``source``, ``layers`` and ``model``, and ``files_match`` (its file list is the one
+    ``source`` has now). None when no marker is there; a marker that is no key (an older job
+    script's date) matches nothing."""
+    if not (dest / STAGE_MARKER).exists():
+        return None
+    marker = read_key(dest / STAGE_MARKER) or {}
+    files = marker.get("files")
+    return {"source": marker.get("source"), "layers": marker.get("layers"), "model": marker.get("model"),
+            "files_match": files is not None and str(marker.get("source")) == str(source)
+                           and files == source_files(source)}
+
+
+def reuses(staged: dict[str, Any] | None, source: Path, layers: str, model: str) -> bool | None:
+    """Whether a stage-in of (source, layers, model) would reuse the copy ``staged_here`` described:
+    True (the same key), False (another key: it is replaced), None (no copy there)."""
+    if staged is None:
+        return None
+    return (bool(staged.get("files_match")) and staged.get("source") == str(source)
+            and staged.get("layers") == layers and staged.get("model") == model)
+
+
 def copy_state(source: Path, dest: Path, layers: str, model: str) -> str | None:
     """What a stage-in of this key would do at ``dest`` now: ``reuse`` (a finished copy with this key),
-    ``replace`` (a copy of another key or an unfinished one is there), None (nothing staged there)."""
-    if not (dest / STAGE_MARKER).exists() and not (dest / STAGE_PENDING).exists():
-        return None
-    return "reuse" if staged_as(dest, stage_key(source, layers, model)) else "replace"
+    ``replace`` (a copy of another key is there), None (no finished copy there)."""
+    verdict = reuses(staged_here(source, dest), source, layers, model)
+    return None if verdict is None else "reuse" if verdict else "replace"
 
 
 def _empty(dest: Path) -> None:

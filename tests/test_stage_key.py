@@ -114,13 +114,15 @@ def test_disk_and_qos_count_the_stage_in_unless_the_copy_there_has_this_key(tiny
     (dest / STAGE_PENDING).rename(dest / STAGE_MARKER)  # a finished routed copy (its files do not matter here)
 
     same = _context(routed, "local")
-    assert same.measurements.staged_copy == "reuse"
+    assert same.measurements.staged_copy is not None and same.measurements.staged_copy["files_match"]
     result = disk.check(same)
     assert result.numbers["reused"] is True and result.summary.startswith("already staged, nothing to copy: ")
     other = _context(dense, "local")
-    assert other.measurements.staged_copy == "replace"
     result = disk.check(other)
     assert result.numbers["reused"] is False and "is of another key" in result.summary and "replaced" in result.summary
+    # A what-if judges the altered spec against the same measurements: staging every layer is another key.
+    whatif = PreflightContext(other.resolved, same.profile, same.measurements)
+    assert disk.check(whatif).numbers["reused"] is False
 
     # On the preemptible tier the stage-in time is charged again for the other key, not for the same one.
     def on_sub(ctx: PreflightContext) -> PreflightContext:

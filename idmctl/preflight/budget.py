@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ground.geometry import HiddenGeometry, sample_io
+from ground.paths import expand_path
+from ground.stage import reuses, spec_identity
 from idmctl.preflight.result import PreflightContext
 from ground.units import format_bytes, format_duration
 
@@ -92,9 +94,13 @@ def staging(ctx: PreflightContext, layers: str | None = None) -> Staging:
                        "this machine)")
         is_measured = False
     nodes = ctx.spec.resources.nodes
-    # Only for the spec's own layer set: a what-if of another one is another key, copied anew.
-    state = measured.staged_copy if ctx.is_this_machine and layers == stage.layers else None
-    reused = stage.enabled and state == "reuse"
+    # Judged for this very spec and layer set (a what-if of other layers or blocks is another key).
+    state = None
+    if stage.enabled and ctx.is_this_machine:
+        layer_words, model = spec_identity(layers, data)
+        same = reuses(measured.staged_copy, expand_path(data.cache_root), layer_words, model)
+        state = None if same is None else "reuse" if same else "replace"
+    reused = state == "reuse"
     seconds = nodes * size / nas if stage.enabled and not reused else 0.0
     if nodes > 1:
         formula += f", per node (each of {nodes} nodes stages its own copy)"

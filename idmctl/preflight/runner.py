@@ -182,16 +182,15 @@ def gather(resolved: ResolvedSpec, profile: ClusterProfile, code_version: str | 
     )
 
 
-def staged_copy(resolved: ResolvedSpec, profile: ClusterProfile) -> str | None:
-    """``ground.stage.copy_state`` of this spec's copy at ``stage.dest``, on profiles whose nodes are
-    this machine; None elsewhere (and without stage-in)."""
-    from ground.stage import copy_state, spec_identity
+def staged_copy(resolved: ResolvedSpec, profile: ClusterProfile) -> dict[str, Any] | None:
+    """``ground.stage.staged_here`` at this spec's ``stage.dest``, on profiles whose nodes are this
+    machine; None elsewhere (and without stage-in)."""
+    from ground.stage import staged_here
 
     spec = resolved.spec
     if not spec.stage.enabled or not PreflightContext(resolved, profile).is_this_machine:
         return None
-    layers, model = spec_identity(spec.stage.layers, spec.data)
-    return copy_state(expand_path(spec.data.cache_root), expand_path(spec.stage.dest), layers, model)
+    return staged_here(expand_path(spec.data.cache_root), expand_path(spec.stage.dest))
 
 
 def recorded_runs() -> list[RecordedRun]:
