@@ -7,8 +7,6 @@ runs inside it) is named here once.
 
 from __future__ import annotations
 
-import hashlib
-import subprocess
 
 # Exit statuses of a trainer / job entry.
 EXIT_OK = 0
@@ -20,6 +18,8 @@ EXIT_NODE_UNFIT = 78
 """EX_CONFIG: the node guard (``trainers.node_guard``) found the node unfit before stage-in or training."""
 EXIT_HANG = 79
 """The job script's watchdog killed a trainer whose heartbeat stopped (stacks dumped first)."""
+EXIT_CODE_MISMATCH = 65
+"""EX_DATAERR: the job's code snapshot or Python environment is not what submit admitted (``ground.code_snapshot``)."""
 
 # Environment variables. Set by the job script (rendered by idmctl/jobs/render.py):
 ENV_HOME = "IDMCTL_HOME"
@@ -27,6 +27,13 @@ ENV_CHAIN_ID = "IDMCTL_CHAIN_ID"
 ENV_ATTEMPT = "IDMCTL_ATTEMPT"
 ENV_SPEC_HASH = "IDMCTL_SPEC_HASH"
 ENV_CODE_VERSION = "IDMCTL_CODE_VERSION"
+"""The digest of the code snapshot the job was admitted for (``ground.code_snapshot``)."""
+ENV_SNAPSHOT = "IDMCTL_SNAPSHOT"
+"""The snapshot directory the job script runs from; the trainer checks its digest and its imports against it."""
+ENV_CODE_STORE = "IDMCTL_CODE_STORE"
+"""The code store holding the snapshots and the environment records (``$IDMCTL_HOME/code`` unless the profile names one)."""
+ENV_ENV_DIGEST = "IDMCTL_ENV_DIGEST"
+"""The digest of the Python environment at submit; a job whose environment differs stops (``env_changed``)."""
 ENV_RETRY_REASON = "IDMCTL_RETRY_REASON"
 """Why sync resubmitted this attempt (the failure cause of the previous one)."""
 ENV_ROLLBACK = "IDMCTL_ROLLBACK"
@@ -84,6 +91,10 @@ CAUSE_NODE_UNFIT = "node_unfit"
 CAUSE_HANG = "hang"
 """The watchdog's cause: the trainer's heartbeat stopped for longer than the cluster's hang threshold."""
 CAUSE_NAN_LOSS = "nan_loss"
+CAUSE_ENV_CHANGED = "env_changed"
+"""The job's Python environment (interpreter, installed distributions) differs from the one recorded at submit."""
+CAUSE_SNAPSHOT_MODIFIED = "snapshot_modified"
+"""The job's code snapshot was edited after submit, or a module of a code root was imported from outside it."""
 CAUSE_DISK_FULL = "disk_full"
 """A job's own output (cache files, checkpoints) hit ENOSPC: the builders print it with the path."""
 CAUSE_MISSING_WEIGHTS = "missing_weights"
@@ -99,24 +110,9 @@ BUILD_MODES = ("hidden", "rgb", "pt", "ff")
 name of idmctl/failures/taxonomy.yaml, whose ``action`` decides what sync does (a test checks the name)."""
 
 
-def _git(*args: str) -> subprocess.CompletedProcess[bytes]:
-    from ground.paths import REPO_ROOT  # paths reads this module's variable names
-
-    return subprocess.run(["git", "-C", str(REPO_ROOT), *args], capture_output=True, timeout=30)
-
-
 def code_version() -> str:
-    """``b8f060c`` for a clean tree, ``b8f060c+dirty.3fa2c1`` with uncommitted changes to tracked files
-    (the suffix hashes the diff, so two different dirty trees never share a preflight); ``unknown``
-    outside git."""
-    try:
-        head = _git("rev-parse", "--short", "HEAD")
-        if head.returncode != 0:
-            return "unknown"
-        diff = _git("diff", "HEAD", "--no-color", "--no-ext-diff", "--binary")
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
-    commit = head.stdout.decode().strip()
-    if diff.returncode != 0 or not diff.stdout:
-        return commit
-    return f"{commit}+dirty.{hashlib.sha256(diff.stdout).hexdigest()[:6]}"
+    """The digest of the code a job submitted now would run (``ground.code_snapshot``): 16 hex digits over
+    every tracked and untracked-but-not-ignored file of the project, as it is on disk."""
+    from ground.code_snapshot import code_version as digest
+
+    return digest()

@@ -147,6 +147,9 @@ class ClusterProfile(_Strict):
     """Expected queue waits longer than this WARN in preflight (card job 5961 sat 6 days)."""
     hang: HangWatch = HangWatch()
     """When the watchdog calls a silent trainer hung."""
+    code_store: str | None = None
+    """Where submit keeps the code snapshots jobs run (``ground.code_snapshot``): a folder every node mounts.
+    None: ``$IDMCTL_HOME/code`` (the local executor and a single-host cluster)."""
 
     @field_validator("queue_wait_warn")
     @classmethod

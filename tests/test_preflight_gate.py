@@ -4,7 +4,6 @@ anything but a passing full preflight of exactly this key, and says why in one l
 from __future__ import annotations
 
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -16,25 +15,6 @@ from idmctl.profile import load_profile
 from ground.spec import load_spec
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def test_code_version_is_head_plus_a_hash_of_uncommitted_tracked_changes():
-    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
-                          text=True).stdout.strip()
-    dirty = subprocess.run(["git", "-C", str(REPO), "diff", "HEAD", "--quiet"]).returncode != 0
-    version = record.code_version()
-    if dirty:
-        assert re.fullmatch(rf"{head}\+dirty\.[0-9a-f]{{6}}", version), version
-    else:
-        assert version == head
-
-
-def test_code_version_outside_git_is_unknown(tmp_path, monkeypatch):
-    import ground.paths
-    from ground.contract import code_version
-
-    monkeypatch.setattr(ground.paths, "REPO_ROOT", tmp_path)
-    assert code_version() == "unknown"
 
 
 def _results(*failing: str) -> list[CheckResult]:

@@ -48,6 +48,12 @@ SAMPLES: dict[str, tuple[str, str, str, bool]] = {
     # The build job's markers (trainers.build_job / the builders), as they print them.
     "disk_full": ("FAILED", "1:0", f"{contract.FAILURE_MARKER} cause={contract.CAUSE_DISK_FULL} path=/cache/"
                                    "5x32x32_rgb/.demo_3_s0.safetensors.tmp77: No space left on device", True),
+    # ground.code_snapshot's lines, as the job script's verify step prints them.
+    "env_changed": ("FAILED", f"{contract.EXIT_CODE_MISMATCH}:0", f"{contract.FAILURE_MARKER} cause={contract.CAUSE_ENV_CHANGED} "
+                    "the Python environment changed since submit (/work/.venv): torch 2.13.0 → 2.14.0", True),
+    "snapshot_modified": ("FAILED", f"{contract.EXIT_CODE_MISMATCH}:0", f"{contract.FAILURE_MARKER} "
+                          f"cause={contract.CAUSE_SNAPSHOT_MODIFIED} the code in /h/code/snapshots/a60b is not the "
+                          "admitted a60ba47465cff30c: edited trainers/model.py", True),
     "missing_weights": ("FAILED", "1:0", f"{contract.FAILURE_MARKER} cause={contract.CAUSE_MISSING_WEIGHTS} "
                                          "field=latent.vae: VAE weights directory /models/wan does not exist", True),
     "pt_norm_missing": ("FAILED", "1:0", f"{contract.FAILURE_MARKER} cause={contract.CAUSE_PT_NORM_MISSING} "

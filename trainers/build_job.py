@@ -35,6 +35,7 @@ from typing import Any
 
 from cache.build_plan import norm_problem, plan, weights_problem, written_since
 from ground import tracking as names
+from ground.code_snapshot import refuse_unadmitted_code
 from ground.contract import (BUILD_MODES, ENV_CODE_VERSION, EXIT_OK, EXIT_REQUEUE, FAILURE_MARKER, SPEC_FILE)
 from ground.errors import UserError
 from ground.paths import REPO_ROOT
@@ -247,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true", help="encode one file into a scratch dir; print JSON")
     parser.add_argument("--spec-json", type=Path, help="--smoke: a run-directory style spec.json")
     args = parser.parse_args(argv)
+    if not args.smoke and (refused := refuse_unadmitted_code()) is not None:
+        return refused
     try:
         if args.smoke:
             if args.spec_json is None:

@@ -48,6 +48,7 @@ if __name__ == "__main__":
 import numpy as np  # noqa: E402  (after the early signal handlers, on purpose)
 import torch  # noqa: E402
 
+from ground.code_snapshot import refuse_unadmitted_code
 from ground.errors import UserError
 from ground.paths import atomic_write_text, sweep_dead_temp_files
 from ground.spec.schema import ExperimentSpec
@@ -505,6 +506,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-dir", required=True, type=Path, help="Directory with spec.json; receives checkpoints.")
     args = parser.parse_args(argv)
     dump_stacks_on_signal()
+    if (refused := refuse_unadmitted_code()) is not None:
+        return refused
     try:
         run = read_run_spec(args.run_dir)
         if run.spec.resources.gpus_per_node == 0:

@@ -20,8 +20,8 @@ Entry = Annotated[str | None, typer.Option("--entry", help="Python module the jo
 
 def flags(qos: str | None, gres: str | None, cpus: int | None, mem: str | None, exclude: str | None,
           job_name: str | None, time_limit: str | None, retries: int | None, entry: str | None,
-          build: str | None = None) -> dict[str, Any]:
+          build: str | None = None, hold: bool | None = None) -> dict[str, Any]:
     """The flags keyed as ``resolve_options`` reads them (None = not given)."""
     return {"--qos": qos, "--gres": gres, "-c": cpus, "--mem": mem, "-J": job_name, "--time": time_limit,
-            "--retries": retries, "--entry": entry, "--build": build,
+            "--retries": retries, "--entry": entry, "--build": build, "--hold": hold or None,
             "--exclude": [n for n in exclude.split(",") if n] if exclude is not None else None}

@@ -35,16 +35,26 @@ def show(
     row = found[0]
     options = json.loads(row.options_json or "{}")
     efficiency = options.get("efficiency")
+    code = options.get("code") or {}
+    admitted = (options.get("admitted") or {}).get("admission") or {}
     if as_json:
         emit_json({"job": row.id, "chain": row.chain_id, "attempt": row.attempt, "experiment": row.experiment,
                    "scheduler_id": row.scheduler_id, "state": row.state, "exit_code": row.exit_code,
-                   "nodes": row.node_list, "qos": row.qos, "efficiency": efficiency})
+                   "nodes": row.node_list, "qos": row.qos, "reason": row.reason, "code": code or None,
+                   "admission_failed": admitted.get("failed"), "efficiency": efficiency})
         return
     console.print(f"job {row.id} ({row.executor} {row.scheduler_id or '—'}) chain {row.chain_id} attempt {row.attempt}  "
                   f"{row.experiment}  {row.state} {row.exit_code or ''} on {row.node_list or '—'}  qos {row.qos or '—'}",
                   markup=False)
     console.print(f"asked: --mem {options.get('mem')}  -c {options.get('cpus_per_node')}  --time {options.get('time_limit')}"
                   f"  gpus/node {options.get('gpus_per_node')}", markup=False)
+    if code:
+        console.print(f"code: snapshot {code.get('version')} (commit {code.get('commit') or '—'}) in {code.get('directory')}",
+                      markup=False)
+    else:
+        console.print(f"code: {row.code_version or '—'} (the live tree: submitted before code snapshots)", markup=False)
+    if row.reason:
+        console.print(f"reason: {row.reason}", markup=False)
     if not efficiency:
         console.print("efficiency: not yet (the report is written by `idmctl sync` when the job ends)", markup=False)
         return

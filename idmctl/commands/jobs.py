@@ -32,6 +32,9 @@ def submit(
     retries: job_flags.Retries = None,
     entry: job_flags.Entry = None,
     build: job_flags.Build = None,
+    hold: Annotated[bool, typer.Option("--hold", help="Submit held (Slurm's --hold); the job waits for `scontrol release ID`.")] = False,
+    resume: Annotated[int | None, typer.Option("--resume", help="A new attempt of ended chain N: its checkpoints, its MLflow run, its code snapshot.")] = None,
+    code: Annotated[str, typer.Option("--code", help="With --resume: chain (its snapshot) or current (move the chain to the tree as it is now).")] = "chain",
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the batch script (and on stderr the checks); submit nothing.")] = False,
     force: Annotated[bool, typer.Option("--force", help="Submit without a passing preflight or despite a FAIL (needs --reason).")] = False,
     reason: Annotated[str | None, typer.Option("--reason", help="Why the preflight gate is bypassed (recorded).")] = None,
@@ -44,8 +47,15 @@ def submit(
     from idmctl.jobs import submit as submitting
     from idmctl.jobs.verdict import SchedulerRefused
 
-    overrides = job_flags.flags(qos, gres, cpus, mem, exclude, job_name, time_limit, retries, entry, build)
+    overrides = job_flags.flags(qos, gres, cpus, mem, exclude, job_name, time_limit, retries, entry, build, hold)
     from ground.spec import load_experiments
+
+    if code != "chain" and resume is None:
+        raise UserError("--code goes with --resume", file="command line", field="--code",
+                        hint="a new submission always runs the tree as it is now")
+    if resume is not None and dry_run:
+        raise UserError("--dry-run does not go with --resume", file="command line", field="--dry-run",
+                        hint="dry-run the experiment itself: the script differs only in its chain and attempt")
 
     variants = load_experiments(experiment)
     if variants[0].sweep is not None and (len(variants) > 1 or experiment.endswith((".yaml", ".yml"))
@@ -68,7 +78,11 @@ def submit(
     if force and not (reason and reason.strip()):
         raise UserError("--force needs --reason", file="command line", field="--reason", hint='e.g. --reason "smoke passed on login node"')
     try:
-        done = submitting.submit(experiment, overrides, cluster, force_reason=reason.strip() if force and reason else None)
+        forced = reason.strip() if force and reason else None
+        if resume is not None:
+            done = submitting.resume(experiment, resume, overrides, cluster, code, force_reason=forced)
+        else:
+            done = submitting.submit(experiment, overrides, cluster, force_reason=forced)
     except submitting.Refused as refused:
         if as_json:
             emit_json({"refused": True, **refused.admission.as_dict()})

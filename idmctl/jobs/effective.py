@@ -152,6 +152,9 @@ def build(experiment: str, flags: dict[str, Any], cluster: str | None, version: 
     options = resolve_options(declared, given)
     if "--qos" in given:  # a typo on the command line is bad input; the spec's own QoS is the checks' to judge
         profile.tier(options.qos, file="command line", field="--qos")
+    if options.hold and profile.scheduler != "slurm":
+        raise UserError(f"--hold needs a Slurm cluster; {profile.name} runs jobs at once", file="command line",
+                        field="--hold", hint="drop --hold, or submit with --cluster naming a Slurm profile")
     exclusions = active_exclusions()
     options = with_exclusions(options, exclusions)
     # What the spec and flags leave open (time limit, checkpoint interval, signal lead) is derived from

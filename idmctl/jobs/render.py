@@ -73,6 +73,8 @@ class JobOptions:
     """Derived steps between checkpoints, passed as IDMCTL_CHECKPOINT_EVERY when the spec sets none."""
     derivation: list[str] = field(default_factory=list)
     """How the limits were derived, one line each: printed as comments at the top of the script."""
+    hold: bool = False
+    """``--hold``: submitted held (``#SBATCH --hold``) until ``scontrol release``; a resubmission is never held."""
     build: str | None = None
     """``--build MODE``: a cache build job (``contract.BUILD_ENTRY``), one task per node launching
     ``ranks_per_node`` builder processes with accelerate; None for training."""
@@ -187,6 +189,7 @@ def resolve_options(resolved: ResolvedSpec, overrides: dict[str, Any]) -> JobOpt
         exclude=list(flag("--exclude", res.exclude)),
         retries=flag("--retries", res.retries),
         entry=contract.BUILD_ENTRY if build else flag("--entry", DEFAULT_ENTRY),
+        hold=bool(overrides.get("--hold")),
         build=build,
     )
     check_name(options.job_name, *reversed(source("-J", "resources.job_name")))
@@ -231,6 +234,7 @@ class RenderContext:
     """Absolute; may contain ``%j`` (Slurm substitutes the job id)."""
     python: str = sys.executable
     repo_root: Path = REPO_ROOT
+    """Where the job runs from: the chain's code snapshot (``ground.code_snapshot``)."""
     extra_env: dict[str, str] = field(default_factory=dict)
     stage_bytes: int | None = None
     """What stage-in copies to each node (the disk check's number at submit); the node guard compares
@@ -262,6 +266,7 @@ def render_script(resolved: ResolvedSpec, options: JobOptions, ctx: RenderContex
         "#SBATCH --open-mode=append",
         "#SBATCH --requeue",
         f"#SBATCH --signal=B:USR1@{options.signal_lead_s}",
+        *(["#SBATCH --hold"] if options.hold else []),
         *(f"# idmctl: {_comment(line)}" for line in options.derivation),
     ]
     env = {
@@ -292,6 +297,7 @@ def render_script(resolved: ResolvedSpec, options: JobOptions, ctx: RenderContex
         f"cd {q(str(ctx.repo_root))} || exit 1",
         f'echo "idmctl: job ${{SLURM_JOB_ID:-local}} chain ${contract.ENV_CHAIN_ID} attempt ${contract.ENV_ATTEMPT}'
         ' restart ${SLURM_RESTART_COUNT:-0} on $(hostname) at $(date -Is)"',
+        *_snapshot_lines(env, ctx),
         "",
         *guard,
         "node_guard stage" + _guard_stage_args(resolved, options, ctx),
@@ -335,6 +341,20 @@ def render_script(resolved: ResolvedSpec, options: JobOptions, ctx: RenderContex
         'exit "$STATUS"',
     ]
     return "\n".join([*header, *body]) + "\n"
+
+
+def _snapshot_lines(env: dict[str, str], ctx: RenderContext) -> list[str]:
+    """A job runs the code it was admitted for: the snapshot comes first on every process's import path
+    (an editable install would otherwise pull the live tree back in), and its digest and the Python
+    environment are checked before the node guard and stage-in spend any time."""
+    if contract.ENV_SNAPSHOT not in env:
+        return ["# code: the live tree (a job submitted before code snapshots)"]
+    q = shlex.quote
+    return [
+        f"# code: snapshot {env[contract.ENV_CODE_VERSION]}, the code the gate admitted; every attempt of the chain runs it.",
+        f'export PYTHONPATH={q(str(ctx.repo_root))}"${{PYTHONPATH:+:$PYTHONPATH}}"',
+        f"{q(ctx.python)} -m ground.code_snapshot verify || exit $?",
+    ]
 
 
 def _build_args(options: JobOptions) -> str:

@@ -11,15 +11,17 @@ from __future__ import annotations
 import getpass
 import json
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ground import contract
-from ground.contract import SPEC_FILE, code_version
+from ground.code_snapshot import SnapshotError, tree
+from ground.contract import SPEC_FILE
 from ground.errors import CheckFailed, UserError
 from idmctl.executors import executor_for
+from idmctl.jobs.code import JobCode, freeze, planned, require_present
 from idmctl.jobs.effective import EffectiveJob, active_exclusions, build as build_effective
 from idmctl.jobs.render import JobOptions, RenderContext, render_script, with_exclusions
 from idmctl.jobs.verdict import Verdict, require_acceptance, scheduler_verdict
@@ -101,11 +103,14 @@ def _judge(job: EffectiveJob, passing: "PreflightRun | None", version: str, memo
 
 
 def _context(resolved: ResolvedSpec, chain_id: int, attempt: int, executor: str, extra_env: dict[str, str],
-             admitted: dict[str, Any] | None = None) -> RenderContext:
+             admitted: dict[str, Any] | None = None, code: JobCode | None = None) -> RenderContext:
+    """``code``: the snapshot the attempt runs from (None only for jobs submitted before snapshots existed,
+    whose resubmissions keep running the live tree as they always did)."""
     run_dir = runs_dir(resolved.name, chain_id)
     log_name = f"slurm-%j.out" if executor == "slurm" else "local-%j.out"
+    where = {"repo_root": Path(code.directory), "extra_env": {**code.env(), **extra_env}} if code else {"extra_env": extra_env}
     return RenderContext(run_dir=run_dir, chain_id=chain_id, attempt=attempt, idmctl_home=home(),
-                         log_path=str(run_dir / log_name), extra_env=extra_env, stage_bytes=admitted_stage_bytes(admitted))
+                         log_path=str(run_dir / log_name), stage_bytes=admitted_stage_bytes(admitted), **where)
 
 
 def admitted_stage_bytes(admitted: dict[str, Any] | None) -> int | None:
@@ -130,46 +135,142 @@ def dry_run(experiment: str, overrides: dict[str, Any], cluster: str | None) -> 
     the verdicts submit would reach on it. Never raises on a FAIL: showing it is the point."""
     from idmctl.preflight.record import latest_passing
 
-    version = code_version()
+    snapshot = tree()
+    version = snapshot.version
     job = prepare(experiment, overrides, cluster, version)
     admission = _judge(job, latest_passing(job.declared, job.profile_hash, job.smoke_flags, version), version)
     script = render_script(job.resolved, job.options, _context(job.resolved, DRY_RUN_CHAIN_ID, 1, job.profile.scheduler, {},
-                                                               {"admission": admission.as_dict()}))
+                                                               {"admission": admission.as_dict()},
+                                                               planned(snapshot, job.profile)))
     return DryRun(script, job, admission, scheduler_verdict(job.profile.scheduler, script))
 
 
 def submit(experiment: str, overrides: dict[str, Any], cluster: str | None,
            force_reason: str | None = None) -> Submitted:
-    version = code_version()  # once per submit (two git calls), for the limits and the gate alike
+    # The tree is read once: its digest is the gate's key, and the snapshot the job runs is made from the
+    # very listing that was hashed (a file edited after this point fails the snapshot, not the job).
+    snapshot = tree()
+    version = snapshot.version
     job = prepare(experiment, overrides, cluster, version)
     admission = admit(job, force_reason, version)
-    # Before any row exists: the dry-run script has the real one's #SBATCH header (only the run
-    # directory's chain id differs), so the scheduler's answer on it is its answer on the job.
-    require_acceptance(job.profile.scheduler, render_script(
-        job.resolved, job.options, _context(job.resolved, DRY_RUN_CHAIN_ID, 1, job.profile.scheduler, {})))
+    ask_scheduler(job)
     forced = None
     if force_reason is not None:
         forced = f"{getpass.getuser()}@{socket.gethostname()} at {datetime.now(timezone.utc).isoformat(timespec='seconds')}: {force_reason}"
+    code = freeze(snapshot, job.profile)
     chain_id = _new_chain(job)
-    admitted = {"job": job.record(), "admission": admission.as_dict()}
+    admitted = {"job": job.record(), "admission": admission.as_dict(), "cluster": _profile_source(cluster)}
     return _submit_attempt(job.resolved, job.profile.scheduler, job.options, chain_id, 1, admission.preflight_id, forced,
-                           {}, spec_hash=job.declared.hash, admitted=admitted, version=version)
+                           {}, spec_hash=job.declared.hash, admitted=admitted, code=code)
+
+
+def ask_scheduler(job: EffectiveJob) -> Verdict:
+    """The scheduler's verdict before any row, snapshot or run directory exists (raises
+    ``SchedulerRefused``). The dry-run script has the real one's #SBATCH header (only the run
+    directory's chain id differs), so the scheduler's answer on it is its answer on the job."""
+    return require_acceptance(job.profile.scheduler, render_script(
+        job.resolved, job.options, _context(job.resolved, DRY_RUN_CHAIN_ID, 1, job.profile.scheduler, {})))
+
+
+CODE_CHOICES = ("chain", "current")
+"""``submit --resume CHAIN --code``: the chain's own snapshot (default), or the tree as it is now."""
+
+
+def resume(experiment: str, chain_id: int, overrides: dict[str, Any], cluster: str | None, code_choice: str = "chain",
+           force_reason: str | None = None) -> Submitted:
+    """A new attempt of an ended chain: its run directory (so the trainer resumes from its checkpoints) and
+    its MLflow run. It runs the chain's snapshot unless ``code_choice`` is ``current``, which moves the chain
+    to the tree as it is now; either way the gate needs a passing preflight of the code that will run."""
+    from idmctl.store.db import session
+    from idmctl.store.models import Chain, Job
+    from sqlmodel import select
+
+    if code_choice not in CODE_CHOICES:
+        raise UserError(f"unknown --code {code_choice!r}", file="command line", field="--code",
+                        hint="chain (the chain's snapshot) or current (the tree as it is now)")
+    with session() as db:
+        chain = db.get(Chain, chain_id)
+        attempts = list(db.exec(select(Job).where(Job.chain_id == chain_id).order_by(Job.attempt)).all()) if chain else []
+        if chain is None or not attempts:
+            raise UserError(f"no chain {chain_id}", file="command line", field="--resume", hint="see `idmctl jobs`")
+        from idmctl.executors.base import is_final
+
+        running = [a for a in attempts if a.scheduler_id and not is_final(a.state)]
+        if running:
+            raise UserError(f"chain {chain_id} is still running (job {running[-1].id}, {running[-1].state})",
+                            file="command line", field="--resume", hint="wait for it to end, or `idmctl cancel` it")
+        last = attempts[-1]
+        stored, spec_hash, experiment_of = json.loads(last.options_json or "{}"), chain.spec_hash, chain.experiment
+        last_attempt = max(a.attempt for a in attempts)
+    if code_choice == "chain":
+        code = JobCode.from_record(stored)
+        if code is None:
+            raise UserError(f"chain {chain_id} ran the live tree (submitted before code snapshots)", file="command line",
+                            field="--code", hint="resume it with --code current")
+        try:
+            require_present(code)
+        except SnapshotError as exc:
+            raise UserError(str(exc), file="command line", field="--code", hint="resume with --code current") from exc
+        snapshot, version = None, code.version
+    else:
+        snapshot = tree()
+        version = snapshot.version
+    job = prepare(experiment, overrides, cluster, version)
+    if (job.declared.name, job.declared.hash) != (experiment_of, spec_hash):
+        raise UserError(f"chain {chain_id} runs {experiment_of} at spec {spec_hash[:12]}, not {job.declared.name} at "
+                        f"{job.declared.hash[:12]}", file="command line", field="--resume",
+                        hint="a changed spec is a new chain: submit it without --resume")
+    admission = admit(job, force_reason, version)
+    ask_scheduler(job)
+    if snapshot is not None:
+        code = freeze(snapshot, job.profile)
+    forced = None
+    if force_reason is not None:
+        forced = f"{getpass.getuser()}@{socket.gethostname()} at {datetime.now(timezone.utc).isoformat(timespec='seconds')}: {force_reason}"
+    _update_chain(chain_id, {"status": "ACTIVE"})
+    admitted = {"job": job.record(), "admission": admission.as_dict(), "cluster": _profile_source(cluster),
+                "resumed_with": code_choice}
+    return _submit_attempt(job.resolved, job.profile.scheduler, job.options, chain_id, last_attempt + 1,
+                           admission.preflight_id, forced, {contract.ENV_RETRY_REASON: f"resumed by hand (--code {code_choice})"},
+                           spec_hash=job.declared.hash, admitted=admitted, code=code)
+
+
+def _update_chain(chain_id: int, values: dict[str, Any]) -> None:
+    from idmctl.store.db import session
+    from idmctl.store.models import Chain
+
+    with session() as db:
+        chain = db.get(Chain, chain_id)
+        if chain is not None:
+            for key, value in values.items():
+                setattr(chain, key, value)
+            db.add(chain)
+
+
+def _profile_source(cluster: str | None) -> str:
+    """The profile file a chain was admitted under: its resubmissions are judged against the same one."""
+    from idmctl.profile import profile_path
+
+    return str(profile_path(cluster))
 
 
 def _submit_attempt(resolved: ResolvedSpec, scheduler: str, options: JobOptions, chain_id: int, attempt: int,
                     preflight_id: int | None, forced: str | None, extra_env: dict[str, str], *,
-                    spec_hash: str, admitted: dict[str, Any] | None, version: str | None = None) -> Submitted:
+                    spec_hash: str, admitted: dict[str, Any] | None, code: JobCode | None) -> Submitted:
     """``resolved`` is the effective spec (what the trainer reads); ``spec_hash`` the spec's own hash (the
-    gate's key, kept on the rows); ``admitted`` the effective job and the checks it passed."""
-    version = version or code_version()
-    ctx = _context(resolved, chain_id, attempt, scheduler, {contract.ENV_CODE_VERSION: version, **extra_env}, admitted)
+    gate's key, kept on the rows); ``admitted`` the effective job and the checks it passed; ``code`` the
+    chain's snapshot."""
+    version = code.version if code else contract.code_version()
+    if not code:
+        extra_env = {contract.ENV_CODE_VERSION: version, **extra_env}
+    ctx = _context(resolved, chain_id, attempt, scheduler, extra_env, admitted, code)
     script = render_script(resolved, options, ctx)
     write_run_spec(ctx.run_dir, resolved)
     script_path = ctx.run_dir / f"attempt-{attempt}.sbatch"
     atomic_write_text(script_path, script)
     executor = executor_for(scheduler)
     recorded = {**options.as_dict(), "rollback": bool(extra_env.get(contract.ENV_ROLLBACK)),
-                **({"admitted": admitted} if admitted else {})}
+                **({"admitted": admitted} if admitted else {}), **({"code": code.as_dict()} if code else {})}
     job_id = _insert_job(dict(chain_id=chain_id, attempt=attempt, experiment=resolved.name, spec_hash=spec_hash,
                               code_version=version, preflight_id=preflight_id, executor=executor.name,
                               state="SUBMITTING", qos=options.qos, gpus=options.gpus_per_node * options.nodes,
@@ -256,11 +357,18 @@ def _update(job_id: int, job_values: dict[str, Any], chain_id: int, chain_values
     return job, chain
 
 
+class ResubmitRefused(CheckFailed):
+    """A resubmission the checks would now refuse (or whose snapshot is gone): the chain stops, and the
+    refused attempt is recorded (state SUBMIT_FAILED) with the verdict as its reason."""
+
+
 def resubmit(job_id: int, extra_env: dict[str, str], reason: str, spends_retry: bool = True) -> "Job":
-    """A new attempt of the job's chain with the same options (plus current node exclusions);
+    """A new attempt of the job's chain: the same options plus the current node exclusions, the chain's
+    code snapshot, and admitted like a submission (every static check on the new effective job; the smoke's
+    stored measurement re-judged, not rerun: the snapshot and its smoke flags are the ones it measured).
     ``spends_retry`` False where it stands in for a requeue the cluster would not do."""
     from idmctl.store.db import session
-    from idmctl.store.models import Chain, Job
+    from idmctl.store.models import Chain, Job, PreflightRun
 
     with session() as db:
         old = db.get(Job, job_id)
@@ -272,20 +380,72 @@ def resubmit(job_id: int, extra_env: dict[str, str], reason: str, spends_retry: 
             chain.retries_used += 1
             db.add(chain)
         spec_json = json.loads(Path(old.script_path or "").with_name(SPEC_FILE).read_text())
-    options_data = {k: v for k, v in json.loads(old.options_json).items() if k in JobOptions.__dataclass_fields__}
-    options = with_exclusions(JobOptions(**options_data), active_exclusions())
-    resolved = _resolved_from_run(spec_json, old)
-    scheduler = "slurm" if old.executor == "slurm" else "local"
-    admitted = json.loads(old.options_json).get("admitted")
-    submitted = _submit_attempt(resolved, scheduler, options, old.chain_id, old.attempt + 1,
-                                old.preflight_id, old.forced_reason, {**extra_env, contract.ENV_RETRY_REASON: reason},
-                                spec_hash=old.spec_hash or resolved.hash, admitted=admitted)
+        preflight = db.get(PreflightRun, old.preflight_id) if old.preflight_id else None
+        if preflight is not None:
+            db.expunge(preflight)
+        old_values = {"chain_id": old.chain_id, "attempt": old.attempt, "preflight_id": old.preflight_id,
+                      "forced": old.forced_reason, "spec_hash": old.spec_hash, "executor": old.executor,
+                      "code_version": old.code_version, "options_json": old.options_json,
+                      "script_path": old.script_path}
+    stored = json.loads(old_values["options_json"])
+    options_data = {k: v for k, v in stored.items() if k in JobOptions.__dataclass_fields__}
+    options = with_exclusions(replace(JobOptions(**options_data), hold=False), active_exclusions())
+    resolved = _resolved_from_run(spec_json, old_values["script_path"])
+    scheduler = "slurm" if old_values["executor"] == "slurm" else "local"
+    first = stored.get("admitted") or {}
+    code = JobCode.from_record(stored)
+    env = {**extra_env, contract.ENV_RETRY_REASON: reason}
+    attempt = old_values["attempt"] + 1
+    try:
+        if code is not None:
+            require_present(code)
+        admission = _readmit(resolved, options, first, preflight, code.version if code else old_values["code_version"])
+    except (SnapshotError, UserError) as exc:
+        _refuse(old_values, resolved, options, attempt, f"resubmission refused: {exc}", first, code)
+        raise ResubmitRefused(f"resubmission refused: {exc}") from exc
+    admitted = {**first, "admission": admission.as_dict(), "resubmission_of": job_id}
+    if admission.failed and not old_values["forced"]:
+        named = "; ".join(f"{r.name}: {r.summary}" for r in admission.results if r.status.value == "FAIL")
+        why = f"resubmission refused: {', '.join(admission.failed)} FAIL on the job as it would be resubmitted — {named}"
+        _refuse(old_values, resolved, options, attempt, why, admitted, code)
+        raise ResubmitRefused(why)
+    submitted = _submit_attempt(resolved, scheduler, options, old_values["chain_id"], attempt,
+                                old_values["preflight_id"], old_values["forced"], env,
+                                spec_hash=old_values["spec_hash"] or resolved.hash, admitted=admitted, code=code)
     return submitted.job
 
 
-def _resolved_from_run(spec_json: dict[str, Any], job: "Job") -> ResolvedSpec:
+def _readmit(resolved: ResolvedSpec, options: JobOptions, first: dict[str, Any], preflight: "PreflightRun | None",
+             version: str | None) -> "Admission":
+    """The submit-time checks on the attempt about to be sent, against the profile the chain was admitted
+    under (as it reads now). Introspection and the cache inspection come from the memo of this code or are
+    SKIPped: no flag changes them, and importing the live tree here would judge other code."""
+    from idmctl.jobs.effective import EffectiveJob
+    from idmctl.preflight.admission import judge
+    from idmctl.profile import load_profile
+
+    profile, profile_hash = load_profile(first.get("cluster"))
+    flags = (first.get("job") or {}).get("flags") or {}
+    job = EffectiveJob(resolved, resolved, options, flags, profile, profile_hash, list(options.exclude))
+    return judge(job, preflight, version, memo_only=True)
+
+
+def _refuse(old: dict[str, Any], resolved: ResolvedSpec, options: JobOptions, attempt: int, why: str,
+            admitted: dict[str, Any] | None, code: JobCode | None) -> None:
+    """The attempt that was not sent, as a row: ``idmctl jobs show`` names the verdict."""
+    recorded = {**options.as_dict(), **({"admitted": admitted} if admitted else {}), **({"code": code.as_dict()} if code else {})}
+    job_id = _insert_job(dict(chain_id=old["chain_id"], attempt=attempt, experiment=resolved.name,
+                              spec_hash=old["spec_hash"] or resolved.hash, code_version=code.version if code else old["code_version"],
+                              preflight_id=old["preflight_id"], executor=old["executor"], state="SUBMIT_FAILED",
+                              qos=options.qos, gpus=options.gpus_per_node * options.nodes,
+                              routing_n=resolved.spec.data.routing_n, script_path=None,
+                              options_json=json.dumps(recorded), forced_reason=old["forced"], reason=why[:500]))
+    _update(job_id, {"state": "SUBMIT_FAILED"}, old["chain_id"], {"status": "FAILED"})
+
+
+def _resolved_from_run(spec_json: dict[str, Any], script_path: str | None) -> ResolvedSpec:
     """The exact spec the chain started with (the YAML may have changed since)."""
     from ground.spec.schema import ExperimentSpec
 
     spec = ExperimentSpec.model_validate(spec_json["spec"])
-    return ResolvedSpec(name=spec_json["name"], path=Path(job.script_path or "").with_name(SPEC_FILE), spec=spec)
+    return ResolvedSpec(name=spec_json["name"], path=Path(script_path or "").with_name(SPEC_FILE), spec=spec)

@@ -132,7 +132,7 @@ def unfinished_jobs() -> list[Job]:
 def sync(retry: bool = True) -> SyncReport:
     """One status call per executor for all unfinished jobs, then retries for the ones that ended."""
     from idmctl.jobs.retry import decide_for_job
-    from idmctl.jobs.submit import resubmit
+    from idmctl.jobs.submit import ResubmitRefused, resubmit
 
     report = SyncReport()
     jobs = unfinished_jobs()
@@ -185,8 +185,12 @@ def sync(retry: bool = True) -> SyncReport:
                 report.stopped.append((job_id, f"{decision.cause}: {decision.why}"))
             db.add(chain)
         if decision.action == "retry":
-            new_job = resubmit(job_id, decision.extra_env, reason=f"{decision.cause}: {decision.why}",
-                               spends_retry=decision.spends_retry)
+            try:
+                new_job = resubmit(job_id, decision.extra_env, reason=f"{decision.cause}: {decision.why}",
+                                   spends_retry=decision.spends_retry)
+            except ResubmitRefused as exc:  # the chain is FAILED and the refused attempt recorded
+                report.stopped.append((job_id, str(exc)))
+                continue
             report.resubmitted.append((job_id, new_job.id or 0))
     if ended:
         _log_efficiency(ended)
