@@ -143,10 +143,7 @@ def submit(experiment: str, overrides: dict[str, Any], cluster: str | None,
     version = code_version()  # once per submit (two git calls), for the limits and the gate alike
     job = prepare(experiment, overrides, cluster, version)
     admission = admit(job, force_reason, version)
-    # Before any row exists: the dry-run script has the real one's #SBATCH header (only the run
-    # directory's chain id differs), so the scheduler's answer on it is its answer on the job.
-    require_acceptance(job.profile.scheduler, render_script(
-        job.resolved, job.options, _context(job.resolved, DRY_RUN_CHAIN_ID, 1, job.profile.scheduler, {})))
+    ask_scheduler(job)
     forced = None
     if force_reason is not None:
         forced = f"{getpass.getuser()}@{socket.gethostname()} at {datetime.now(timezone.utc).isoformat(timespec='seconds')}: {force_reason}"
@@ -154,6 +151,14 @@ def submit(experiment: str, overrides: dict[str, Any], cluster: str | None,
     admitted = {"job": job.record(), "admission": admission.as_dict()}
     return _submit_attempt(job.resolved, job.profile.scheduler, job.options, chain_id, 1, admission.preflight_id, forced,
                            {}, spec_hash=job.declared.hash, admitted=admitted, version=version)
+
+
+def ask_scheduler(job: EffectiveJob) -> Verdict:
+    """The scheduler's verdict before any row or run directory exists (raises ``SchedulerRefused``).
+    The dry-run script has the real one's #SBATCH header (only the run directory's chain id differs),
+    so the scheduler's answer on it is its answer on the job."""
+    return require_acceptance(job.profile.scheduler, render_script(
+        job.resolved, job.options, _context(job.resolved, DRY_RUN_CHAIN_ID, 1, job.profile.scheduler, {})))
 
 
 def _submit_attempt(resolved: ResolvedSpec, scheduler: str, options: JobOptions, chain_id: int, attempt: int,
