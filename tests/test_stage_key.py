@@ -239,7 +239,7 @@ def test_node_guard_counts_a_copy_of_another_key_as_space_and_skips_only_its_own
         assert mine.ok and "already staged" in mine.line
         theirs = node_guard.check_scratch(dest, need, stage_key(source, "all", "m"))
         assert theirs.ok and theirs.fields["replaced_copy_bytes"] >= 2**20, theirs.line
-        assert "of the copy there (another key: replaced) ≥" in theirs.line
+        assert "of an earlier copy there (stage-in replaces or resumes it) ≥" in theirs.line
         assert not node_guard.check_scratch(dest, 4 * 2**20, stage_key(source, "all", "m")).ok
         monkeypatch.setenv(ENV_SHM_DIR, str(tmp_path))
         args = ["--phase", "stage", "--cache-root", str(source), "--stage-dest", str(dest),
