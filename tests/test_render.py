@@ -173,3 +173,23 @@ def _job_count() -> int:
 
     with session() as db:
         return len(db.exec(select(Job)).all())
+
+
+def test_dry_run_without_slurm_tools_says_the_scheduler_was_not_asked(cli, tmp_path: Path, idmctl_home: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A dry-run for a Slurm profile from a machine without sbatch (a laptop) still prints the script;
+    the verdict line says the scheduler could not be asked, and a real submit would fail as sbatch would."""
+    import shutil
+
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    for tool in ("git", "bash"):
+        (tools / tool).symlink_to(shutil.which(tool))
+    monkeypatch.setenv("PATH", str(tools))
+    result = cli("submit", "quickstart", "--dry-run", "--cluster", "local-slurm")
+    assert result.exit_code == 0, result.stderr
+    assert "scheduler not asked (sbatch --test-only): scheduler: sbatch not found on PATH" in result.stderr, result.stderr
+    assert result.stdout.startswith("#!/bin/bash\n")
+    refused = cli("submit", "quickstart", "--cluster", "local-slurm", "--force", "--reason", "no sbatch here")
+    assert refused.exit_code == 2 and refused.stderr.strip().startswith("error: scheduler: sbatch not found on PATH")
+    assert not (idmctl_home / "runs").exists()

@@ -5,13 +5,16 @@ tiny cache through the local executor, real files, and the preflight's disk and 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from ground.contract import ENV_SHM_DIR, STAGE_MARKER, STAGE_PENDING
+from ground.contract import ENV_HOME, ENV_SHM_DIR, STAGE_MARKER, STAGE_PENDING
 from ground.spec.loader import load_spec
 from ground.stage import copy_state, model_identity, prepare, spec_identity, stage_key
 from idmctl.executors.local import LocalExecutor
@@ -35,18 +38,34 @@ def _spec(tiny_cache, directory: Path, name: str, dest: Path, variant: dict) -> 
                                 stage={"enabled": True, "dest": str(dest), **variant["stage"]})
 
 
-def _run_job(cli, spec: Path) -> str:
-    """Submit on the local executor, wait for the end, return the job's log."""
+def _job(job_id: int) -> Job:
+    with session() as db:
+        job = db.get(Job, job_id)
+        assert job is not None and job.log_path
+        return job
+
+
+def _run_job(cli, spec: Path, cluster: str) -> str:
+    """Submit on ``cluster`` (the local executor or the local Slurm), wait for the end, return the job's log."""
+    from idmctl.executors.base import is_final
+    from slurm_support import text_so_far, wait_until
+
     result = cli("submit", str(spec), "--entry", "tests.jobs_entry", "--force", "--reason", "stage key test",
-                 "--json", "--cluster", "local")
+                 "--json", "--cluster", cluster)
     assert result.exit_code == 0, result.output + result.stderr
     submitted = json.loads(result.stdout)
-    status = LocalExecutor().wait(submitted["scheduler_id"], timeout_s=120)
-    with session() as db:
-        job = db.get(Job, submitted["job"])
-        assert job is not None and job.log_path
-        log = Path(job.log_path).read_text()
-    assert status.state == "COMPLETED", log
+    if cluster == "local":
+        LocalExecutor().wait(submitted["scheduler_id"], timeout_s=120)
+    assert cli("sync", "--no-retry").exit_code == 0
+
+    def ended() -> Job | None:
+        assert cli("sync", "--no-retry").exit_code == 0
+        job = _job(submitted["job"])
+        return job if is_final(job.state) else None
+
+    job = wait_until(ended, 120, f"job {submitted['scheduler_id']} on {cluster} to end", poll_s=1.0)
+    log = text_so_far(Path(submitted["log"]))
+    assert job.state == "COMPLETED", log
     return log
 
 
@@ -58,33 +77,50 @@ def _marker(dest: Path) -> dict:
     return json.loads((dest / STAGE_MARKER).read_text())
 
 
+@pytest.fixture(params=["local", pytest.param("local-slurm", marks=pytest.mark.slurm)])
+def cluster(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, Path]]:
+    """The executor and a directory of the test's own: Slurm jobs may outlive pytest's tmp_path pruning
+    by other sessions on this shared host (as in test_slurm_jobs)."""
+    own = Path(tempfile.mkdtemp(prefix="idmctl-stage-key-"))
+    if request.param == "local-slurm":
+        from slurm_support import slurm_conf
+
+        monkeypatch.setenv("SLURM_CONF", slurm_conf())
+        monkeypatch.setenv(ENV_HOME, str(own / "home"))
+    try:
+        yield request.param, own
+    finally:
+        shutil.rmtree(own, ignore_errors=True)
+
+
 def test_n4_routed_then_n12_on_one_dest_copies_again_and_the_same_spec_twice_copies_once(
-        cli, tiny_cache, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        cli, tiny_cache, cluster: tuple[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("IDMCTL_TEST_BEHAVIOR", "steps:1:0.01")
+    where, tmp_path = cluster
     dest = tmp_path / "scratch" / "stage"
     routed = _spec(tiny_cache, tmp_path / "specs", "n4_routed", dest, ROUTED)
     dense = _spec(tiny_cache, tmp_path / "specs", "n12_dense", dest, DENSE)
     source = Path(str(tiny_cache.data["cache_root"]))
     names = sorted(p.name for p in source.iterdir())
 
-    first = _stage_lines(_run_job(cli, routed))
+    first = _stage_lines(_run_job(cli, routed, where))
     assert any("blocks 0,2 of" in line for line in first) and first[-1].startswith("idmctl: stage-in done"), first
     assert _marker(dest)["layers"] == "blocks 0,2"
     assert sorted(p.name for p in dest.iterdir() if not p.name.startswith(".")) == names
 
-    again = _stage_lines(_run_job(cli, routed))
+    again = _stage_lines(_run_job(cli, routed, where))
     assert len(again) == 1 and again[0].startswith("idmctl: stage-in skipped on ") and "blocks 0,2" in again[0], again
 
     # The dense job must not read the routed copy (2 of 4 layers): it is removed and copied whole.
-    replaced = _stage_lines(_run_job(cli, dense))
+    replaced = _stage_lines(_run_job(cli, dense, where))
     assert any("replaces the copy at" in line and "the copy there was blocks 0,2" in line for line in replaced), replaced
     assert replaced[-1].startswith("idmctl: stage-in done"), replaced
     assert _marker(dest)["layers"] == "all"
     for name in names:  # cp -a of every file: the bytes of the source, not the routed conversion
         assert (dest / name).read_bytes() == (source / name).read_bytes()
-    assert _stage_lines(_run_job(cli, dense))[0].startswith("idmctl: stage-in skipped on ")
+    assert _stage_lines(_run_job(cli, dense, where))[0].startswith("idmctl: stage-in skipped on ")
 
-    back = _stage_lines(_run_job(cli, routed))
+    back = _stage_lines(_run_job(cli, routed, where))
     assert any("replaces the copy at" in line and "the copy there was all of" in line for line in back), back
     assert _marker(dest)["layers"] == "blocks 0,2" and not (dest / STAGE_PENDING).exists()
 
@@ -203,7 +239,7 @@ def test_node_guard_counts_a_copy_of_another_key_as_space_and_skips_only_its_own
         assert mine.ok and "already staged" in mine.line
         theirs = node_guard.check_scratch(dest, need, stage_key(source, "all", "m"))
         assert theirs.ok and theirs.fields["replaced_copy_bytes"] >= 2**20, theirs.line
-        assert "of the copy there (another key: replaced) ≥" in theirs.line
+        assert "of an earlier copy there (stage-in replaces or resumes it) ≥" in theirs.line
         assert not node_guard.check_scratch(dest, 4 * 2**20, stage_key(source, "all", "m")).ok
         monkeypatch.setenv(ENV_SHM_DIR, str(tmp_path))
         args = ["--phase", "stage", "--cache-root", str(source), "--stage-dest", str(dest),

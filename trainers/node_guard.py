@@ -131,7 +131,8 @@ def check_shm(shm_dir: Path, need: int) -> Finding:
 
 def check_scratch(dest: Path, stage_bytes: int, key: dict[str, object] | None = None) -> Finding:
     """``key``: the copy this job stages (``ground.stage``); skipped only when ``dest`` holds exactly it.
-    A copy of another key is removed before the copy, so its bytes count as free."""
+    Whatever is already there counts as space: stage-in removes a copy of another key before copying,
+    and keeps what an unfinished copy of this key finished (so it need not be copied again)."""
     if key is not None and staged_as(dest, key):
         return Finding("scratch", True, f"scratch: {dest} already staged ({describe(key)})", {"stage_dest": dest})
     free = _free(dest)
@@ -140,7 +141,7 @@ def check_scratch(dest: Path, stage_bytes: int, key: dict[str, object] | None = 
     replaced = ""
     if held:
         numbers["replaced_copy_bytes"] = held
-        replaced = f" + {held:,} B of the copy there (another key: replaced)"
+        replaced = f" + {held:,} B of an earlier copy there (stage-in replaces or resumes it)"
     verdict = "<" if free + held < stage_bytes else "≥"
     return Finding("scratch", free + held >= stage_bytes,
                    f"scratch: {free:,} B free under {dest}{replaced} {verdict} {stage_bytes:,} B to stage in", numbers)

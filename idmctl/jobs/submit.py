@@ -24,7 +24,7 @@ from idmctl.executors import executor_for
 from idmctl.jobs.code import JobCode, freeze, planned, require_present
 from idmctl.jobs.effective import EffectiveJob, active_exclusions, build as build_effective
 from idmctl.jobs.render import JobOptions, RenderContext, render_script, with_exclusions
-from idmctl.jobs.verdict import Verdict, require_acceptance, scheduler_verdict
+from idmctl.jobs.verdict import Verdict, require_acceptance, verdict_if_askable
 from ground.paths import atomic_write_text, home
 from ground.spec.loader import ResolvedSpec
 
@@ -142,7 +142,7 @@ def dry_run(experiment: str, overrides: dict[str, Any], cluster: str | None) -> 
     script = render_script(job.resolved, job.options, _context(job.resolved, DRY_RUN_CHAIN_ID, 1, job.profile.scheduler, {},
                                                                {"admission": admission.as_dict()},
                                                                planned(snapshot, job.profile)))
-    return DryRun(script, job, admission, scheduler_verdict(job.profile.scheduler, script))
+    return DryRun(script, job, admission, verdict_if_askable(job.profile.scheduler, script))
 
 
 def submit(experiment: str, overrides: dict[str, Any], cluster: str | None,

@@ -24,8 +24,13 @@ class Verdict:
     words: str
     """The scheduler's own answer, on one line."""
     seconds: float
+    asked: bool = True
+    """False when the scheduler could not be asked from here (no ``sbatch`` on PATH): ``--dry-run``
+    says so, and a submit fails the same way the real ``sbatch`` would."""
 
     def line(self) -> str:
+        if not self.asked:
+            return f"scheduler not asked ({self.command}): {self.words}"
         said = "accepts the job" if self.accepted else "refuses the job"
         return f"scheduler ({self.command}) {said}: {self.words} ({self.seconds * 1000:.0f} ms)"
 
@@ -58,6 +63,17 @@ def scheduler_verdict(scheduler: str, script: str) -> Verdict:
         except SchedulerRefusal as refusal:
             command, words, accepted = refusal.command, refusal.words, False
     return Verdict(accepted, command, words, time.perf_counter() - started)
+
+
+def verdict_if_askable(scheduler: str, script: str) -> Verdict:
+    """:func:`scheduler_verdict` for showing (``--dry-run``): a scheduler whose tools are not on this
+    machine gives a verdict that says so instead of an error (a dry-run for the card from a laptop)."""
+    from ground.errors import UserError
+
+    try:
+        return scheduler_verdict(scheduler, script)
+    except UserError as exc:
+        return Verdict(False, "sbatch --test-only", exc.line().removeprefix("error: "), 0.0, asked=False)
 
 
 def require_acceptance(scheduler: str, script: str) -> Verdict:
