@@ -99,7 +99,10 @@ TRAINER_STATS_FILE = "trainer_stats.json"
 EVENTS_FILE = "events.jsonl"
 """Every attempt's start and checkpoint times, appended (``ground.run_events``); read by ``idmctl ledger``."""
 STAGE_MARKER = ".idmctl_staged"
-"""Written into the staged cache copy on node-local disk once stage-in finished."""
+"""Written into the staged cache copy on node-local disk once stage-in finished: the copy's key
+(source, layer set, model identity, files; ``ground.stage``), JSON."""
+STAGE_PENDING = ".idmctl_staging"
+"""The key of a copy under way (``ground.stage``): renamed to ``STAGE_MARKER`` when it finishes."""
 
 REQUEUE_REFUSED = "idmctl: requeue refused by the cluster"
 """The job script's line when the trainer checkpointed on the preemption notice but ``scontrol

@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parent.parent
 SCANNED = ("idmctl", "cache", "trainers", "bench", "tests")
 HOMES = {REPO / "ground" / "contract.py", REPO / "ground" / "tracking.py", Path(__file__).resolve()}
 ENV_VALUES = {getattr(contract, name) for name in dir(contract) if name.startswith("ENV_")}
-FILE_VALUES = {contract.SPEC_FILE, contract.FAILURE_FILE, contract.STAGE_MARKER, contract.MLFLOW_RUN_ID_FILE,
+FILE_VALUES = {contract.SPEC_FILE, contract.FAILURE_FILE, contract.STAGE_MARKER, contract.STAGE_PENDING, contract.MLFLOW_RUN_ID_FILE,
                contract.PROGRESS_FILE, contract.EVENTS_FILE}
 EXIT_VALUES = {contract.EXIT_NAN, contract.EXIT_REQUEUE} - {0, 1, 2, 3}  # small codes are everywhere (argv, counts)
 SHELL_EXPORT = re.compile(r"\bexport (IDMCTL_[A-Z_]+)=")

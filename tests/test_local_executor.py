@@ -161,3 +161,19 @@ def test_watch_syncs_until_every_job_ended_and_cancel_stops_a_chain(cli, monkeyp
     assert _chain(slow["chain"]).status == "CANCELLED"
     again = cli("cancel", str(slow["job"]))
     assert again.exit_code == 1 and "already ended CANCELLED" in again.stderr
+
+
+def test_the_local_scheduler_verdict_is_bash_n_and_dry_run_shows_it(cli, idmctl_home: Path) -> None:
+    """Where there is no scheduler to ask, submit asks bash whether the script parses: a script that
+    does not is refused in bash's own words (the renderer never writes one; a hand edit might)."""
+    from idmctl.jobs.verdict import SchedulerRefused, require_acceptance, scheduler_verdict
+
+    dry = cli("submit", "quickstart", "--dry-run", "--cluster", "local")
+    assert dry.exit_code == 0, dry.stderr
+    assert "scheduler (bash -n) accepts the job: the script parses (no scheduler to ask)" in dry.stderr
+    broken = scheduler_verdict("local", dry.stdout.replace("\nfi\n", "\n", 1))
+    assert not broken.accepted and broken.command == "bash -n" and "syntax error" in broken.words, broken
+    assert "\n" not in broken.words
+    with pytest.raises(SchedulerRefused, match=r"^submit refused by the scheduler \(bash -n\): .*syntax error"):
+        require_acceptance("local", "if true; then\n")
+    assert not (idmctl_home / "runs").exists()

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,7 +12,8 @@ import yaml
 
 from idmctl.jobs.render import RenderContext, render_script, resolve_options
 from ground.spec.loader import load_spec
-from ground.contract import STAGE_MARKER
+from ground.contract import STAGE_MARKER, STAGE_PENDING
+from ground.stage import model_identity, stage_key
 
 
 def _spec_file(tmp_path: Path, **sections: dict) -> Path:
@@ -51,6 +54,17 @@ def test_dry_run_renders_header_stage_and_srun_from_spec_and_flags(cli, tmp_path
     assert not (idmctl_home / "runs").exists(), "--dry-run must write nothing"
 
 
+def _stage_only_python(tmp_path: Path) -> str:
+    """The job script's ``python`` for tests of its stage-in: the stage helpers (ground.stage,
+    cache.convert) run on the real interpreter; the node guard, trainer and watchdog, which these
+    tests are not about, do nothing and succeed."""
+    path = tmp_path / "bin" / "python"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f'#!/bin/bash\ncase "$2" in ground.stage|cache.convert) exec {sys.executable} "$@" ;; esac\nexit 0\n')
+    path.chmod(0o755)
+    return str(path)
+
+
 def test_stage_in_copies_once_then_skips_by_marker(tmp_path: Path, idmctl_home: Path) -> None:
     cache = tmp_path / "cache"
     cache.mkdir()
@@ -60,7 +74,7 @@ def test_stage_in_copies_once_then_skips_by_marker(tmp_path: Path, idmctl_home: 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     ctx = RenderContext(run_dir=run_dir, chain_id=1, attempt=1, idmctl_home=idmctl_home,
-                        log_path=str(run_dir / "log"), python="/bin/true")
+                        log_path=str(run_dir / "log"), python=_stage_only_python(tmp_path))
     script = render_script(resolved, resolve_options(resolved, {}), ctx)
     script_path = run_dir / "job.sh"
     script_path.write_text(script)
@@ -68,8 +82,11 @@ def test_stage_in_copies_once_then_skips_by_marker(tmp_path: Path, idmctl_home: 
     second = subprocess.run(["bash", str(script_path)], capture_output=True, text=True, timeout=30)
     assert first.returncode == 0 and second.returncode == 0, first.stdout + first.stderr
     assert "idmctl: stage-in done" in first.stdout
-    assert "stage-in skipped" in second.stdout
+    assert "stage-in skipped" in second.stdout and "already holds all of" in second.stdout
     assert (tmp_path / "dest" / "ep0.safetensors").read_bytes() == b"x" * 1000
+    marker = json.loads((tmp_path / "dest" / STAGE_MARKER).read_text())
+    assert (marker["source"], marker["layers"], marker["files"][0][:2]) == (str(cache), "all", ["ep0.safetensors", 1000])
+    assert marker["model"] == model_identity(resolved.spec.data) and marker["staged_at"]
 
 
 def test_stage_in_disk_full_fails_with_clear_line(tmp_path: Path, idmctl_home: Path) -> None:
@@ -83,14 +100,18 @@ def test_stage_in_disk_full_fails_with_clear_line(tmp_path: Path, idmctl_home: P
     run_dir.mkdir()
     (tmp_path / "dest").mkdir()
     (tmp_path / "dest" / "ep0.safetensors").symlink_to("/dev/full")
+    # An unfinished copy of this very key (so stage-in resumes into it, keeping the file that is full).
+    key = stage_key(cache, "all", model_identity(resolved.spec.data))
+    (tmp_path / "dest" / STAGE_PENDING).write_text(json.dumps(key))
     ctx = RenderContext(run_dir=run_dir, chain_id=1, attempt=1, idmctl_home=idmctl_home,
-                        log_path=str(run_dir / "log"), python="/bin/true")
+                        log_path=str(run_dir / "log"), python=_stage_only_python(tmp_path))
     script_path = run_dir / "job.sh"
     script_path.write_text(render_script(resolved, resolve_options(resolved, {}), ctx))
     result = subprocess.run(["bash", str(script_path)], capture_output=True, text=True, timeout=30)
     assert result.returncode == 1
     assert "idmctl: stage-in FAILED (cp exit 1)" in result.stdout
     assert "No space left on device" in result.stdout
+    assert "resumes the unfinished copy" in result.stdout
     assert not (tmp_path / "dest" / STAGE_MARKER).exists()
 
 
@@ -152,3 +173,23 @@ def _job_count() -> int:
 
     with session() as db:
         return len(db.exec(select(Job)).all())
+
+
+def test_dry_run_without_slurm_tools_says_the_scheduler_was_not_asked(cli, tmp_path: Path, idmctl_home: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A dry-run for a Slurm profile from a machine without sbatch (a laptop) still prints the script;
+    the verdict line says the scheduler could not be asked, and a real submit would fail as sbatch would."""
+    import shutil
+
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    for tool in ("git", "bash"):
+        (tools / tool).symlink_to(shutil.which(tool))
+    monkeypatch.setenv("PATH", str(tools))
+    result = cli("submit", "quickstart", "--dry-run", "--cluster", "local-slurm")
+    assert result.exit_code == 0, result.stderr
+    assert "scheduler not asked (sbatch --test-only): scheduler: sbatch not found on PATH" in result.stderr, result.stderr
+    assert result.stdout.startswith("#!/bin/bash\n")
+    refused = cli("submit", "quickstart", "--cluster", "local-slurm", "--force", "--reason", "no sbatch here")
+    assert refused.exit_code == 2 and refused.stderr.strip().startswith("error: scheduler: sbatch not found on PATH")
+    assert not (idmctl_home / "runs").exists()

@@ -78,6 +78,47 @@ def test_dry_run_script_is_accepted_by_sbatch_test_only(cli, tmp_path: Path) -> 
     assert subprocess.run(["sbatch", "--test-only", str(script)], capture_output=True).returncode != 0
 
 
+def test_a_qos_the_cluster_does_not_grant_is_refused_by_sbatch_test_only_and_nothing_is_recorded(
+        cli, slurm_env: Path) -> None:
+    """The profile lists core-reserved; the cluster has it but never granted it (scripts/slurm/up.sh).
+    Only the scheduler knows that: submit asks it before writing a row, and --force cannot get past it."""
+    from idmctl.jobs.verdict import scheduler_verdict
+
+    result = cli("submit", "quickstart", "--qos", "core-reserved", "--force", "--reason", "test-only refusal")
+    assert result.exit_code == 1, result.output + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("submit refused by the scheduler (sbatch --test-only): ")
+    assert "Invalid qos specification" in lines[0]  # Slurm's own words
+    assert "Traceback" not in result.output + result.stderr
+    with session() as db:
+        assert db.exec(select(Chain)).all() == []
+        assert db.exec(select(Job)).all() == []
+    assert not (slurm_env / "runs").exists()
+    assert not any(line.split("|")[0] == "quickstart" for line in
+                   sh("squeue", "-h", "-t", "all", "-o", "%j|%q").splitlines() if line.endswith("|core-reserved"))
+
+    # --dry-run shows the same verdict (exit 0: showing it is the point), and so does the one function
+    # resubmissions call; a granted QoS is accepted with the node and partition Slurm would use.
+    dry = cli("submit", "quickstart", "--dry-run", "--qos", "core-reserved")
+    assert dry.exit_code == 0, dry.stderr
+    assert re.search(r"^scheduler \(sbatch --test-only\) refuses the job: .*Invalid qos specification \(\d+ ms\)$",
+                     dry.stderr, re.M), dry.stderr
+    granted = scheduler_verdict("slurm", dry.stdout.replace("--qos=core-reserved", "--qos=core-own"))
+    assert granted.accepted and re.search(r"Job \d+ to start at .* on nodes n[12] in partition main", granted.words)
+    refused = scheduler_verdict("slurm", dry.stdout)
+    assert not refused.accepted and "Invalid qos specification" in refused.words
+
+
+def test_submit_asks_the_scheduler_before_the_real_sbatch(cli, slurm_env: Path) -> None:
+    """An accepted job goes on as before: one chain, one job row, the job known to Slurm."""
+    submitted = _submit(cli, "quickstart", "--entry", "tests.jobs_entry", "--qos", "core-own")
+    job = _job(submitted["job"])
+    assert job.state == "PENDING" and job.scheduler_id and job.scheduler_id.isdigit()
+    assert squeue_state(job.scheduler_id) or sh("sacct", "-n", "-X", "-j", job.scheduler_id).strip()
+    cli("cancel", str(job.id))
+
+
 @pytest.mark.slow
 def test_two_task_fabric_job_completes_and_sync_records_times(cli, tiny_cache, slurm_env: Path) -> None:
     """The real trainer (trainers.train, Fabric DDP over gloo) as 2 Slurm tasks under srun on one node."""

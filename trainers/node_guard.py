@@ -7,7 +7,8 @@ computes every need from the spec and passes it in: the shell does no arithmetic
   bytes per sample, idmctl/preflight/shm.py), with the stale segments dead jobs left there (files no
   live process has open or mapped) as the evidence of why it is short (card A 5845: ENOSPC in
   /dev/shm an hour into the job);
-- ``scratch``: free space under ``stage.dest`` against the stage-in bytes (skipped once staged);
+- ``scratch``: free space under ``stage.dest`` (plus a copy of another key there, which stage-in
+  replaces) against the stage-in bytes; skipped once a copy with this job's key is staged;
 - ``gpus``: visible GPUs against ``--gres gpu:N`` (``nvidia-smi -L`` when present, else
   ``CUDA_VISIBLE_DEVICES``/``SLURM_JOB_GPUS``, as Slurm sets them even for the test cluster's fake GPUs);
 - ``cache``: the cache mount (``data.cache_root``) is there.
@@ -28,7 +29,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ground.contract import CAUSE_NODE_UNFIT, ENV_SHM_DIR, EXIT_NODE_UNFIT, FAILURE_MARKER, STAGE_MARKER
+from ground.contract import CAUSE_NODE_UNFIT, ENV_SHM_DIR, EXIT_NODE_UNFIT, FAILURE_MARKER
+from ground.stage import describe, stage_key, staged_as
 from ground.units import format_bytes
 from ground.paths import free_bytes
 
@@ -127,14 +129,33 @@ def check_shm(shm_dir: Path, need: int) -> Finding:
     return Finding("shm", True, f"shm: {free:,} B free on {shm_dir} ≥ {need:,} B needed; {stale_text}", numbers)
 
 
-def check_scratch(dest: Path, stage_bytes: int) -> Finding:
-    if (dest / STAGE_MARKER).exists():
-        return Finding("scratch", True, f"scratch: {dest} already staged", {"stage_dest": dest})
+def check_scratch(dest: Path, stage_bytes: int, key: dict[str, object] | None = None) -> Finding:
+    """``key``: the copy this job stages (``ground.stage``); skipped only when ``dest`` holds exactly it.
+    Whatever is already there counts as space: stage-in removes a copy of another key before copying,
+    and keeps what an unfinished copy of this key finished (so it need not be copied again)."""
+    if key is not None and staged_as(dest, key):
+        return Finding("scratch", True, f"scratch: {dest} already staged ({describe(key)})", {"stage_dest": dest})
     free = _free(dest)
+    held = _bytes_under(dest)
     numbers = {"stage_dest": dest, "scratch_free_bytes": free, "stage_bytes": stage_bytes}
-    verdict = "<" if free < stage_bytes else "≥"
-    return Finding("scratch", free >= stage_bytes,
-                   f"scratch: {free:,} B free under {dest} {verdict} {stage_bytes:,} B to stage in", numbers)
+    replaced = ""
+    if held:
+        numbers["replaced_copy_bytes"] = held
+        replaced = f" + {held:,} B of an earlier copy there (stage-in replaces or resumes it)"
+    verdict = "<" if free + held < stage_bytes else "≥"
+    return Finding("scratch", free + held >= stage_bytes,
+                   f"scratch: {free:,} B free under {dest}{replaced} {verdict} {stage_bytes:,} B to stage in", numbers)
+
+
+def _bytes_under(path: Path) -> int:
+    total = 0
+    for directory, _, names in os.walk(path):
+        for name in names:
+            try:
+                total += os.lstat(os.path.join(directory, name)).st_size
+            except OSError:
+                continue
+    return total
 
 
 def visible_gpus() -> tuple[int, str]:
@@ -179,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shm-need", type=int, default=0, help="Bytes of /dev/shm the loader needs per node.")
     parser.add_argument("--stage-bytes", type=int, default=None, help="Bytes stage-in copies (stage phase).")
     parser.add_argument("--stage-dest", type=Path, default=None)
+    parser.add_argument("--stage-layers", default=None, help="The copy's layer set (ground.stage), with --stage-model.")
+    parser.add_argument("--stage-model", default=None, help="The cache's model identity (ground.stage).")
     parser.add_argument("--gpus", type=int, default=0, help="GPUs requested per node.")
     parser.add_argument("--cache-root", type=Path, default=None, help="The cache that must be mounted (stage phase).")
     args = parser.parse_args(argv)
@@ -190,7 +213,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.cache_root is not None:
             findings.append(check_cache(args.cache_root))
         if args.stage_dest is not None and args.stage_bytes is not None:
-            findings.append(check_scratch(args.stage_dest, args.stage_bytes))
+            key = None
+            if args.cache_root is not None and args.stage_layers is not None and args.stage_model is not None:
+                key = stage_key(args.cache_root, args.stage_layers, args.stage_model)
+            findings.append(check_scratch(args.stage_dest, args.stage_bytes, key))
     for finding in findings:
         print(f"idmctl: node guard ({args.phase}) on {node}: {'ok' if finding.ok else 'UNFIT'} {finding.line}", flush=True)
     failed = [f for f in findings if not f.ok]

@@ -45,6 +45,7 @@ def submit(
     run, and submit it."""
     from idmctl.commands.preflight import print_checks
     from idmctl.jobs import submit as submitting
+    from idmctl.jobs.verdict import SchedulerRefused
 
     overrides = job_flags.flags(qos, gres, cpus, mem, exclude, job_name, time_limit, retries, entry, build, hold)
     from ground.spec import load_experiments
@@ -71,6 +72,7 @@ def submit(
         verdict = (f"submit would be refused: {', '.join(planned.admission.failed)} FAIL" if planned.admission.failed
                    else "submit-time checks pass")
         err_console.print(f"{verdict} ({planned.admission.seconds * 1000:.0f} ms)", markup=False)
+        err_console.print(planned.verdict.line(), markup=False)
         typer.echo(planned.script, nl=False)
         return
     if force and not (reason and reason.strip()):
@@ -89,6 +91,10 @@ def submit(
                          f"{refused.job.profile.name}, the job as submitted", err=True)
         raise CheckFailed(f"submit refused: {', '.join(refused.admission.failed)} FAIL on the job as submitted "
                           "(table above); fix the flag or the spec, or preflight the job with these flags") from None
+    except SchedulerRefused as refused:
+        if as_json:
+            emit_json({"refused": True, "scheduler": refused.verdict.command, "words": refused.verdict.words})
+        raise
     job = done.job
     if as_json:
         emit_json({"job": job.id, "chain": job.chain_id, "scheduler_id": job.scheduler_id, "executor": job.executor,
@@ -134,7 +140,9 @@ def _submit_sweep(reference: str, variant_names: list[str], overrides: dict, clu
     if dry_run:
         for ref in refs:
             typer.echo(f"# ---- variant {ref} ----")
-            typer.echo(submitting.dry_run(ref, overrides, cluster).script, nl=False)
+            planned = submitting.dry_run(ref, overrides, cluster)
+            err_console.print(f"{ref}: {planned.verdict.line()}", markup=False)
+            typer.echo(planned.script, nl=False)
         return
     done, skipped = [], []
     for ref in refs:

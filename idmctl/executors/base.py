@@ -77,6 +77,21 @@ class SchedulerUnreachable(CheckFailed):
         super().__init__(f"{daemon} did not answer `{command}`: {detail}")
 
 
+class SchedulerRefusal(CheckFailed):
+    """The scheduler said no to a script it was asked about (``sbatch --test-only``, ``bash -n``):
+    ``words`` are its own, on one line."""
+
+    def __init__(self, command: str, words: str):
+        self.command = command
+        self.words = words
+        super().__init__(f"{command} refused the script: {words}")
+
+
+def one_line(text: str) -> str:
+    """A tool's several stderr lines as one (``; ``-joined), so a refusal stays one line."""
+    return "; ".join(line.strip() for line in text.splitlines() if line.strip())
+
+
 class Executor(Protocol):
     name: str
 
@@ -84,7 +99,8 @@ class Executor(Protocol):
         """Start the script; return the scheduler's job id. ``log_path`` may contain ``%j``."""
 
     def test_only(self, script_path: Path) -> str:
-        """Ask the scheduler whether it would accept the script, submitting nothing."""
+        """Ask the scheduler whether it would accept the script, submitting nothing: its words when it
+        would, :class:`SchedulerRefusal` when it would not."""
 
     def status(self, scheduler_ids: list[str]) -> dict[str, JobStatus]:
         """States of many jobs with a bounded number of scheduler calls (ids it does not know are left out)."""

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from ground import contract
 from ground.errors import CheckFailed, UserError
-from idmctl.executors.base import JobStatus, RunRecord, is_final
+from idmctl.executors.base import JobStatus, RunRecord, SchedulerRefusal, is_final, one_line
 from ground.paths import atomic_write_text, home
 
 
@@ -59,8 +59,8 @@ class LocalExecutor:
     def test_only(self, script_path: Path) -> str:
         result = subprocess.run(["bash", "-n", str(script_path)], capture_output=True, text=True)
         if result.returncode != 0:
-            raise CheckFailed(f"bash -n refused the script: {result.stderr.strip()}")
-        return "bash -n: script parses"
+            raise SchedulerRefusal("bash -n", one_line(result.stderr) or f"exit {result.returncode}")
+        return "the script parses (no scheduler to ask)"
 
     def status(self, scheduler_ids: list[str]) -> dict[str, JobStatus]:
         statuses: dict[str, JobStatus] = {}

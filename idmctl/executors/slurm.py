@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ground.errors import CheckFailed, UserError
-from idmctl.executors.base import JobStatus, RunRecord, SchedulerUnreachable
+from idmctl.executors.base import JobStatus, RunRecord, SchedulerRefusal, SchedulerUnreachable, one_line
 
 SACCT_FIELDS = ("JobID", "State", "ExitCode", "Reason", "Submit", "Start", "End", "NodeList")
 USAGE_FIELDS = ("Elapsed", "TotalCPU", "AllocCPUS", "ReqMem", "MaxRSS", "Timelimit", "NTasks", "NNodes")
@@ -136,10 +136,12 @@ class SlurmExecutor:
         return result.stdout.strip().split(";")[0]
 
     def test_only(self, script_path: Path) -> str:
+        # slurmctld's will-run answer: QoS grants, associations, partitions and node configurations as
+        # the cluster has them now, which a cluster profile can only mirror. Nothing is queued.
         result = _run(["sbatch", "--test-only", str(script_path)])
-        text = (result.stderr + result.stdout).strip()
+        text = one_line(result.stderr + "\n" + result.stdout)
         if result.returncode != 0:
-            raise CheckFailed(f"sbatch --test-only refused the script: {text}")
+            raise SchedulerRefusal("sbatch --test-only", text or f"exit {result.returncode}")
         return text
 
     def status(self, scheduler_ids: list[str]) -> dict[str, JobStatus]:

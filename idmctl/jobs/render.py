@@ -21,6 +21,7 @@ from ground import contract
 from ground.errors import UserError
 from ground.paths import REPO_ROOT, expand_path
 from ground.spec.loader import ResolvedSpec
+from ground.stage import layer_set, model_identity, spec_identity
 from ground.spec.schema import MAX_COUNT, NODE_LIST, SLURM_NAME, check_job_mem, check_job_time
 from ground.units import parse_bytes, parse_duration, slurm_time
 
@@ -310,7 +311,7 @@ def render_script(resolved: ResolvedSpec, options: JobOptions, ctx: RenderContex
         stage = _stage_block(spec.stage.enabled, spec.data.cache_root, spec.stage.dest, spec_file,
                              routed_blocks=spec.data.selected_blocks if spec.stage.layers == "routed" else None,
                              suffix=".pt" if spec.data.cache_format == "legacy_pt" else ".safetensors",
-                             python=ctx.python)
+                             python=ctx.python, model=model_identity(spec.data))
     q = shlex.quote
     guard = _guard_lines(resolved, options, ctx)
     body = [
@@ -438,7 +439,9 @@ def _guard_stage_args(resolved: ResolvedSpec, options: JobOptions, ctx: RenderCo
         args += f" --cache-root {q(str(check_shell_path(spec.data.cache_root, 'data.cache_root', str(resolved.path))))}"
     if spec.stage.enabled and ctx.stage_bytes is not None:
         dest = check_shell_path(spec.stage.dest, "stage.dest", str(resolved.path))
-        args += f" --stage-dest {q(str(dest))} --stage-bytes {int(ctx.stage_bytes)}"
+        layers, model = spec_identity(spec.stage.layers, spec.data)
+        args += (f" --stage-dest {q(str(dest))} --stage-bytes {int(ctx.stage_bytes)}"
+                 f" --stage-layers {q(layers)} --stage-model {q(model)}")
     return args
 def _comment(text: str) -> str:
     """One comment line: no newline or control character can end it early."""
@@ -462,12 +465,14 @@ def _multi_node_env(options: JobOptions) -> list[str]:
 
 
 def _stage_block(enabled: bool, cache_root: str, dest: str, spec_file: str, *, routed_blocks: list[int] | None = None,
-                 suffix: str = ".pt", python: str = "python3") -> str:
+                 suffix: str = ".pt", python: str = "python3", model: str = "") -> str:
     """Stage-in as a shell function run once on every node of the job (each node reads its own copy):
     under Slurm with more than one node through one ``srun`` task per node, else in the batch shell.
     A lock serialises copies that land on the same disk (nodes sharing a host, as n1/n2 here).
     ``routed_blocks`` (stage.layers: routed) copies only the selected blocks, as exact reads written
-    to verified safetensors; a copy cut by a preemption resumes (finished files are kept)."""
+    to verified safetensors; a copy cut by a preemption resumes (finished files are kept).
+    The copy is keyed (``ground.stage``: source, layer set, ``model`` identity, files): a copy of
+    another key at ``dest`` is removed and copied again, never reused."""
     if not enabled:
         return "# stage-in: disabled (stage.enabled: false); the trainer reads data.cache_root in place"
     src_path = check_shell_path(cache_root, "data.cache_root", spec_file)
@@ -476,27 +481,34 @@ def _stage_block(enabled: bool, cache_root: str, dest: str, spec_file: str, *, r
     tool = "cp" if routed_blocks is None else "cache.convert"
     if routed_blocks is None:
         copy = ['  echo "idmctl: stage-in on $node $STAGE_SRC -> $STAGE_DEST ($(du -sb "$STAGE_SRC" | cut -f1) bytes)"',
-                '  mkdir -p "$STAGE_DEST" && cp -a "$STAGE_SRC/." "$STAGE_DEST/" 2>"$err"']
+                '  cp -a "$STAGE_SRC/." "$STAGE_DEST/" 2>"$err"']
     else:
         blocks = ",".join(str(b) for b in routed_blocks)
         copy = [f'  echo "idmctl: stage-in on $node blocks {blocks} of $STAGE_SRC -> $STAGE_DEST (stage.layers: routed)"',
-                f'  mkdir -p "$STAGE_DEST" && {q(python)} -m cache.convert "$STAGE_SRC" "$STAGE_DEST" '
+                f'  {q(python)} -m cache.convert "$STAGE_SRC" "$STAGE_DEST" '
                 f'--blocks {blocks} --suffix {suffix} >/dev/null 2>"$err"']
+    stage_py = f"{q(python)} -m ground.stage"
     return "\n".join([
-        "# stage-in: copy the cache to each node's local disk once; the marker says a copy finished.",
+        "# stage-in: copy the cache to each node's local disk once. The marker records what the copy is",
+        "# (source, layer set, model identity, files: ground/stage.py); a copy of another key is replaced.",
         f"export STAGE_SRC={q(str(src_path))}",
         f"export STAGE_DEST={q(str(dest_path))}",
-        f"export STAGE_MARKER={q(contract.STAGE_MARKER)}",
+        f"export STAGE_LAYERS={q(layer_set(routed_blocks))}",
+        f"export STAGE_MODEL={q(model)}",
         "export RUN_DIR",
         "stage_in() (  # a subshell: the lock is released when the copy ends, not held by the trainer",
         '  node="${SLURMD_NODENAME:-$(hostname)}"',
         '  mkdir -p "$(dirname "$STAGE_DEST")" || exit 1',
         '  exec 9>"$STAGE_DEST.lock" && flock 9',
-        '  if [ -e "$STAGE_DEST/$STAGE_MARKER" ]; then',
-        '    echo "idmctl: stage-in skipped on $node: $STAGE_DEST already staged"',
-        "    exit 0",
-        "  fi",
         '  err="$RUN_DIR/stage-$node.err"',
+        f'  plan="$({stage_py} prepare --source "$STAGE_SRC" --dest "$STAGE_DEST" --layers "$STAGE_LAYERS" '
+        '--model "$STAGE_MODEL" 2>"$err")" || {',
+        '    echo "idmctl: stage-in FAILED (ground.stage exit $?): $(tail -n 1 "$err")"; exit 1; }',
+        "  case \"${plan%%$'\\t'*}\" in",
+        "    staged) echo \"idmctl: stage-in skipped on $node: $STAGE_DEST already holds ${plan#*$'\\t'}\"; exit 0 ;;",
+        "    replace) echo \"idmctl: stage-in on $node replaces the copy at $STAGE_DEST: ${plan#*$'\\t'}\" ;;",
+        "    resume) echo \"idmctl: stage-in on $node resumes the unfinished copy at $STAGE_DEST\" ;;",
+        "  esac",
         *copy,
         "  status=$?",
         '  if [ "$status" -ne 0 ]; then',
@@ -504,7 +516,8 @@ def _stage_block(enabled: bool, cache_root: str, dest: str, spec_file: str, *, r
         ' free on $STAGE_DEST: $(df -B1 --output=avail "$STAGE_DEST" | tail -n 1) bytes"',
         "    exit 1",
         "  fi",
-        '  date -Is > "$STAGE_DEST/$STAGE_MARKER"',
+        f'  {stage_py} commit --dest "$STAGE_DEST" 2>"$err" || {{',
+        '    echo "idmctl: stage-in FAILED (ground.stage commit exit $?): $(tail -n 1 "$err")"; exit 1; }',
         '  echo "idmctl: stage-in done on $node"',
         ")",
         'if [ -n "${SLURM_JOB_ID:-}" ] && [ "${SLURM_JOB_NUM_NODES:-1}" -gt 1 ]; then',

@@ -24,6 +24,7 @@ from idmctl.executors import executor_for
 from idmctl.jobs.code import JobCode, freeze, planned, require_present, tree_for
 from idmctl.jobs.effective import EffectiveJob, active_exclusions, build as build_effective
 from idmctl.jobs.render import JobOptions, RenderContext, render_script, with_exclusions
+from idmctl.jobs.verdict import SchedulerRefused, Verdict, require_acceptance, verdict_if_askable
 from ground.paths import atomic_write_text, home
 from ground.spec.loader import ResolvedSpec, load_spec
 
@@ -125,6 +126,8 @@ class DryRun:
     script: str
     job: EffectiveJob
     admission: Admission
+    verdict: Verdict
+    """What the scheduler says about ``script`` (``sbatch --test-only``): submit asks the same."""
 
 
 def dry_run(experiment: str, overrides: dict[str, Any], cluster: str | None) -> DryRun:
@@ -139,7 +142,7 @@ def dry_run(experiment: str, overrides: dict[str, Any], cluster: str | None) -> 
     script = render_script(job.resolved, job.options, _context(job.resolved, DRY_RUN_CHAIN_ID, 1, job.profile.scheduler, {},
                                                                {"admission": admission.as_dict()},
                                                                planned(snapshot, job.profile, job.declared.spec)))
-    return DryRun(script, job, admission)
+    return DryRun(script, job, admission, verdict_if_askable(job.profile.scheduler, script))
 
 
 def submit(experiment: str, overrides: dict[str, Any], cluster: str | None,
@@ -150,6 +153,7 @@ def submit(experiment: str, overrides: dict[str, Any], cluster: str | None,
     version = snapshot.version
     job = prepare(experiment, overrides, cluster, version)
     admission = admit(job, force_reason, version)
+    ask_scheduler(job)
     forced = None
     if force_reason is not None:
         forced = f"{getpass.getuser()}@{socket.gethostname()} at {datetime.now(timezone.utc).isoformat(timespec='seconds')}: {force_reason}"
@@ -158,6 +162,14 @@ def submit(experiment: str, overrides: dict[str, Any], cluster: str | None,
     admitted = {"job": job.record(), "admission": admission.as_dict(), "cluster": _profile_source(cluster)}
     return _submit_attempt(job.resolved, job.profile.scheduler, job.options, chain_id, 1, admission.preflight_id, forced,
                            {}, spec_hash=job.declared.hash, admitted=admitted, code=code)
+
+
+def ask_scheduler(job: EffectiveJob) -> Verdict:
+    """The scheduler's verdict before any row, snapshot or run directory exists (raises
+    ``SchedulerRefused``). The dry-run script has the real one's #SBATCH header (only the run
+    directory's chain id differs), so the scheduler's answer on it is its answer on the job."""
+    return require_acceptance(job.profile.scheduler, render_script(
+        job.resolved, job.options, _context(job.resolved, DRY_RUN_CHAIN_ID, 1, job.profile.scheduler, {})))
 
 
 CODE_CHOICES = ("chain", "current")
@@ -209,6 +221,7 @@ def resume(experiment: str, chain_id: int, overrides: dict[str, Any], cluster: s
                         f"{job.declared.hash[:12]}", file="command line", field="--resume",
                         hint="a changed spec is a new chain: submit it without --resume")
     admission = admit(job, force_reason, version)
+    ask_scheduler(job)
     if snapshot is not None:
         code = freeze(snapshot, job.profile, job.declared.spec)
     forced = None
@@ -396,6 +409,13 @@ def resubmit(job_id: int, extra_env: dict[str, str], reason: str, spends_retry: 
         why = f"resubmission refused: {', '.join(admission.failed)} FAIL on the job as it would be resubmitted — {named}"
         _refuse(old_values, resolved, options, attempt, why, admitted, code)
         raise ResubmitRefused(why)
+    try:  # the scheduler's own verdict on the attempt as it would be sent (its new exclusions included)
+        require_acceptance(scheduler, render_script(resolved, options, _context(
+            resolved, old_values["chain_id"], attempt, scheduler, env, admitted, code)))
+    except SchedulerRefused as exc:
+        why = f"resubmission refused by the scheduler: {exc}"
+        _refuse(old_values, resolved, options, attempt, why, admitted, code)
+        raise ResubmitRefused(why) from exc
     submitted = _submit_attempt(resolved, scheduler, options, old_values["chain_id"], attempt,
                                 old_values["preflight_id"], old_values["forced"], env,
                                 spec_hash=old_values["spec_hash"] or resolved.hash, admitted=admitted, code=code)

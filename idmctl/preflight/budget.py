@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ground.geometry import HiddenGeometry, sample_io
+from ground.paths import expand_path
+from ground.stage import reuses, spec_identity
 from idmctl.preflight.result import PreflightContext
 from ground.units import format_bytes, format_duration
 
@@ -50,6 +52,9 @@ class Staging:
     cache_root: str
     nodes: int = 1
     """Nodes staging at once; they share the NAS, so the copy takes ``nodes × bytes ÷ nas_read``."""
+    reused: bool = False
+    """``stage.dest`` on this machine already holds a finished copy with this spec's key
+    (``ground.stage``): stage-in copies nothing, takes no time. ``bytes`` stays what a copy would need."""
 
     @property
     def copied(self) -> str:
@@ -89,10 +94,21 @@ def staging(ctx: PreflightContext, layers: str | None = None) -> Staging:
                        "this machine)")
         is_measured = False
     nodes = ctx.spec.resources.nodes
-    seconds = nodes * size / nas if stage.enabled else 0.0
+    # Judged for this very spec and layer set (a what-if of other layers or blocks is another key).
+    state = None
+    if stage.enabled and ctx.is_this_machine:
+        layer_words, model = spec_identity(layers, data)
+        same = reuses(measured.staged_copy, expand_path(data.cache_root), layer_words, model)
+        state = None if same is None else "reuse" if same else "replace"
+    reused = state == "reuse"
+    seconds = nodes * size / nas if stage.enabled and not reused else 0.0
     if nodes > 1:
         formula += f", per node (each of {nodes} nodes stages its own copy)"
-    return Staging(stage.enabled, size, formula, is_measured, seconds, data.cache_root, nodes)
+    if reused:
+        formula += f"; {stage.dest} already holds this copy (same source, layers, model, files): nothing to copy"
+    elif state == "replace":
+        formula += f"; the copy at {stage.dest} is of another key (layer set, cache files or model): replaced"
+    return Staging(stage.enabled, size, formula, is_measured, seconds, data.cache_root, nodes, reused)
 
 
 def routed_staging_fix(ctx: PreflightContext, fits: Callable[[Staging], bool]) -> str | None:

@@ -22,7 +22,10 @@ def check(ctx: PreflightContext) -> CheckResult:
     else:
         capacity = ctx.profile.node.scratch_bytes
         source = f"scratch of a {ctx.profile.name} node"
-    numbers = {"stage_bytes": stage.bytes, "capacity_bytes": capacity, "measured": stage.measured, "nodes": stage.nodes}
+    numbers = {"stage_bytes": stage.bytes, "capacity_bytes": capacity, "measured": stage.measured, "nodes": stage.nodes,
+               "reused": stage.reused}
+    if stage.reused:
+        return CheckResult(NAME, Status.PASS, f"already staged, nothing to copy: {stage.formula}", numbers)
     if not stage.measured and not spec.data.cache_files:
         return CheckResult(NAME, Status.WARN,
                            f"cannot size the stage-in: {stage.cache_root} is not on this machine and data.cache_files "

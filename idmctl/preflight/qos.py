@@ -58,6 +58,8 @@ def check(ctx: PreflightContext) -> CheckResult:
                        checkpoint_interval_s=checkpoint_s, first_checkpoint_s=first_checkpoint)
         stage_text = (f"stage-in {stage.copied} ÷ NAS {fmt_bandwidth(profile.storage.nas_read_bps)} = "
                       f"{format_duration(stage.seconds)}" if stage.enabled else "no stage-in")
+        if stage.reused:
+            stage_text = f"stage-in 0 s (already staged at {spec.stage.dest} with this key)"
         ckpt_text = (f"checkpoint every {every:,} steps{'' if spec.train.checkpoint_every else ' (derived)'} × "
                      f"{fmt_seconds(estimate.step_s)}/step = "
                      f"{format_duration(checkpoint_s)}")

@@ -125,6 +125,11 @@ class Measurements:
     cache_bytes: int | None = None
     """Measured size of the cache directory (what stage-in copies), when present."""
     cache_file_count: int | None = None
+    staged_copy: dict[str, Any] | None = None
+    """The finished copy at ``stage.dest`` on this machine (``ground.stage.staged_here``: its source,
+    layers, model, and whether its files are the cache's now), on local profiles only (a cluster node's
+    disk cannot be seen from here); None when there is none or nobody looked. ``budget.staging`` judges
+    each spec (what-ifs too) against it."""
     cache_inspections: list[CacheInspection] = field(default_factory=list)
     queue_waits: list[QueueWait] = field(default_factory=list)
     """Recorded jobs with the same QoS and GPU count (and others with the same GPU count)."""

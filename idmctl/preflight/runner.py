@@ -176,9 +176,21 @@ def gather(resolved: ResolvedSpec, profile: ClusterProfile, code_version: str | 
         shm_free_bytes=free_bytes(Path("/dev/shm")),
         scratch_free_bytes=free_bytes(expand_path(resolved.spec.stage.dest)),
         cache_present=present, cache_bytes=cache_bytes, cache_file_count=file_count,
+        staged_copy=staged_copy(resolved, profile) if present else None,
         cache_inspections=inspections or [], queue_waits=queue_history(res.gpus_per_node * res.nodes),
         cache_inspected=inspections is not None, recorded_runs=recorded_runs(),
     )
+
+
+def staged_copy(resolved: ResolvedSpec, profile: ClusterProfile) -> dict[str, Any] | None:
+    """``ground.stage.staged_here`` at this spec's ``stage.dest``, on profiles whose nodes are this
+    machine; None elsewhere (and without stage-in)."""
+    from ground.stage import staged_here
+
+    spec = resolved.spec
+    if not spec.stage.enabled or not PreflightContext(resolved, profile).is_this_machine:
+        return None
+    return staged_here(expand_path(spec.data.cache_root), expand_path(spec.stage.dest))
 
 
 def recorded_runs() -> list[RecordedRun]:

@@ -219,8 +219,10 @@ EOF
     sacctmgr -i add cluster "$CLUSTER" >/dev/null
   fi
   # QoS tiers mirroring clusters/local-slurm.yaml; `sub` is preempted (requeued) by core-own.
+  # `core-reserved` exists but is never granted to the user: the profile lists it, the cluster refuses
+  # it ("Invalid qos specification"), so submit's `sbatch --test-only` verdict has a refusal to meet.
   existing="$(sacctmgr -n -P list qos format=name)"
-  for qos in core-own core-extra share sub; do
+  for qos in core-own core-extra share sub core-reserved; do
     grep -qx -- "$qos" <<<"$existing" || sacctmgr -i add qos "$qos" >/dev/null
   done
   sacctmgr -i modify qos sub set Priority=0 PreemptMode=requeue GraceTime=10 >/dev/null
