@@ -2,7 +2,8 @@
 not the thing under test. It honours the trainer's contract: read ``RUN_DIR/spec.json``, checkpoint
 on SIGUSR1/SIGTERM and exit 75, resume from the checkpoint. ``IDMCTL_TEST_BEHAVIOR`` picks what it does:
 
-- ``steps:N[:SECONDS]``: N steps of SECONDS each (default 0.2), checkpoint after every step
+- ``steps:N[:SECONDS]``: N steps of SECONDS each (default 0.2), checkpoint after every step, each
+  reported as the entry contract's ``IDMCTL_STEP`` line (``IDMCTL_SMOKE_STEPS`` overrides N: the smoke)
 - ``typeerror``: raise TypeError at start (card A 6321)
 - ``oom``: allocate memory until the cgroup kills it
 - ``ranks``: every rank writes ``rank-<SLURM_PROCID>.txt`` and exits 0
@@ -22,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from ground.contract import ENV_ATTEMPT, EXIT_REQUEUE, SPEC_FILE, STACKS_SIGNAL
+from ground.contract import ENV_ATTEMPT, ENV_SMOKE_STEPS, EXIT_REQUEUE, SPEC_FILE, STACKS_SIGNAL, STEP_MARKER
 
 
 def main() -> int:
@@ -55,7 +56,8 @@ def main() -> int:
         first = os.environ.get(ENV_ATTEMPT, "1") == "1"
         return _steps(run_dir, int(total), float(rest[0]) if rest else 0.2, hang_at=int(hang_at) if first else None)
     _, total, *rest = behavior.split(":")
-    return _steps(run_dir, int(total), float(rest[0]) if rest else 0.2)
+    smoke = os.environ.get(ENV_SMOKE_STEPS)  # the preflight's smoke of this entry (the entry contract)
+    return _steps(run_dir, int(smoke or total), float(rest[0]) if rest else 0.2)
 
 
 def _heartbeat(run_dir: Path, step: int, total: int, seconds: float, started: float) -> None:
@@ -99,6 +101,7 @@ def _steps(run_dir: Path, total: int, seconds: float, hang_at: int | None = None
         tmp.write_text(json.dumps({"step": step}))
         os.replace(tmp, ckpt)
         print(f"entry: step {step}", flush=True)
+        print(f"{STEP_MARKER} step={step} loss={1.0 / step:.4f} seconds={seconds:.3f}", flush=True)
         if hang_at is not None:
             _heartbeat(run_dir, step, total, seconds, started)
             if step == hang_at:

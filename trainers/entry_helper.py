@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from ground import contract
+from ground.heartbeat import beat
+from ground.progress import WINDOW_STEPS, WRITE_EVERY_S
 
 
 def smoke_steps() -> int | None:
@@ -52,6 +54,8 @@ class Reporter:
         self.started = time.time()
         self.window: list[float] = []
         self.first_step: int | None = None
+        self.written_at = 0.0
+        self.log_every = int(((spec or {}).get("spec") or {}).get("train", {}).get("log_every") or 1)
         self.logger = None
         if log_to_mlflow and spec is not None and smoke_steps() is None and os.environ.get(contract.ENV_HOME):
             from trainers.tracking import RunLogger
@@ -76,10 +80,15 @@ class Reporter:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
         print(f"{contract.STEP_MARKER} {_fields(step=step, loss=float(loss), seconds=float(seconds), peak_mem_bytes=peak)}",
               flush=True)
-        self.window = (self.window + [float(seconds)])[-20:]
+        self.window = (self.window + [float(seconds)])[-WINDOW_STEPS:]
         if total is not None:
-            self._progress(step, total)
-        if self.logger is not None:
+            # As idmctl's trainer: the file at most every WRITE_EVERY_S (and at the first and last step),
+            # the heartbeat's mtime after every step (one utime, no write).
+            if step == total or self.first_step is None or time.time() - self.written_at >= WRITE_EVERY_S:
+                self._progress(step, total)
+            else:
+                beat(self.run_dir)
+        if self.logger is not None and (step % self.log_every == 0 or step == total):  # train.log_every
             self.logger.log_metrics({"loss": float(loss), **metrics}, step)
 
     def checkpoint(self, seconds: float, size_bytes: int) -> None:
@@ -90,6 +99,7 @@ class Reporter:
         from ground.progress import Progress, timing_key, write_progress
         from ground.spec.schema import ExperimentSpec
 
+        self.written_at = time.time()
         if self.first_step is None:
             self.first_step = step - 1
         spec = self.spec or {}

@@ -109,8 +109,9 @@ def run_entry_smoke(resolved: ResolvedSpec, entry: str, timeout_s: float) -> Smo
         return SmokeMeasurement(ok=False, wall_s=wall, error=f"{entry!r} reported no step within {timeout_s:.0f} s: "
                                                               f"the contract expects {CONTRACT_LINE}")
     if child.returncode != 0 and not timed_out:
+        own = [Path(r) for r in roots] + [directory]  # the team's frames first, then the project's
         return SmokeMeasurement(ok=False, wall_s=wall, error=f"exit {child.returncode}: "
-                                                              f"{last_frame_and_exception(stderr or stdout)}")
+                                                              f"{last_frame_and_exception(stderr or stdout, own)}")
     if not steps:
         return SmokeMeasurement(ok=False, wall_s=wall, error=f"{entry!r} exited 0 without reporting a step: the "
                                                               f"contract expects {CONTRACT_LINE}")
