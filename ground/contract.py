@@ -152,5 +152,11 @@ def spec_roots(spec: "ExperimentSpec | None") -> list["Path"]:
     if spec is None or not spec.code.roots:
         return []
     from ground.class_path import code_roots
+    from ground.errors import UserError
 
-    return code_roots(spec)[1:]
+    roots = code_roots(spec)[1:]
+    for given, root in zip(spec.code.roots, roots):
+        if not root.is_dir():
+            raise UserError(f"code root {given!r} is not a folder on this machine ({root})", field="code.roots",
+                            hint="name the team repository's folder (relative to the project root, or absolute)")
+    return roots

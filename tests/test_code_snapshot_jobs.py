@@ -22,6 +22,7 @@ import yaml
 
 from ground import code_snapshot as snap
 from ground import contract
+from ground.tracking import TAG_CODE_VERSION
 from slurm_support import sh
 from snapshot_support import BREAKS_THE_TRAINER, REPO, chain_rows, home, idmctl, job_row, project, submitted  # noqa: F401
 from snapshot_support import sync_until_chain_ends
@@ -59,7 +60,7 @@ def test_a_held_job_and_its_resubmission_run_the_admitted_snapshot_after_the_tre
     readmitted = json.loads(attempts[-1]["options_json"])["admitted"]
     assert readmitted["resubmission_of"] == attempts[0]["id"] and readmitted["admission"]["failed"] == []
     with sqlite3.connect(home / "mlflow.sqlite") as db:
-        tags = {v for (v,) in db.execute("SELECT value FROM tags WHERE key = 'idmctl.code_version'")}
+        tags = {v for (v,) in db.execute("SELECT value FROM tags WHERE key = ?", (TAG_CODE_VERSION,))}
     assert tags == {admitted}
 
 

@@ -41,6 +41,33 @@ def test_non_finite_loss_fails_and_finite_passes():
             "model 39.0 s, 0.500 s/step, peak 5.5 GB, 242.6M params") in ok.summary
 
 
+def test_a_cpu_smoke_of_a_gpu_job_says_its_step_time_does_not_stand_for_the_gpus():
+    resolved = load_spec("latent_c_n4")  # 8 GPUs per node
+    profile, _ = load_profile("card")
+    on_cpu = SmokeMeasurement(ok=True, losses=[1.0, 0.9, 0.8], step_s=0.5, device="cpu")
+    result = smoke.check(PreflightContext(resolved, profile, Measurements(smoke=on_cpu)))
+    assert "measured on this host's CPU, which has no GPU: the step time does not stand for the job's 8 GPU(s)" \
+        in result.summary
+    on_gpu = smoke.check(PreflightContext(resolved, profile, Measurements(smoke=SmokeMeasurement(
+        ok=True, losses=[1.0, 0.9, 0.8], step_s=0.5, device="cuda:0"))))
+    assert "does not stand for" not in on_gpu.summary
+
+
+def test_the_innermost_frame_of_the_teams_own_code_is_the_one_named(tmp_path: Path):
+    """Job 6262: torch raises inside DataLoader.__init__; the line to fix is the team's call."""
+    team, library = tmp_path / "team", tmp_path / "site"
+    for folder in (team, library):
+        folder.mkdir()
+    (library / "lib.py").write_text("def loader(workers, persistent):\n    if persistent and not workers:\n"
+                                    "        raise ValueError('persistent_workers option needs num_workers > 0')\n")
+    (team / "train.py").write_text("import lib\n\n\ndef main():\n    lib.loader(0, True)\n\n\nmain()\n")
+    done = subprocess.run([sys.executable, str(team / "train.py")], capture_output=True, text=True,
+                          env={"PYTHONPATH": str(library), "PATH": "/usr/bin:/bin"})
+    assert smoke.last_frame_and_exception(done.stderr, [team]) == (
+        "train.py:5 in main → ValueError: persistent_workers option needs num_workers > 0")
+    assert smoke.last_frame_and_exception(done.stderr).startswith(f"{library / 'lib.py'}:3 in loader")
+
+
 def test_cpu_smoke_peak_above_the_jobs_memory_fails():
     resolved = load_spec("quickstart")  # 1 CPU rank, resources.mem 4GB
     profile, _ = load_profile("local")

@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from ground.contract import ENV_CLUSTER
+from ground.tracking import TAG_CODE_VERSION
 from slurm_support import release_requeued, sh, text_so_far, wait_until
 from snapshot_support import chain_rows, home, idmctl, job_row, project, submitted, sync_until_chain_ends  # noqa: F401
 
@@ -67,7 +69,7 @@ def test_the_team_repo_fails_as_6321_then_6262_and_once_fixed_runs_and_resumes_o
     document = yaml.safe_load(spec_file.read_text())
     document["train"].update(steps=3000, log_every=500)  # long enough to be preempted mid-run
     spec_file.write_text(yaml.safe_dump(document, sort_keys=False))
-    slurm_env = {**env, "IDMCTL_CLUSTER": "local-slurm"}
+    slurm_env = {**env, ENV_CLUSTER: "local-slurm"}
     passed = _preflight(project, home, slurm_env)
     assert passed.returncode == 0, passed.stdout[-3000:]
     smoke = _checks(passed)["smoke"]
@@ -105,4 +107,4 @@ def test_the_team_repo_fails_as_6321_then_6262_and_once_fixed_runs_and_resumes_o
         steps = sorted({s for (s,) in db.execute("SELECT step FROM metrics WHERE key = 'loss' AND run_uuid = ?", (run_id,))})
         tags = dict(db.execute("SELECT key, value FROM tags WHERE run_uuid = ?", (run_id,)).fetchall())
     assert status == "FINISHED" and steps == list(range(500, 3001, 500)), (status, steps)
-    assert tags["idmctl.code_version"] == code["version"]
+    assert tags[TAG_CODE_VERSION] == code["version"]

@@ -149,6 +149,9 @@ def check(ctx: PreflightContext) -> CheckResult:
     summary = (f"{len(smoke.losses)} steps at batch {smoke.batch_size} on {smoke.device}, finite losses {trend}; "
                f"{_timings(smoke)} (wall {smoke.wall_s:.1f} s)")
     res = ctx.spec.resources
+    if smoke.device == "cpu" and res.gpus_per_node > 0:
+        summary += (f"; measured on this host's CPU, which has no GPU: the step time does not stand for the "
+                    f"job's {res.gpus_per_node} GPU(s) per node")
     if smoke.device == "cpu" and res.gpus_per_node == 0 and smoke.peak_mem_bytes:
         # The smoke's batch is at most the job's, so its peak is a lower bound per rank: if even that
         # overflows --mem, the job is OOM-killed (cause oom_host).
