@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -261,6 +262,16 @@ def _remove_tree(path: Path) -> None:
         func(target)
 
     shutil.rmtree(path, onerror=writable)
+
+
+_IN_SNAPSHOT = re.compile(rf"/{SNAPSHOTS_DIR}/[0-9a-f]{{{VERSION_LENGTH}}}/(?:{EXTERNAL_DIR}/[^/]+/)?(.+)$")
+
+
+def path_in_code(path: str) -> str | None:
+    """``cache/registry.py`` for a file of a snapshot (a job's traceback names the snapshot's copy); None
+    for a path outside every snapshot."""
+    match = _IN_SNAPSHOT.search(path)
+    return match.group(1) if match else None
 
 
 def read_manifest(directory: Path) -> dict:

@@ -161,7 +161,7 @@ def test_rendered_routed_stage_in_runs(legacy, tmp_path: Path) -> None:
                               cwd=REPO, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
         assert done.returncode == 0, done.stdout + done.stderr
         assert f"CACHE={dest}" in done.stdout
-    assert "already staged" in done.stdout
+    assert "stage-in skipped" in done.stdout and "already holds" in done.stdout
     assert sorted(p.name for p in dest.glob("*.safetensors")) == [f"demo_{i}.safetensors" for i in range(5)]
     assert all(inspect_file(p).layers == [5, 11] for p in dest.glob("*.safetensors"))
 

@@ -119,7 +119,9 @@ def test_modules_imported_from_outside_the_snapshot_are_named(tmp_path: Path, mo
     monkeypatch.setenv(contract.ENV_CODE_VERSION, directory.name)
     with pytest.raises(snap.SnapshotError) as caught:
         snap.verify_running(check_environment=False)
-    assert f"ground.code_snapshot from {REPO / 'ground' / 'code_snapshot.py'}" in str(caught.value)
+    assert str(caught.value).startswith(f"{contract.FAILURE_MARKER} cause={contract.CAUSE_SNAPSHOT_MODIFIED} modules "
+                                        f"were imported from outside the snapshot {directory}")
+    assert f"ground.code_snapshot from {REPO / 'ground' / 'code_snapshot.py'}" in snap.stray_modules(directory)
     assert snap.refuse_unadmitted_code() == contract.EXIT_CODE_MISMATCH
     # Run from the snapshot itself, the same check passes: every module of its packages is its own.
     verified = subprocess.run([sys.executable, "-m", "ground.code_snapshot", "verify"], cwd=directory,
@@ -223,5 +225,37 @@ def test_resume_runs_the_chains_snapshot_and_code_current_moves_it_through_the_g
             lines = bad.stderr.strip().splitlines()
             assert bad.returncode == 2 and len(lines) == 1 and field in lines[0], bad.stderr
         assert len(chain_rows(home, first["chain"])) == 3  # nothing recorded by the refusals
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def test_an_untracked_module_locks_submit_until_the_code_is_preflighted_again(tiny_cache) -> None:
+    """In a copy of the project: a pass recorded for the tree unlocks submit; a new, never `git add`ed
+    module the entry could import makes it another code version, and the same pass no longer does."""
+    import subprocess
+    import sys
+    import tempfile
+
+    from snapshot_support import idmctl, make_project
+
+    home = Path(tempfile.mkdtemp(prefix="idmctl-untracked-test-"))
+    try:
+        project = make_project(home)
+        spec = str(tiny_cache.spec_file(home / "specs", "tiny_untracked"))
+        record = (f"from ground.spec.loader import load_spec; from idmctl.profile import load_profile; "
+                  f"from idmctl.preflight.record import code_version, record_run; r = load_spec({spec!r}); "
+                  f"p, h = load_profile('local'); print(record_run(r, p.name, h, code_version(), [], with_smoke=True, "
+                  f"seconds=0.1, job={{'smoke_flags': {{'--entry': 'tests.jobs_entry'}}}}).code_version)")
+        recorded = subprocess.run([sys.executable, "-c", record], cwd=project, capture_output=True, text=True, timeout=120,
+                                  env={**os.environ, contract.ENV_HOME: str(home)})
+        assert recorded.returncode == 0, recorded.stderr
+        assert recorded.stdout.strip() == snap.code_version(project)
+        env = {contract.ENV_CLUSTER: "local", "IDMCTL_TEST_BEHAVIOR": "steps:1:0.01"}
+        unlocked = idmctl(project, home, "submit", spec, "--entry", "tests.jobs_entry", **env)
+        assert unlocked.returncode == 0, unlocked.stderr
+        (project / "trainers" / "new_helper.py").write_text("def helper():\n    return 1\n")
+        locked = idmctl(project, home, "submit", spec, "--entry", "tests.jobs_entry", **env)
+        assert locked.returncode == 1 and "preflight required: code changed since preflight #1" in locked.stderr, \
+            locked.stderr
     finally:
         shutil.rmtree(home, ignore_errors=True)

@@ -164,7 +164,8 @@ def test_unknown_dataset_name() -> None:
     with pytest.raises(UserError) as exc:
         dataset_class(_spec(dataset="hidden_raw"))
     assert exc.value.line() == ("error: data.dataset: unknown dataset 'hidden_raw' "
-                                "(registered: hidden_multilayer, hidden_single_layer)")
+                                "(registered: hidden_multilayer, hidden_single_layer; "
+                                "or {class_path: pkg.module.Class, init_args: {...}})")
 
 
 def test_selection_outside_cached_layers_names_the_file() -> None:

@@ -2,7 +2,7 @@
 job 6321 (a kwarg added to the look-alike class) is an introspection FAIL naming the sibling; job 6262
 (``persistent_workers=True`` hard-coded against ``--dataloader_num_workers 0``) is a smoke FAIL with
 Python's own ValueError at the team's line; fixed, the preflight passes and a real job runs their launch
-script from the snapshot, logs to MLflow, and resumes from its checkpoint after a preemption notice.
+script from the snapshot, logs to MLflow, is preempted by a core-own job and resumes from its checkpoint.
 
 Everything runs in a copy of the project, where the fixes are applied as the team would commit them."""
 
@@ -19,7 +19,7 @@ import yaml
 
 from ground.contract import ENV_CLUSTER
 from ground.tracking import TAG_CODE_VERSION
-from slurm_support import release_requeued, sh, text_so_far, wait_until
+from slurm_support import release_requeued, text_so_far, wait_until
 from snapshot_support import chain_rows, home, idmctl, job_row, project, submitted, sync_until_chain_ends  # noqa: F401
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -67,7 +67,7 @@ def test_the_team_repo_fails_as_6321_then_6262_and_once_fixed_runs_and_resumes_o
     shutil.copy(project / TEAM / "fixes" / "train_fixed.py", train_py)
     spec_file = project / SPEC
     document = yaml.safe_load(spec_file.read_text())
-    document["train"].update(steps=3000, log_every=500)  # long enough to be preempted mid-run
+    document["train"].update(steps=10_000, log_every=1000)  # ~30 s at ~3 ms/step: long enough to be preempted
     spec_file.write_text(yaml.safe_dump(document, sort_keys=False))
     slurm_env = {**env, ENV_CLUSTER: "local-slurm"}
     passed = _preflight(project, home, slurm_env)
@@ -76,28 +76,34 @@ def test_the_team_repo_fails_as_6321_then_6262_and_once_fixed_runs_and_resumes_o
     assert smoke["status"] == "PASS" and smoke["numbers"]["entry"].startswith("bash scripts/") and \
         len(smoke["numbers"]["losses"]) == 3, smoke
 
-    job = submitted(idmctl(project, home, "submit", SPEC, "--json", **slurm_env))  # no --force: the gate let it in
+    # On the preemptible QoS, holding both of n1's CPUs: a core-own job that needs n1 can only run by
+    # preempting it. No --force: the gate let the team's job in (--qos/-c/--exclude re-checked at submit).
+    job = submitted(idmctl(project, home, "submit", SPEC, "--qos", "sub", "-c", "2", "--exclude", "n2", "--json",
+                           **slurm_env))
     log = Path(job["log"])
 
     def steps_logged() -> list[int]:
         return [int(n) for n in re.findall(r"^IDMCTL_STEP step=(\d+)", text_so_far(log), re.M)]
 
     wait_until(lambda: max(steps_logged(), default=0) >= 50, 180, "the team's trainer to report step 50 in the job log")
-    # The preemption notice, as Slurm gives it (USR1 to the batch shell): the script passes it on, the team's
-    # trainer checkpoints and exits 75, the script requeues the job, and the rerun resumes.
-    sh("scancel", "--signal=USR1", "--batch", job["scheduler_id"])
+    blocker = submitted(idmctl(project, home, "submit", "quickstart", "--entry", "tests.jobs_entry", "--qos", "core-own",
+                               "-c", "2", "--mem", "300MB", "--exclude", "n2", "--force", "--reason", "the preemptor",
+                               "--json", **{**slurm_env, "IDMCTL_TEST_BEHAVIOR": "steps:3:0.2"}))
 
     def released_and_resumed() -> bool:
         release_requeued(job["scheduler_id"])
         return "resumed from checkpoint-" in text_so_far(log)
 
-    wait_until(released_and_resumed, 180, "the requeued job to resume from its checkpoint")
-    assert sync_until_chain_ends(project, home, job["chain"], timeout_s=240) == "COMPLETED", text_so_far(log)[-3000:]
+    wait_until(released_and_resumed, 240, "the preempted team job to be requeued and resume from its checkpoint")
+    assert sync_until_chain_ends(project, home, job["chain"], timeout_s=300) == "COMPLETED", text_so_far(log)[-3000:]
+    assert sync_until_chain_ends(project, home, blocker["chain"], timeout_s=60) == "COMPLETED"
     row = job_row(home, job["job"])
     assert (row["state"], row["restarts"]) == ("COMPLETED", 1), row
     text = log.read_text()
     resumed_at = int(re.search(r"resumed from checkpoint-(\d+)", text).group(1))
-    assert 50 <= resumed_at < 3000 and steps_logged()[-1] == 3000
+    assert 50 <= resumed_at < 10_000 and steps_logged()[-1] == 10_000
+    runs = json.loads(row["options_json"])["runs"]
+    assert runs[0]["state"] in ("PREEMPTED", "REQUEUED") and runs[-1]["state"] == "COMPLETED", runs
     code = json.loads(row["options_json"])["code"]
     assert f"idmctl: code {code['version']} verified" in text
     assert f"(cd {code['directory']}/examples/team_repo" in Path(row["script_path"]).read_text()
@@ -106,5 +112,5 @@ def test_the_team_repo_fails_as_6321_then_6262_and_once_fixed_runs_and_resumes_o
         (run_id, status), = db.execute("SELECT run_uuid, status FROM runs").fetchall()
         steps = sorted({s for (s,) in db.execute("SELECT step FROM metrics WHERE key = 'loss' AND run_uuid = ?", (run_id,))})
         tags = dict(db.execute("SELECT key, value FROM tags WHERE run_uuid = ?", (run_id,)).fetchall())
-    assert status == "FINISHED" and steps == list(range(500, 3001, 500)), (status, steps)
+    assert status == "FINISHED" and steps == list(range(1000, 10_001, 1000)), (status, steps)
     assert tags[TAG_CODE_VERSION] == code["version"]

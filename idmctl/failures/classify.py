@@ -325,10 +325,13 @@ def parse_traceback(lines: list[str]) -> dict[str, Any]:
 
 
 def _relative(path: str) -> str:
+    """Relative to the project, whether the job ran from the live tree or (as now) from a code snapshot."""
+    from ground.code_snapshot import path_in_code
+
     try:
         return str(Path(path).relative_to(REPO_ROOT))
     except ValueError:
-        return path
+        return path_in_code(path) or path
 
 
 def _trim(line: str) -> str:
