@@ -6,6 +6,8 @@ Exit codes: 0 ok, 1 a check or a job failed, 2 bad input. Bad input is reported 
 
 from __future__ import annotations
 
+import unicodedata
+
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
@@ -26,7 +28,37 @@ class UserError(Exception):
         text = f"{where}: {self.what}" if where else self.what
         if self.hint:
             text += f" ({self.hint})"
-        return f"error: {text}"
+        return one_line(f"error: {text}")
+
+
+MAX_LINE = 800
+"""An error line is read by a person on one terminal line or two: a value shown in full once made one
+line of 90 KB. Longer lines keep their start and end (file and field first, the fix last)."""
+
+
+def visible(text: str) -> str:
+    """``text`` with every control, format (zero-width, bidi) and separator character other than a plain
+    space written as an escape (``\\u200b``), so a key or value that looks right on screen shows what differs."""
+    out = []
+    for char in text:
+        category = unicodedata.category(char)
+        if char != " " and (category[0] == "C" or category in ("Zl", "Zp", "Zs")):
+            out.append(char.encode("unicode_escape").decode("ascii"))
+        else:
+            out.append(char)
+    return "".join(out)
+
+
+def one_line(text: str, limit: int = MAX_LINE) -> str:
+    """A message as the contract prints it: one line, invisible characters escaped, no credential from
+    the environment, at most ``limit`` characters (the middle is cut, and says how much)."""
+    from ground.redact import scrub_environment
+
+    text = visible(scrub_environment(text))
+    if len(text) <= limit:
+        return text
+    keep = (limit - 40) // 2
+    return f"{text[:keep]} …[{len(text) - 2 * keep:,} characters cut]… {text[-keep:]}"
 
 
 class CheckFailed(Exception):

@@ -28,6 +28,7 @@ def ui(
         "--insecure-no-auth", help="Bind beyond 127.0.0.1 WITHOUT a login: anyone who can reach the port can write.")] = False,
 ) -> None:
     """Serve the MLflow UI for $IDMCTL_HOME's runs; prints the URL; Ctrl-C stops it and its workers."""
+    from ground.redact import redacted
     from idmctl.mlflow_server import admin_password_file, backend_store_uri, require_auth_policy, start_server
 
     warning = require_auth_policy(host, auth, insecure_no_auth)
@@ -41,7 +42,7 @@ def ui(
         server = start_server(host, port, allowed_host, auth=auth)
         console.print(f"MLflow UI: {server.url}  (ready in {time.monotonic() - started:.1f} s; Ctrl-C stops it)",
                       markup=False)
-        console.print(f"store: {backend_store_uri()}  log: {server.log_path}", markup=False)
+        console.print(f"store: {redacted(backend_store_uri())}  log: {server.log_path}", markup=False)
         from idmctl.runs_view import runs_chart_line
 
         console.print(runs_chart_line("runs, EEF mm charts first", server.url), markup=False, soft_wrap=True)
