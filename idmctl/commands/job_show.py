@@ -13,7 +13,7 @@ from idmctl.output import console, emit_json
 
 
 def show(
-    job: Annotated[int, typer.Argument(help="idmctl job id (see `idmctl jobs`).")],
+    job: Annotated[int, typer.Argument(**options.JOB_ID, help="idmctl job id (see `idmctl jobs`).")],
     as_json: options.Json = False,
 ) -> None:
     """A job's record (state, nodes, times) and, once it ended, its efficiency report with suggestions."""

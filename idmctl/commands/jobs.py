@@ -182,7 +182,7 @@ def _sync_or_say_who_did_not_answer(run_sync, **kwargs):  # type: ignore[no-unty
 
 def jobs(
     ctx: typer.Context,
-    limit: Annotated[int, typer.Option("--limit", help="Newest N jobs.")] = 30,
+    limit: Annotated[int, typer.Option("--limit", **options.ROW_LIMIT, help="Newest N jobs.")] = 30,
     ui_url: Annotated[str, typer.Option("--ui-url", help="Where `idmctl ui` serves, for the run links.")] = "http://127.0.0.1:5000",
     as_json: options.Json = False,
     user: Annotated[str | None, typer.Option("--user", help="Only jobs this user submitted (a team's shared store holds everyone's).")] = None,
@@ -267,13 +267,13 @@ def print_etas(now: float | None = None) -> None:
 
 
 def watch(
-    interval: Annotated[float, typer.Option("--interval", help="Seconds between syncs.")] = 30.0,
-    count: Annotated[int, typer.Option("--count", help="Stop after N syncs (0 = until every job ended).")] = 0,
+    interval: Annotated[float, typer.Option("--interval", **options.INTERVAL, help="Seconds between syncs.")] = 30.0,
+    count: Annotated[int, typer.Option("--count", **options.COUNT, help="Stop after N syncs (0 = until every job ended).")] = 0,
 ) -> None:
     """Sync on an interval until every job has ended (or --count syncs)."""
     from idmctl.jobs.sync import sync as run_sync, unfinished_jobs
 
-    if interval <= 0:
+    if not interval > 0:
         raise UserError("must be positive", file="command line", field="--interval", hint="e.g. --interval 30")
     done = 0
     while True:
@@ -289,7 +289,7 @@ def watch(
         time.sleep(interval)
 
 
-def cancel(job: Annotated[int, typer.Argument(help="idmctl job id (see `idmctl jobs`).")]) -> None:
+def cancel(job: Annotated[int, typer.Argument(**options.JOB_ID, help="idmctl job id (see `idmctl jobs`).")]) -> None:
     """Cancel a job and stop its chain from retrying."""
     from idmctl.executors import executor_for
     from idmctl.executors.base import is_final

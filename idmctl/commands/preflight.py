@@ -27,7 +27,7 @@ def preflight(
     no_smoke: Annotated[bool, typer.Option("--no-smoke", help="Static checks only (cannot unlock submit).")] = False,
     as_json: options.Json = False,
     cluster: options.Cluster = None,
-    smoke_timeout: Annotated[float, typer.Option("--smoke-timeout", help="Seconds before the smoke is killed.")] = 300.0,
+    smoke_timeout: Annotated[float, typer.Option("--smoke-timeout", **options.SMOKE_TIMEOUT, help="Seconds before the smoke is killed.")] = 300.0,
     qos: job_flags.Qos = None,
     gres: job_flags.Gres = None,
     cpus: job_flags.Cpus = None,

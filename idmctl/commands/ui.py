@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from ground.errors import CheckFailed
+from idmctl.commands import options
 from idmctl.output import console
 
 
@@ -19,7 +20,7 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
 
 def ui(
     host: Annotated[str, typer.Option("--host", help="Interface to bind; 0.0.0.0 serves other machines.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option("--port", help="Port to listen on.")] = 5000,
+    port: Annotated[int, typer.Option("--port", **options.PORT, help="Port to listen on.")] = 5000,
     allowed_host: Annotated[list[str] | None, typer.Option(
         "--allowed-host", help="Extra host name people use to reach it (repeatable).")] = None,
     auth: Annotated[bool, typer.Option(
