@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Annotated
 
 import typer
@@ -33,7 +32,9 @@ def show(
     if not found:
         raise UserError(f"no job {job}", field="JOB", hint="see `idmctl jobs`")
     row = found[0]
-    options = json.loads(row.options_json or "{}")
+    from idmctl.store.stored_json import job_options
+
+    options = job_options(row.options_json, row.id)
     efficiency = options.get("efficiency")
     if as_json:
         emit_json({"job": row.id, "chain": row.chain_id, "attempt": row.attempt, "experiment": row.experiment,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from typing import TYPE_CHECKING, Annotated
 
@@ -11,6 +10,7 @@ import typer
 from ground.errors import CheckFailed, UserError
 from idmctl.commands import job_flags, options
 from idmctl.output import console, emit_json, err_console, make_table
+from idmctl.store.stored_json import job_options
 from ground.units import format_duration
 
 if TYPE_CHECKING:
@@ -79,17 +79,17 @@ def submit(
     if as_json:
         emit_json({"job": job.id, "chain": job.chain_id, "scheduler_id": job.scheduler_id, "executor": job.executor,
                    "script": job.script_path, "log": job.log_path, "forced": job.forced_reason is not None,
-                   "suggestions": [s.__dict__ for s in _suggestions(job.experiment, json.loads(job.options_json or "{}"))[1]]})
+                   "suggestions": [s.__dict__ for s in _suggestions(job.experiment, job_options(job.options_json, job.id))[1]]})
         return
     console.print(f"submitted job {job.id} ({job.executor} {job.scheduler_id}) chain {job.chain_id} attempt {job.attempt}"
                   f"  qos {job.qos}  retries {done.chain.retries_budget}", markup=False)
     console.print(f"script {job.script_path}", markup=False)
     console.print(f"log    {job.log_path}", markup=False)
     if job.forced_reason:
-        failed = json.loads(job.options_json).get("admitted", {}).get("admission", {}).get("failed", [])
+        failed = job_options(job.options_json, job.id).get("admitted", {}).get("admission", {}).get("failed", [])
         past = f" and past FAILs ({', '.join(failed)})" if failed else ""
         console.print(f"FORCED without preflight{past}: {job.forced_reason}", markup=False)
-    _print_suggestions(job.experiment, json.loads(job.options_json or "{}"))
+    _print_suggestions(job.experiment, job_options(job.options_json, job.id))
 
 
 def _suggestions(experiment: str, options: dict) -> tuple["EfficiencyReport | None", list["Suggestion"]]:
@@ -221,7 +221,7 @@ def jobs(
         "submitted_at": j.submitted_at, "started_at": j.started_at, "ended_at": j.ended_at,
         "forced": j.forced_reason, "user": j.user, "host": j.host, "mlflow_run_id": run_of_chain.get(j.chain_id),
         "run_url": run_url(run_of_chain[j.chain_id], ui_url) if run_of_chain.get(j.chain_id) else None,
-        "build": json.loads(j.options_json or "{}").get("build"),
+        "build": job_options(j.options_json, j.id).get("build"),
         "eta": etas[j.id].as_dict() if etas.get(j.id) else None,
     } for j in rows]
     if as_json:

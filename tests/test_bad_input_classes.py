@@ -1,0 +1,109 @@
+"""Inputs that are not what they claim, and messages that must help: one real input of each kind.
+
+(The numeric domains, sweeps and key spellings are cases of tests/test_bad_input_corpus.py.)"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from ground.errors import MAX_LINE, UserError
+from ground.spec.loader import MAX_EXTENDS
+
+
+def _one_line(result, *needles: str) -> str:  # type: ignore[no-untyped-def]
+    assert result.exit_code == 2, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.mark.parametrize("kind", ["file", "loop"])
+def test_a_cache_root_that_is_a_file_or_a_symlink_loop_is_named_as_such(cli, tmp_path: Path, kind: str) -> None:
+    root = tmp_path / "cache_root"
+    if kind == "file":
+        root.write_text("not a directory\n")
+    else:
+        root.symlink_to(root)
+    spec = tmp_path / "s.yaml"
+    spec.write_text(f"extends: latent_c_n4\ndata: {{cache_root: '{root}'}}\n")
+    result = cli("preflight", str(spec), "--cluster", "card", "--no-smoke", "--json")
+    assert result.exit_code == 1, result.output
+    import json
+
+    cache = next(r for r in json.loads(result.stdout)["checks"] if r["name"] == "cache")
+    expected = "is a regular file, not a directory" if kind == "file" else "is a symlink loop"
+    assert cache["status"] == "FAIL" and expected in cache["summary"] and "does not exist" not in cache["summary"]
+    inspect = cli("cache", "inspect", str(spec))
+    assert inspect.exit_code == 0 and expected in inspect.output
+
+
+def test_convert_out_that_is_a_file_is_one_line(cli, tiny_cache, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.write_text("a file\n")
+    spec = tiny_cache.spec_file(tmp_path)
+    _one_line(cli("cache", "convert", str(spec), "--out", str(out)), "--out", "is a regular file, not a directory")
+    assert out.read_text() == "a file\n"
+
+
+def test_a_damaged_job_record_is_one_line(cli) -> None:
+    from idmctl.store import session
+    from idmctl.store.models import Job
+
+    with session() as db:
+        job = Job(scheduler_id="1", experiment="quickstart", state="COMPLETED", options_json='{"efficiency": {"cpu')
+        db.add(job)
+        db.commit()
+        job_id = job.id
+    line = _one_line(cli("jobs", "show", str(job_id)), f"job {job_id}: its stored record is damaged")
+    assert "restore the store" in line
+
+
+def test_an_extends_chain_too_long_is_reported_as_such(cli, tmp_path: Path) -> None:
+    (tmp_path / "s0.yaml").write_text("extends: latent_c_n4\n")
+    for i in range(1, MAX_EXTENDS + 8):
+        (tmp_path / f"s{i}.yaml").write_text(f"extends: s{i - 1}\n")
+    top = tmp_path / f"s{MAX_EXTENDS + 7}.yaml"
+    _one_line(cli("exp", "validate", str(top)), f"extends chain longer than {MAX_EXTENDS} files", "extends")
+
+
+def test_an_extends_cycle_is_named(cli, tmp_path: Path) -> None:
+    (tmp_path / "a.yaml").write_text("extends: b\n")
+    (tmp_path / "b.yaml").write_text("extends: a\n")
+    _one_line(cli("exp", "validate", str(tmp_path / "a.yaml")), "extends cycle: a -> b -> a")
+
+
+def test_an_error_line_is_capped_and_keeps_its_ends() -> None:
+    line = UserError("x" * 90_000, file="spec.yaml", field="a.b", hint="the fix").line()
+    assert len(line) <= MAX_LINE and line.startswith("error: spec.yaml:a.b: ") and line.endswith("(the fix)")
+    assert "characters cut" in line
+
+
+def test_an_enormous_value_gives_a_short_line(cli, tmp_path: Path) -> None:
+    spec = tmp_path / "long.yaml"
+    spec.write_text("extends: latent_c_n4\nresources: {qos: '" + "q;" * 40_000 + "'}\n")
+    line = _one_line(cli("exp", "validate", str(spec)), "resources.qos")
+    assert len(line) <= MAX_LINE
+
+
+def test_invisible_characters_in_a_message_are_escaped(cli, tmp_path: Path) -> None:
+    spec = tmp_path / "bidi.yaml"
+    spec.write_text("extends: latent_c_n4\nloader:\n  \"num_\u202eworkers\": 2\n", encoding="utf-8")
+    line = _one_line(cli("exp", "validate", str(spec)), "loader.num_\\u202eworkers", "did you mean 'num_workers'?")
+    assert "\u202e" not in line
+
+
+def test_doctor_checks_the_sqlite_store_it_is_told_to_use(cli, idmctl_home: Path) -> None:
+    """Without IDMCTL_DB_URL the row is the SQLite file in IDMCTL_HOME (damaged: FAIL naming it)."""
+    idmctl_home.mkdir(parents=True, exist_ok=True)
+    (idmctl_home / "idmctl.sqlite").write_bytes(b"not sqlite" * 100)
+    from idmctl.doctor import check_store
+
+    row = check_store()
+    assert row.status == "FAIL" and str(idmctl_home / "idmctl.sqlite") in row.detail
+    assert os.environ.get("IDMCTL_DB_URL") is None
