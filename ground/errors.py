@@ -24,7 +24,8 @@ class UserError(Exception):
         self.hint = hint
 
     def line(self) -> str:
-        where = ":".join(part for part in (self.file, self.field) if part)
+        # Each part of the place is clipped on its own, so a 5,000-character name still leaves "file:field:"
+        where = ":".join(clip(part, MAX_WHERE) for part in (self.file, self.field) if part)
         text = f"{where}: {self.what}" if where else self.what
         if self.hint:
             text += f" ({self.hint})"
@@ -49,16 +50,24 @@ def visible(text: str) -> str:
     return "".join(out)
 
 
+MAX_WHERE = 200
+"""The file or the field of an error line, at most: the line must keep room for what is wrong and the fix."""
+
+
+def clip(text: str, limit: int) -> str:
+    """``text`` of at most ``limit`` characters: its start and end, and how much was cut between them."""
+    if len(text) <= limit:
+        return text
+    keep = max((limit - 30) // 2, 1)
+    return f"{text[:keep]}…[{len(text) - 2 * keep:,} cut]…{text[-keep:]}"
+
+
 def one_line(text: str, limit: int = MAX_LINE) -> str:
     """A message as the contract prints it: one line, invisible characters escaped, no credential from
     the environment, at most ``limit`` characters (the middle is cut, and says how much)."""
     from ground.redact import scrub_environment
 
-    text = visible(scrub_environment(text))
-    if len(text) <= limit:
-        return text
-    keep = (limit - 40) // 2
-    return f"{text[:keep]} …[{len(text) - 2 * keep:,} characters cut]… {text[-keep:]}"
+    return clip(visible(scrub_environment(text)), limit)
 
 
 class CheckFailed(Exception):

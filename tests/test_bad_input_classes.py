@@ -81,7 +81,7 @@ def test_an_extends_cycle_is_named(cli, tmp_path: Path) -> None:
 def test_an_error_line_is_capped_and_keeps_its_ends() -> None:
     line = UserError("x" * 90_000, file="spec.yaml", field="a.b", hint="the fix").line()
     assert len(line) <= MAX_LINE and line.startswith("error: spec.yaml:a.b: ") and line.endswith("(the fix)")
-    assert "characters cut" in line
+    assert " cut]…" in line
 
 
 def test_an_enormous_value_gives_a_short_line(cli, tmp_path: Path) -> None:

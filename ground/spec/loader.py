@@ -75,21 +75,31 @@ def canonical_json(data: Any) -> str:
     return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 
 
+def _is_file(path: Path) -> bool:
+    """Whether ``path`` names a file; a name too long for the filesystem (or with a NUL) names none
+    (``Path.exists`` raises OSError for those, and a 5,000-character ``extends:`` was a traceback)."""
+    try:
+        return path.exists()
+    except (OSError, ValueError):
+        return False
+
+
 def resolve_spec_path(name_or_path: str, relative_to: Path | None = None) -> Path:
     """An experiment name (``latent_c_n4``) or a path to a YAML file → the file's path."""
     candidate = Path(name_or_path)
-    if candidate.suffix in (".yaml", ".yml") and candidate.exists():
+    if candidate.suffix in (".yaml", ".yml") and _is_file(candidate):
         return candidate.resolve()
     search = [d for d in (relative_to, experiments_dir()) if d is not None]
     for directory in search:
         for suffix in (".yaml", ".yml"):
             path = directory / f"{name_or_path}{suffix}"
-            if path.exists():
+            if _is_file(path):
                 return path.resolve()
     known = [p.stem for p in _spec_files()]
     close = difflib.get_close_matches(name_or_path, known, n=1)
     hint = f"did you mean {close[0]!r}?" if close else f"see `idmctl exp list`; looked in {experiments_dir()}"
-    raise UserError(f"no experiment named {name_or_path!r}", file=name_or_path, hint=hint)
+    # An empty name would leave the line naming nothing: then it names the argument.
+    raise UserError(f"no experiment named {name_or_path!r}", file=name_or_path or "EXP", hint=hint)
 
 
 def _spec_files() -> list[Path]:
