@@ -34,14 +34,16 @@ from ground.contract import ENV_HOME
 
 REPO = Path(__file__).resolve().parent.parent
 DATABASE = DirectoryBasedExampleDatabase(str(REPO / ".hypothesis" / "fuzz"))
-SPEC_EXAMPLES = 120
-CLI_EXAMPLES = 160
+SPEC_EXAMPLES = 300
+CLI_EXAMPLES = 400
 SECRET = "Fz9SecretWx"
 SECRET_URL = f"postgresql://fuzzer:{SECRET}@127.0.0.1:1/team"
 """In the environment (not IDMCTL_DB_URL: the commands would then use that store) during every example."""
 
 COUNTED: dict[str, int] = {"spec": 0, "cli": 0}
 """Examples each fuzzer ran (printed at the end of the module: the closing note of issue 28 quotes it)."""
+EXITS: dict[str, dict[int, int]] = {"spec": {}, "cli": {}}
+"""Exit codes seen per fuzzer: both must reach commands that succeed or fail a check, not only bad input."""
 
 
 # --- the hostile values -------------------------------------------------------------------------
@@ -230,7 +232,8 @@ def check_contract(args: list[str], names: str | None = None) -> int:
     return result.exit_code
 
 
-SPEC_COMMANDS = (["exp", "validate"], ["exp", "show"], ["preflight", "--no-smoke", "--cluster", "card"])
+SPEC_COMMANDS = (["exp", "validate"], ["exp", "show"], ["preflight", "--no-smoke", "--cluster", "card"],
+                 ["submit", "--dry-run", "--cluster", "card"])
 
 
 @settings(database=DATABASE, max_examples=SPEC_EXAMPLES, deadline=None, print_blob=True,
@@ -247,7 +250,8 @@ def test_spec_documents_keep_the_contract(data: st.DataObject, base_document: di
     path.write_text(text, encoding="utf-8")
     COUNTED["spec"] += 1
     command = data.draw(st.sampled_from(SPEC_COMMANDS), label="command")
-    check_contract(_spec_args(command, path), names=str(path))
+    code = check_contract(_spec_args(command, path), names=str(path))
+    EXITS["spec"][code] = EXITS["spec"].get(code, 0) + 1
 
 
 def _spec_args(command: list[str], path: Path) -> list[str]:
@@ -322,7 +326,8 @@ def command_lines(draw: st.DrawFn) -> list[str]:
 @given(args=command_lines())
 def test_command_lines_keep_the_contract(args: list[str]) -> None:
     COUNTED["cli"] += 1
-    check_contract(args)
+    code = check_contract(args)
+    EXITS["cli"][code] = EXITS["cli"].get(code, 0) + 1
 
 
 def test_zz_report_how_many_examples_ran(capsys: pytest.CaptureFixture[str]) -> None:
@@ -330,5 +335,8 @@ def test_zz_report_how_many_examples_ran(capsys: pytest.CaptureFixture[str]) -> 
     if not all(COUNTED.values()):
         pytest.skip("run with the fuzzers (this file whole)")
     with capsys.disabled():
-        print(f"\nfuzzer: {COUNTED['spec']} spec documents, {COUNTED['cli']} command lines")
+        print(f"\nfuzzer: {COUNTED['spec']} spec documents (exits {dict(sorted(EXITS['spec'].items()))}), "
+              f"{COUNTED['cli']} command lines (exits {dict(sorted(EXITS['cli'].items()))})")
     assert COUNTED["spec"] >= SPEC_EXAMPLES // 2 and COUNTED["cli"] >= CLI_EXAMPLES // 2
+    for fuzzer, exits in EXITS.items():
+        assert exits.get(2) and exits.get(0, 0) + exits.get(1, 0), f"{fuzzer} reached only one side: {exits}"
