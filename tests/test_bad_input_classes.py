@@ -107,3 +107,44 @@ def test_doctor_checks_the_sqlite_store_it_is_told_to_use(cli, idmctl_home: Path
     row = check_store()
     assert row.status == "FAIL" and str(idmctl_home / "idmctl.sqlite") in row.detail
     assert os.environ.get("IDMCTL_DB_URL") is None
+
+
+@pytest.fixture
+def read_only_store(idmctl_home: Path, cli):  # type: ignore[no-untyped-def]
+    """A store at head, then made read-only with its -wal/-shm files beside it: ``chattr +i`` (which binds
+    root too) where the capability is there, else file modes (which bind every other user)."""
+    import subprocess
+
+    assert cli("exp", "register", "quickstart").exit_code == 0
+    from idmctl.store.db import dispose_engines
+    from idmctl.store.fast import close_all
+
+    dispose_engines()
+    close_all()
+    store = idmctl_home / "idmctl.sqlite"
+    for suffix in ("-wal", "-shm"):
+        Path(f"{store}{suffix}").touch()
+    files = [store, Path(f"{store}-wal"), Path(f"{store}-shm")]
+    if os.geteuid() == 0:
+        made = subprocess.run(["chattr", "+i", *map(str, files)], capture_output=True)
+        if made.returncode != 0:
+            pytest.skip("root without CAP_LINUX_IMMUTABLE: nothing here can make a file read-only for root")
+        try:
+            yield store
+        finally:
+            subprocess.run(["chattr", "-i", *map(str, files)], check=True)
+    else:
+        for path in files:
+            path.chmod(0o444)
+        try:
+            yield store
+        finally:
+            for path in files:
+                path.chmod(0o644)
+
+
+@pytest.mark.parametrize("command", [("preflight", "quickstart", "--no-smoke"), ("exp", "register", "quickstart")])
+def test_a_read_only_store_is_one_line(cli, read_only_store: Path, command: tuple[str, ...]) -> None:
+    before = read_only_store.read_bytes()
+    _one_line(cli(*command), str(read_only_store), "the store cannot be used", "readonly")
+    assert read_only_store.read_bytes() == before
