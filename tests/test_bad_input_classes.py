@@ -148,3 +148,22 @@ def test_a_read_only_store_is_one_line(cli, read_only_store: Path, command: tupl
     before = read_only_store.read_bytes()
     _one_line(cli(*command), str(read_only_store), "the store cannot be used", "readonly")
     assert read_only_store.read_bytes() == before
+
+
+def test_demos_without_actions_fail_preflight_naming_the_demo(cli, tiny_cache, tmp_path: Path) -> None:
+    import json
+    import shutil
+
+    import h5py
+
+    episodes = tmp_path / "no_actions.hdf5"
+    shutil.copy(tiny_cache.data["episodes"], episodes)
+    with h5py.File(episodes, "r+") as handle:
+        for name in handle["data"]:
+            del handle["data"][name]["actions"]
+    spec = tiny_cache.spec_file(tmp_path, data={"episodes": str(episodes)})
+    result = cli("preflight", str(spec), "--no-smoke", "--json")
+    assert result.exit_code == 1, result.output
+    cache = next(r for r in json.loads(result.stdout)["checks"] if r["name"] == "cache")
+    assert cache["status"] == "FAIL" and "has no actions dataset" in cache["summary"], cache
+    assert "data/demo_" in cache["summary"]
