@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from ground.contract import ENV_DB_URL
 from ground.errors import MAX_LINE, UserError
 from ground.spec.loader import MAX_EXTENDS
 
@@ -106,7 +107,7 @@ def test_doctor_checks_the_sqlite_store_it_is_told_to_use(cli, idmctl_home: Path
 
     row = check_store()
     assert row.status == "FAIL" and str(idmctl_home / "idmctl.sqlite") in row.detail
-    assert os.environ.get("IDMCTL_DB_URL") is None
+    assert os.environ.get(ENV_DB_URL) is None
 
 
 @pytest.fixture
