@@ -24,8 +24,10 @@ class UserError(Exception):
         self.hint = hint
 
     def line(self) -> str:
-        # Each part of the place is clipped on its own, so a 5,000-character name still leaves "file:field:"
-        where = ":".join(clip(part, MAX_WHERE) for part in (self.file, self.field) if part)
+        # Each part of the place is clipped on its own, so a 5,000-character name still leaves "file:field:";
+        # one with blanks at its ends is quoted, so a name " " is seen.
+        where = ":".join(clip(part if part.strip() == part else repr(part), MAX_WHERE)
+                         for part in (self.file, self.field) if part)
         text = f"{where}: {self.what}" if where else self.what
         if self.hint:
             text += f" ({self.hint})"

@@ -105,6 +105,16 @@ def expand_path(text: str) -> Path:
     return Path(expanded).expanduser()
 
 
+def exists(path: Path) -> bool:
+    """Whether ``path`` exists; a name no filesystem can hold (too long, a NUL byte) names nothing:
+    ``Path.exists`` raises OSError/ValueError for those (a 5,000-character ``extends:`` or ``--cluster``
+    was a traceback)."""
+    try:
+        return Path(path).exists()
+    except (OSError, ValueError):
+        return False
+
+
 def why_not_a_directory(path: Path) -> str:
     """Why ``path`` cannot be used as a directory, in words: a regular file or a symlink to itself was
     reported as "does not exist", which sent people looking for a missing mount."""

@@ -17,7 +17,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from ground.errors import UserError
-from ground.paths import experiments_dir
+from ground.paths import exists, experiments_dir
 from ground.spec.schema import ExperimentSpec
 
 BASE_PREFIX = "base_"
@@ -75,25 +75,16 @@ def canonical_json(data: Any) -> str:
     return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 
 
-def _is_file(path: Path) -> bool:
-    """Whether ``path`` names a file; a name too long for the filesystem (or with a NUL) names none
-    (``Path.exists`` raises OSError for those, and a 5,000-character ``extends:`` was a traceback)."""
-    try:
-        return path.exists()
-    except (OSError, ValueError):
-        return False
-
-
 def resolve_spec_path(name_or_path: str, relative_to: Path | None = None) -> Path:
     """An experiment name (``latent_c_n4``) or a path to a YAML file → the file's path."""
     candidate = Path(name_or_path)
-    if candidate.suffix in (".yaml", ".yml") and _is_file(candidate):
+    if candidate.suffix in (".yaml", ".yml") and exists(candidate):
         return candidate.resolve()
     search = [d for d in (relative_to, experiments_dir()) if d is not None]
     for directory in search:
         for suffix in (".yaml", ".yml"):
             path = directory / f"{name_or_path}{suffix}"
-            if _is_file(path):
+            if exists(path):
                 return path.resolve()
     known = [p.stem for p in _spec_files()]
     close = difflib.get_close_matches(name_or_path, known, n=1)
