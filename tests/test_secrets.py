@@ -99,3 +99,13 @@ def test_doctor_on_the_real_shared_store_says_its_level(monkeypatch) -> None:
 
         row = check_store()
     assert row.status == "OK" and "migration head" in row.detail and ":idmctl@" not in row.detail, row
+
+
+def test_warnings_on_stderr_are_scrubbed_of_the_environments_secrets(monkeypatch, capsys) -> None:
+    """A warning that quotes an exception (MLflow's, a driver's) holding a URL with its password."""
+    from idmctl.output import err_console
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"postgresql://ml:{SECRET}@db/mlflow")
+    err_console.print(f"warning: could not log to MLflow: connection to postgresql://ml:{SECRET}@db/mlflow failed",
+                      markup=False)
+    assert SECRET not in capsys.readouterr().err
