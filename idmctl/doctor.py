@@ -315,6 +315,13 @@ def check_slurm() -> Row:
     if scheduler == "?":
         return Row("slurm", FAIL, f"{cluster}: no such profile", f"set {ENV_CLUSTER} to one of "
                    f"{', '.join(sorted(p.stem for p in clusters_dir().glob('*.yaml')))} or a profile's path")
+    from ground.errors import UserError
+    from idmctl.profile import load_profile  # pydantic only; a profile every command would refuse is a FAIL here
+
+    try:
+        load_profile(profile)
+    except UserError as exc:
+        return Row("slurm", FAIL, f"{cluster}: {exc.line().removeprefix('error: ')}", "fix the cluster profile")
     if scheduler != "slurm":
         found = "none of sbatch/sacct on PATH" if len(missing) == 3 else \
             f"{', '.join(t for t in tools if tools[t])} on PATH"

@@ -168,3 +168,30 @@ def test_demos_without_actions_fail_preflight_naming_the_demo(cli, tiny_cache, t
     cache = next(r for r in json.loads(result.stdout)["checks"] if r["name"] == "cache")
     assert cache["status"] == "FAIL" and "has no actions dataset" in cache["summary"], cache
     assert "data/demo_" in cache["summary"]
+
+
+@pytest.mark.parametrize(("field", "value"), [("lr", 2.0), ("weight_decay", 1.5)])
+def test_a_plausible_but_odd_optimiser_value_is_a_warn_with_the_value(cli, tmp_path: Path, field: str,
+                                                                     value: float) -> None:
+    import json
+
+    spec = tmp_path / "odd.yaml"
+    spec.write_text(f"extends: latent_c_n4\ntrain: {{{field}: {value}}}\n")
+    result = cli("preflight", str(spec), "--cluster", "card", "--no-smoke", "--json")
+    assert result.exit_code == 0, result.output
+    check = next(r for r in json.loads(result.stdout)["checks"] if r["name"] == "spec")
+    assert check["status"] == "WARN" and f"train.{field} {value:g} is above 1" in check["summary"], check
+    plain = cli("preflight", "latent_c_n4", "--cluster", "card", "--no-smoke", "--json")
+    assert next(r for r in json.loads(plain.stdout)["checks"] if r["name"] == "spec")["status"] == "PASS"
+
+
+def test_doctor_fails_on_a_cluster_profile_every_command_would_refuse(tmp_path: Path, monkeypatch) -> None:
+    from ground.contract import ENV_CLUSTER
+    from idmctl.doctor import check_slurm
+
+    profile = tmp_path / "bad.yaml"
+    profile.write_text((Path(__file__).parent.parent / "clusters" / "local.yaml").read_text()
+                       .replace("scheduler: local", "scheduler: pbs"))
+    monkeypatch.setenv(ENV_CLUSTER, str(profile))
+    row = check_slurm()
+    assert row.status == "FAIL" and f"{profile}:scheduler:" in row.detail, row
