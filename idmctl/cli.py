@@ -221,6 +221,21 @@ app = typer.Typer(
 @app.callback()
 def _root(debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks for errors.")] = False) -> None:
     _debug["on"] = debug
+    _printable_anywhere()
+
+
+def _printable_anywhere() -> None:
+    """On a terminal or pipe that is not UTF-8 (``LC_ALL=C``, ``PYTHONIOENCODING=ascii``), characters it
+    cannot encode are written as escapes instead of raising: preflight's table (``→``, ``×``) raised
+    UnicodeEncodeError after its run was recorded, and a path or a description can hold any character."""
+    for stream in (sys.stdout, sys.stderr):
+        encoding = (getattr(stream, "encoding", None) or "").lower().replace("-", "")
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None and encoding not in ("utf8", "utf16", "utf32"):
+            try:
+                reconfigure(errors="backslashreplace")
+            except (ValueError, OSError):  # a stream that cannot change mid-flight: leave it as it is
+                pass
 
 
 def main() -> None:

@@ -70,3 +70,23 @@ def test_failures_prints_log_evidence_literally(cli) -> None:
     assert markdown.exit_code == 0 and "[/x]" in markdown.output
     rows = json.loads(cli("failures", "--json").output)
     assert any("[/x]" in json.dumps(row) for row in rows)
+
+
+def test_a_terminal_that_is_not_utf8_gets_escapes_not_a_traceback_after_the_record(tmp_path: Path) -> None:
+    """preflight's table has → and ×; on an ASCII terminal it raised UnicodeEncodeError after the run was
+    recorded. Now each command runs to its end: the row recorded once, the characters escaped."""
+    import os
+    import sqlite3
+    import subprocess
+    import sys
+
+    home = tmp_path / "home"
+    spec = _spec(tmp_path)
+    env = {**os.environ, "IDMCTL_HOME": str(home), "PYTHONIOENCODING": "ascii", "LC_ALL": "C"}
+    run = subprocess.run([sys.executable, "-m", "idmctl", "preflight", str(spec), "--cluster", "card", "--no-smoke"],
+                         cwd=Path(__file__).resolve().parent.parent, env=env, capture_output=True, timeout=120)
+    out, err = run.stdout.decode("ascii"), run.stderr.decode("ascii")  # every byte is ASCII
+    assert run.returncode in (0, 1) and "Traceback" not in err, err[-2000:]
+    assert "\\u2192" in out and "[/x]" in out  # → escaped, the markup literal
+    with sqlite3.connect(home / "idmctl.sqlite") as db:
+        assert db.execute("SELECT COUNT(*) FROM preflight_run").fetchone()[0] == 1
