@@ -48,7 +48,8 @@ SLURM_NAME = r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}"
 NODE_LIST = r"[A-Za-z0-9._\-\[\],]{1,1024}"
 """A Slurm host name or host list (``worker-5``, ``n[1-2]``)."""
 
-PositiveFloat = Annotated[float, Field(gt=0)]
+BetaParameter = Annotated[float, Field(gt=0, le=1_000)]
+"""A Beta distribution's parameter: > 0; beyond 1,000 the distribution is a spike (every sample at one t)."""
 Episodes = Annotated[int, Field(ge=1, le=MAX_COUNT)]
 BlockId = Annotated[int, Field(ge=0, le=MAX_COUNT)]
 LayerIndex = Annotated[int, Field(ge=0, le=MAX_COUNT)]
@@ -171,7 +172,7 @@ class ModelSpec(Strict):
     """Sinusoidal timestep embedding size before its MLP."""
     inference_steps: int = Field(default=4, ge=1, le=10_000)
     """Euler steps of the flow at inference (K)."""
-    time_beta: tuple[PositiveFloat, PositiveFloat] = (1.5, 1.0)
+    time_beta: tuple[BetaParameter, BetaParameter] = (1.5, 1.0)
     """Beta(a, b) of the training time t; t=0 is pure noise, t=1 the clean action. Both > 0 (a Beta's
     parameters): `[-1, 0]` once passed preflight and every sample then trained at t = 0.5."""
 
