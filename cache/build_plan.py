@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ground.contract import BUILD_MODES, CAUSE_MISSING_WEIGHTS, CAUSE_PT_NORM_MISSING
 from ground.errors import UserError
-from ground.paths import expand_path, free_bytes
+from ground.paths import expand_path, free_bytes, why_not_a_directory
 from ground.spec.loader import ResolvedSpec
 
 HIDDEN_SUFFIX = ".safetensors"
@@ -117,7 +117,7 @@ def weights_problem(resolved: ResolvedSpec, mode: str) -> Problem | None:
     for candidate in (directory / "vae", directory):
         if candidate.is_dir() and _weights_folder(candidate):
             return None
-    what = "does not exist" if not directory.exists() else "holds no config.json with weights (vae/ or itself)"
+    what = why_not_a_directory(directory) if not directory.is_dir() else "holds no config.json with weights (vae/ or itself)"
     return Problem(CAUSE_MISSING_WEIGHTS, f"VAE weights directory {directory} {what}", "latent.vae",
                    "point latent.vae at a local diffusers AutoencoderKLWan folder (or 'tiny' for smoke runs)")
 
@@ -136,7 +136,7 @@ def _hidden_models_problem(resolved: ResolvedSpec) -> Problem | None:
     root = expand_path(data.models)
     fix = "point data.models at a local folder with vae/ and transformer/ (save_pretrained layout), or 'tiny'"
     if not root.is_dir():
-        return Problem(CAUSE_MISSING_WEIGHTS, f"model directory {root} does not exist", "data.models", fix)
+        return Problem(CAUSE_MISSING_WEIGHTS, f"model directory {root} {why_not_a_directory(root)}", "data.models", fix)
     for name in ("vae", "transformer"):
         folder = root / name
         if not folder.is_dir() or not _weights_folder(folder):

@@ -165,6 +165,11 @@ def convert_dir(src_root: str | Path, dest_root: str | Path, suffix: str, blocks
     if not sources:
         raise UserError(f"no *{suffix} files to convert", file=str(src_root), field="data.cache_root",
                         hint="check data.cache_root and data.cache_format")
+    if dest_root.exists() and not dest_root.is_dir():
+        from ground.paths import why_not_a_directory
+
+        raise UserError(f"the output {why_not_a_directory(dest_root)}", file=str(dest_root), field="--out",
+                        hint="name a directory (it is created if missing)")
     if src_root.resolve() == dest_root.resolve():
         raise UserError("the output directory is the source directory", file=str(dest_root), field="--out",
                         hint="write the converted cache elsewhere")

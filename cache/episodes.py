@@ -136,14 +136,28 @@ def _list_demos(handle: h5py.File, path: Path, split: str) -> list[str]:
         raise UserError("no data/ group: not a robomimic episode file", file=str(path), field="data",
                         hint="write it with cache.episodes.write_episodes")
     if split == ALL_SPLIT:
-        return sorted_demos(list(handle["data"].keys()))
+        return _with_actions(handle, path, sorted_demos(list(handle["data"].keys())))
     mask = handle.get("mask")
     if mask is None or split not in mask:
         available = sorted(mask.keys()) if mask is not None else []
         raise UserError(f"no split {split!r}", file=str(path), field=f"mask/{split}",
                         hint=f"available splits: {', '.join([ALL_SPLIT, *available])}")
     names = [raw.decode() if isinstance(raw, bytes) else str(raw) for raw in mask[split][()]]
-    return sorted_demos(names)
+    return _with_actions(handle, path, sorted_demos(names))
+
+
+def _with_actions(handle: h5py.File, path: Path, names: list[str]) -> list[str]:
+    """``names``, each checked to be a demo with an ``actions`` dataset: an episode file whose demos had
+    none passed preflight and failed the run at its first sample (a group-membership test per demo)."""
+    for name in names:
+        group = handle["data"].get(name)
+        if not isinstance(group, h5py.Group):
+            raise UserError(f"the split lists demo {name!r}, which is not a group under data/", file=str(path),
+                            field=f"data/{name}", hint="regenerate the episode file or fix its mask")
+        if not isinstance(group.get("actions"), h5py.Dataset):
+            raise UserError(f"demo {name!r} has no actions dataset", file=str(path), field=f"data/{name}/actions",
+                            hint="a robomimic demo holds data/<demo>/actions (T, action_dim); regenerate the file")
+    return names
 
 
 def _read_demo(handle: h5py.File, path: Path, name: str) -> Demo:

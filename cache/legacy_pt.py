@@ -205,6 +205,11 @@ def read_layout(path: str | Path) -> LegacyLayout:
             if not isinstance(tensor, TensorRef) or len(tensor.shape) != 5:
                 raise _bad(path, f"hidden_multi must be a (L, T, H, W, C) tensor, got "
                                  f"{getattr(tensor, 'shape', type(tensor).__name__)}")
+            if min(tensor.shape) < 1 or tensor.offset < 0 or min(tensor.stride, default=1) < 0:
+                # a negative size made the byte arithmetic negative (a crash); a zero one converts to empty
+                # files that verified as equal to their empty source
+                raise _bad(path, f"hidden_multi has an empty or negative dimension: shape {tensor.shape}, "
+                                 f"offset {tensor.offset}")
             if not isinstance(layers, list) or not all(isinstance(b, int) for b in layers):
                 raise _bad(path, "'layers' must be a list of block ids")
             if len(set(layers)) != len(layers):

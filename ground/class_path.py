@@ -58,8 +58,21 @@ def resolve_class(ref: ClassRef, spec: ExperimentSpec, field: str) -> type:
     ensure_importable(roots)
     module_name, _, class_name = ref.class_path.rpartition(".")
     shown = ", ".join(str(r) for r in roots)
+    # The top-level package first, found without executing anything: finding ``a.b`` imports ``a``, and a
+    # name from outside the roots must be refused before any of its code runs.
+    top = module_name.split(".", 1)[0]
     try:
-        spec_of = importlib.util.find_spec(module_name)
+        top_spec = importlib.util.find_spec(top) if top not in sys.modules else sys.modules[top].__spec__
+    except (ImportError, ValueError):
+        top_spec = None
+    origin = (top_spec.origin if top_spec and top_spec.origin not in (None, "built-in", "frozen", "namespace")
+              else next(iter(getattr(top_spec, "submodule_search_locations", None) or []), None) if top_spec else None)
+    if origin is not None and not inside(Path(origin), roots):
+        raise UserError(f"{ref.class_path!r} imports from {origin}, outside the code roots ({shown})",
+                        field=f"{field}.class_path",
+                        hint="add that repository to code.roots, so it is frozen into the job's snapshot")
+    try:
+        spec_of = importlib.util.find_spec(module_name) if origin is not None else None
     except (ImportError, ValueError):
         spec_of = None
     if spec_of is None or spec_of.origin in (None, "built-in", "frozen"):

@@ -6,6 +6,8 @@ Exit codes: 0 ok, 1 a check or a job failed, 2 bad input. Bad input is reported 
 
 from __future__ import annotations
 
+import unicodedata
+
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
@@ -22,11 +24,52 @@ class UserError(Exception):
         self.hint = hint
 
     def line(self) -> str:
-        where = ":".join(part for part in (self.file, self.field) if part)
+        # Each part of the place is clipped on its own, so a 5,000-character name still leaves "file:field:";
+        # one with blanks at its ends is quoted, so a name " " is seen.
+        where = ":".join(clip(part if part.strip() == part else repr(part), MAX_WHERE)
+                         for part in (self.file, self.field) if part)
         text = f"{where}: {self.what}" if where else self.what
         if self.hint:
             text += f" ({self.hint})"
-        return f"error: {text}"
+        return one_line(f"error: {text}")
+
+
+MAX_LINE = 800
+"""An error line is read by a person on one terminal line or two: a value shown in full once made one
+line of 90 KB. Longer lines keep their start and end (file and field first, the fix last)."""
+
+
+def visible(text: str) -> str:
+    """``text`` with every control, format (zero-width, bidi) and separator character other than a plain
+    space written as an escape (``\\u200b``), so a key or value that looks right on screen shows what differs."""
+    out = []
+    for char in text:
+        category = unicodedata.category(char)
+        if char != " " and (category[0] == "C" or category in ("Zl", "Zp", "Zs")):
+            out.append(char.encode("unicode_escape").decode("ascii"))
+        else:
+            out.append(char)
+    return "".join(out)
+
+
+MAX_WHERE = 200
+"""The file or the field of an error line, at most: the line must keep room for what is wrong and the fix."""
+
+
+def clip(text: str, limit: int) -> str:
+    """``text`` of at most ``limit`` characters: its start and end, and how much was cut between them."""
+    if len(text) <= limit:
+        return text
+    keep = max((limit - 30) // 2, 1)
+    return f"{text[:keep]}…[{len(text) - 2 * keep:,} cut]…{text[-keep:]}"
+
+
+def one_line(text: str, limit: int = MAX_LINE) -> str:
+    """A message as the contract prints it: one line, invisible characters escaped, no credential from
+    the environment, at most ``limit`` characters (the middle is cut, and says how much)."""
+    from ground.redact import scrub_environment
+
+    return clip(visible(scrub_environment(text)), limit)
 
 
 class CheckFailed(Exception):

@@ -105,6 +105,38 @@ def expand_path(text: str) -> Path:
     return Path(expanded).expanduser()
 
 
+def exists(path: Path) -> bool:
+    """Whether ``path`` exists; a name no filesystem can hold (too long, a NUL byte) names nothing:
+    ``Path.exists`` raises OSError/ValueError for those (a 5,000-character ``extends:`` or ``--cluster``
+    was a traceback)."""
+    try:
+        return Path(path).exists()
+    except (OSError, ValueError):
+        return False
+
+
+def why_not_a_directory(path: Path) -> str:
+    """Why ``path`` cannot be used as a directory, in words: a regular file or a symlink to itself was
+    reported as "does not exist", which sent people looking for a missing mount."""
+    path = Path(path)
+    if path.is_symlink():
+        try:
+            path.resolve(strict=True)
+        except RuntimeError:  # Python < 3.13 raises RuntimeError for a loop
+            return "is a symlink loop"
+        except OSError as exc:
+            if exc.errno == 40:  # ELOOP
+                return "is a symlink loop"
+            return f"is a symlink to {os.readlink(path)}, which does not exist"
+    if path.is_file():
+        return "is a regular file, not a directory"
+    if path.exists() and not path.is_dir():
+        return "is not a directory"
+    if path.is_dir():
+        return "is a directory" if os.access(path, os.R_OK | os.X_OK) else "is a directory this user cannot read"
+    return "does not exist"
+
+
 def nearest_existing(path: Path) -> Path:
     """``path`` or its nearest existing parent: where a file system can be asked about a path not made yet."""
     probe = Path(path)

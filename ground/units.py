@@ -24,7 +24,7 @@ def parse_bytes(value: int | float | str) -> int:
     if isinstance(value, bool):
         raise ValueError(f"not a size: {value!r}")
     if isinstance(value, (int, float)):
-        if value < 0 or not math.isfinite(value):
+        if value < 0 or isinstance(value, float) and not math.isfinite(value):  # isfinite(10**400) overflows
             raise ValueError(f"not a size: {value!r}")
         return int(value)
     match = _SIZE.fullmatch(value)
@@ -63,32 +63,53 @@ _SUFFIX_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _SLURM = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
 
 
+MAX_DURATION_S = 100 * 365 * 86400
+"""The longest finite duration anything here can mean (a time limit, a look-back, a wait): a century.
+A longer number is a typo, and past ~1e14 days Python's dates overflow (``--since 1e23d`` raised
+OverflowError); "UNLIMITED" is the way to say no limit."""
+
+
+def _bounded(seconds: int | float, value: object) -> float:
+    """``seconds`` as a float within ``0 … MAX_DURATION_S``; a 400-digit number is an error, not an OverflowError."""
+    if not seconds <= MAX_DURATION_S:  # also catches NaN
+        raise ValueError(f"{_shown(value)} is longer than a century (a typo? use UNLIMITED for no limit)")
+    return float(seconds)
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:40] + "…'"
+
+
 def parse_duration(value: int | float | str) -> float:
-    """Seconds from Slurm's time formats or a suffixed number; a bare number is minutes, as in Slurm."""
+    """Seconds from Slurm's time formats or a suffixed number; a bare number is minutes, as in Slurm.
+    Finite results are at most :data:`MAX_DURATION_S`."""
     if isinstance(value, bool):
         raise ValueError(f"not a duration: {value!r}")
     if isinstance(value, (int, float)):
         if value < 0 or math.isnan(value):
-            raise ValueError(f"not a duration: {value!r}")
-        return float(value) * 60
+            raise ValueError(f"not a duration: {_shown(value)}")
+        if value == float("inf"):
+            return float("inf")
+        return _bounded(value * 60, value)
     text = value.strip()
     if text.upper() in ("UNLIMITED", "INFINITE"):
         return float("inf")
     suffixed = _SUFFIX.fullmatch(text)
     if suffixed:
-        return float(suffixed.group(1)) * _SUFFIX_SECONDS[suffixed.group(2).lower()]
+        return _bounded(float(suffixed.group(1)) * _SUFFIX_SECONDS[suffixed.group(2).lower()], value)
     match = _SLURM.fullmatch(text)
     if not match:
-        raise ValueError(f"not a duration: {value!r} (use Slurm's D-HH:MM:SS, or 90s / 2h / 18d)")
+        raise ValueError(f"not a duration: {_shown(value)} (use Slurm's D-HH:MM:SS, or 90s / 2h / 18d)")
     days, first, second, third = match.groups()
     if days is not None:  # D-HH[:MM[:SS]]
         hours, minutes, seconds = int(first), int(second or 0), int(third or 0)
-        return float(int(days) * 86400 + hours * 3600 + minutes * 60 + seconds)
+        return _bounded(int(days) * 86400 + hours * 3600 + minutes * 60 + seconds, value)
     if third is not None:  # HH:MM:SS
-        return float(int(first) * 3600 + int(second) * 60 + int(third))
+        return _bounded(int(first) * 3600 + int(second) * 60 + int(third), value)
     if second is not None:  # MM:SS
-        return float(int(first) * 60 + int(second))
-    return float(int(first) * 60)  # MM
+        return _bounded(int(first) * 60 + int(second), value)
+    return _bounded(int(first) * 60, value)  # MM
 
 
 def format_duration(seconds: float) -> str:

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from typer.core import TyperGroup
 
-from ground.errors import EXIT_BAD_INPUT, EXIT_FAILED, CheckFailed, UserError
+from ground.errors import EXIT_BAD_INPUT, EXIT_FAILED, CheckFailed, UserError, one_line
+from ground.redact import scrub_environment
 
 if TYPE_CHECKING:
     from typer._click import Command, Context
@@ -62,7 +63,7 @@ def _usage_line(exc: Any) -> str:
     """Click's usage error as the contract's one line (its own is a 5–6-line box)."""
     where = exc.ctx.command_path if exc.ctx is not None else "idmctl"
     what = exc.format_message().strip().rstrip(".")
-    return f"error: command line: {what} (see `{where} --help`)"
+    return one_line(f"error: command line: {what} (see `{where} --help`)")
 
 
 def _command(name: str) -> Callable[[typer.Typer], None]:
@@ -204,7 +205,7 @@ class _ContractGroup(TyperGroup):
             if _debug["on"]:
                 raise
             if str(exc):
-                typer.echo(str(exc), err=True)
+                typer.echo(scrub_environment(str(exc)), err=True)
             ctx.exit(EXIT_FAILED)
 
 
@@ -220,6 +221,21 @@ app = typer.Typer(
 @app.callback()
 def _root(debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks for errors.")] = False) -> None:
     _debug["on"] = debug
+    _printable_anywhere()
+
+
+def _printable_anywhere() -> None:
+    """On a terminal or pipe that is not UTF-8 (``LC_ALL=C``, ``PYTHONIOENCODING=ascii``), characters it
+    cannot encode are written as escapes instead of raising: preflight's table (``→``, ``×``) raised
+    UnicodeEncodeError after its run was recorded, and a path or a description can hold any character."""
+    for stream in (sys.stdout, sys.stderr):
+        encoding = (getattr(stream, "encoding", None) or "").lower().replace("-", "")
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None and encoding not in ("utf8", "utf16", "utf32"):
+            try:
+                reconfigure(errors="backslashreplace")
+            except (ValueError, OSError):  # a stream that cannot change mid-flight: leave it as it is
+                pass
 
 
 def main() -> None:

@@ -201,8 +201,45 @@ def _store_row(name: str, path: Path, head: str | None, what_migrates: str) -> R
 
 
 def check_store() -> Row:
+    """The store the commands will use: the team's PostgreSQL when ``IDMCTL_DB_URL`` names one (a doctor
+    that read the local SQLite file said "ready" while the shared server did not answer), else SQLite."""
+    from ground.errors import UserError
+    from idmctl.store.url import shared_url
+
     head = migration_head(REPO_ROOT / "idmctl" / "store" / "migrations" / "versions")
-    return _store_row("store", db_path(), head, "any idmctl command")
+    try:
+        url = shared_url()
+    except UserError as exc:
+        return Row("store", FAIL, exc.line().removeprefix("error: "), exc.hint or "fix IDMCTL_DB_URL")
+    if url is None:
+        return _store_row("store", db_path(), head, "any idmctl command")
+    return _shared_store_row(url, head)
+
+
+def _shared_store_row(url: str, head: str | None) -> Row:
+    """Connect (read-only, 5 s timeout) and compare the schema level with the head; migrates nothing."""
+    from ground.contract import ENV_DB_URL
+    from idmctl.store.url import redacted, scrubbed
+
+    shown = redacted(url)
+    try:
+        import psycopg
+    except ImportError:
+        return Row("store", FAIL, f"{shown}: the PostgreSQL driver is missing", "pip install 'psycopg[binary]'")
+    conninfo = "postgresql://" + url.split("://", 1)[1]  # libpq knows no SQLAlchemy "+driver" suffix
+    try:
+        with psycopg.connect(conninfo, connect_timeout=5) as connection:
+            exists = connection.execute("SELECT to_regclass('alembic_version')").fetchone()[0]
+            revision = connection.execute("SELECT version_num FROM alembic_version").fetchone()[0] if exists else None
+    except Exception as exc:  # psycopg.Error, or a conninfo libpq cannot parse: the row says what it said
+        reason = scrubbed((str(exc).strip().splitlines() or [type(exc).__name__])[0], url)
+        return Row("store", FAIL, f"{shown} does not answer: {reason}",
+                   f"check the server and the user, password and database in {ENV_DB_URL}, or unset it for SQLite")
+    if revision == head:
+        return Row("store", OK, f"{shown} at migration head {head}")
+    if revision is None:
+        return Row("store", WARN, f"{shown} has no migration level", f"any idmctl command migrates it to {head}")
+    return Row("store", WARN, f"{shown} at revision {revision}, head is {head}", "any idmctl command upgrades it")
 
 
 def _mlflow_versions_dir() -> Path | None:
@@ -215,7 +252,9 @@ def _mlflow_versions_dir() -> Path | None:
 def check_mlflow() -> Row:
     uri = mlflow_tracking_uri()
     if not uri.startswith("sqlite:///"):
-        return Row("mlflow store", WARN, f"{uri} (a server or another backend: not checked here)",
+        from ground.redact import redacted
+
+        return Row("mlflow store", WARN, f"{redacted(uri)} (a server or another backend: not checked here)",
                    "unset MLFLOW_TRACKING_URI to use the SQLite store beside idmctl's")
     versions = _mlflow_versions_dir()
     if versions is None:
@@ -276,6 +315,13 @@ def check_slurm() -> Row:
     if scheduler == "?":
         return Row("slurm", FAIL, f"{cluster}: no such profile", f"set {ENV_CLUSTER} to one of "
                    f"{', '.join(sorted(p.stem for p in clusters_dir().glob('*.yaml')))} or a profile's path")
+    from ground.errors import UserError
+    from idmctl.profile import load_profile  # pydantic only; a profile every command would refuse is a FAIL here
+
+    try:
+        load_profile(profile)
+    except UserError as exc:
+        return Row("slurm", FAIL, f"{cluster}: {exc.line().removeprefix('error: ')}", "fix the cluster profile")
     if scheduler != "slurm":
         found = "none of sbatch/sacct on PATH" if len(missing) == 3 else \
             f"{', '.join(t for t in tools if tools[t])} on PATH"

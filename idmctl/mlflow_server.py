@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ground.errors import CheckFailed, UserError
+from ground.redact import redacted
 from ground.paths import atomic_write_text, home, mlflow_artifacts_dir, mlflow_tracking_uri
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
@@ -96,7 +97,7 @@ def allowed_hosts(host: str, port: int, extra: list[str] | None = None) -> list[
 def backend_store_uri() -> str:
     uri = mlflow_tracking_uri()
     if uri.startswith(("http://", "https://")):
-        raise UserError(f"points at a server already ({uri})", field="MLFLOW_TRACKING_URI",
+        raise UserError(f"points at a server already ({redacted(uri)})", field="MLFLOW_TRACKING_URI",
                         hint="open that server's URL, or unset MLFLOW_TRACKING_URI to serve $IDMCTL_HOME's store")
     return uri
 

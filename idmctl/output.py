@@ -24,9 +24,19 @@ class _LazyConsole:
     submit, ``failures --json``) never needs (issue 15). Its settings are fixed when this module is
     imported, as they were when the console itself was made here."""
 
-    def __init__(self, **settings: Any) -> None:
+    def __init__(self, scrub: bool = False, **settings: Any) -> None:
         self._settings = settings
         self._console: Console | None = None
+        self._scrub = scrub
+
+    def print(self, *objects: Any, **kwargs: Any) -> None:
+        """Rich's print; on stderr, text is first scrubbed of the environment's credentials (warnings quote
+        exceptions from MLflow and drivers, which may hold a tracking or store URL with its password)."""
+        if self._scrub:
+            from ground.redact import scrub_environment
+
+            objects = tuple(scrub_environment(o) if isinstance(o, str) else o for o in objects)
+        self.__getattr__("print")(*objects, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
         if self._console is None:
@@ -36,8 +46,23 @@ class _LazyConsole:
         return getattr(self._console, name)
 
 
-console: Console = _LazyConsole(highlight=False, soft_wrap=False, width=_width())  # type: ignore[assignment]
-err_console: Console = _LazyConsole(stderr=True, highlight=False, soft_wrap=True, width=_width())  # type: ignore[assignment]
+# markup=False: what is printed is mostly values from a user, a file or a log (descriptions, paths,
+# failure evidence), and Rich read `[/x]` in one as a closing tag and raised MarkupError mid-command.
+# Styles are given as objects instead (:func:`styled`), never parsed out of a string; a table cell
+# that is a str is printed as it is too (Rich renders cells with the console's markup setting).
+console: Console = _LazyConsole(highlight=False, soft_wrap=False, width=_width(), markup=False)  # type: ignore[assignment]
+err_console: Console = _LazyConsole(scrub=True, stderr=True, highlight=False, soft_wrap=True, width=_width(), markup=False)  # type: ignore[assignment]
+
+STATUS_STYLE = {"PASS": "green", "OK": "green", "WARN": "yellow", "FAIL": "bold red", "SKIP": "dim"}
+"""How a check's status is coloured in every table (preflight, sweeps, doctor)."""
+
+
+def styled(text: Any, style: str | None = None) -> Any:
+    """A table cell printed literally in ``style`` (a status's colour when none is given)."""
+    from rich.text import Text
+
+    value = str(text)
+    return Text(value, style=style or STATUS_STYLE.get(value.split(" ", 1)[0], ""))
 
 
 def emit_json(data: Any) -> None:

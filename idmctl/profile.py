@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from ground.contract import ENV_CLUSTER
 from ground.errors import UserError
-from ground.paths import clusters_dir
+from ground.paths import clusters_dir, exists
 from ground.units import parse_bandwidth, parse_bytes, parse_duration
 
 
@@ -173,11 +173,11 @@ def profile_path(name_or_path: str | None = None) -> Path:
     chosen = name_or_path or os.environ.get(ENV_CLUSTER) or "local"
     candidate = Path(chosen)
     if candidate.suffix in (".yaml", ".yml"):
-        if not candidate.exists():
+        if not exists(candidate):
             raise UserError("cluster profile not found", file=chosen, hint="check IDMCTL_CLUSTER")
         return candidate.resolve()
     path = clusters_dir() / f"{chosen}.yaml"
-    if not path.exists():
+    if not exists(path):
         known = [p.stem for p in clusters_dir().glob("*.yaml")]
         raise UserError(f"no cluster profile named {chosen!r}", file=ENV_CLUSTER,
                         hint=f"shipped: {', '.join(sorted(known))}")

@@ -155,3 +155,47 @@ def test_truncated_storage(tmp_path: Path) -> None:
             dst.writestr(info.filename, data[:-16] if info.filename.endswith("data/0") else data)
     with pytest.raises(UserError, match=f"storage data/0 holds {layout.layer_bytes * 4 - 16:,} B"):
         inspect_file(path)
+
+
+class _Storage:
+    """Stands for the storage torch.save pickles by persistent id."""
+
+
+def _with_shape(path: Path, shape: tuple[int, ...]) -> Path:
+    """A real torch.save file whose data.pkl is rewritten to claim ``shape`` for hidden_multi: the bytes
+    stay, only the header lies (as a damaged or hand-made file does)."""
+    import collections
+
+    _save(path, {"hidden_multi": _hidden(), "layers": BLOCKS})
+
+    class _Tensor:
+        def __reduce__(self):  # type: ignore[no-untyped-def]
+            stride = tuple(int(torch.tensor(shape[i + 1:]).prod()) if i + 1 < len(shape) else 1 for i in range(len(shape)))
+            return torch._utils._rebuild_tensor_v2, (_Storage(), 0, shape, stride, False, collections.OrderedDict())
+
+    class _Pickler(pickle.Pickler):
+        def persistent_id(self, obj):  # type: ignore[no-untyped-def]
+            return ("storage", torch.BFloat16Storage, "0", "cpu", 4 * 6 * 3 * 5 * 8) if isinstance(obj, _Storage) else None
+
+    buffer = io.BytesIO()
+    _Pickler(buffer, protocol=2).dump({"hidden_multi": _Tensor(), "layers": BLOCKS})
+    with zipfile.ZipFile(path) as src:
+        entries = [(info, src.read(info)) for info in src.infolist()]
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as dst:
+        for info, data in entries:
+            dst.writestr(info, buffer.getvalue() if info.filename.endswith("data.pkl") else data)
+    return path
+
+
+@pytest.mark.parametrize("shape", [(4, -6, 3, 5, 8), (4, 0, 3, 5, 8), (4, 6, 3, 0, 8)])
+def test_a_negative_or_empty_dimension_is_refused(tmp_path: Path, shape: tuple[int, ...]) -> None:
+    path = _with_shape(tmp_path / "demo_8.pt", shape)
+    with pytest.raises(UserError) as exc:
+        inspect_file(path)
+    assert "hidden_multi has an empty or negative dimension" in exc.value.line() and str(path) in exc.value.line()
+
+
+def test_the_rewritten_header_is_read_when_it_is_sound(tmp_path: Path) -> None:
+    """The helper above makes files the reader accepts when the shape is true: the refusals are the shape's."""
+    path = _with_shape(tmp_path / "demo_9.pt", (4, 6, 3, 5, 8))
+    assert read_layout(path).shape == (4, 6, 3, 5, 8)

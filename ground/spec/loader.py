@@ -6,6 +6,7 @@ Every problem becomes a :class:`~ground.errors.UserError` naming the file and th
 from __future__ import annotations
 
 import difflib
+import unicodedata
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -16,7 +17,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from ground.errors import UserError
-from ground.paths import experiments_dir
+from ground.paths import exists, experiments_dir
 from ground.spec.schema import ExperimentSpec
 
 BASE_PREFIX = "base_"
@@ -84,18 +85,19 @@ def canonical_json(data: Any) -> str:
 def resolve_spec_path(name_or_path: str, relative_to: Path | None = None) -> Path:
     """An experiment name (``latent_c_n4``) or a path to a YAML file → the file's path."""
     candidate = Path(name_or_path)
-    if candidate.suffix in (".yaml", ".yml") and candidate.exists():
+    if candidate.suffix in (".yaml", ".yml") and exists(candidate):
         return candidate.resolve()
     search = [d for d in (relative_to, experiments_dir()) if d is not None]
     for directory in search:
         for suffix in (".yaml", ".yml"):
             path = directory / f"{name_or_path}{suffix}"
-            if path.exists():
+            if exists(path):
                 return path.resolve()
     known = [p.stem for p in _spec_files()]
     close = difflib.get_close_matches(name_or_path, known, n=1)
     hint = f"did you mean {close[0]!r}?" if close else f"see `idmctl exp list`; looked in {experiments_dir()}"
-    raise UserError(f"no experiment named {name_or_path!r}", file=name_or_path, hint=hint)
+    # An empty name would leave the line naming nothing: then it names the argument.
+    raise UserError(f"no experiment named {name_or_path!r}", file=name_or_path or "EXP", hint=hint)
 
 
 def _spec_files() -> list[Path]:
@@ -214,12 +216,24 @@ def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]
     return merged
 
 
+MAX_EXTENDS = 32
+"""Files one ``extends`` chain may pass through: the shipped specs use two; a chain of 1,100 files was
+reported as YAML "nested more than 64 levels" (Python's recursion limit), which named nothing useful."""
+
+
 def _load_merged(path: Path, seen: tuple[Path, ...]) -> tuple[dict[str, Any], list[Path]]:
+    if len(seen) >= MAX_EXTENDS and path not in seen:
+        shown = " -> ".join(p.stem for p in (*seen[:3], path))
+        raise UserError(f"extends chain longer than {MAX_EXTENDS} files ({shown} ...)", file=str(seen[0]),
+                        field="extends", hint="merge the bases: a spec extends one or two")
     if path in seen:
         cycle = " -> ".join(p.stem for p in (*seen, path))
         raise UserError(f"extends cycle: {cycle}", file=str(seen[-1]), field="extends",
                         hint="remove one of the extends links")
     raw = _read_yaml(path)
+    if SWEEP_KEY in raw and raw[SWEEP_KEY] in (None, {}, []):  # `sweep:` with nothing under it was silently ignored
+        raise UserError("is empty", file=str(path), field=SWEEP_KEY,
+                        hint="give grid: or zip: with at least one axis, or remove sweep:")
     parents = raw.pop("extends", None)
     if parents is None:
         return raw, [path]
@@ -253,17 +267,46 @@ def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
     return model
 
 
+def _escaped(text: str) -> str:
+    """A key as ASCII: a look-alike letter (Cyrillic 'а' for 'a') or an invisible one shows as ``\\u0430``."""
+    return text.encode("ascii", "backslashreplace").decode("ascii")
+
+
+def _skeleton(text: str) -> str:
+    """What a key looks like in ASCII: compatibility forms decomposed (``ｌｒ`` → ``lr``), a letter of another
+    script taken by its name (``CYRILLIC SMALL LETTER A`` → ``a``), invisible characters dropped."""
+    out = []
+    for char in unicodedata.normalize("NFKD", text):
+        if char.isascii():
+            out.append(char)
+            continue
+        name = unicodedata.name(char, "")
+        if " LETTER " in name and len(name.rsplit(" ", 1)[-1]) == 1:
+            out.append(name.rsplit(" ", 1)[-1].lower())
+    return "".join(out)
+
+
+def _first_error(exc: ValidationError) -> dict[str, Any]:
+    """The error to report: an unknown key before anything else. A misspelt key (``lr`` with a Cyrillic
+    letter) also leaves the real key missing, and "missing" never named the key that was there."""
+    errors = exc.errors()
+    return next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
+
+
 def _error_from_validation(exc: ValidationError, file: Path) -> UserError:
-    first = exc.errors()[0]
+    first = _first_error(exc)
     loc = tuple(first["loc"])
     dotted = ".".join(str(p) for p in loc)
     message = first["msg"]
     if first["type"] == "extra_forbidden":
         model = _model_at(loc)
         options = list(model.model_fields) if model else []
-        close = difflib.get_close_matches(str(loc[-1]), options, n=1)
+        key = str(loc[-1])
+        close = difflib.get_close_matches(key, options, n=1) or difflib.get_close_matches(_skeleton(key), options, n=1)
         hint = f"did you mean {close[0]!r}?" if close else f"allowed: {', '.join(options)}"
-        return UserError("unknown key", file=str(file), field=dotted, hint=hint)
+        odd = key != _escaped(key)
+        return UserError(f"unknown key{' (it has non-ASCII characters)' if odd else ''}", file=str(file),
+                         field=".".join([*(str(p) for p in loc[:-1]), _escaped(key)]), hint=hint)
     if first["type"] == "missing":
         return UserError("required field is missing", file=str(file), field=dotted, hint="add it here or in a base spec")
     if first["type"] == "value_error":
@@ -333,7 +376,7 @@ def _load(name_or_path: str) -> tuple[ResolvedSpec, Any, str | None]:
         spec = ExperimentSpec.model_validate(merged)
     except ValidationError as exc:
         # A bad value inherited from a base is reported in the base, where it must be fixed.
-        loc = tuple(str(p) for p in exc.errors()[0]["loc"])
+        loc = tuple(str(p) for p in _first_error(exc)["loc"])
         raise _error_from_validation(exc, _file_defining(chain, loc) if loc else path) from exc
     return ResolvedSpec(name=path.stem, path=path, spec=spec, chain=chain), sweep, variant
 

@@ -22,13 +22,34 @@ MAX_WIDTH = 65_536
 MAX_DEPTH = 1_024
 MAX_COUNT = 1_000_000
 MAX_STEPS = 1_000_000_000
+MAX_FILES = 10_000_000
+"""Cache files (one per episode): RoboCasa's largest sets are ~100k episodes; ten million files in one
+directory is past what a filesystem lists in reasonable time (``cache_files: 1e30`` was accepted)."""
+MAX_LR = 10.0
+"""AdamW learning rates in use are 1e-6 … 1e-2; above 1 is already odd (preflight WARNs, with the value),
+above 10 no run trains: ``lr: 3.0e3`` (a typo of 3.0e-3) and ``1e308`` passed before."""
+MAX_WEIGHT_DECAY = 10.0
+"""AdamW decay multiplies the weights by ``1 - lr·wd`` each step: typical 0 … 0.1, above 1 is odd (WARN),
+above 10 is a typo."""
+ODD_ABOVE = {"lr": 1.0, "weight_decay": 1.0}
+"""``train`` values inside their domain that no real run uses: preflight's spec check WARNs with the value."""
+MAX_SIGNAL_LEAD_S = 65_535
+"""Slurm's ``--signal=…@sig_time`` takes 0 … 65535 seconds (about 18 h): a 1e23-day lead rendered
+``--signal=B:USR1@8.6e27``, which sbatch refuses."""
+MAX_JOB_MEM = 64 * 2**40
+"""Memory per node: the largest nodes have a few TiB; 64 TiB is past any of them (Slurm takes MiB)."""
+MAX_DEPTH_M = 1_000.0
+"""``pt_max_depth``: the far plane of a depth camera in metres; robot scenes are a few metres."""
+MAX_POINT_M = 10_000.0
+"""A point-map mean or std in metres: a scene is metres across; 10 km is a typo."""
 
 SLURM_NAME = r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}"
 """A job name, QoS or partition that is safe in an ``#SBATCH`` line (matched against the whole value)."""
 NODE_LIST = r"[A-Za-z0-9._\-\[\],]{1,1024}"
 """A Slurm host name or host list (``worker-5``, ``n[1-2]``)."""
 
-PositiveFloat = Annotated[float, Field(gt=0)]
+BetaParameter = Annotated[float, Field(gt=0, le=1_000)]
+"""A Beta distribution's parameter: > 0; beyond 1,000 the distribution is a spike (every sample at one t)."""
 Episodes = Annotated[int, Field(ge=1, le=MAX_COUNT)]
 BlockId = Annotated[int, Field(ge=0, le=MAX_COUNT)]
 LayerIndex = Annotated[int, Field(ge=0, le=MAX_COUNT)]
@@ -74,8 +95,9 @@ class DataSpec(Strict):
     """Directory of the hidden-state cache (one file per episode)."""
     cache_format: Literal["safetensors", "legacy_pt"] = "safetensors"
     """``safetensors``: idmctl's per-layer format; ``legacy_pt``: the card's bf16 ``.pt`` dict."""
-    cache_files: int | None = Field(default=None, ge=1)
-    """Expected number of cache files, for sizing stage-in when the cache is not on this machine."""
+    cache_files: int | None = Field(default=None, ge=1, le=MAX_FILES)
+    """Expected number of cache files, for sizing stage-in when the cache is not on this machine
+    (1 … :data:`MAX_FILES`)."""
     dataset: str | ClassRef = "hidden_multilayer"
     """Registry name of the dataset class the trainer builds (see ``cache/registry``), or a class of the
     team's own (``{class_path, init_args}``; the factory adds ``split``)."""
@@ -173,7 +195,7 @@ class ModelSpec(Strict):
     """Sinusoidal timestep embedding size before its MLP."""
     inference_steps: int = Field(default=4, ge=1, le=10_000)
     """Euler steps of the flow at inference (K)."""
-    time_beta: tuple[PositiveFloat, PositiveFloat] = (1.5, 1.0)
+    time_beta: tuple[BetaParameter, BetaParameter] = (1.5, 1.0)
     """Beta(a, b) of the training time t; t=0 is pure noise, t=1 the clean action. Both > 0 (a Beta's
     parameters): `[-1, 0]` once passed preflight and every sample then trained at t = 0.5."""
 
@@ -201,7 +223,7 @@ class LoaderSpec(Strict):
     persistent_workers: bool | None = None
     """Do not set: derived as ``num_workers > 0``. Accepted only so preflight's loader check can
     diagnose legacy configs (card job 6262); any value that disagrees with the derivation FAILs."""
-    repeats: int = Field(default=1, ge=1)
+    repeats: int = Field(default=1, ge=1, le=MAX_COUNT)
     """Sample repeats K: each loaded sample appears K times in a micro-batch, every copy with its own
     flow noise and time. The micro-batch keeps ``batch_size`` rows (so ``train.effective_batch`` is
     unchanged) but reads only ``batch_size / K`` samples: a step reads 1/K of the bytes. The fix for
@@ -236,10 +258,10 @@ class TrainSpec(Strict):
 
     steps: int = Field(ge=1, le=MAX_STEPS)
     """Optimizer steps."""
-    lr: float = Field(gt=0)
-    """Peak learning rate (AdamW)."""
-    weight_decay: float = Field(default=0.0, ge=0)
-    """AdamW weight decay."""
+    lr: float = Field(gt=0, le=MAX_LR)
+    """Peak learning rate (AdamW): > 0 and at most :data:`MAX_LR`; above 1 preflight WARNs."""
+    weight_decay: float = Field(default=0.0, ge=0, le=MAX_WEIGHT_DECAY)
+    """AdamW weight decay: 0 … :data:`MAX_WEIGHT_DECAY`; above 1 preflight WARNs."""
     warmup_steps: int = Field(default=0, ge=0, le=MAX_STEPS)
     """Linear warm-up steps before cosine decay."""
     effective_batch: int = Field(ge=1, le=MAX_STEPS)
@@ -278,8 +300,9 @@ class ResourcesSpec(Strict):
     """Wall-clock limit, Slurm format (e.g. 30-00:00:00). Unset: derived from the estimated wall clock
     with a margin, capped at the QoS max wall (``idmctl exp show`` prints the arithmetic)."""
     signal_lead: str | None = None
-    """How long before the time limit the job gets USR1 to checkpoint (e.g. 5:00). Unset: derived from
-    the measured step + checkpoint write time with a margin."""
+    """How long before the time limit the job gets USR1 to checkpoint (e.g. 5:00): 1 s … 65535 s
+    (:data:`MAX_SIGNAL_LEAD_S`, Slurm's range). Unset: derived from the measured step + checkpoint
+    write time with a margin."""
     job_name: str | None = Field(default=None, pattern=f"^{SLURM_NAME}$")
     """``-J``; defaults to the experiment name."""
     retries: int = Field(default=0, ge=0, le=1_000)
@@ -302,6 +325,8 @@ class ResourcesSpec(Strict):
             seconds = parse_duration(value)
             if not math.isfinite(seconds) or seconds <= 0:
                 raise ValueError(f"{value!r} is not a positive finite duration (e.g. 5:00)")
+            if seconds > MAX_SIGNAL_LEAD_S:
+                raise ValueError(f"{value!r} is more than Slurm's {MAX_SIGNAL_LEAD_S} s signal lead (--signal=…@0-65535)")
         return value
 
     @property
@@ -380,11 +405,11 @@ class LatentCacheSpec(Strict):
     pt_norm_path: str | None = None
     """Normalisation file the PT extractor writes (JSON mean/std of valid points); default
     ``<pt_cache_root>/cache/video_latent/robocasa_hdf5/<F>x<H>x<W>_pt_norm.json``. Part of the PT hash."""
-    pt_norm_mean: list[float] | None = None
+    pt_norm_mean: list[Annotated[float, Field(ge=-MAX_POINT_M, le=MAX_POINT_M)]] | None = None
     """Override of the per-axis (x, y, z) point mean in metres; part of the PT hash."""
-    pt_norm_std: list[float] | None = None
+    pt_norm_std: list[Annotated[float, Field(le=MAX_POINT_M)]] | None = None
     """Override of the per-axis (x, y, z) point std in metres; part of the PT hash."""
-    pt_max_depth: float = Field(default=10.0, gt=0)
+    pt_max_depth: float = Field(default=10.0, gt=0, le=MAX_DEPTH_M)
     """Depth (m) at or beyond which a pixel is invalid (far plane / missing return), like 0, NaN and inf."""
     extractor_version: str = "pt-v2-valid-depth"
     """Version of the PT extractor; bump it when the extractor changes so the PT hash does too."""
@@ -442,7 +467,10 @@ class Goal(Strict):
         match = _GOAL.fullmatch(text)
         if not match:
             raise ValueError(f"goal {text!r} is not '<metric> <op> <number>' (e.g. 'eef_mm_24ep <= 125')")
-        return cls(metric=match.group(1), op=match.group(2), value=float(match.group(3)))
+        value = float(match.group(3))
+        if not math.isfinite(value):  # 400 digits are inf as a float
+            raise ValueError(f"goal {text[:60]!r}: the number is not finite")
+        return cls(metric=match.group(1), op=match.group(2), value=value)
 
     def passes(self, observed: float) -> bool:
         return {"<=": observed <= self.value, "<": observed < self.value,
@@ -453,10 +481,12 @@ class Goal(Strict):
 
 
 def check_job_mem(value: str) -> int:
-    """``--mem``/``resources.mem``: a finite size of at least 1 MiB (Slurm reads ``--mem=0`` as the whole node)."""
+    """``--mem``/``resources.mem``: a finite size of 1 MiB (Slurm reads ``--mem=0`` as the whole node) … :data:`MAX_JOB_MEM`."""
     size = parse_bytes(value)
     if size < 2**20:
         raise ValueError(f"{value!r} is less than 1 MiB (Slurm reads --mem=0 as the whole node; give a size, e.g. 4GB)")
+    if size > MAX_JOB_MEM:
+        raise ValueError(f"{value!r} is more than {MAX_JOB_MEM // 2**40} TiB, past any node (a typo?)")
     return size
 
 

@@ -16,6 +16,7 @@ sweep ``S`` is named ``S.v`` (``idmctl preflight S.v`` runs one, ``idmctl prefli
 from __future__ import annotations
 
 import itertools
+import math
 import re
 from typing import Any
 
@@ -24,6 +25,10 @@ from ground.spec.loader import ResolvedSpec
 from ground.spec.overrides import apply_overrides, check_path
 
 MODES = ("grid", "zip")
+MAX_VARIANTS = 256
+"""Variants one sweep may expand to: each is preflighted and recorded (a 10,000-variant grid ran until
+killed, recording thousands of runs; a few short axes multiplied to 1e8 and a MemoryError). The
+product is counted from the axis lengths before anything is built; split a bigger study into files."""
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_+-]{0,63}$")
 """Variant names end up in job names and run directories: no dots (they separate sweep and variant)."""
 
@@ -64,6 +69,11 @@ def parse(base: ResolvedSpec, sweep: Any) -> tuple[str, dict[str, list[Any]], li
         if not isinstance(values, list) or not values:
             raise UserError("must be a non-empty list of values", file=file, field=f"sweep.{mode}.{axis}",
                             hint=f"e.g. {axis}: [a, b]")
+    count = len(next(iter(axes.values()))) if mode == "zip" else math.prod(len(values) for values in axes.values())
+    if count > MAX_VARIANTS:
+        shown = " × ".join(str(len(values)) for values in axes.values()) if mode == "grid" else str(count)
+        raise UserError(f"expands to {shown} = {count:,} variants, more than {MAX_VARIANTS}", file=file,
+                        field=f"sweep.{mode}", hint="sweep fewer values, or split the study into several sweep files")
     if mode == "zip":
         lengths = {axis: len(values) for axis, values in axes.items()}
         if len(set(lengths.values())) != 1:

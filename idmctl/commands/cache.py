@@ -32,7 +32,9 @@ def _on_disk(spec: ExperimentSpec) -> dict[str, Any]:
     data = spec.data
     root = expand_path(data.cache_root)
     if not root.is_dir():
-        return {"present": False}
+        from ground.paths import why_not_a_directory
+
+        return {"present": False, "why": why_not_a_directory(root)}
     files = sorted(root.glob(f"*{SUFFIX[data.cache_format]}"))
     found: dict[str, Any] = {"present": True, "files": len(files),
                              "bytes_on_disk": sum(f.stat().st_size for f in files)}
@@ -114,7 +116,7 @@ def inspect_cmd(experiment: options.Experiment, as_json: options.Json = False) -
             f"{report['expected_total_bytes']:,} B ({format_bytes(report['expected_total_bytes'])} = "
             f"{format_bytes(report['expected_total_bytes'], binary=True)})", markup=False)
     if not report["present"]:
-        out(f"on this machine: not present ({report['cache_root']} does not exist); figures come from the spec",
+        out(f"on this machine: not present ({report['cache_root']} {report.get('why', 'does not exist')}); figures come from the spec",
             markup=False)
     else:
         checked = f", {Path(report['checked_file']).name} matches the spec" if report.get("checked_file") else ""
@@ -128,7 +130,7 @@ def inspect_cmd(experiment: options.Experiment, as_json: options.Json = False) -
 @app.command("build-hidden")
 def build_hidden_cmd(
     experiment: options.Experiment,
-    processes: Annotated[int, typer.Option("--processes", min=1, help="accelerate processes (work is sharded).")] = 1,
+    processes: Annotated[int, typer.Option("--processes", **options.PROCESSES, help="accelerate processes (work is sharded).")] = 1,
     model_dir: Annotated[str | None, typer.Option("--model-dir", help="Local folder with vae/ and transformer/ "
                                                   "(from_pretrained); default: the spec's data.models.")] = None,
     text_encoder_dir: Annotated[str | None, typer.Option("--text-encoder-dir", help="Local T5 (text_encoder/ + "

@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from idmctl.commands import options
+
 from ground.errors import UserError
 from idmctl.output import console, emit_json
 from ground.units import format_bytes
@@ -60,11 +62,11 @@ def describe(summary: dict[str, Any]) -> str:
 def demos(
     out: Annotated[Path, typer.Option("--out", help="HDF5 file to write (robomimic layout).")],
     env: Annotated[str, typer.Option("--env", help="robosuite environment.")] = "Lift",
-    n: Annotated[int, typer.Option("--n", help="Number of demos.")] = 8,
-    valid: Annotated[int | None, typer.Option("--valid", help="Last demos held out as mask/valid; default n // 4.")] = None,
-    seed: Annotated[int, typer.Option("--seed", help="Seeds robosuite's placement: same seed, same demos.")] = 0,
-    camera_size: Annotated[int, typer.Option("--camera-size", help="Square camera frames, px (multiple of 16).")] = 64,
-    steps: Annotated[int, typer.Option("--steps", help="Steps per demo.")] = 50,
+    n: Annotated[int, typer.Option("--n", **options.COUNT, help="Number of demos.")] = 8,
+    valid: Annotated[int | None, typer.Option("--valid", **options.COUNT, help="Last demos held out as mask/valid; default n // 4.")] = None,
+    seed: Annotated[int, typer.Option("--seed", **options.SEED, help="Seeds robosuite's placement: same seed, same demos.")] = 0,
+    camera_size: Annotated[int, typer.Option("--camera-size", **options.FRAME_PX, help="Square camera frames, px (multiple of 16).")] = 64,
+    steps: Annotated[int, typer.Option("--steps", **options.COUNT, help="Steps per demo.")] = 50,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable summary.")] = False,
 ) -> None:
     """Scripted robosuite demos (Panda, OSC pose controller, agentview camera), deterministic per seed."""
@@ -84,10 +86,10 @@ def demos(
 @app.command("scenes")
 def scenes(
     out: Annotated[Path, typer.Option("--out", help="HDF5 file to write (robomimic layout).")],
-    n: Annotated[int, typer.Option("--n", help="Number of episodes (the last is held out as mask/valid).")] = 3,
-    steps: Annotated[int, typer.Option("--steps", help="Steps per episode.")] = 9,
-    size: Annotated[int, typer.Option("--size", help="Square frames, px (multiple of 16).")] = 32,
-    seed: Annotated[int, typer.Option("--seed", help="Same seed, same episodes.")] = 0,
+    n: Annotated[int, typer.Option("--n", **options.COUNT, help="Number of episodes (the last is held out as mask/valid).")] = 3,
+    steps: Annotated[int, typer.Option("--steps", **options.COUNT, help="Steps per episode.")] = 9,
+    size: Annotated[int, typer.Option("--size", **options.FRAME_PX, help="Square frames, px (multiple of 16).")] = 32,
+    seed: Annotated[int, typer.Option("--seed", **options.SEED, help="Same seed, same episodes.")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable summary.")] = False,
 ) -> None:
     """Synthetic table scenes with exact depth on two cameras (a box sliding on a table; the second

@@ -8,10 +8,7 @@ import typer
 
 from idmctl.commands import options
 from ground.errors import CheckFailed
-from idmctl.output import console, emit_json, make_table
-
-STYLE = {"OK": "green", "WARN": "yellow", "FAIL": "bold red", "SKIP": "dim"}
-
+from idmctl.output import console, emit_json, make_table, styled
 
 def doctor(
     as_json: options.Json = False,
@@ -26,7 +23,7 @@ def doctor(
     if as_json:
         emit_json(report.as_dict())
     else:
-        console.print(render_table(report), markup=True)
+        console.print(render_table(report))
         console.print(verdict(report), markup=False)
     if report.failed:
         raise CheckFailed("")
@@ -35,7 +32,7 @@ def doctor(
 def render_table(report):  # type: ignore[no-untyped-def]
     table = make_table("check", "status", "found", "fix", title="idmctl doctor")
     for row in report.rows:
-        table.add_row(row.name, f"[{STYLE[row.status]}]{row.status}[/]", row.detail, row.fix)
+        table.add_row(row.name, styled(row.status), row.detail, row.fix)
     return table
 
 

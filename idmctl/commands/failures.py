@@ -9,6 +9,7 @@ import typer
 from typer._click import Command, Context  # typer 0.29's own click: click itself is ~12 ms more to import
 from typer.core import TyperGroup
 
+from idmctl.commands import options
 from idmctl.output import console, emit_json, emit_json_rows, make_table
 
 
@@ -39,7 +40,7 @@ def report(
     cause: Annotated[str | None, typer.Option("--cause", help="Only this cause (see runbook 'Failure causes').")] = None,
     as_json: JsonOpt = False,
     as_markdown: Annotated[bool, typer.Option("--markdown", help="A progress-card table with the fixes recorded.")] = False,
-    limit: Annotated[int, typer.Option("--limit", min=0, help="Show the most recent N table rows (0: all); --json is never cut.")] = 50,
+    limit: Annotated[int, typer.Option("--limit", **options.ROW_LIMIT, help="Show the most recent N table rows (0: all); --json is never cut.")] = 50,
     user: Annotated[str | None, typer.Option("--user", help="Only jobs this user submitted (a team's shared store holds everyone's).")] = None,
 ) -> None:
     """Classify any newly failed jobs, then print job, setting, cause, evidence, fix and the check that catches it now."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Annotated
 
 import typer
@@ -13,7 +12,7 @@ from idmctl.output import console, emit_json
 
 
 def show(
-    job: Annotated[int, typer.Argument(help="idmctl job id (see `idmctl jobs`).")],
+    job: Annotated[int, typer.Argument(**options.JOB_ID, help="idmctl job id (see `idmctl jobs`).")],
     as_json: options.Json = False,
 ) -> None:
     """A job's record (state, nodes, times) and, once it ended, its efficiency report with suggestions."""
@@ -33,7 +32,9 @@ def show(
     if not found:
         raise UserError(f"no job {job}", field="JOB", hint="see `idmctl jobs`")
     row = found[0]
-    options = json.loads(row.options_json or "{}")
+    from idmctl.store.stored_json import job_options
+
+    options = job_options(row.options_json, row.id)
     efficiency = options.get("efficiency")
     code = options.get("code") or {}
     admitted = (options.get("admitted") or {}).get("admission") or {}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from typing import TYPE_CHECKING, Annotated
 
@@ -11,6 +10,7 @@ import typer
 from ground.errors import CheckFailed, UserError
 from idmctl.commands import job_flags, options
 from idmctl.output import console, emit_json, err_console, make_table
+from idmctl.store.stored_json import job_options
 from ground.units import format_duration
 
 if TYPE_CHECKING:
@@ -99,17 +99,17 @@ def submit(
     if as_json:
         emit_json({"job": job.id, "chain": job.chain_id, "scheduler_id": job.scheduler_id, "executor": job.executor,
                    "script": job.script_path, "log": job.log_path, "forced": job.forced_reason is not None,
-                   "suggestions": [s.__dict__ for s in _suggestions(job.experiment, json.loads(job.options_json or "{}"))[1]]})
+                   "suggestions": [s.__dict__ for s in _suggestions(job.experiment, job_options(job.options_json, job.id))[1]]})
         return
     console.print(f"submitted job {job.id} ({job.executor} {job.scheduler_id}) chain {job.chain_id} attempt {job.attempt}"
                   f"  qos {job.qos}  retries {done.chain.retries_budget}", markup=False)
     console.print(f"script {job.script_path}", markup=False)
     console.print(f"log    {job.log_path}", markup=False)
     if job.forced_reason:
-        failed = json.loads(job.options_json).get("admitted", {}).get("admission", {}).get("failed", [])
+        failed = job_options(job.options_json, job.id).get("admitted", {}).get("admission", {}).get("failed", [])
         past = f" and past FAILs ({', '.join(failed)})" if failed else ""
         console.print(f"FORCED without preflight{past}: {job.forced_reason}", markup=False)
-    _print_suggestions(job.experiment, json.loads(job.options_json or "{}"))
+    _print_suggestions(job.experiment, job_options(job.options_json, job.id))
 
 
 def _suggestions(experiment: str, options: dict) -> tuple["EfficiencyReport | None", list["Suggestion"]]:
@@ -204,7 +204,7 @@ def _sync_or_say_who_did_not_answer(run_sync, **kwargs):  # type: ignore[no-unty
 
 def jobs(
     ctx: typer.Context,
-    limit: Annotated[int, typer.Option("--limit", help="Newest N jobs.")] = 30,
+    limit: Annotated[int, typer.Option("--limit", **options.ROW_LIMIT, help="Newest N jobs.")] = 30,
     ui_url: Annotated[str, typer.Option("--ui-url", help="Where `idmctl ui` serves, for the run links.")] = "http://127.0.0.1:5000",
     as_json: options.Json = False,
     user: Annotated[str | None, typer.Option("--user", help="Only jobs this user submitted (a team's shared store holds everyone's).")] = None,
@@ -243,7 +243,7 @@ def jobs(
         "submitted_at": j.submitted_at, "started_at": j.started_at, "ended_at": j.ended_at,
         "forced": j.forced_reason, "user": j.user, "host": j.host, "mlflow_run_id": run_of_chain.get(j.chain_id),
         "run_url": run_url(run_of_chain[j.chain_id], ui_url) if run_of_chain.get(j.chain_id) else None,
-        "build": json.loads(j.options_json or "{}").get("build"),
+        "build": job_options(j.options_json, j.id).get("build"),
         "eta": etas[j.id].as_dict() if etas.get(j.id) else None,
     } for j in rows]
     if as_json:
@@ -289,13 +289,13 @@ def print_etas(now: float | None = None) -> None:
 
 
 def watch(
-    interval: Annotated[float, typer.Option("--interval", help="Seconds between syncs.")] = 30.0,
-    count: Annotated[int, typer.Option("--count", help="Stop after N syncs (0 = until every job ended).")] = 0,
+    interval: Annotated[float, typer.Option("--interval", **options.INTERVAL, help="Seconds between syncs.")] = 30.0,
+    count: Annotated[int, typer.Option("--count", **options.COUNT, help="Stop after N syncs (0 = until every job ended).")] = 0,
 ) -> None:
     """Sync on an interval until every job has ended (or --count syncs)."""
     from idmctl.jobs.sync import sync as run_sync, unfinished_jobs
 
-    if interval <= 0:
+    if not interval > 0:
         raise UserError("must be positive", file="command line", field="--interval", hint="e.g. --interval 30")
     done = 0
     while True:
@@ -311,7 +311,7 @@ def watch(
         time.sleep(interval)
 
 
-def cancel(job: Annotated[int, typer.Argument(help="idmctl job id (see `idmctl jobs`).")]) -> None:
+def cancel(job: Annotated[int, typer.Argument(**options.JOB_ID, help="idmctl job id (see `idmctl jobs`).")]) -> None:
     """Cancel a job and stop its chain from retrying."""
     from idmctl.executors import executor_for
     from idmctl.executors.base import is_final

@@ -8,21 +8,18 @@ import typer
 
 from ground.errors import CheckFailed
 from idmctl.commands import job_flags, options
-from idmctl.output import console, emit_json, err_console, make_table
+from idmctl.output import console, emit_json, err_console, make_table, styled
 
 if TYPE_CHECKING:
     from idmctl.preflight.result import CheckResult
-
-STYLE = {"PASS": "green", "WARN": "yellow", "FAIL": "bold red", "SKIP": "dim"}
-
 
 def print_checks(results: "list[CheckResult]", title: str, err: bool = False) -> None:
     """One row per check: the table preflight prints, and submit prints when it refuses."""
     table = make_table("check", "status", "numbers and reason", "fix", title=title)
     for result in results:
         status = result.status.value
-        table.add_row(result.name, f"[{STYLE[status]}]{status}[/]", result.summary, result.fix or "")
-    (err_console if err else console).print(table, markup=True)
+        table.add_row(result.name, styled(status), result.summary, result.fix or "")
+    (err_console if err else console).print(table)
 
 
 def preflight(
@@ -30,7 +27,7 @@ def preflight(
     no_smoke: Annotated[bool, typer.Option("--no-smoke", help="Static checks only (cannot unlock submit).")] = False,
     as_json: options.Json = False,
     cluster: options.Cluster = None,
-    smoke_timeout: Annotated[float, typer.Option("--smoke-timeout", help="Seconds before the smoke is killed.")] = 300.0,
+    smoke_timeout: Annotated[float, typer.Option("--smoke-timeout", **options.SMOKE_TIMEOUT, help="Seconds before the smoke is killed.")] = 300.0,
     qos: job_flags.Qos = None,
     gres: job_flags.Gres = None,
     cpus: job_flags.Cpus = None,

@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from ground.errors import CheckFailed
+from idmctl.commands import options
 from idmctl.output import console
 
 
@@ -19,7 +20,7 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
 
 def ui(
     host: Annotated[str, typer.Option("--host", help="Interface to bind; 0.0.0.0 serves other machines.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option("--port", help="Port to listen on.")] = 5000,
+    port: Annotated[int, typer.Option("--port", **options.PORT, help="Port to listen on.")] = 5000,
     allowed_host: Annotated[list[str] | None, typer.Option(
         "--allowed-host", help="Extra host name people use to reach it (repeatable).")] = None,
     auth: Annotated[bool, typer.Option(
@@ -28,6 +29,7 @@ def ui(
         "--insecure-no-auth", help="Bind beyond 127.0.0.1 WITHOUT a login: anyone who can reach the port can write.")] = False,
 ) -> None:
     """Serve the MLflow UI for $IDMCTL_HOME's runs; prints the URL; Ctrl-C stops it and its workers."""
+    from ground.redact import redacted
     from idmctl.mlflow_server import admin_password_file, backend_store_uri, require_auth_policy, start_server
 
     warning = require_auth_policy(host, auth, insecure_no_auth)
@@ -41,7 +43,7 @@ def ui(
         server = start_server(host, port, allowed_host, auth=auth)
         console.print(f"MLflow UI: {server.url}  (ready in {time.monotonic() - started:.1f} s; Ctrl-C stops it)",
                       markup=False)
-        console.print(f"store: {backend_store_uri()}  log: {server.log_path}", markup=False)
+        console.print(f"store: {redacted(backend_store_uri())}  log: {server.log_path}", markup=False)
         from idmctl.runs_view import runs_chart_line
 
         console.print(runs_chart_line("runs, EEF mm charts first", server.url), markup=False, soft_wrap=True)

@@ -209,7 +209,9 @@ def last_report(experiment: str) -> EfficiencyReport | None:
                          "ORDER BY id DESC LIMIT 1", (experiment, '%"efficiency"%')).fetchone()
     if row is None:
         return None
-    data = json.loads(row["options_json"]).get("efficiency")
+    from idmctl.store.stored_json import job_options
+
+    data = job_options(row["options_json"], f"of {experiment}").get("efficiency")
     return EfficiencyReport.from_dict(data) if data else None
 
 

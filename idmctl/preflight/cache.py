@@ -4,7 +4,7 @@ caches separately (~7 min)."""
 
 from __future__ import annotations
 
-from ground.paths import expand_path
+from ground.paths import expand_path, why_not_a_directory
 from idmctl.preflight.result import CacheInspection, CheckResult, PreflightContext, Status
 from ground.spec.schema import DataSpec, ExperimentSpec
 
@@ -71,10 +71,11 @@ def check(ctx: PreflightContext) -> CheckResult:
     measured = ctx.measurements
     root = expand_path(data.cache_root)
     if not measured.cache_present:
-        where = f"cache_root {root} does not exist on this machine"
+        why = why_not_a_directory(root)
+        where = f"cache_root {root} {why}" + (" on this machine" if why == "does not exist" else "")
         if data.cache_files:
             where += f" (expected {data.cache_files:,} {data.cache_format} files)"
-        if ctx.is_this_machine:
+        if ctx.is_this_machine or why != "does not exist":  # a file or a loop is here, and wrong
             return CheckResult(NAME, Status.FAIL, f"{where}: the run would fail loading its first sample",
                                {"present": False}, "build the cache (idmctl cache build-hidden EXP) or fix data.cache_root")
         return CheckResult(NAME, Status.WARN, f"{where}: not verified here; run preflight on a node that mounts it",

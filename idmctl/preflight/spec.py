@@ -4,6 +4,7 @@ asks for what one node of this cluster has: a known QoS, GPUs, CPUs and memory w
 from __future__ import annotations
 
 from idmctl.preflight.result import CheckResult, PreflightContext, Status
+from ground.spec.schema import ODD_ABOVE
 from ground.units import format_bytes
 
 NAME = "spec"
@@ -35,6 +36,11 @@ def check(ctx: PreflightContext) -> CheckResult:
                "grad_accum": spec.grad_accum, "mem_bytes": res.mem_bytes, "node_mem_bytes": node.mem_bytes}
     if problems:
         return CheckResult(NAME, Status.FAIL, "; ".join(problems), numbers, "; ".join(fixes))
+    odd = [f"train.{field} {getattr(spec.train, field):g} is above {limit:g}"
+           for field, limit in ODD_ABOVE.items() if getattr(spec.train, field) > limit]
+    if odd:  # inside the domain, but no real run uses it: most likely a typo (3.0e3 for 3.0e-3)
+        return CheckResult(NAME, Status.WARN, "; ".join(odd) + f" (unusual for AdamW); {shape}", numbers,
+                           "check the value: AdamW runs use lr 1e-6 … 1e-2 and weight_decay 0 … 0.1")
     summary = (f"valid, hash {ctx.resolved.short_hash}; {shape}; fits a {profile.name} node "
                f"({res.gpus_per_node}/{node.gpus} GPUs, {res.cpus}/{node.cpus} CPUs, "
                f"{format_bytes(res.mem_bytes)}/{format_bytes(node.mem_bytes)} memory)")

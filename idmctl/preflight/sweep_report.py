@@ -11,9 +11,6 @@ from ground.spec.loader import ResolvedSpec
 from idmctl.preflight.result import CHECK_NAMES, CheckResult
 from idmctl.profile import ClusterProfile
 
-STYLE = {"PASS": "green", "WARN": "yellow", "FAIL": "bold red", "SKIP": "dim"}
-
-
 def axis_text(value: Any) -> str:
     return "[" + ",".join(map(str, value)) + "]" if isinstance(value, list) else str(value)
 
@@ -28,7 +25,7 @@ def cell(result: CheckResult) -> str:
 
 def run_sweep_preflight(variants: list[ResolvedSpec], profile: ClusterProfile, profile_hash: str, *,
                         with_smoke: bool, smoke_timeout_s: float, as_json: bool) -> None:
-    from idmctl.output import console, emit_json, make_table
+    from idmctl.output import console, emit_json, make_table, styled
     from idmctl.preflight.record import version_for
     from idmctl.preflight.runner import run_preflight
 
@@ -44,8 +41,8 @@ def run_sweep_preflight(variants: list[ResolvedSpec], profile: ClusterProfile, p
         for variant, report in zip(variants, reports):
             by_name = {r.name: r for r in report.results}
             table.add_row(variant.name.rsplit(".", 1)[-1], *(axis_text(variant.axes[a]) for a in axes),
-                          *(f"[{STYLE[by_name[n].status.value]}]{cell(by_name[n])}[/]" for n in CHECK_NAMES))
-        console.print(table, markup=True)
+                          *(styled(cell(by_name[n])) for n in CHECK_NAMES))
+        console.print(table)
         for variant, report in zip(variants, reports):
             verdict = ("FAIL: " + ", ".join(report.failed) if report.failed
                        else "PASS (submit unlocked)" if report.unlocks_submit else "PASS, static only")

@@ -182,11 +182,11 @@ def session(path: Path | None = None) -> Iterator[Session]:
             db.commit()
         except SQLAlchemyDatabaseError as exc:
             db.rollback()
-            text = str(exc.orig) if exc.orig is not None else str(exc)
-            if "malformed" in text or "not a database" in text or "readonly" in text:
-                # Damage found past the header, or a store on a read-only disk: one line, not a traceback.
-                raise UserError(f"the store cannot be used: {text}", file=str(path or db_path()),
-                                hint="restore it from a backup or move it aside; keep IDMCTL_HOME writable") from exc
+            from idmctl.store.fast import unusable_store
+
+            unusable = unusable_store(path or db_path(), str(exc.orig) if exc.orig is not None else str(exc))
+            if unusable is not None:
+                raise unusable from exc
             raise
         except BaseException:
             db.rollback()

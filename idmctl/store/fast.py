@@ -17,6 +17,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from ground.errors import UserError
 from ground.paths import db_path
 from idmctl.store.head import HEAD_REVISION
 from idmctl.store.url import shared_url, writer
@@ -88,9 +89,24 @@ def connect(path: Path | None = None) -> Iterator[sqlite3.Connection | None]:
     try:
         yield connection
         connection.commit()
+    except sqlite3.DatabaseError as exc:
+        connection.rollback()
+        unusable = unusable_store(db, str(exc))
+        if unusable is not None:
+            raise unusable from exc
+        raise
     except BaseException:
         connection.rollback()
         raise
+
+
+def unusable_store(path: Path, text: str) -> UserError | None:
+    """The one line for a store that cannot be used whatever the command does: damage found past the
+    header, or a read-only file or disk (its -wal/-shm files too); None for any other database error."""
+    if "malformed" in text or "not a database" in text or "readonly" in text:
+        return UserError(f"the store cannot be used: {text}", file=str(path),
+                         hint="restore it from a backup or move it aside; keep IDMCTL_HOME writable")
+    return None
 
 
 def rows(connection: sqlite3.Connection, sql: str, params: tuple[Any, ...] = ()) -> list[SimpleNamespace]:

@@ -15,7 +15,7 @@ from sqlalchemy.exc import DBAPIError, NoSuchModuleError
 from ground.contract import ENV_DB_URL
 from ground.errors import UserError
 from idmctl.store.head import HEAD_REVISION
-from idmctl.store.url import redacted
+from idmctl.store.url import redacted, scrubbed
 
 MIGRATION_LOCK = 0x1D3C7
 """pg_advisory_lock key: one process migrates a new shared store while the others wait for it."""
@@ -26,10 +26,11 @@ def _fail(url: str, what: str, hint: str) -> UserError:
     return UserError(f"{what}: {redacted(url)}", field=ENV_DB_URL, hint=hint)
 
 
-def _reason(exc: BaseException) -> str:
-    """The server's or libpq's first line (psycopg puts the useful part first), without the URL."""
+def _reason(exc: BaseException, url: str) -> str:
+    """The server's or libpq's first line (psycopg puts the useful part first), without the URL's secrets
+    (libpq quotes what it took for the host, which for a badly encoded URL is part of the password)."""
     orig = getattr(exc, "orig", None) or exc
-    return (str(orig).strip().splitlines() or ["?"])[0]
+    return scrubbed((str(orig).strip().splitlines() or ["?"])[0], url)
 
 
 def _stored_revision(engine: Engine) -> str | None:
@@ -50,7 +51,7 @@ def open_shared(url: str) -> Engine:
     except ImportError as exc:
         raise _fail(url, f"the PostgreSQL driver is missing ({exc.name})", "pip install 'psycopg[binary]'") from exc
     except Exception as exc:  # sqlalchemy.exc.ArgumentError: a URL it cannot parse
-        raise _fail(url, f"not a usable URL ({exc})", "use postgresql://USER:PASSWORD@HOST:PORT/DB") from exc
+        raise _fail(url, f"not a usable URL ({scrubbed(str(exc), url)})", "use postgresql://USER:PASSWORD@HOST:PORT/DB") from exc
     try:
         stored = _stored_revision(engine)
         if stored != HEAD_REVISION:
@@ -65,7 +66,7 @@ def open_shared(url: str) -> Engine:
                     connection.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": MIGRATION_LOCK})
                     connection.commit()
     except DBAPIError as exc:
-        raise _fail(url, f"cannot use the shared store ({_reason(exc)})",
+        raise _fail(url, f"cannot use the shared store ({_reason(exc, url)})",
                     f"check the server is up and the user, password and database in {ENV_DB_URL}, "
                     "or unset it for the SQLite store in IDMCTL_HOME") from exc
     return engine
