@@ -404,6 +404,10 @@ def check_code_store() -> Row:
         from ground.code_snapshot import default_store
 
         store = default_store()
+    target = nearest_existing(store)
+    if not target.is_dir() or not os.access(target, os.W_OK | os.X_OK):
+        return Row("code store", FAIL, f"{store}: {target} is not a writable folder: submit cannot freeze the code jobs run",
+                   "point the cluster profile's code_store (or IDMCTL_HOME) at a writable folder every node mounts")
     used = usage(store)
     if not used.snapshots:
         return Row("code store", OK, f"{store}: no snapshots yet (submit writes one per code version)")

@@ -145,3 +145,16 @@ def test_the_code_store_row_counts_snapshots_and_their_distinct_bytes(cli, idmct
     materialize(tree(root), default_store())  # a.py is shared: 3 distinct contents, not 4
     row = _rows(cli("doctor", "--json", "--no-render"))["code store"]
     assert row["status"] == "OK" and "2 snapshot(s), 3 distinct files, 21 B" in row["detail"], row
+
+
+def test_a_code_store_the_profile_names_that_is_a_file_fails(cli, idmctl_home: Path, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    from ground.contract import ENV_CLUSTER
+
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("")
+    profile = tmp_path / "cluster.yaml"
+    profile.write_text((REPO / "clusters" / "local.yaml").read_text() + f"code_store: {blocked}/code\n")
+    monkeypatch.setenv(ENV_CLUSTER, str(profile))
+    row = _rows(cli("doctor", "--json", "--no-render"))["code store"]
+    assert row["status"] == "FAIL" and "is not a writable folder" in row["detail"], row
