@@ -129,7 +129,13 @@ def _hash_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _entry(root: Path, rel: str) -> TreeFile | None:
+RACY_S = 2.0
+"""A file modified this recently is hashed again even when its stat matches the cache (git's "racy"
+rule: a write in the same clock tick as the cached stat would otherwise go unseen)."""
+
+
+def _entry(root: Path, rel: str, known: dict[str, list] | None = None) -> TreeFile | None:
+    """``known``: path → [size, mtime_ns, inode, sha256] from earlier digests; used and updated."""
     path = root / rel
     try:
         info = path.lstat()
@@ -139,7 +145,36 @@ def _entry(root: Path, rel: str) -> TreeFile | None:
         return TreeFile(rel, hashlib.sha256(os.readlink(path).encode()).hexdigest(), "l")
     if not stat.S_ISREG(info.st_mode):  # a submodule's folder, a socket: nothing a job imports
         return None
-    return TreeFile(rel, _hash_file(path), "x" if info.st_mode & 0o111 else "f")
+    kind = "x" if info.st_mode & 0o111 else "f"
+    stamp = [info.st_size, info.st_mtime_ns, info.st_ino]
+    cached = known.get(rel) if known is not None else None
+    if cached is not None and cached[:3] == stamp:
+        return TreeFile(rel, cached[3], kind)
+    digest = _hash_file(path)
+    if known is not None and time.time() - info.st_mtime_ns / 1e9 > RACY_S:
+        known[rel] = [*stamp, digest]
+    return TreeFile(rel, digest, kind)
+
+
+def _hash_cache_path(root: Path) -> Path | None:
+    """Per code root, beside the snapshots: hashes of files whose stat has not moved (every submit and
+    preflight digests the tree; rereading 2 MB each time is most of its cost)."""
+    try:
+        store = default_store()
+    except Exception:  # no home to keep it in: hash everything
+        return None
+    # Never the first thing written into a home: a command refused as bad input leaves none behind.
+    return store / "hashes" / f"{hashlib.sha256(str(root).encode()).hexdigest()[:16]}.json" if store.parent.is_dir() else None
+
+
+def _load_hashes(path: Path | None) -> dict[str, list]:
+    if path is None:
+        return {}
+    try:
+        loaded = json.loads(path.read_text())
+        return loaded if isinstance(loaded, dict) else {}
+    except (OSError, ValueError):
+        return {}
 
 
 def digest_of(files: tuple[TreeFile, ...] | list[TreeFile]) -> str:
@@ -157,7 +192,18 @@ def tree(root: Path | None = None) -> Tree:
     root = (root or REPO_ROOT).resolve()
     listed = _git_files(root)
     paths, commit = listed if listed is not None else (_walked_files(root), None)
-    files = tuple(f for f in (_entry(root, rel) for rel in paths if rel != MANIFEST) if f is not None)
+    cache = _hash_cache_path(root)
+    known = _load_hashes(cache)
+    before = dict(known)
+    files = tuple(f for f in (_entry(root, rel, known) for rel in paths if rel != MANIFEST) if f is not None)
+    if cache is not None and known != before:
+        listed_now = {f.path for f in files}
+        try:
+            from ground.paths import atomic_write_text
+
+            atomic_write_text(cache, json.dumps({k: v for k, v in known.items() if k in listed_now}))
+        except OSError:  # a read-only home: the digest is still right, only slower next time
+            pass
     return Tree(root, files, digest_of(files), commit)
 
 
@@ -318,11 +364,26 @@ def _install_stamp() -> str:
     ``*.dist-info`` folders, which changes the modification time of the folder that holds them."""
     stamps = [sys.prefix, sys.version]
     for entry in sys.path:
+        folder = entry or "."
         try:
-            stamps.append(f"{entry}:{os.stat(entry or '.').st_mtime_ns}")
+            # Only folders that hold distributions count: a script's own folder (/tmp, the project) changes
+            # with every file written there and would make every stamp new.
+            holds = folder.endswith(("site-packages", "dist-packages")) or any(
+                item.name.endswith((".dist-info", ".egg-info")) for item in os.scandir(folder))
+            if holds:
+                stamps.append(f"{entry}:{os.stat(folder).st_mtime_ns}")
         except OSError:
             continue
     return hashlib.sha256("\n".join(stamps).encode()).hexdigest()[:VERSION_LENGTH]
+
+
+def known_environment(store: Path) -> str | None:
+    """The digest recorded for this install stamp, without listing anything (None when not recorded)."""
+    try:
+        digest = (store / ENV_DIR / "by-stamp" / _install_stamp()).read_text().strip()
+    except OSError:
+        return None
+    return digest if (store / ENV_DIR / f"{digest}.json").exists() else None
 
 
 def record_environment(store: Path | None = None) -> str:
@@ -332,12 +393,8 @@ def record_environment(store: Path | None = None) -> str:
 
     store = store or default_store()
     known = store / ENV_DIR / "by-stamp" / _install_stamp()
-    try:
-        digest = known.read_text().strip()
-        if (store / ENV_DIR / f"{digest}.json").exists():
-            return digest
-    except OSError:
-        pass
+    if (digest := known_environment(store)) is not None:
+        return digest
     env = environment()
     digest = environment_digest(env)
     target = store / ENV_DIR / f"{digest}.json"

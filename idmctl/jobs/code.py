@@ -85,12 +85,13 @@ def freeze(snapshot: Tree, profile: "ClusterProfile", spec: "ExperimentSpec") ->
 
 def planned(snapshot: Tree, profile: "ClusterProfile", spec: "ExperimentSpec") -> JobCode:
     """What :func:`freeze` would give, writing nothing (``submit --dry-run``)."""
-    from ground.code_snapshot import environment, environment_digest
+    from ground.code_snapshot import environment, environment_digest, known_environment
 
     store = store_for(profile)
     directory = snapshot_dir(snapshot.version, store)
     dirs = tuple(str(p) for p in snapshot.import_dirs(directory, spec_roots(spec)))
-    return JobCode(snapshot.version, str(directory), str(store), environment_digest(environment()), snapshot.commit, dirs)
+    env_digest = known_environment(store) or environment_digest(environment())
+    return JobCode(snapshot.version, str(directory), str(store), env_digest, snapshot.commit, dirs)
 
 
 def require_present(code: JobCode) -> None:
