@@ -20,7 +20,6 @@ only: it runs on the node before anything heavy).
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -188,6 +187,8 @@ def commit(dest: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import argparse  # only the job script's `python -m ground.stage`: submit imports this module too
+
     parser = argparse.ArgumentParser(prog="python -m ground.stage", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     ready = commands.add_parser("prepare", help="print staged|resume|fresh|replace, then a tab and what the copy is")
