@@ -10,6 +10,7 @@ from pathlib import Path
 
 from sqlmodel import select
 
+from ground.contract import ENV_HOME
 from idmctl.store import session
 from idmctl.store.models import Chain, Job, PreflightRun
 
@@ -82,7 +83,7 @@ def test_a_terminal_that_is_not_utf8_gets_escapes_not_a_traceback_after_the_reco
 
     home = tmp_path / "home"
     spec = _spec(tmp_path)
-    env = {**os.environ, "IDMCTL_HOME": str(home), "PYTHONIOENCODING": "ascii", "LC_ALL": "C"}
+    env = {**os.environ, ENV_HOME: str(home), "PYTHONIOENCODING": "ascii", "LC_ALL": "C"}
     run = subprocess.run([sys.executable, "-m", "idmctl", "preflight", str(spec), "--cluster", "card", "--no-smoke"],
                          cwd=Path(__file__).resolve().parent.parent, env=env, capture_output=True, timeout=120)
     out, err = run.stdout.decode("ascii"), run.stderr.decode("ascii")  # every byte is ASCII
