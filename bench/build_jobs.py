@@ -57,7 +57,7 @@ def _prepare(home: Path, kind: str, demos: int, steps: int) -> Path:
 
 def _submit(spec: Path, mode: str, node: str | None) -> str:
     """One build job; on ``node`` (the other one excluded), or wherever Slurm finds room (None)."""
-    from idmctl.jobs.submit import submit
+    from idmctl.ops.submit import submit
 
     exclude = [n for n in ("n1", "n2") if n != node] if node else None
     done = submit(str(spec), {"--build": mode, "--qos": QOS, "--exclude": exclude}, "local-slurm",
@@ -130,7 +130,7 @@ def _encoded(spec: Path) -> dict[str, int]:
 
 
 def _one_round(home: Path, demos: int, steps: int, parallel_first: bool = False) -> dict[str, float]:
-    from idmctl.store.db import session
+    from idmctl.record.db import session
 
     figures: dict[str, float] = {}
     os.environ[ENV_HOME] = str(home)

@@ -22,8 +22,8 @@ VENV_BIN = Path(sys.executable).parent
 def _populate_store(home: Path, jobs: int, failures: int) -> None:
     """Fill a store with realistic job and failure rows in one transaction."""
     os.environ[ENV_HOME] = str(home)
-    from idmctl.store import session
-    from idmctl.store.models import Failure, Job
+    from idmctl.record import session
+    from idmctl.record.models import Failure, Job
 
     rng = random.Random(0)
     causes = ["preempted", "timeout", "oom_host", "shm_enospc", "loader_config", "python_exception", "queue_cancelled"]

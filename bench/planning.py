@@ -31,8 +31,8 @@ SWEEP = {"extends": "latent_c_n4", "description": "12 variants for the sweep ben
 def _populate_running(home: Path, jobs: int, with_progress: bool) -> None:
     os.environ[ENV_HOME] = str(home)
     from ground.progress import Progress, write_progress
-    from idmctl.store import session
-    from idmctl.store.models import Chain, Job
+    from idmctl.record import session
+    from idmctl.record.models import Chain, Job
 
     now = time.time()
     started = datetime.now(timezone.utc) - timedelta(hours=1)
@@ -57,7 +57,7 @@ def _in_process_listing(home: Path, repeats: int) -> list[float]:
     os.environ[ENV_HOME] = str(home)
     from typer.testing import CliRunner
 
-    from idmctl.cli import app
+    from idmctl.cli.app import app
 
     runner = CliRunner()
     runner.invoke(app, ["jobs", "--limit", "1000", "--json"])

@@ -21,8 +21,8 @@ VENV_BIN = Path(sys.executable).parent
 
 
 def _warm_checks(repeats: int) -> tuple[list[float], dict[str, float]]:
-    from idmctl.preflight.runner import gather, run_preflight
-    from idmctl.profile import load_profile
+    from idmctl.gate.runner import gather, run_preflight
+    from idmctl.core.profile import load_profile
     from ground.spec import load_spec
 
     resolved = load_spec("latent_c_n4")

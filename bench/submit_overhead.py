@@ -22,7 +22,7 @@ from ground.contract import ENV_HOME
 
 
 def run(fast: bool = False) -> list[Figure] | str:
-    from idmctl.jobs.submit import dry_run
+    from idmctl.ops.submit import dry_run
 
     repeats = 3 if fast else 15
     saved = saved_environ(ENV_HOME)
@@ -171,9 +171,9 @@ def _checks_in_process(spec: Path, home: Path, repeats: int) -> Figure:
     os.environ[ENV_HOME] = str(home)
     try:
         from ground.contract import code_version
-        from idmctl.jobs.effective import build
-        from idmctl.preflight.admission import judge
-        from idmctl.preflight.record import latest_passing
+        from idmctl.job.effective import build
+        from idmctl.gate.admission import judge
+        from idmctl.record.preflights import latest_passing
 
         job = build(str(spec), {}, "local-slurm")
         version = code_version()

@@ -50,8 +50,8 @@ def known_job_ids(limit: int) -> list[str]:
 def populate(n_jobs: int, real_ids: list[str]) -> None:
     """``n_jobs`` RUNNING slurm jobs in the store of ``$IDMCTL_HOME``: the real ids first, then ids
     Slurm has never seen (as if sacct lagged), so both the sacct and the squeue path are exercised."""
-    from idmctl.store.db import session
-    from idmctl.store.models import Job
+    from idmctl.record.db import session
+    from idmctl.record.models import Job
 
     ids = real_ids[:n_jobs] + [str(9_000_000 + i) for i in range(n_jobs - len(real_ids[:n_jobs]))]
     with session() as db:
@@ -59,7 +59,7 @@ def populate(n_jobs: int, real_ids: list[str]) -> None:
 
 
 def _one_sync(n_jobs: int, real_ids: list[str]) -> tuple[float, Counter[str]]:
-    from idmctl.jobs.sync import sync
+    from idmctl.ops.sync import sync
 
     with tempfile.TemporaryDirectory(prefix="idmctl-bench-sync-") as tmp:
         os.environ[ENV_HOME] = str(Path(tmp) / "home")

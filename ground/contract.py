@@ -28,7 +28,7 @@ EXIT_HANG = 79
 EXIT_CODE_MISMATCH = 65
 """EX_DATAERR: the job's code snapshot or Python environment is not what submit admitted (``ground.code_snapshot``)."""
 
-# Environment variables. Set by the job script (rendered by idmctl/jobs/render.py):
+# Environment variables. Set by the job script (rendered by idmctl/job/render.py):
 ENV_HOME = "IDMCTL_HOME"
 ENV_CHAIN_ID = "IDMCTL_CHAIN_ID"
 ENV_ATTEMPT = "IDMCTL_ATTEMPT"
@@ -50,7 +50,7 @@ ENV_ROLLBACK = "IDMCTL_ROLLBACK"
 ENV_CACHE_ROOT = "IDMCTL_CACHE_ROOT"
 """Overrides ``data.cache_root`` in the trainer (the staged copy on node-local disk); not in the spec hash."""
 ENV_CHECKPOINT_EVERY = "IDMCTL_CHECKPOINT_EVERY"
-"""Steps between checkpoints derived at submit (``idmctl.preflight.limits``) when the spec leaves
+"""Steps between checkpoints derived at submit (``idmctl.plan.limits``) when the spec leaves
 ``train.checkpoint_every`` unset; a value in the spec wins."""
 ENV_LOCAL_JOB_ID = "IDMCTL_LOCAL_JOB_ID"
 """The local executor's job id (what ``SLURM_JOB_ID`` is under Slurm)."""
@@ -135,7 +135,7 @@ BUILD_ENTRY = "trainers.build_job"
 BUILD_MODES = ("hidden", "rgb", "pt", "ff")
 """``hidden``: the Cosmos hidden-state cache; ``rgb``/``pt``/``ff``: one slot of card B's latent cache."""
 """The cause the trainer reports for a non-finite loss (marker line, ``failure.json``, MLflow tag): a cause
-name of idmctl/failures/taxonomy.yaml, whose ``action`` decides what sync does (a test checks the name)."""
+name of idmctl/ops/failures/taxonomy.yaml, whose ``action`` decides what sync does (a test checks the name)."""
 
 
 def code_version(spec: "ExperimentSpec | None" = None) -> str:

@@ -64,7 +64,7 @@ def signal_dispositions_kept():
 @pytest.fixture
 def cli():
     """Invoke the real CLI in-process: ``cli("exp", "list")`` → click Result."""
-    from idmctl.cli import app
+    from idmctl.cli.app import app
 
     runner = CliRunner()
 

@@ -38,7 +38,7 @@ def fresh_database() -> Iterator[str]:
         with engine.connect() as connection:
             connection.execute(text(f'CREATE DATABASE "{name}"'))
         yield admin.set(database=name).render_as_string(hide_password=False)
-        from idmctl.store import db as store_db
+        from idmctl.record import db as store_db
 
         store_db._shared_engine.cache_clear()  # release this process's pool before the drop
         with engine.connect() as connection:

@@ -43,7 +43,7 @@ def test_imports_point_one_way() -> None:
 def test_the_checker_sees_a_wrong_import(tmp_path: Path) -> None:
     """The walk finds imports inside functions too, so a lazy import cannot slip past."""
     module = tmp_path / "m.py"
-    module.write_text("import os\n\ndef f():\n    from idmctl.store import session\n    import cache.hidden\n")
+    module.write_text("import os\n\ndef f():\n    from idmctl.record import session\n    import cache.hidden\n")
     assert project_imports(module) == [(4, "idmctl"), (5, "cache")]
 
 

@@ -53,8 +53,8 @@ def test_convert_out_that_is_a_file_is_one_line(cli, tiny_cache, tmp_path: Path)
 
 
 def test_a_damaged_job_record_is_one_line(cli) -> None:
-    from idmctl.store import session
-    from idmctl.store.models import Job
+    from idmctl.record import session
+    from idmctl.record.models import Job
 
     with session() as db:
         job = Job(scheduler_id="1", experiment="quickstart", state="COMPLETED", options_json='{"efficiency": {"cpu')
@@ -103,7 +103,7 @@ def test_doctor_checks_the_sqlite_store_it_is_told_to_use(cli, idmctl_home: Path
     """Without IDMCTL_DB_URL the row is the SQLite file in IDMCTL_HOME (damaged: FAIL naming it)."""
     idmctl_home.mkdir(parents=True, exist_ok=True)
     (idmctl_home / "idmctl.sqlite").write_bytes(b"not sqlite" * 100)
-    from idmctl.doctor import check_store
+    from idmctl.ops.doctor import check_store
 
     row = check_store()
     assert row.status == "FAIL" and str(idmctl_home / "idmctl.sqlite") in row.detail
@@ -117,8 +117,8 @@ def read_only_store(idmctl_home: Path, cli):  # type: ignore[no-untyped-def]
     import subprocess
 
     assert cli("exp", "register", "quickstart").exit_code == 0
-    from idmctl.store.db import dispose_engines
-    from idmctl.store.fast import close_all
+    from idmctl.record.db import dispose_engines
+    from idmctl.record.fast import close_all
 
     dispose_engines()
     close_all()
@@ -187,7 +187,7 @@ def test_a_plausible_but_odd_optimiser_value_is_a_warn_with_the_value(cli, tmp_p
 
 def test_doctor_fails_on_a_cluster_profile_every_command_would_refuse(tmp_path: Path, monkeypatch) -> None:
     from ground.contract import ENV_CLUSTER
-    from idmctl.doctor import check_slurm
+    from idmctl.ops.doctor import check_slurm
 
     profile = tmp_path / "bad.yaml"
     profile.write_text((Path(__file__).parent.parent / "clusters" / "local.yaml").read_text()

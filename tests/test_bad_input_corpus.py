@@ -39,8 +39,8 @@ def populated_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     from typer.testing import CliRunner
 
-    from idmctl.cli import app
-    from idmctl.store.db import _engine_for
+    from idmctl.cli.app import app
+    from idmctl.record.db import _engine_for
 
     home = tmp_path_factory.mktemp("template_home")
     old = os.environ.get(ENV_HOME)

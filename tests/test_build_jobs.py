@@ -112,7 +112,7 @@ def test_latent_build_of_a_spec_without_latent_section_is_bad_input(cli) -> None
 
 def test_real_enospc_prints_the_disk_full_marker_and_classifies(idmctl_home: Path) -> None:
     """The latent builder on an 8 KiB tmpfs (2 pages; 9 files of 1.3 kB need 9) (its own mount namespace): the kernel's ENOSPC, not a quote."""
-    from idmctl.failures.classify import classify
+    from idmctl.ops.failures.classify import classify
 
     if os.geteuid() != 0 or not shutil.which("unshare"):
         pytest.skip("needs root and unshare to mount a private tmpfs")
@@ -152,9 +152,9 @@ def _submit(cli, spec: Path, *args: str) -> dict:
 
 
 def _until_final(cli, job_id: int, timeout_s: float = 180):
-    from idmctl.executors.base import is_final
-    from idmctl.store.db import session
-    from idmctl.store.models import Job
+    from idmctl.core.executor import is_final
+    from idmctl.record.db import session
+    from idmctl.record.models import Job
     from slurm_support import wait_until
 
     def ended():

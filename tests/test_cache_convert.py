@@ -18,12 +18,12 @@ from cache.hidden import cache_file, inspect_file, read_hidden, write_legacy
 from cache.registry import build_dataset
 from ground.errors import UserError
 from ground.spec import load_spec
-from idmctl.jobs.render import _stage_block
-from idmctl.preflight import cache as cache_check
-from idmctl.preflight import disk, qos
-from idmctl.preflight.result import Measurements, PreflightContext, Status
-from idmctl.preflight.runner import gather
-from idmctl.profile import load_profile
+from idmctl.job.render import _stage_block
+from idmctl.gate import cache as cache_check
+from idmctl.gate import disk, qos
+from idmctl.core.checks import Measurements, PreflightContext, Status
+from idmctl.gate.runner import gather
+from idmctl.core.profile import load_profile
 from trainers.tiny_data import tiny_spec, write_tiny_routed_data
 
 REPO = Path(__file__).resolve().parent.parent

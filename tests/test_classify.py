@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from ground.errors import UserError
-from idmctl.preflight.build import BUILD_CHECK_NAMES
-from idmctl.failures.classify import (
+from idmctl.gate.build import BUILD_CHECK_NAMES
+from idmctl.ops.failures.classify import (
     classify, cause_names, is_failed_state, load_taxonomy, marker_line, parse_traceback,
 )
 

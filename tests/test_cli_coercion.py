@@ -1,4 +1,4 @@
-"""idmctl/cli_coercion.py skips typer's Pydantic adapter only where it would return the value unchanged:
+"""idmctl/cli/coercion.py skips typer's Pydantic adapter only where it would return the value unchanged:
 on every parameter of every command, for valid and invalid values alike, the deferred coercion gives
 what typer's own gives — the same value, or the same error message."""
 
@@ -11,8 +11,8 @@ import pytest
 from typer import _click as click  # typer 0.29 parses with its own copy of click
 from typer.core import TyperGroup
 
-from idmctl import cli_coercion
-from idmctl.cli import app
+from idmctl.cli import coercion as cli_coercion
+from idmctl.cli.app import app
 
 SAMPLES: list[Any] = [None, "", "abc", "12", " 7 ", "-1", "1.5", 12, 0, -1, 10**9, True, False, 1.5, ("a", "b"), ["3"],
                       b"bytes"]

@@ -15,7 +15,7 @@ HEAVY = ["torch", "mlflow", "lightning", "lightning_fabric", "diffusers", "accel
 PROBE = """
 import sys, json
 from typer.testing import CliRunner
-from idmctl.cli import app
+from idmctl.cli.app import app
 result = CliRunner().invoke(app, {args!r})
 heavy = sorted(m for m in sys.modules if m.split('.')[0] in {heavy!r})
 print(json.dumps({{"exit": result.exit_code, "heavy": heavy}}))

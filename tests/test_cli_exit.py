@@ -22,9 +22,9 @@ def test_closing_the_open_stores_checkpoints_both_paths(idmctl_home: Path) -> No
     from sqlmodel import select
 
     from ground.paths import db_path
-    from idmctl.store import close_open_stores, session
-    from idmctl.store.fast import connect
-    from idmctl.store.models import Job
+    from idmctl.record import close_open_stores, session
+    from idmctl.record.fast import connect
+    from idmctl.record.models import Job
 
     with session() as db:  # the ORM path creates and migrates the store, and puts it in WAL mode
         assert db.exec(select(Job)).all() == []

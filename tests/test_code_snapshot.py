@@ -158,9 +158,9 @@ def test_environment_changes_read_as_a_diff() -> None:
 def test_gc_keeps_what_an_unfinished_chain_uses_and_frees_the_rest(repo: Path, tmp_path: Path) -> None:
     from datetime import datetime, timezone
 
-    from idmctl.jobs.code import JobCode, collect, usage
-    from idmctl.store.db import session
-    from idmctl.store.models import Chain, Job
+    from idmctl.job.code import JobCode, collect, usage
+    from idmctl.record.db import session
+    from idmctl.record.models import Chain, Job
 
     store = tmp_path / "store"
     used = snap.materialize(snap.tree(repo), store)
@@ -242,8 +242,8 @@ def test_an_untracked_module_locks_submit_until_the_code_is_preflighted_again(ti
     try:
         project = make_project(home)
         spec = str(tiny_cache.spec_file(home / "specs", "tiny_untracked"))
-        record = (f"from ground.spec.loader import load_spec; from idmctl.profile import load_profile; "
-                  f"from idmctl.preflight.record import code_version, record_run; r = load_spec({spec!r}); "
+        record = (f"from ground.spec.loader import load_spec; from idmctl.core.profile import load_profile; "
+                  f"from idmctl.record.preflights import code_version, record_run; r = load_spec({spec!r}); "
                   f"p, h = load_profile('local'); print(record_run(r, p.name, h, code_version(), [], with_smoke=True, "
                   f"seconds=0.1, job={{'smoke_flags': {{'--entry': 'tests.jobs_entry'}}}}).code_version)")
         recorded = subprocess.run([sys.executable, "-c", record], cwd=project, capture_output=True, text=True, timeout=120,

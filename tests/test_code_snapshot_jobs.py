@@ -108,8 +108,8 @@ def test_a_resubmission_the_checks_now_refuse_is_not_sent_and_the_chain_says_why
     sample.write_text(json.dumps({"exit": contract.EXIT_NODE_UNFIT,
                                   "log": f"{contract.FAILURE_MARKER} cause=node_unfit node=n1 phase=train check=gpus"}))
     spec = tiny_cache.spec_file(home / "specs", "tiny_refused", resources={"qos": "core-own"})
-    record = (f"from ground.spec.loader import load_spec; from idmctl.profile import load_profile; "
-              f"from idmctl.preflight.record import code_version, record_run; r = load_spec({str(spec)!r}); "
+    record = (f"from ground.spec.loader import load_spec; from idmctl.core.profile import load_profile; "
+              f"from idmctl.record.preflights import code_version, record_run; r = load_spec({str(spec)!r}); "
               f"p, h = load_profile({str(profile)!r}); "
               f"record_run(r, p.name, h, code_version(), [], with_smoke=True, seconds=0.1, "
               f"job={{'smoke_flags': {{'--entry': 'tests.jobs_entry'}}}})")

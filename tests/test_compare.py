@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from ground import tracking
-from idmctl.compare import compare_url, run_url, summarize
+from idmctl.track.compare import compare_url, run_url, summarize
 from ground.tracking import flatten
 from ground.spec import load_spec
 from ground.contract import ENV_EXPERIMENTS, ENV_HOME
@@ -245,7 +245,7 @@ def test_links_to_mlflow_pages():
 
 
 def test_compare_without_runs_imports_no_heavy_module(tmp_path: Path):
-    probe = ("import sys, json\nfrom typer.testing import CliRunner\nfrom idmctl.cli import app\n"
+    probe = ("import sys, json\nfrom typer.testing import CliRunner\nfrom idmctl.cli.app import app\n"
              "result = CliRunner().invoke(app, ['compare', 'latent_c_n4'])\n"
              "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'mlflow', 'matplotlib', 'pandas'})\n"
              "print(json.dumps([result.exit_code, heavy]))\n")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ground import contract, tracking
 from ground.spec.loader import load_spec
-from idmctl.failures.classify import cause_names
+from idmctl.ops.failures.classify import cause_names
 
 REPO = Path(__file__).resolve().parent.parent
 SCANNED = ("idmctl", "cache", "trainers", "bench", "tests")

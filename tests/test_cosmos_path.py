@@ -18,10 +18,10 @@ from ground.paths import expand_path
 from ground.spec import load_spec
 from ground.spec.schema import ExperimentSpec
 from hidden_quick_spec import use_hidden_quick
-from idmctl.preflight import cache as cache_check
-from idmctl.preflight.result import PreflightContext, Status
-from idmctl.preflight.runner import gather
-from idmctl.profile import load_profile
+from idmctl.gate import cache as cache_check
+from idmctl.core.checks import PreflightContext, Status
+from idmctl.gate.runner import gather
+from idmctl.core.profile import load_profile
 from trainers.build_hidden_cache import build_hidden_cache
 from trainers.cosmos_encode import (TINY_TEXT_DIM, encode_latents, hidden_states, load_models, pixel_frames,
                                     pixel_size)

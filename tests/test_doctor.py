@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from ground.contract import ENV_CLUSTER, ENV_HOME
-from idmctl.store.head import HEAD_REVISION
+from idmctl.record.head import HEAD_REVISION
 
 REPO = Path(__file__).resolve().parent.parent
 ROWS = ["python", "packages", ENV_HOME, "store", "mlflow store", "slurm", "rendering", "/dev/shm", "scratch", "code store"]
@@ -83,7 +83,7 @@ def test_a_corrupt_store_fails_and_an_old_one_warns(cli, idmctl_home: Path) -> N
 
 
 def test_a_network_filesystem_home_fails(monkeypatch, tmp_path: Path) -> None:
-    from idmctl.doctor import check_home, mount_of
+    from idmctl.ops.doctor import check_home, mount_of
 
     mounts = f"/dev/sda1 / ext4 rw 0 0\nnas:/export {tmp_path} nfs4 rw 0 0\ntmpfs /dev/shm tmpfs rw 0 0\n"
     assert mount_of(tmp_path / "deep" / "idmctl", mounts) == (str(tmp_path), "nfs4")
@@ -97,15 +97,15 @@ def test_a_network_filesystem_home_fails(monkeypatch, tmp_path: Path) -> None:
 def test_migration_heads_are_read_from_the_files() -> None:
     from mlflow.store.db.utils import _get_latest_schema_revision
 
-    from idmctl.doctor import _mlflow_versions_dir, migration_head
-    from idmctl.store.db import HEAD_REVISION, MIGRATIONS_DIR
+    from idmctl.ops.doctor import _mlflow_versions_dir, migration_head
+    from idmctl.record.db import HEAD_REVISION, MIGRATIONS_DIR
 
     assert migration_head(MIGRATIONS_DIR / "versions") == HEAD_REVISION
     assert migration_head(_mlflow_versions_dir()) == _get_latest_schema_revision()
 
 
 def test_the_doctor_command_imports_nothing_heavy(tmp_path: Path) -> None:
-    code = ("import sys, json; from typer.testing import CliRunner; from idmctl.cli import app; "
+    code = ("import sys, json; from typer.testing import CliRunner; from idmctl.cli.app import app; "
             "r = CliRunner().invoke(app, ['doctor', '--no-render', '--json']); "
             "heavy = sorted({m.split('.')[0] for m in sys.modules} & "
             "{'torch', 'mlflow', 'robosuite', 'mujoco', 'sqlalchemy', 'lightning_fabric', 'diffusers'}); "
@@ -118,7 +118,7 @@ def test_the_doctor_command_imports_nothing_heavy(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("debug", [False, True])
 def test_a_check_that_breaks_is_a_failing_row_unless_debug(monkeypatch, debug: bool) -> None:
-    from idmctl import doctor
+    from idmctl.ops import doctor
 
     def broken():  # type: ignore[no-untyped-def]
         raise OSError("boom")

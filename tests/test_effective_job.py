@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from ground.spec.loader import load_spec
-from idmctl.jobs.effective import apply_flags, build
+from idmctl.job.effective import apply_flags, build
 
 
 def test_card_example_qos_sub_is_judged_on_the_effective_job(cli, idmctl_home) -> None:
@@ -64,8 +64,8 @@ def test_force_submits_past_a_fail_and_says_so(cli, idmctl_home, monkeypatch) ->
     """--force --reason bypasses the gate and the submit-time checks; the FAILs are printed and recorded."""
     from sqlmodel import select
 
-    from idmctl.store.db import session
-    from idmctl.store.models import Job
+    from idmctl.record.db import session
+    from idmctl.record.models import Job
 
     monkeypatch.setenv("IDMCTL_TEST_BEHAVIOR", "steps:1:0.01")
     # The quickstart's cache is not built in this home: cache FAILs on the local profile.

@@ -11,8 +11,8 @@ import pytest
 
 from ground import contract, tracking
 from ground.trainer_stats import RunStats
-from idmctl.executors.slurm import parse_sacct
-from idmctl.jobs.efficiency import report, slurm_bytes, slurm_seconds
+from idmctl.ops.executors.slurm import parse_sacct
+from idmctl.plan.efficiency import report, slurm_bytes, slurm_seconds
 from slurm_support import slurm_conf, wait_until
 
 # Job 117 of the local cluster (a 2-rank CPU trainer): the allocation line, its batch step and step 0.

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from ground.progress import Progress, read_progress, write_progress
-from idmctl.jobs.eta import estimate
+from idmctl.plan.eta import estimate
 
 
 def _progress(step: int, total: int, rate: float | None, *, updated_at: float = 1000.0) -> Progress:
@@ -47,8 +47,8 @@ def test_progress_file_is_tolerated_before_it_exists_and_round_trips(tmp_path: P
 
 def _running_job(idmctl_home: Path, experiment: str, time_limit: str, retries: int,
                  started_s_ago: float) -> tuple[int, int]:
-    from idmctl.store.db import session
-    from idmctl.store.models import Chain, Job
+    from idmctl.record.db import session
+    from idmctl.record.models import Chain, Job
 
     started = datetime.fromtimestamp(time.time() - started_s_ago, tz=timezone.utc)
     with session() as db:
@@ -84,8 +84,8 @@ def test_jobs_and_watch_show_step_rate_eta_and_warn_past_the_limit(cli, idmctl_h
     fast_row = next(line for line in table.splitlines() if "│ fast " in line)
     assert "500/1,000" in fast_row and "1.000 s (last 20)" in fast_row and "ETA 8.3 min" in fast_row
     assert "WARN finish" in table
-    from idmctl.commands.jobs import print_etas
-    from idmctl.output import console
+    from idmctl.cli.commands.jobs import print_etas
+    from idmctl.cli.output import console
 
     with console.capture() as captured:
         print_etas(now)
@@ -141,7 +141,7 @@ def test_plain_sqlite_listing_equals_the_orm_listing(cli, idmctl_home: Path, mon
     """`idmctl jobs` reads with sqlite3 (no ORM import); the rows must be exactly what the ORM path lists."""
     job_id, chain_id = _running_job(idmctl_home, "fast", "1:00:00", 1, 60)
     write_progress(idmctl_home / "runs" / "fast" / str(chain_id), _progress(5, 10, 0.5, updated_at=time.time()))
-    from idmctl.jobs import listing
+    from idmctl.ops import listing
 
     fast = json.loads(cli("jobs", "--json").stdout)
     assert listing.read_jobs(idmctl_home / "idmctl.sqlite", 30) is not None

@@ -22,8 +22,8 @@ import pytest
 import yaml
 from sqlmodel import select
 
-from idmctl.store.db import session
-from idmctl.store.models import Job
+from idmctl.record.db import session
+from idmctl.record.models import Job
 from slurm_support import release_requeued, sh, slurm_conf, squeue_state, text_so_far, wait_until
 from ground.contract import ENV_CLUSTER
 
@@ -81,7 +81,7 @@ def job_row(job_id: int) -> Job:
 
 
 def sync_until_final(cli, job_ids: list[int], timeout_s: float = 150) -> None:
-    from idmctl.executors.base import is_final
+    from idmctl.core.executor import is_final
 
     def all_final() -> bool:
         assert cli("sync", "--no-retry").exit_code == 0
@@ -221,7 +221,7 @@ def test_replay_preempted_three_times_in_one_chain(cli, tmp_path: Path, monkeypa
 
         wait_until(requeued_and_released, 120, f"preemption {preemption} and restart", poll_s=1.0)
     # Not `idmctl cancel` to end it: the job script now checkpoints on TERM and requeues itself, so a
-    # cancelled running job comes back (seen here; reported to the jobs/render owner).
+    # cancelled running job comes back (seen here; reported to the job/render owner).
     sync_until_final(cli, [low["job"]], timeout_s=240)
     assert job_row(low["job"]).state == "COMPLETED"
     rows = json.loads(cli("failures", spec.stem, "--json").output)

@@ -13,8 +13,8 @@ from sqlmodel import select
 
 from ground.paths import REPO_ROOT
 from ground.tracking import TAG_FAILURE_CAUSE, TAG_SLURM_STATE
-from idmctl.store import session
-from idmctl.store.models import Chain, Failure, Fix, Job
+from idmctl.record import session
+from idmctl.record.models import Chain, Failure, Fix, Job
 
 T0 = datetime(2026, 11, 20, 9, 0, 0, tzinfo=timezone.utc)
 # The checkout's own path: the classifier names project frames relative to it.
@@ -209,10 +209,10 @@ def test_table_shows_the_most_recent_rows_and_says_how_many_are_left(cli):
 
 
 def test_fast_table_read_matches_the_orm_rows_and_steps_aside_for_unclassified_jobs(cli, idmctl_home):
-    from idmctl.failures.postmortem import count_failures, postmortem_rows
-    from idmctl.failures.rows import HEAD_REVISION, read_table_rows
+    from idmctl.ops.failures.postmortem import count_failures, postmortem_rows
+    from idmctl.ops.failures.rows import HEAD_REVISION, read_table_rows
     from ground.paths import db_path
-    from idmctl.store.db import HEAD_REVISION as STORE_HEAD
+    from idmctl.record.db import HEAD_REVISION as STORE_HEAD
 
     assert HEAD_REVISION == STORE_HEAD
     add_card_a_jobs()
@@ -237,8 +237,8 @@ def test_json_and_markdown_take_the_fast_path_and_print_what_the_orm_rows_give(c
     import subprocess
     import sys
 
-    from idmctl.failures.postmortem import postmortem_rows
-    from idmctl.failures.report import markdown
+    from idmctl.ops.failures.postmortem import postmortem_rows
+    from idmctl.ops.failures.report import markdown
 
     add_card_a_jobs()
     assert cli("failures").exit_code == 0  # the ORM path classifies them once
@@ -252,7 +252,7 @@ def test_json_and_markdown_take_the_fast_path_and_print_what_the_orm_rows_give(c
     assert cli("failures", "--markdown").output == markdown(orm_rows)
     since = cli("failures", "--json", "--since", "2026-11-26T12:00:00")
     assert [row["job"] for row in json.loads(since.output)] == [r.job for r in recent] and recent
-    probe = ("import sys; from typer.testing import CliRunner; from idmctl.cli import app; "
+    probe = ("import sys; from typer.testing import CliRunner; from idmctl.cli.app import app; "
              "r = CliRunner().invoke(app, sys.argv[1:]); assert r.exit_code == 0, r.output; "
              "print(sorted(m for m in ('sqlalchemy', 'sqlmodel', 'mlflow') if m in sys.modules))")
     for args in (["failures", "--json"], ["failures", "--markdown"], ["failures", "--since", "30d"]):

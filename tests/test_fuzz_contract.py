@@ -205,11 +205,11 @@ WHERE = re.compile(r"^error: (?P<where>.+?): ")
 def check_contract(args: list[str], names: str | None = None) -> int:
     """Run ``idmctl ARGS`` in-process and assert the contract; ``names``: what a bad-input line must name
     (by default any file, field or flag before the first colon)."""
-    from idmctl.cli import app
+    from idmctl.cli.app import app
 
     home = Path(os.environ[ENV_HOME])
     if not (home / "idmctl.sqlite").exists():  # made (and migrated) here: a read that creates it writes no rows
-        from idmctl.store.db import open_store
+        from idmctl.record.db import open_store
 
         open_store()
     before, runs_before = _store_state(home), _run_dirs(home)
@@ -284,7 +284,7 @@ def _options(path: tuple[str, ...]) -> list[tuple[str, bool]]:
     """(flag, takes a value) for every option of a command, read from the command tree itself."""
     import typer
 
-    from idmctl.cli import app
+    from idmctl.cli.app import app
 
     command: Any = typer.main.get_command(app)
     for part in path:

@@ -17,9 +17,9 @@ from sqlmodel import select
 
 from ground import contract
 from ground.heartbeat import Heartbeat, threshold_s
-from idmctl.profile import load_profile
-from idmctl.store.db import session
-from idmctl.store.models import Failure, Job, NodeExclusion
+from idmctl.core.profile import load_profile
+from idmctl.record.db import session
+from idmctl.record.models import Failure, Job, NodeExclusion
 from slurm_support import slurm_conf, text_so_far, wait_until
 
 REPO = Path(__file__).resolve().parent.parent
@@ -164,8 +164,8 @@ def test_sync_classifies_a_running_job_whose_heartbeat_is_silent(tmp_path: Path)
     import os
 
     from ground.paths import atomic_write_text
-    from idmctl.jobs.sync import _note_hang
-    from idmctl.store.models import Chain
+    from idmctl.ops.sync import _note_hang
+    from idmctl.record.models import Chain
 
     now = time.time()
     run_dir = tmp_path / "run"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from idmctl.store import session
-from idmctl.store.models import Chain, Job
+from idmctl.record import session
+from idmctl.record.models import Chain, Job
 
 
 def test_jobs_link_to_the_chains_mlflow_run(cli):

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from ground.contract import EVENTS_FILE, EXIT_REQUEUE
-from idmctl.store import session
-from idmctl.store.models import Chain, Job
+from idmctl.record import session
+from idmctl.record.models import Chain, Job
 from test_failures_cli import T0, add_card_a_jobs
 
 PREEMPTED_H = 4 * 59 / 60

@@ -12,9 +12,9 @@ import yaml
 from ground.contract import ENV_CHECKPOINT_EVERY
 from ground.progress import Progress, timing_key, write_progress
 from ground.spec.loader import load_spec
-from idmctl.preflight.limits import derive
-from idmctl.preflight.result import Measurements, PreflightContext, RecordedRun, SmokeMeasurement
-from idmctl.profile import load_profile
+from idmctl.plan.limits import derive
+from idmctl.core.checks import Measurements, PreflightContext, RecordedRun, SmokeMeasurement
+from idmctl.core.profile import load_profile
 
 
 def _spec(tmp_path: Path, name: str = "planned", **sections: dict) -> Path:
@@ -102,7 +102,7 @@ def test_submit_dry_run_uses_and_explains_the_derived_limits(tmp_path: Path, cli
     # An earlier run of this very code and geometry measured 30 s/step and a 12 s checkpoint write.
     path = _spec(tmp_path, **UNSET)
     resolved = load_spec(str(path))
-    from idmctl.preflight.record import code_version
+    from idmctl.record.preflights import code_version
 
     write_progress(idmctl_home / "runs" / "planned" / "7", Progress(
         step=400, total=60000, window_s_per_step=30.0, window_steps=20, attempt_start_step=0, attempt_started_at=0.0,

@@ -11,8 +11,8 @@ from pathlib import Path
 from sqlmodel import select
 
 from ground.contract import ENV_HOME
-from idmctl.store import session
-from idmctl.store.models import Chain, Job, PreflightRun
+from idmctl.record import session
+from idmctl.record.models import Chain, Job, PreflightRun
 
 MARKUP = "[/x] [bold]loud[/bold] [/]"
 

@@ -11,9 +11,9 @@ import pytest
 from sqlmodel import select
 
 from ground.contract import EXIT_REQUEUE
-from idmctl.executors.local import LocalExecutor
-from idmctl.store.db import session
-from idmctl.store.models import Chain, Job
+from idmctl.ops.executors.local import LocalExecutor
+from idmctl.record.db import session
+from idmctl.record.models import Chain, Job
 
 
 def _submit(cli, *args: str) -> dict:
@@ -120,8 +120,8 @@ def test_submit_requires_a_passing_preflight(cli, tiny_cache) -> None:
 
 
 def test_submit_passes_the_gate_with_a_recorded_preflight(cli, tiny_cache, monkeypatch: pytest.MonkeyPatch) -> None:
-    from idmctl.preflight.record import code_version, record_run
-    from idmctl.profile import load_profile
+    from idmctl.record.preflights import code_version, record_run
+    from idmctl.core.profile import load_profile
     from ground.spec.loader import load_spec
 
     resolved = load_spec(str(tiny_cache.spec_path))
@@ -166,7 +166,7 @@ def test_watch_syncs_until_every_job_ended_and_cancel_stops_a_chain(cli, monkeyp
 def test_the_local_scheduler_verdict_is_bash_n_and_dry_run_shows_it(cli, idmctl_home: Path) -> None:
     """Where there is no scheduler to ask, submit asks bash whether the script parses: a script that
     does not is refused in bash's own words (the renderer never writes one; a hand edit might)."""
-    from idmctl.jobs.verdict import SchedulerRefused, require_acceptance, scheduler_verdict
+    from idmctl.ops.verdict import SchedulerRefused, require_acceptance, scheduler_verdict
 
     dry = cli("submit", "quickstart", "--dry-run", "--cluster", "local")
     assert dry.exit_code == 0, dry.stderr

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from idmctl.mlflow_server import allowed_hosts, server_command
+from idmctl.track.mlflow_server import allowed_hosts, server_command
 
 
 def test_local_server_is_one_worker_on_the_home_store(idmctl_home: Path):

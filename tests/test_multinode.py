@@ -6,9 +6,9 @@ import pytest
 
 from ground.spec import load_spec
 from ground.spec.loader import ResolvedSpec
-from idmctl.preflight import disk, io, qos
-from idmctl.preflight.result import PreflightContext, Status
-from idmctl.profile import load_profile
+from idmctl.gate import disk, io, qos
+from idmctl.core.checks import PreflightContext, Status
+from idmctl.core.profile import load_profile
 from ground.contract import ENV_HOME, ENV_RANK_DIGESTS
 
 SAMPLE_BYTES = 4 * 5 * 27 * 48 * 5120 * 2  # latent_c_n4: N=4 layers × 5 frames × 27×48 tokens × 5120 ch × bf16
@@ -72,9 +72,9 @@ def test_two_node_fabric_job_completes_with_identical_parameters(cli, tiny_cache
     import tempfile
     from pathlib import Path
 
-    from idmctl.executors.base import is_final
-    from idmctl.store.db import session
-    from idmctl.store.models import Job
+    from idmctl.core.executor import is_final
+    from idmctl.record.db import session
+    from idmctl.record.models import Job
     from slurm_support import slurm_conf, text_so_far, wait_until
 
     monkeypatch.setenv("SLURM_CONF", slurm_conf())

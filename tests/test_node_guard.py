@@ -15,9 +15,9 @@ import pytest
 from sqlmodel import select
 
 from ground import contract
-from idmctl.failures.classify import classify
-from idmctl.store.db import session
-from idmctl.store.models import Chain, Job, NodeExclusion
+from idmctl.ops.failures.classify import classify
+from idmctl.record.db import session
+from idmctl.record.models import Chain, Job, NodeExclusion
 from slurm_support import slurm_conf, text_so_far, wait_until
 from trainers import node_guard
 

@@ -1,4 +1,4 @@
-"""The forked introspection (idmctl/preflight/background.py): the parent gets exactly the child's
+"""The forked introspection (idmctl/gate/background.py): the parent gets exactly the child's
 CheckResult, and whenever the child gives none (it died, it hung past its deadline) the check runs in
 the parent instead — a cold preflight is never worse off for having forked."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import os
 import time
 
-from idmctl.preflight import background
-from idmctl.preflight.result import CheckResult, Status
+from idmctl.gate import background
+from idmctl.core.checks import CheckResult, Status
 
 NOT_IMPORTED = "idmctl_test_module_that_is_never_imported"
 
@@ -74,9 +74,9 @@ def test_a_cold_cli_preflight_reports_the_same_introspection_fail_as_the_check_i
 
     from ground.contract import ENV_HOME
     from ground.spec import load_spec
-    from idmctl.preflight import introspection
-    from idmctl.preflight.result import PreflightContext
-    from idmctl.profile import load_profile
+    from idmctl.gate import introspection
+    from idmctl.core.checks import PreflightContext
+    from idmctl.core.profile import load_profile
 
     repo = Path(__file__).resolve().parent.parent
     spec = repo / "experiments" / "mistakes" / "wrong_class_kwarg.yaml"

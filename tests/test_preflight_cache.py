@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from idmctl.preflight import cache, disk
-from idmctl.preflight.result import PreflightContext, Status
-from idmctl.preflight.runner import gather
-from idmctl.profile import load_profile
+from idmctl.gate import cache, disk
+from idmctl.core.checks import PreflightContext, Status
+from idmctl.gate.runner import gather
+from idmctl.core.profile import load_profile
 from ground.spec import load_spec
 
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from idmctl.preflight import cache, disk, introspection, io, loader, qos, shm, spec
-from idmctl.preflight.result import Measurements, PreflightContext, QueueWait, SmokeMeasurement, Status
-from idmctl.preflight.runner import gather, run_preflight
-from idmctl.profile import load_profile
+from idmctl.gate import cache, disk, introspection, io, loader, qos, shm, spec
+from idmctl.core.checks import Measurements, PreflightContext, QueueWait, SmokeMeasurement, Status
+from idmctl.gate.runner import gather, run_preflight
+from idmctl.core.profile import load_profile
 from ground.spec import load_spec
 
 REPO = Path(__file__).resolve().parent.parent

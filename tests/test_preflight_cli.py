@@ -9,9 +9,9 @@ from pathlib import Path
 
 from sqlmodel import select
 
-from idmctl.preflight.result import CHECK_NAMES
-from idmctl.store import session
-from idmctl.store.models import Job, PreflightCheck, PreflightRun
+from idmctl.core.checks import CHECK_NAMES
+from idmctl.record import session
+from idmctl.record.models import Job, PreflightCheck, PreflightRun
 
 REPO = Path(__file__).resolve().parent.parent
 MISTAKES = REPO / "experiments" / "mistakes"

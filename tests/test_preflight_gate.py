@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from ground.errors import CheckFailed
-from idmctl.preflight import record
-from idmctl.preflight.result import CheckResult, Status
-from idmctl.profile import load_profile
+from idmctl.record import preflights as record
+from idmctl.core.checks import CheckResult, Status
+from idmctl.core.profile import load_profile
 from ground.spec import load_spec
 
 REPO = Path(__file__).resolve().parent.parent

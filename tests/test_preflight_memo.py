@@ -1,5 +1,5 @@
 """Repeat preflights (and every submit) skip ``import torch``: introspection and the cache inspection
-are remembered per code version (idmctl/preflight/memo.py), and invalidated when their inputs change."""
+are remembered per code version (idmctl/record/memo.py), and invalidated when their inputs change."""
 
 from __future__ import annotations
 

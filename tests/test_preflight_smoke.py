@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from idmctl.preflight import smoke
-from idmctl.preflight.result import CHECK_NAMES, Measurements, PreflightContext, SmokeMeasurement, Status
-from idmctl.profile import load_profile
+from idmctl.gate import smoke
+from idmctl.core.checks import CHECK_NAMES, Measurements, PreflightContext, SmokeMeasurement, Status
+from idmctl.core.profile import load_profile
 from ground.spec import load_spec
 
 REPO = Path(__file__).resolve().parent.parent
@@ -91,8 +91,8 @@ def quickstart_with_data(root: Path) -> Path:
 
 @pytest.mark.slow
 def test_quickstart_full_preflight_with_smoke_on_cpu_unlocks_submit(tmp_path: Path, cli, monkeypatch):
-    from idmctl.preflight import record
-    from idmctl.preflight.record import require_pass
+    from idmctl.record import preflights as record
+    from idmctl.record.preflights import require_pass
 
     # Other commits land in a shared tree while this runs; pin the code version (tested on its own).
     monkeypatch.setattr(record, "code_version", lambda: "pinned-for-test")

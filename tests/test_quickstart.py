@@ -33,7 +33,7 @@ def test_quickstart_from_an_empty_home_ends_with_a_sim_eef_compare_row(cli, idmc
     assert sim < 0.6 * sim_untrained
     assert offline < offline_untrained
 
-    from idmctl.compare import build_report
+    from idmctl.track.compare import build_report
 
     report = build_report(["quickstart"], metric="sim_eef_mm_4ep")
     runs = [row for row in report.rows if row.kind == "run"]

@@ -71,7 +71,7 @@ def test_after_its_steps_the_script_hands_its_arguments_and_a_home_to_idmctl_qui
 
 
 def test_a_failing_stage_is_one_line_and_debug_shows_the_traceback(cli, monkeypatch) -> None:
-    from idmctl import quickstart
+    from idmctl.cli import quickstart
 
     def broken_demos(resolved, result):  # type: ignore[no-untyped-def]
         raise RuntimeError("EGL: eglInitialize failed\nsecond line of the message")
@@ -95,7 +95,7 @@ def test_a_failing_stage_is_one_line_and_debug_shows_the_traceback(cli, monkeypa
 
 def test_a_bad_spec_names_the_stage_and_keeps_exit_2(cli, monkeypatch) -> None:
     from ground.errors import UserError
-    from idmctl import quickstart
+    from idmctl.cli import quickstart
 
     def bad_spec(result):  # type: ignore[no-untyped-def]
         raise UserError("unknown field 'lr'", file="experiments/quickstart.yaml", field="train")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from idmctl.jobs.render import RenderContext, render_script, resolve_options
+from idmctl.job.render import RenderContext, render_script, resolve_options
 from ground.spec.loader import load_spec
 from ground.contract import STAGE_MARKER, STAGE_PENDING
 from ground.stage import model_identity, stage_key
@@ -168,8 +168,8 @@ def test_force_without_reason_is_bad_input(cli) -> None:
 def _job_count() -> int:
     from sqlmodel import select
 
-    from idmctl.store.db import session
-    from idmctl.store.models import Job
+    from idmctl.record.db import session
+    from idmctl.record.models import Job
 
     with session() as db:
         return len(db.exec(select(Job)).all())

@@ -114,9 +114,9 @@ def test_trainer_with_repeats_learns_to_the_end(tiny_cache, tmp_path: Path) -> N
 
 
 def test_io_check_reads_one_kth_per_step() -> None:
-    from idmctl.preflight.budget import step_estimate
-    from idmctl.preflight.result import PreflightContext
-    from idmctl.profile import load_profile
+    from idmctl.plan.budget import step_estimate
+    from idmctl.core.checks import PreflightContext
+    from idmctl.core.profile import load_profile
 
     resolved = load_spec("latent_c_n12_dense")
     spec = resolved.spec.model_copy(update={"loader": resolved.spec.loader.model_copy(update={"repeats": 8})})

@@ -17,11 +17,11 @@ from sqlmodel import select
 
 from ground import contract
 from ground.errors import UserError
-from idmctl.executors.local import LocalExecutor
-from idmctl.failures.classify import ACTIONS, classify, get_cause, load_taxonomy
-from idmctl.jobs.retry import decide
-from idmctl.store.db import session
-from idmctl.store.models import Chain, Job, NodeExclusion
+from idmctl.ops.executors.local import LocalExecutor
+from idmctl.ops.failures.classify import ACTIONS, classify, get_cause, load_taxonomy
+from idmctl.ops.retry import decide
+from idmctl.record.db import session
+from idmctl.record.models import Chain, Job, NodeExclusion
 
 # cause → (state, exit code, log text, started). States are the local executor's (it reports exit 75
 # as PREEMPTED, any other failure as FAILED), except queue_cancelled, which needs a job cancelled

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from idmctl.executors.slurm import parse_sacct
+from idmctl.ops.executors.slurm import parse_sacct
 
 
 def test_job_cancelled_while_pending_never_started():

@@ -91,11 +91,11 @@ def test_doctor_on_the_real_shared_store_says_its_level(monkeypatch) -> None:
     from pg_support import fresh_database
 
     with fresh_database() as url:
-        from idmctl.store import db as store_db
+        from idmctl.record import db as store_db
 
         monkeypatch.setenv(ENV_DB_URL, url)
         store_db.open_store()  # migrates it, as any command would
-        from idmctl.doctor import check_store
+        from idmctl.ops.doctor import check_store
 
         row = check_store()
     assert row.status == "OK" and "migration head" in row.detail and ":idmctl@" not in row.detail, row
@@ -103,7 +103,7 @@ def test_doctor_on_the_real_shared_store_says_its_level(monkeypatch) -> None:
 
 def test_warnings_on_stderr_are_scrubbed_of_the_environments_secrets(monkeypatch, capsys) -> None:
     """A warning that quotes an exception (MLflow's, a driver's) holding a URL with its password."""
-    from idmctl.output import err_console
+    from idmctl.cli.output import err_console
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"postgresql://ml:{SECRET}@db/mlflow")
     err_console.print(f"warning: could not log to MLflow: connection to postgresql://ml:{SECRET}@db/mlflow failed",

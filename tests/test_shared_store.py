@@ -17,9 +17,9 @@ from sqlalchemy import text
 from sqlmodel import select
 
 from ground.contract import ENV_DB_URL, ENV_HOME
-from idmctl.store import db as store_db
-from idmctl.store import session
-from idmctl.store.models import Failure, Job
+from idmctl.record import db as store_db
+from idmctl.record import session
+from idmctl.record.models import Failure, Job
 from slurm_support import wait_until
 
 REPO = Path(__file__).resolve().parent.parent
@@ -32,8 +32,8 @@ from datetime import datetime, timezone
 open(sys.argv[2], "w").close()
 while not os.path.exists(sys.argv[1]):
     time.sleep(0.005)
-from idmctl.store import session
-from idmctl.store.models import Chain, Failure, Job
+from idmctl.record import session
+from idmctl.record.models import Chain, Failure, Job
 for k in range(int(sys.argv[3])):
     with session() as db:
         chain = Chain(experiment="shared", spec_hash=f"h{os.getpid()}")
@@ -95,14 +95,14 @@ except SystemExit as exc:
 
 
 def test_submit_to_the_shared_store_goes_through_the_orm(store_backend: str, tiny_cache, idmctl_home: Path) -> None:
-    """On SQLite submit writes with sqlite3 (idmctl/store/fast.py); with IDMCTL_DB_URL every row must
+    """On SQLite submit writes with sqlite3 (idmctl/record/fast.py); with IDMCTL_DB_URL every row must
     reach PostgreSQL instead, stamped with who submitted it."""
     if store_backend != "postgresql":
         pytest.skip("the SQLite submit path is tests/test_submit_fast_store.py")
     from ground.spec.loader import load_spec
-    from idmctl.preflight.record import code_version, record_run
-    from idmctl.profile import load_profile
-    from idmctl.store.models import Chain, SpecVersion
+    from idmctl.record.preflights import code_version, record_run
+    from idmctl.core.profile import load_profile
+    from idmctl.record.models import Chain, SpecVersion
 
     spec = str(tiny_cache.spec_path)
     resolved = load_spec(spec)
@@ -173,8 +173,8 @@ def test_trainer_logs_to_a_shared_mlflow_server_backed_by_postgresql(tiny_cache,
 
     from ground.spec.loader import load_spec
     from ground.run_dir import write_run_spec
-    from idmctl.compare import load_runs
-    from idmctl.mlflow_server import backend_store_uri, start_server
+    from idmctl.track.compare import load_runs
+    from idmctl.track.mlflow_server import backend_store_uri, start_server
     from pg_support import fresh_database
 
     with fresh_database() as mlflow_db:

@@ -17,8 +17,8 @@ import pytest
 from sqlmodel import select
 
 from ground.contract import ENV_CLUSTER, ENV_HOME
-from idmctl.store.db import session
-from idmctl.store.models import Chain, Job
+from idmctl.record.db import session
+from idmctl.record.models import Chain, Job
 from slurm_support import sacct_state, sh, slurm_conf, squeue_state, text_so_far, wait_until
 
 pytestmark = pytest.mark.slurm
@@ -77,15 +77,15 @@ def _sync_until(cli, what: str, predicate, timeout_s: float = 120):
 
 
 def test_the_cluster_reports_its_preemption_mode_per_qos() -> None:
-    from idmctl.executors.preempt_mode import REQUEUE, preempt_mode
+    from idmctl.ops.executors.preempt_mode import REQUEUE, preempt_mode
 
     assert preempt_mode("sub") == REQUEUE  # scripts/slurm/up.sh: QoS sub PreemptMode=requeue
     assert preempt_mode("core-own") == REQUEUE  # "cluster": the cluster-wide PreemptMode=REQUEUE
 
 
 def test_where_preemption_cancels_sync_resubmits_the_chain_and_it_resumes(cli, monkeypatch) -> None:
-    from idmctl.executors.base import is_final
-    from idmctl.executors.preempt_mode import CANCEL, preempt_mode
+    from idmctl.core.executor import is_final
+    from idmctl.ops.executors.preempt_mode import CANCEL, preempt_mode
 
     total_steps = 150  # 0.3 s each: long enough that the preemption lands while it runs
     monkeypatch.setenv("IDMCTL_TEST_BEHAVIOR", f"steps:{total_steps}:0.3")
@@ -115,7 +115,7 @@ def test_where_preemption_cancels_sync_resubmits_the_chain_and_it_resumes(cli, m
     first, second = _chain_jobs(low["chain"])
     # Slurm records FAILED 75:0 (the script exited after its refused requeue) or PREEMPTED (killed first).
     assert first.state in ("PREEMPTED", "FAILED") and is_final(first.state), (first.state, first.log_tail)
-    from idmctl.failures.postmortem import classify_job
+    from idmctl.ops.failures.postmortem import classify_job
 
     assert classify_job(first).cause == "preempted", first.log_tail
     _sync_until(cli, "the resubmitted attempt to complete", lambda: is_final(_chain_jobs(low["chain"])[1].state), 180)

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from sqlmodel import select
 
-from idmctl.store.db import session
-from idmctl.store.models import Chain, Job
+from idmctl.record.db import session
+from idmctl.record.models import Chain, Job
 from slurm_support import release_requeued, sh, slurm_conf, squeue_state, text_so_far, wait_until
 from ground.contract import ENV_CLUSTER, ENV_HOME, MLFLOW_RUN_ID_FILE
 
@@ -50,7 +50,7 @@ def _job(job_id: int) -> Job:
 
 
 def _sync_until_final(cli, job_id: int, timeout_s: float = 90) -> Job:
-    from idmctl.executors.base import is_final
+    from idmctl.core.executor import is_final
 
     def ended() -> Job | None:
         assert cli("sync").exit_code == 0
@@ -82,7 +82,7 @@ def test_a_qos_the_cluster_does_not_grant_is_refused_by_sbatch_test_only_and_not
         cli, slurm_env: Path) -> None:
     """The profile lists core-reserved; the cluster has it but never granted it (scripts/slurm/up.sh).
     Only the scheduler knows that: submit asks it before writing a row, and --force cannot get past it."""
-    from idmctl.jobs.verdict import scheduler_verdict
+    from idmctl.ops.verdict import scheduler_verdict
 
     result = cli("submit", "quickstart", "--qos", "core-reserved", "--force", "--reason", "test-only refusal")
     assert result.exit_code == 1, result.output + result.stderr

@@ -27,8 +27,8 @@ import torch
 from sqlmodel import select
 
 from ground.paths import REPO_ROOT, temp_files
-from idmctl.store.db import session
-from idmctl.store.models import Job
+from idmctl.record.db import session
+from idmctl.record.models import Job
 from slurm_support import sacct_state, sh, slurm_conf, text_so_far, wait_until
 from trainers.checkpoint import checkpoint_dir, complete_checkpoints
 

@@ -27,9 +27,9 @@ from typing import Any
 
 import pytest
 
-from idmctl.executors.base import is_final
-from idmctl.store.db import session
-from idmctl.store.models import Job
+from idmctl.core.executor import is_final
+from idmctl.record.db import session
+from idmctl.record.models import Job
 from slurm_support import (conf_with_unreachable, release_requeued, sh, slurm_conf, slurmdbd_stopped, squeue_state,
                            text_so_far, wait_until)
 

@@ -7,10 +7,10 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from ground.contract import ENV_ROLLBACK, FAILURE_MARKER
-from idmctl.failures.classify import classify
-from idmctl.jobs.retry import decide
-from idmctl.store.db import session
-from idmctl.store.models import NodeExclusion
+from idmctl.ops.failures.classify import classify
+from idmctl.ops.retry import decide
+from idmctl.record.db import session
+from idmctl.record.models import NodeExclusion
 
 TRACEBACK = """Traceback (most recent call last):
   File "/work/main/cache/dataset.py", line 568, in __init__
@@ -91,6 +91,6 @@ def test_a_cluster_that_cancels_on_preemption_gets_a_free_resubmit() -> None:
     ("PreemptMode             = OFF\nPreemptType             = preempt/none", "cancel", None, "off"),
 ])
 def test_preemption_mode_is_read_the_way_slurm_applies_it(config, qos, partition, mode) -> None:
-    from idmctl.executors.preempt_mode import mode_for
+    from idmctl.ops.executors.preempt_mode import mode_for
 
     assert mode_for(config, qos, partition) == mode

@@ -9,8 +9,8 @@ import pytest
 from sqlmodel import select
 
 from bench.sync_jobs import count_calls, known_job_ids, make_counting_shim, populate
-from idmctl.store.db import session
-from idmctl.store.models import Job
+from idmctl.record.db import session
+from idmctl.record.models import Job
 from slurm_support import slurm_conf
 
 pytestmark = pytest.mark.slurm

@@ -17,14 +17,14 @@ import pytest
 from ground.contract import ENV_HOME, ENV_SHM_DIR, STAGE_MARKER, STAGE_PENDING
 from ground.spec.loader import load_spec
 from ground.stage import copy_state, model_identity, prepare, spec_identity, stage_key
-from idmctl.executors.local import LocalExecutor
-from idmctl.preflight import disk, qos
-from idmctl.preflight.memo import tree_fingerprint
-from idmctl.preflight.result import Measurements, PreflightContext
-from idmctl.preflight.runner import staged_copy
-from idmctl.profile import load_profile
-from idmctl.store.db import session
-from idmctl.store.models import Job
+from idmctl.ops.executors.local import LocalExecutor
+from idmctl.gate import disk, qos
+from idmctl.record.memo import tree_fingerprint
+from idmctl.core.checks import Measurements, PreflightContext
+from idmctl.gate.runner import staged_copy
+from idmctl.core.profile import load_profile
+from idmctl.record.db import session
+from idmctl.record.models import Job
 from trainers import node_guard
 
 ROUTED = {"data": {"selected_layer_indices": [0, 2]}, "stage": {"layers": "routed"}}
@@ -47,7 +47,7 @@ def _job(job_id: int) -> Job:
 
 def _run_job(cli, spec: Path, cluster: str) -> str:
     """Submit on ``cluster`` (the local executor or the local Slurm), wait for the end, return the job's log."""
-    from idmctl.executors.base import is_final
+    from idmctl.core.executor import is_final
     from slurm_support import text_so_far, wait_until
 
     result = cli("submit", str(spec), "--entry", "tests.jobs_entry", "--force", "--reason", "stage key test",

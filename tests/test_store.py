@@ -9,8 +9,8 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlmodel import SQLModel
 
-from idmctl.store import db as store_db
-from idmctl.store import models  # noqa: F401
+from idmctl.record import db as store_db
+from idmctl.record import models  # noqa: F401
 
 
 def test_migrations_from_empty_match_models(store_backend: str):

@@ -12,7 +12,7 @@ import pytest
 
 from ground.contract import ENV_HOME
 
-from idmctl.store.db import HEAD_REVISION
+from idmctl.record.db import HEAD_REVISION
 from slurm_support import wait_until
 
 FIRST_OPENS = 16
@@ -21,8 +21,8 @@ FIRST_OPENS = 16
 OPEN_AND_WRITE = """
 import os, sys, time
 import alembic.command, alembic.config
-from idmctl.store.db import session
-from idmctl.store.models import Fix
+from idmctl.record.db import session
+from idmctl.record.models import Fix
 start = sys.argv[1]
 open(sys.argv[2], "w").close()
 while not os.path.exists(start):
@@ -50,7 +50,7 @@ def test_sixteen_simultaneous_first_opens_all_succeed_and_every_write_lands(idmc
     # The same on SQLite (init lock) and on the team's PostgreSQL (advisory lock; IDMCTL_DB_URL is inherited).
     from sqlalchemy import text
 
-    from idmctl.store.db import open_store
+    from idmctl.record.db import open_store
 
     with open_store().connect() as connection:
         assert connection.execute(text("SELECT version_num FROM alembic_version")).fetchall() == [(HEAD_REVISION,)]

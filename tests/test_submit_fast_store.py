@@ -1,4 +1,4 @@
-"""The submit path writes its rows with plain sqlite3 (idmctl/store/fast.py) and never imports the ORM
+"""The submit path writes its rows with plain sqlite3 (idmctl/record/fast.py) and never imports the ORM
 or torch; the ORM reads those rows exactly as if it had written them."""
 
 from __future__ import annotations
@@ -34,10 +34,10 @@ def _run(home: Path, *argv: str) -> tuple[str, list[str]]:
 
 def test_submit_uses_neither_the_orm_nor_torch_and_the_orm_reads_its_rows(tiny_cache, idmctl_home: Path) -> None:
     from ground.spec.loader import load_spec
-    from idmctl.preflight.record import code_version, latest_run, record_run
-    from idmctl.profile import load_profile
-    from idmctl.store.db import session
-    from idmctl.store.models import Chain, Job, SpecVersion
+    from idmctl.record.preflights import code_version, latest_run, record_run
+    from idmctl.core.profile import load_profile
+    from idmctl.record.db import session
+    from idmctl.record.models import Chain, Job, SpecVersion
 
     spec = str(tiny_cache.spec_path)
     # One static preflight fills the memo (and, store at head, is itself written with sqlite3).

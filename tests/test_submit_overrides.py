@@ -18,8 +18,8 @@ import pytest
 import yaml
 from sqlmodel import select
 
-from idmctl.store.db import session
-from idmctl.store.models import Chain, Job
+from idmctl.record.db import session
+from idmctl.record.models import Chain, Job
 from slurm_support import slurm_conf, text_so_far, wait_until
 from ground.contract import ENV_HOME, SPEC_FILE
 
@@ -75,7 +75,7 @@ def _row(stderr: str, check: str) -> str:
 
 
 def _sync_until_final(cli, job_id: int, timeout_s: float) -> Job:
-    from idmctl.executors.base import is_final
+    from idmctl.core.executor import is_final
 
     def ended() -> Job | None:
         assert cli("sync", "--no-retry").exit_code == 0

@@ -98,7 +98,7 @@ def test_three_variant_sweep_end_to_end_on_slurm(cli, tiny_cache, monkeypatch: p
     import shutil
     import tempfile
 
-    from idmctl.executors.base import is_final
+    from idmctl.core.executor import is_final
     from slurm_support import slurm_conf, wait_until
 
     monkeypatch.setenv("SLURM_CONF", slurm_conf())

@@ -5,10 +5,10 @@ an end makes a job UNCONFIRMED, never final."""
 
 from __future__ import annotations
 
-from idmctl.executors.base import UNCONFIRMED, is_final
-from idmctl.executors.slurm import parse_sacct, parse_squeue
-from idmctl.jobs.sync import _apply
-from idmctl.store.models import Job
+from idmctl.core.executor import UNCONFIRMED, is_final
+from idmctl.ops.executors.slurm import parse_sacct, parse_squeue
+from idmctl.ops.sync import _apply
+from idmctl.record.models import Job
 
 REQUEUED_THEN_RUNNING = (
     "57|REQUEUED|0:0||2026-11-30T10:00:00|2026-11-30T10:00:01|2026-11-30T10:01:00|n1\n"

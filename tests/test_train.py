@@ -253,7 +253,7 @@ def test_a_resume_from_an_older_checkpoint_supersedes_the_points_after_it(tiny_c
     from mlflow.tracking import MlflowClient
 
     from ground.paths import mlflow_tracking_uri
-    from idmctl.compare import load_runs, surviving_history
+    from idmctl.track.compare import load_runs, surviving_history
 
     run_dir = prepare_run(tiny_cache, tmp_path, "tiny_older", train={"steps": 12, "checkpoint_every": 4, "log_every": 1})
     first = run_trainer(run_dir, **{ENV_ATTEMPT: "1", ENV_INJECT_NAN_AT_STEP: "11"})

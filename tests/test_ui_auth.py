@@ -63,7 +63,7 @@ def _post(url: str, body: dict, auth: tuple[str, str] | None = None) -> int:
 
 @pytest.mark.slow
 def test_auth_server_refuses_anonymous_writes_and_accepts_the_admin(idmctl_home: Path) -> None:
-    from idmctl.mlflow_server import admin_password_file, start_server
+    from idmctl.track.mlflow_server import admin_password_file, start_server
 
     server = start_server("127.0.0.1", _free_port(), auth=True)
     try:

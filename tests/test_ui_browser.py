@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from ground import tracking
-from idmctl.compare import compare_url
+from idmctl.track.compare import compare_url
 from ground.paths import mlflow_artifacts_dir, mlflow_tracking_uri
 from ground.contract import ENV_HOME
 

@@ -1,7 +1,7 @@
 """A cache build as a job: what ``idmctl submit EXP --build hidden|rgb|pt|ff`` runs.
 
 ``python -m trainers.build_job --run-dir RUN_DIR --mode MODE --processes N``: the job script
-(idmctl/jobs/render.py) starts it as one task per allocation. It
+(idmctl/job/render.py) starts it as one task per allocation. It
 
 - refuses to start, with the failure marker the classifier knows, when the spec's VAE weights are
   missing (``missing_weights``) or an FF build has no PT norm file (``pt_norm_missing``): the very

@@ -1,10 +1,10 @@
 """The node guard: before stage-in and before training, the job script checks the node it landed on.
 
-``python -m trainers.node_guard --phase stage|train ...`` (rendered by idmctl/jobs/render.py, which
+``python -m trainers.node_guard --phase stage|train ...`` (rendered by idmctl/job/render.py, which
 computes every need from the spec and passes it in: the shell does no arithmetic). Checks:
 
 - ``shm``: free ``/dev/shm`` against the DataLoader's need (ranks × workers × prefetch × batch ×
-  bytes per sample, idmctl/preflight/shm.py), with the stale segments dead jobs left there (files no
+  bytes per sample, idmctl/gate/shm.py), with the stale segments dead jobs left there (files no
   live process has open or mapped) as the evidence of why it is short (card A 5845: ENOSPC in
   /dev/shm an hour into the job);
 - ``scratch``: free space under ``stage.dest`` (plus a copy of another key there, which stage-in

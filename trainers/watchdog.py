@@ -1,7 +1,7 @@
 """The hang watchdog the job script starts beside the trainer (issue 19 §2).
 
 ``python -m trainers.watchdog --run-dir DIR --trainer-pid PID --k K --floor S --poll S`` (k, floor and
-poll from the cluster profile's ``hang:``; rendered by idmctl/jobs/render.py). Every ``poll`` seconds it
+poll from the cluster profile's ``hang:``; rendered by idmctl/job/render.py). Every ``poll`` seconds it
 reads the heartbeat (``ground.heartbeat``: progress.json and its mtime). It arms at the first beat of
 this attempt (a file left by an earlier attempt is older than the watchdog), and when the heartbeat has
 not moved for longer than max(k × the measured s/step, floor) it:

@@ -343,7 +343,7 @@ class ResourcesSpec(Strict):
 
     @property
     def time_limit_seconds(self) -> float | None:
-        """The spec's limit; None when it is left to derivation (``idmctl.preflight.limits``)."""
+        """The spec's limit; None when it is left to derivation (``idmctl.plan.limits``)."""
         return parse_duration(self.time_limit) if self.time_limit is not None else None
 
 

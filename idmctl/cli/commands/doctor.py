@@ -1,0 +1,46 @@
+"""``idmctl doctor``: one table saying whether this machine is ready, each failing row with its fix."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from idmctl.cli.commands import options
+from ground.errors import CheckFailed
+from idmctl.cli.output import console, emit_json, make_table, styled
+
+def doctor(
+    as_json: options.Json = False,
+    no_render: Annotated[bool, typer.Option("--no-render", help="Skip the one-frame render (~5 s).")] = False,
+) -> None:
+    """Python and packages, $IDMCTL_HOME, both stores, Slurm and the cluster profile, rendering, /dev/shm and
+    scratch. Exit 1 when something required is missing (a FAIL row); WARN rows do not fail."""
+    from idmctl.cli.app import debug_on
+    from idmctl.ops.doctor import run_doctor
+
+    report = run_doctor(render=not no_render, debug=debug_on())
+    if as_json:
+        emit_json(report.as_dict())
+    else:
+        console.print(render_table(report))
+        console.print(verdict(report), markup=False)
+    if report.failed:
+        raise CheckFailed("")
+
+
+def render_table(report):  # type: ignore[no-untyped-def]
+    table = make_table("check", "status", "found", "fix", title="idmctl doctor")
+    for row in report.rows:
+        table.add_row(row.name, styled(row.status), row.detail, row.fix)
+    return table
+
+
+def verdict(report) -> str:  # type: ignore[no-untyped-def]
+    counts: dict[str, int] = {}
+    for row in report.rows:
+        counts[row.status] = counts.get(row.status, 0) + 1
+    summary = ", ".join(f"{n} {status}" for status, n in counts.items())
+    if report.failed:
+        return f"doctor: {summary} in {report.seconds:.1f} s — fix the FAIL rows: {', '.join(report.failed)}"
+    return f"doctor: {summary} in {report.seconds:.1f} s — ready"

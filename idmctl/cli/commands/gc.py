@@ -1,0 +1,35 @@
+"""``idmctl gc [--dry-run] [--json]``: remove the code snapshots no unfinished chain uses."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from idmctl.cli.commands import options
+from idmctl.cli.output import console, emit_json
+
+
+def gc(
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would be removed; remove nothing.")] = False,
+    cluster: options.Cluster = None,
+    as_json: options.Json = False,
+) -> None:
+    """Remove the code snapshots no pending, running or unfinished chain uses (never one in use).
+
+    File contents no remaining snapshot links to go with them."""
+    from ground.units import format_bytes
+    from idmctl.job.code import collect, store_for
+    from idmctl.core.profile import load_profile
+
+    store = store_for(load_profile(cluster)[0])
+    done = collect(store, dry_run=dry_run)
+    if as_json:
+        emit_json({"store": str(done.store), "dry_run": dry_run, "kept": done.kept, "removed": done.removed,
+                   "freed_bytes": done.freed_bytes})
+        return
+    verb = "would remove" if dry_run else "removed"
+    console.print(f"{done.store}: {verb} {len(done.removed)} snapshot(s), {format_bytes(done.freed_bytes)} of file "
+                  f"contents; kept {len(done.kept)} in use", markup=False)
+    for name in done.removed:
+        console.print(f"  {verb} {name}", markup=False)

@@ -1,0 +1,67 @@
+"""``idmctl jobs show ID``: one job's record, and its efficiency report once it ended."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from idmctl.cli.commands import options
+from ground.errors import UserError
+from idmctl.cli.output import console, emit_json
+
+
+def show(
+    job: Annotated[int, typer.Argument(**options.JOB_ID, help="idmctl job id (see `idmctl jobs`).")],
+    as_json: options.Json = False,
+) -> None:
+    """A job's record (state, nodes, times) and, once it ended, its efficiency report with suggestions."""
+    from idmctl.plan.efficiency import EfficiencyReport
+    from idmctl.record.fast import connect, rows
+
+    with connect() as db:
+        fast = db is not None
+        found = rows(db, "SELECT * FROM job WHERE id = ?", (job,)) if db is not None else []
+    if not fast:  # no store yet, or one the ORM must migrate first
+        from idmctl.record.db import session
+        from idmctl.record.models import Job
+
+        with session() as orm:
+            stored = orm.get(Job, job)
+            found = [stored] if stored is not None else []
+    if not found:
+        raise UserError(f"no job {job}", field="JOB", hint="see `idmctl jobs`")
+    row = found[0]
+    from idmctl.record.stored_json import job_options
+
+    options = job_options(row.options_json, row.id)
+    efficiency = options.get("efficiency")
+    code = options.get("code") or {}
+    admitted = (options.get("admitted") or {}).get("admission") or {}
+    if as_json:
+        emit_json({"job": row.id, "chain": row.chain_id, "attempt": row.attempt, "experiment": row.experiment,
+                   "scheduler_id": row.scheduler_id, "state": row.state, "exit_code": row.exit_code,
+                   "nodes": row.node_list, "qos": row.qos, "reason": row.reason, "code": code or None,
+                   "admission_failed": admitted.get("failed"), "efficiency": efficiency})
+        return
+    console.print(f"job {row.id} ({row.executor} {row.scheduler_id or '—'}) chain {row.chain_id} attempt {row.attempt}  "
+                  f"{row.experiment}  {row.state} {row.exit_code or ''} on {row.node_list or '—'}  qos {row.qos or '—'}",
+                  markup=False)
+    console.print(f"asked: --mem {options.get('mem')}  -c {options.get('cpus_per_node')}  --time {options.get('time_limit')}"
+                  f"  gpus/node {options.get('gpus_per_node')}", markup=False)
+    if code:
+        console.print(f"code: snapshot {code.get('version')} (commit {code.get('commit') or '—'}) in {code.get('directory')}",
+                      markup=False)
+    else:
+        console.print(f"code: {row.code_version or '—'} (the live tree: submitted before code snapshots)", markup=False)
+    if row.reason:
+        console.print(f"reason: {row.reason}", markup=False)
+    if not efficiency:
+        console.print("efficiency: not yet (the report is written by `idmctl sync` when the job ends)", markup=False)
+        return
+    report = EfficiencyReport.from_dict(efficiency)
+    console.print("efficiency:", markup=False)
+    for line in report.lines() or ["no figures recorded"]:
+        console.print(f"  {line}", markup=False)
+    for suggestion in report.suggestions:
+        console.print(f"  suggest {suggestion.line()}", markup=False)

@@ -1,0 +1,126 @@
+"""The smoke of the job's own entry: what the job will run, from the snapshot it will run from.
+
+``idmctl preflight`` freezes the tree it checks (the same snapshot submit hands the job), writes a run
+directory with ``spec.json``, and starts the entry there under the contract (``ground.contract``):
+``IDMCTL_RUN_DIR``, ``IDMCTL_SMOKE_STEPS`` steps at ``IDMCTL_SMOKE_BATCH``. A Python module is started
+as ``python -m MODULE --run-dir RUN_DIR``; a command line (the team's launch script) as written, from
+the snapshot's copy of the first code root. The figures come from the entry's own ``IDMCTL_STEP``
+lines: card A's job 6262 (``persistent_workers=True`` hard-coded against ``num_workers 0``) fails
+here in seconds with Python's own ValueError instead of after a 2 h stage-in.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from ground import contract
+from ground.spec.loader import ResolvedSpec
+from idmctl.core.checks import SmokeMeasurement
+
+SMOKE_STEPS = 3
+SMOKE_BATCH = 2
+"""Card A's smoke: 3 backward steps at batch 2."""
+_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+_FIELD = re.compile(r"(\w+)=(\S+)")
+CONTRACT_LINE = (f"`{contract.STEP_MARKER} step=N loss=X seconds=S` on stdout per optimizer step when "
+                 f"{contract.ENV_SMOKE_STEPS} is set (trainers.entry_helper.Reporter.step prints it)")
+
+
+def is_module(entry: str) -> bool:
+    return bool(_MODULE.fullmatch(entry))
+
+
+def _fields(line: str, marker: str) -> dict[str, float] | None:
+    if not line.startswith(marker + " "):
+        return None
+    out = {}
+    for key, value in _FIELD.findall(line[len(marker):]):
+        try:
+            out[key] = float(value)
+        except ValueError:
+            continue
+    return out
+
+
+def parse_reports(stdout: str) -> tuple[list[dict[str, float]], dict[str, float], dict[str, float]]:
+    """(step lines, phase figures, last checkpoint figures) from an entry's stdout."""
+    steps, phase, checkpoint = [], {}, {}
+    for line in stdout.splitlines():
+        line = line.strip()
+        if (fields := _fields(line, contract.STEP_MARKER)) is not None and "step" in fields:
+            steps.append(fields)
+        elif (fields := _fields(line, contract.PHASE_MARKER)) is not None:
+            phase.update(fields)
+        elif (fields := _fields(line, contract.CHECKPOINT_MARKER)) is not None:
+            checkpoint = fields
+    return steps, phase, checkpoint
+
+
+def entry_argv(entry: str, run_dir: Path) -> list[str]:
+    return [sys.executable, "-m", entry, "--run-dir", str(run_dir)] if is_module(entry) else shlex.split(entry)
+
+
+def run_entry_smoke(resolved: ResolvedSpec, entry: str, timeout_s: float) -> SmokeMeasurement:
+    """Run ``entry`` for :data:`SMOKE_STEPS` steps from a snapshot of the code it will run as a job."""
+    from ground.code_snapshot import default_store, materialize
+    from ground.contract import spec_roots
+    from ground.run_dir import write_run_spec
+    from idmctl.job.code import tree_for
+    from idmctl.gate.smoke import last_frame_and_exception
+
+    started = time.perf_counter()
+    snapshot = tree_for(resolved.spec)
+    directory = materialize(snapshot, default_store())
+    roots = [str(p) for p in snapshot.import_dirs(directory, spec_roots(resolved.spec))]
+    batch = min(SMOKE_BATCH, resolved.spec.loader.batch_size)
+    with tempfile.TemporaryDirectory(prefix="idmctl_entry_smoke_") as tmp:
+        run_dir = Path(tmp) / "run"
+        write_run_spec(run_dir, resolved)
+        env = {**os.environ, contract.ENV_RUN_DIR: str(run_dir), contract.ENV_SMOKE_STEPS: str(SMOKE_STEPS),
+               contract.ENV_SMOKE_BATCH: str(batch), "IDMCTL_PYTHON": sys.executable, "PYTHONUNBUFFERED": "1",
+               "PYTHONPATH": os.pathsep.join([str(directory), *roots, *filter(None, [os.environ.get("PYTHONPATH")])]),
+               **({contract.ENV_CODE_ROOTS: os.pathsep.join(roots)} if roots else {})}
+        cwd = Path(roots[0]) if roots and not is_module(entry) else directory
+        try:
+            child = subprocess.Popen(entry_argv(entry, run_dir), cwd=cwd, env=env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, start_new_session=True)
+        except OSError as exc:
+            return SmokeMeasurement(ok=False, error=f"cannot start {entry!r}: {exc.strerror or exc}",
+                                    wall_s=time.perf_counter() - started)
+        try:
+            stdout, stderr = child.communicate(timeout=timeout_s)
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            os.killpg(child.pid, signal.SIGKILL)  # the entry's own children (a launch script's python) too
+            stdout, stderr = child.communicate()
+            timed_out = True
+    wall = time.perf_counter() - started
+    steps, phase, checkpoint = parse_reports(stdout)
+    if timed_out and not steps:
+        return SmokeMeasurement(ok=False, wall_s=wall, error=f"{entry!r} reported no step within {timeout_s:.0f} s: "
+                                                              f"the contract expects {CONTRACT_LINE}")
+    if child.returncode != 0 and not timed_out:
+        own = [Path(r) for r in roots] + [directory]  # the team's frames first, then the project's
+        return SmokeMeasurement(ok=False, wall_s=wall, error=f"exit {child.returncode}: "
+                                                              f"{last_frame_and_exception(stderr or stdout, own)}")
+    if not steps:
+        return SmokeMeasurement(ok=False, wall_s=wall, error=f"{entry!r} exited 0 without reporting a step: the "
+                                                              f"contract expects {CONTRACT_LINE}")
+    seconds = [s["seconds"] for s in steps if "seconds" in s]
+    peaks = [int(s["peak_mem_bytes"]) for s in steps if "peak_mem_bytes" in s]
+    return SmokeMeasurement(
+        ok=True, losses=[s.get("loss", float("nan")) for s in steps], device="cpu", batch_size=batch,
+        dataset_s=phase.get("dataset_s"), sample_s=phase.get("sample_s"), model_s=phase.get("model_s"),
+        # The first step pays warm-up (allocation, first reads): the median of the rest is the pace.
+        step_s=statistics.median(seconds[1:] or seconds) if seconds else None,
+        peak_mem_bytes=max(peaks) if peaks else None, wall_s=wall,
+        checkpoint_s=checkpoint.get("seconds"), checkpoint_bytes=int(checkpoint["bytes"]) if "bytes" in checkpoint else None)

@@ -1,0 +1,204 @@
+"""Check ``introspection``: resolve the dataset, collate and model classes through the same
+registries the trainer uses and bind every configured kwarg against each class's signature — no
+objects are built. Card job 6321: ``selected_layer_indices`` was added to HiddenRaw (line 415) while
+the class in use was HiddenMultiLayer (line 568) → TypeError after a 2 h stage.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ground.errors import UserError
+from ground.paths import REPO_ROOT
+from ground.spec.schema import ClassRef, class_label
+from idmctl.core.checks import CheckResult, PreflightContext, Status
+
+NAME = "introspection"
+
+
+def where(obj: Any) -> str:
+    """``file:line`` of a class or function, relative to the repository when inside it."""
+    try:
+        path = Path(inspect.getsourcefile(obj) or "?")
+        line = inspect.getsourcelines(obj)[1]
+    except (OSError, TypeError):
+        return "<unknown source>"
+    try:
+        shown = path.resolve().relative_to(REPO_ROOT)
+    except ValueError:
+        shown = path
+    return f"{shown}:{line}"
+
+
+def _qualified(cls: Any) -> str:
+    return f"{getattr(cls, '__name__', repr(cls))} ({where(cls)})"
+
+
+def bind_error(target: Callable[..., Any], kwargs: dict[str, Any]) -> str | None:
+    """The TypeError ``target(**kwargs)`` would raise, or None when the kwargs bind.
+
+    Unexpected keywords are named first (that is what Python raises first, and what card job 6321
+    hit); missing required parameters are listed too, so one preflight shows every mismatch.
+    """
+    signature = inspect.signature(target)
+    params = signature.parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    unexpected = [] if takes_any else [k for k in kwargs if k not in params or
+                                       params[k].kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.VAR_POSITIONAL)]
+    missing = [name for name, p in params.items()
+               if p.default is inspect.Parameter.empty and name not in kwargs
+               and p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
+    if not unexpected and not missing:
+        try:
+            signature.bind(**kwargs)
+        except TypeError as exc:
+            return str(exc)
+        return None
+    parts = [f"got an unexpected keyword argument {name!r}" for name in unexpected]
+    if missing:
+        parts.append(f"missing required argument{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))}")
+    return f"{getattr(target, '__name__', target)}.__init__() " + "; ".join(parts)
+
+
+def unexpected(target: Callable[..., Any], kwargs: dict[str, Any]) -> list[str]:
+    """The kwargs ``target``'s signature has no parameter for (none when it takes ``**kwargs``)."""
+    params = inspect.signature(target).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return []
+    return [k for k in kwargs if k not in params
+            or params[k].kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.VAR_POSITIONAL)]
+
+
+def sibling_hints(target: type, kwargs: dict[str, Any]) -> list[str]:
+    """For each kwarg ``target`` rejects: the look-alike class of the same module that takes it (card A job
+    6321: the parameter went into HiddenRaw, line 415, while HiddenMultiLayer, line 568, was built), else
+    the parameter of ``target`` it is probably a misspelling of."""
+    import difflib
+    import sys
+
+    module = sys.modules.get(getattr(target, "__module__", ""), None)
+    classes = [obj for obj in vars(module).values() if inspect.isclass(obj) and obj is not target
+               and obj.__module__ == target.__module__] if module is not None else []
+    own = [name for name in inspect.signature(target).parameters if name not in ("self", "args", "kwargs")]
+    hints = []
+    for name in unexpected(target, kwargs):
+        takers = [cls for cls in classes if _takes(cls, name)]
+        if takers:
+            others = " and ".join(f"{cls.__name__} ({where(cls)})" for cls in takers)
+            hints.append(f"`{name}` is accepted by {others}, not by {target.__name__} ({where(target)}), "
+                         "the class this spec builds")
+            continue
+        close = difflib.get_close_matches(name, own, n=1)
+        if close:
+            hints.append(f"`{name}`: did you mean `{close[0]}` of {target.__name__} ({where(target)})?")
+    return hints
+
+
+def _takes(cls: type, name: str) -> bool:
+    try:
+        params = inspect.signature(cls).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in params and params[name].kind not in (inspect.Parameter.POSITIONAL_ONLY,
+                                                          inspect.Parameter.VAR_POSITIONAL)
+
+
+def _alternatives(registry: Any, kwargs: dict[str, Any], wrong: Any) -> list[str]:
+    """Other registered dataset classes that do take these kwargs (the look-alike the author meant)."""
+    table = getattr(registry, "DATASETS", None)
+    if not isinstance(table, dict):
+        return []
+    return [f"data.dataset: {name} → {_qualified(cls)}" for name, cls in table.items()
+            if cls is not wrong and bind_error(cls, kwargs) is None]
+
+
+def _resolve(ctx: PreflightContext) -> tuple[list[tuple[str, Any, dict[str, Any]]], list[str], list[str]]:
+    """(role, class or function, kwargs) triples to bind, plus FAIL lines and fixes from resolving."""
+    spec = ctx.spec
+    targets: list[tuple[str, Any, dict[str, Any]]] = []
+    fails: list[str] = []
+    fixes: list[str] = []
+    from cache import registry as data_registry
+    from trainers import registry as model_registry
+
+    try:
+        # One class serves both splits and only ``split`` differs, so binding the train kwargs covers eval.
+        targets.append(("dataset", data_registry.dataset_class(spec), data_registry.dataset_kwargs(spec, "train")))
+    except UserError as exc:
+        fails.append(f"dataset: {exc.line().removeprefix('error: ')}")
+        fixes.append(exc.hint or "fix data.dataset")
+    except Exception as exc:  # the team's module raised while importing: the FAIL is its own exception
+        fails.append(f"dataset: importing {class_label(spec.data.dataset)} raised {_raised(exc)}")
+        fixes.append("fix the module's import error; reproduce with python -c 'import <module>' from its root")
+    collate = getattr(data_registry, "collate_fn", None)
+    if callable(collate):
+        try:
+            targets.append(("collate", collate(spec), {}))
+        except UserError as exc:
+            fails.append(f"collate: {exc.line().removeprefix('error: ')}")
+    try:
+        targets.append(("model", model_registry.model_class(spec), model_registry.model_kwargs(spec)))
+    except UserError as exc:
+        fails.append(f"model: {exc.line().removeprefix('error: ')}")
+        fixes.append(exc.hint or "fix model.name")
+    except Exception as exc:
+        fails.append(f"model: importing {class_label(spec.model.name)} raised {_raised(exc)}")
+        fixes.append("fix the module's import error; reproduce with python -c 'import <module>' from its root")
+    return targets, fails, fixes
+
+
+def _raised(exc: BaseException) -> str:
+    """``file:line → ExcType: message`` of the innermost frame (the team's line, not importlib's)."""
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    last = next((f for f in reversed(frames) if "importlib" not in f.filename), frames[-1] if frames else None)
+    place = f"{_shown(Path(last.filename))}:{last.lineno} → " if last else ""
+    return f"{place}{type(exc).__name__}: {exc}"
+
+
+def _shown(path: Path) -> Path:
+    try:
+        return path.resolve().relative_to(REPO_ROOT)
+    except ValueError:
+        return path
+
+
+def check(ctx: PreflightContext) -> CheckResult:
+    try:
+        targets, fails, fixes = _resolve(ctx)
+    except ImportError as exc:
+        return CheckResult(NAME, Status.FAIL, f"cannot import the trainer's registries: {exc}", {},
+                           "fix the import error (run `python -c 'import cache.registry, trainers.registry'`)")
+    bound: list[str] = []
+    numbers: dict[str, Any] = {}
+    for role, target, kwargs in targets:
+        numbers[role] = {"class": getattr(target, "__name__", repr(target)), "where": where(target),
+                         "kwargs": sorted(kwargs)}
+        if role == "collate":
+            bound.append(f"collate {_qualified(target)}")
+            continue
+        error = bind_error(target, kwargs)
+        if error is None:
+            bound.append(f"{role} {_qualified(target)} binds {len(kwargs)} kwarg{'s' if len(kwargs) != 1 else ''} ({', '.join(sorted(kwargs))})")
+            continue
+        fails.append(f"{role}: {_qualified(target)} rejects the spec's kwargs → TypeError: {error}")
+        from cache import registry as data_registry
+
+        chosen = ctx.spec.data.dataset if role == "dataset" else ctx.spec.model.name
+        if isinstance(chosen, ClassRef):
+            hints = sibling_hints(target, kwargs)
+            fails[-1] += "".join(f"; {hint}" for hint in hints)
+            fixes.append(f"fix {target.__name__}.__init__ ({where(target)}) to take what {role} init_args give, or "
+                         f"point {'data.dataset' if role == 'dataset' else 'model.name'}.class_path at the class that does")
+            continue
+        others = _alternatives(data_registry, kwargs, target) if role == "dataset" else []
+        fixes.append(f"did you mean {' or '.join(others)}?" if others else
+                     f"add the parameter to {getattr(target, '__name__', target)}.__init__ ({where(target)}) or stop "
+                     "configuring it")
+    if fails:
+        return CheckResult(NAME, Status.FAIL, "; ".join(fails), numbers, "; ".join(dict.fromkeys(fixes)))
+    return CheckResult(NAME, Status.PASS, "kwargs bind: " + "; ".join(bound), numbers)

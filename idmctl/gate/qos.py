@@ -1,0 +1,130 @@
+"""Check ``qos``: the job fits its QoS tier — GPU cap, max wall, a preempt cycle long enough to
+stage in and reach a checkpoint (card jobs 6054/6108/6158: 1 h cycle < 2 h stage → preempted ×3),
+and a tolerable expected queue wait from recorded jobs (card job 5961: 6 days for 8 GPUs on
+core-extra, then cancelled)."""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+
+from idmctl.plan.budget import fmt_bandwidth, fmt_seconds, routed_staging_fix, staging, step_estimate
+from idmctl.plan.limits import derive
+from idmctl.core.checks import CheckResult, PreflightContext, QueueWait, Status
+from ground.units import format_bytes, format_duration
+
+NAME = "qos"
+LONG_QUEUE_WAIT_S = 86400.0
+"""Default of a profile's ``queue_wait_warn``: the card's job 5961 sat 6 days before anyone switched quota."""
+
+
+def check(ctx: PreflightContext) -> CheckResult:
+    spec, profile = ctx.spec, ctx.profile
+    res = spec.resources
+    if res.qos not in profile.qos:
+        return CheckResult(NAME, Status.FAIL, f"QoS {res.qos!r} does not exist on cluster {profile.name}",
+                           {}, f"use one of: {', '.join(profile.qos)}")
+    tier = profile.qos[res.qos]
+    gpus = res.gpus_per_node * res.nodes
+    fails: list[str] = []
+    warns: list[str] = []
+    fixes: list[str] = []
+    notes: list[str] = []
+    limits = derive(ctx)
+    time_limit = res.time_limit or f"{limits.time_limit_slurm} (derived)"
+    numbers: dict[str, object] = {"qos": res.qos, "gpus": gpus, "max_gpus": tier.max_gpus,
+                                  "time_limit_s": limits.time_limit.effective, "max_wall_s": tier.max_wall_seconds,
+                                  "checkpoint_every": int(limits.checkpoint_every.effective),
+                                  "checkpoint_work_s": limits.checkpoint_every.effective * limits.step_s}
+
+    if tier.max_gpus is not None and gpus > tier.max_gpus:
+        fails.append(f"{gpus} GPUs > {res.qos} max {tier.max_gpus}")
+        fixes.append(f"ask for ≤ {tier.max_gpus} GPUs or another QoS")
+    else:
+        notes.append(f"{gpus} GPUs ≤ max {tier.max_gpus if tier.max_gpus is not None else 'unlimited'}")
+    if limits.time_limit.effective > tier.max_wall_seconds:
+        fails.append(f"time_limit {time_limit} > {res.qos} max wall {tier.max_wall}")
+        fixes.append(f"set resources.time_limit ≤ {tier.max_wall}")
+    else:
+        notes.append(f"time_limit {time_limit} ≤ max wall {tier.max_wall}")
+
+    cycle = tier.preempt_cycle_seconds if tier.preemptible else None
+    if cycle is not None:
+        stage, estimate = staging(ctx), step_estimate(ctx)
+        every = int(limits.checkpoint_every.effective)
+        checkpoint_s = every * estimate.step_s
+        first_checkpoint = stage.seconds + checkpoint_s
+        numbers.update(preempt_cycle_s=cycle, stage_s=stage.seconds, stage_bytes=stage.bytes,
+                       checkpoint_interval_s=checkpoint_s, first_checkpoint_s=first_checkpoint)
+        stage_text = (f"stage-in {stage.copied} ÷ NAS {fmt_bandwidth(profile.storage.nas_read_bps)} = "
+                      f"{format_duration(stage.seconds)}" if stage.enabled else "no stage-in")
+        if stage.reused:
+            stage_text = f"stage-in 0 s (already staged at {spec.stage.dest} with this key)"
+        ckpt_text = (f"checkpoint every {every:,} steps{'' if spec.train.checkpoint_every else ' (derived)'} × "
+                     f"{fmt_seconds(estimate.step_s)}/step = "
+                     f"{format_duration(checkpoint_s)}")
+        # Card jobs 6054/6108/6158 staged all 12 layers; staging only the routed ones may fit the cycle.
+        routed_fix = routed_staging_fix(ctx, lambda routed: routed.seconds < cycle)
+        if routed_fix:
+            left = cycle - staging(ctx, "routed").seconds
+            routed_fix += f" < preempt cycle {format_duration(cycle)}"
+            if checkpoint_s >= left:
+                # Staging alone fitting is not a PASS: the first checkpoint must land inside the cycle too.
+                fit_every = max(1, int(left / estimate.step_s) - 1) if estimate.step_s > 0 else every
+                routed_fix += (f", and checkpoint within the {format_duration(left)} left: train.checkpoint_every ≤ "
+                               f"{fit_every:,} steps ({fit_every:,} × {fmt_seconds(estimate.step_s)}/step)")
+        if stage.enabled and stage.seconds >= cycle:
+            fails.append(f"preemptible {res.qos}: {stage_text} ≥ preempt cycle {format_duration(cycle)}: preempted "
+                         "before the first step, every attempt")
+            fixes.extend([routed_fix] if routed_fix else [])
+            fixes.append("use a non-preemptible QoS (own/extra quota) for long-staging jobs")
+        elif first_checkpoint >= cycle:
+            fails.append(f"preemptible {res.qos}: {stage_text} + {ckpt_text} = {format_duration(first_checkpoint)} ≥ "
+                         f"preempt cycle {format_duration(cycle)}: no checkpoint survives a preemption")
+            fixes.extend([routed_fix] if routed_fix else [])
+            fixes.append(f"checkpoint more often (train.checkpoint_every) or use a non-preemptible QoS")
+        else:
+            notes.append(f"{stage_text} + {ckpt_text} < preempt cycle {format_duration(cycle)}")
+
+    wait_text, wait_warn, wait_fix, wait_numbers = _queue_wait(ctx.measurements.queue_waits, res.qos, gpus,
+                                                               profile.queue_wait_warn_seconds)
+    numbers.update(wait_numbers)
+    if wait_warn:
+        warns.append(wait_text)
+        fixes.append(wait_fix)
+    else:
+        notes.append(wait_text)
+
+    if limits.checkpoint_warning:
+        warns.append(limits.checkpoint_warning)
+        fixes.append(f"set train.checkpoint_every: {int(limits.checkpoint_every.derived):,} or leave it unset to "
+                     f"derive it ({limits.checkpoint_every.arithmetic})")
+    if fails:
+        return CheckResult(NAME, Status.FAIL, "; ".join(fails + warns + notes), numbers, "; ".join(fixes))
+    if warns:
+        return CheckResult(NAME, Status.WARN, "; ".join(warns + notes), numbers, "; ".join(fixes))
+    return CheckResult(NAME, Status.PASS, f"{res.qos}: " + "; ".join(notes), numbers)
+
+
+def _queue_wait(waits: list[QueueWait], qos: str, gpus: int,
+                long_wait_s: float = LONG_QUEUE_WAIT_S) -> tuple[str, bool, str, dict[str, object]]:
+    by_qos: dict[str, list[QueueWait]] = defaultdict(list)
+    for wait in waits:
+        if wait.gpus == gpus:
+            by_qos[wait.qos].append(wait)
+    same = by_qos.get(qos, [])
+    if not same:
+        return f"no recorded {gpus}-GPU jobs on {qos} to estimate the queue wait", False, "", {"expected_wait_s": None}
+    expected = statistics.median(w.seconds for w in same)
+    cancelled = sum(w.cancelled_while_pending for w in same)
+    detail = ", ".join(f"{w.scheduler_id} {format_duration(w.seconds)}{' (cancelled while pending)' if w.cancelled_while_pending else ''}"
+                       for w in same[:5])
+    text = (f"expected queue wait {format_duration(expected)} = median of {len(same)} recorded {gpus}-GPU {qos} "
+            f"job(s): {detail}")
+    numbers = {"expected_wait_s": expected, "history_jobs": len(same), "cancelled_while_pending": cancelled}
+    if expected <= long_wait_s:
+        return text, False, "", numbers
+    others = sorted((statistics.median(w.seconds for w in rows), name) for name, rows in by_qos.items() if name != qos)
+    better = [f"{name}: median {format_duration(m)} over {len(by_qos[name])} job(s)" for m, name in others if m < expected]
+    fix = ("consider " + "; ".join(better)) if better else "switch quota (e.g. own QoS) or ask for fewer GPUs"
+    return f"long: {text} > {format_duration(long_wait_s)} (cluster queue_wait_warn)", True, fix, numbers

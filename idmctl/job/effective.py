@@ -1,0 +1,227 @@
+"""The effective job: the spec, the command-line flags and the active node exclusions, as one object.
+
+``submit`` and ``preflight`` both build it, so the checks judge exactly what would be sent. The flags
+that change resources (``--qos``, ``--time``, ``--mem``, ``-c``, ``--gres``) are written into a copy
+of the spec's ``resources``: every check, and the trainer (its ``spec.json``), sees the job as it runs.
+Scheduling-only flags (``-J``, ``--exclude``, ``--retries``) and ``--entry`` live in the options.
+
+The spec's own hash (``declared``) still keys the preflight gate; the smoke's measurement is keyed
+on what it measured too, so the flags that change that (:data:`SMOKE_FLAGS`) are part of the key.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from ground.errors import UserError
+from ground.spec.loader import ResolvedSpec
+from ground.spec.schema import ExperimentSpec
+from idmctl.job.render import DEFAULT_ENTRY, JobOptions
+from idmctl.core.profile import ClusterProfile
+
+SPEC_FLAGS: dict[str, str] = {"--qos": "qos", "--time": "time_limit", "--mem": "mem", "-c": "cpus",
+                              "--gres": "gpus_per_node"}
+"""Flag → the ``resources`` field it overrides in the effective spec."""
+SMOKE_FLAGS = ("--gres", "--entry", "--build")
+"""Flags that change what the smoke measured, so a preflight with the same flags must have passed:
+``--gres`` changes the device and the world size (grad accumulation, DDP), ``--entry`` the code that
+runs, ``--build`` makes it a cache build (the build preflight's 1-file encode). The others (--qos,
+--time, --mem, -c, --exclude, -J, --retries) change only what the static checks judge, and those run
+again on the effective job at every submit."""
+
+
+def _option_value(options: JobOptions, resource_field: str) -> Any:
+    return {"qos": options.qos, "time_limit": options.time_limit, "mem": options.mem, "cpus": options.cpus_per_node,
+            "gpus_per_node": options.gpus_per_node}[resource_field]
+
+
+def apply_flags(declared: ResolvedSpec, options: JobOptions, flags: list[str]) -> ResolvedSpec:
+    """``declared`` with the ``resources`` fields of ``flags`` replaced by the options' values, re-validated
+    (so a world size that no longer divides ``train.effective_batch`` is refused where it comes from)."""
+    changed = {SPEC_FLAGS[flag]: _option_value(options, SPEC_FLAGS[flag]) for flag in flags if flag in SPEC_FLAGS}
+    if not changed:
+        return declared
+    canonical = declared.canonical
+    data = {**canonical, "resources": {**canonical["resources"], **changed}}
+    try:
+        spec = ExperimentSpec.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        message = str(first.get("ctx", {}).get("error") or first["msg"]).removeprefix("Value error, ")
+        shown = " ".join(f"{flag} {'gpu:' if flag == '--gres' else ''}{changed[SPEC_FLAGS[flag]]}"
+                         for flag in flags if flag in SPEC_FLAGS)
+        raise UserError(f"the spec with {shown} is invalid: {message}", file="command line",
+                        field=",".join(f for f in flags if f in SPEC_FLAGS), hint="pick values the spec allows") from exc
+    return ResolvedSpec(name=declared.name, path=declared.path, spec=spec, chain=declared.chain)
+
+
+@dataclass(frozen=True)
+class EffectiveJob:
+    """What one submission would run: spec + flags + node exclusions."""
+
+    declared: ResolvedSpec
+    """The spec as written; its hash keys the preflight gate and the job rows."""
+    resolved: ResolvedSpec
+    """The spec with the resource flags applied: what the checks judge and the trainer reads."""
+    options: JobOptions
+    """Everything the batch script asks for (exclusions merged)."""
+    flags: dict[str, Any]
+    """The flags given (non-None), as typed."""
+    profile: ClusterProfile
+    profile_hash: str
+    exclusions: list[str] = field(default_factory=list)
+    """Active node exclusions merged into ``options.exclude``."""
+
+    @property
+    def changed_flags(self) -> list[str]:
+        """Flags whose value differs from what the spec says (a flag repeating the spec changes nothing)."""
+        res = self.declared.spec.resources
+        out = [flag for flag, name in SPEC_FLAGS.items()
+               if flag in self.flags and _option_value(self.options, name) != getattr(res, name)]
+        if self.options.entry != DEFAULT_ENTRY and not self.options.build:
+            out.append("--entry")
+        if self.options.build:
+            out.append("--build")
+        return out
+
+    @property
+    def smoke_flags(self) -> dict[str, str]:
+        """The flags in the gate's key: those of :data:`SMOKE_FLAGS` that change the job, normalised."""
+        changed = self.changed_flags
+        out: dict[str, str] = {}
+        if "--gres" in changed:
+            out["--gres"] = f"gpu:{self.options.gpus_per_node}"
+        if "--entry" in changed:
+            out["--entry"] = self.options.entry
+        if self.options.build:
+            out["--build"] = self.options.build
+        return out
+
+    def shown(self, flag: str) -> str:
+        """``--qos sub``: a flag as the user typed it."""
+        value = self.flags.get(flag)
+        if isinstance(value, list):
+            value = ",".join(value)
+        return f"{flag} {value}"
+
+    def record(self) -> dict[str, Any]:
+        """What the job row keeps about how it was built."""
+        return {"flags": {flag: self.flags[flag] for flag in self.flags}, "changed": self.changed_flags,
+                "smoke_flags": self.smoke_flags, "exclusions": self.exclusions,
+                "spec_hash": self.declared.hash, "effective_spec_hash": self.resolved.hash}
+
+
+INTERPRETERS = ("bash", "sh", "python", "python3")
+"""Programs whose first argument is the script that must exist (``bash scripts/run.sh``)."""
+
+
+def check_entry_exists(entry: str, declared: ResolvedSpec, from_flag: bool) -> None:
+    """The entry the job would start can be started: a module that imports from the code roots, or a
+    program on PATH (or in the first root) and, for an interpreter, its script. Bad input, exit 2."""
+    import importlib.util
+    import shutil
+
+    from ground.class_path import code_roots, ensure_importable, inside
+    from idmctl.job.render import entry_words
+
+    where, field_name = ("command line", "--entry") if from_flag else (str(declared.path), "code.entry")
+    roots = code_roots(declared.spec)
+    words = entry_words(entry)
+    if words is None:
+        ensure_importable(roots)
+        try:
+            found = importlib.util.find_spec(entry)
+        except (ImportError, ValueError):
+            found = None
+        if found is None or found.origin is None or not inside(Path(found.origin), roots):
+            raise UserError(f"module {entry!r} does not import from the code roots ({', '.join(map(str, roots))})",
+                            file=where, field=field_name, hint="check the name, or add its repository to code.roots")
+        return
+    cwd = roots[1] if len(roots) > 1 else roots[0]
+    program = words[0]
+    if "/" in program:
+        path = cwd / program
+        if not (path.is_file() and os.access(path, os.X_OK)):
+            raise UserError(f"{program!r} is not an executable file in {cwd}", file=where, field=field_name,
+                            hint=f"chmod +x it, or start it with its interpreter (bash {program})")
+    elif shutil.which(program) is None:
+        raise UserError(f"{program!r} is not on PATH", file=where, field=field_name, hint="install it or give its path")
+    if program in INTERPRETERS and len(words) > 1 and not words[1].startswith("-") and not (cwd / words[1]).is_file():
+        raise UserError(f"{words[1]!r} does not exist in {cwd} (a command-line entry runs from the first code root)",
+                        file=where, field=field_name, hint="give the script's path relative to that root")
+
+
+def active_exclusions() -> list[str]:
+    """Nodes excluded by ``sync`` (node failures) whose exclusion has not expired."""
+    from datetime import datetime, timezone
+
+    from ground.paths import db_path
+    from idmctl.record.fast import connect, from_db_time, rows
+
+    if not db_path().exists():  # no store, no exclusions; and a dry run or a refused submit creates none
+        return []
+    now = datetime.now(timezone.utc)
+    with connect() as fast:
+        if fast is not None:  # the store is at head: no ORM import on the submit path
+            found = rows(fast, "SELECT node, until FROM node_exclusion")
+            return sorted({row.node for row in found if (from_db_time(row.until) or now) > now})
+    from sqlmodel import select
+
+    from idmctl.record.db import session
+    from idmctl.record.models import NodeExclusion
+
+    with session() as db:
+        rows = db.exec(select(NodeExclusion)).all()
+    return sorted({row.node for row in rows if (row.until if row.until.tzinfo else row.until.replace(tzinfo=timezone.utc)) > now})
+
+
+def build(experiment: str, flags: dict[str, Any], cluster: str | None, version: str | None = None) -> EffectiveJob:
+    """Load the spec and the profile, resolve the flags, merge active exclusions: the effective job.
+    Bad flag values are UserErrors naming the flag (exit 2). ``version``: the code version, when the
+    caller has it already (else the limits derivation asks git)."""
+    from ground.spec.loader import load_spec
+    from idmctl.job.render import resolve_options, with_exclusions
+    from idmctl.core.profile import load_profile
+
+    declared = load_spec(experiment)
+    profile, profile_hash = load_profile(cluster)
+    given = {flag: value for flag, value in flags.items() if value is not None}
+    options = resolve_options(declared, given)
+    if "--qos" in given:  # a typo on the command line is bad input; the spec's own QoS is the checks' to judge
+        profile.tier(options.qos, file="command line", field="--qos")
+    if options.hold and profile.scheduler != "slurm":
+        raise UserError(f"--hold needs a Slurm cluster; {profile.name} runs jobs at once", file="command line",
+                        field="--hold", hint="drop --hold, or submit with --cluster naming a Slurm profile")
+    if not options.build and options.entry != DEFAULT_ENTRY:
+        check_entry_exists(options.entry, declared, from_flag="--entry" in given)
+    exclusions = active_exclusions()
+    options = with_exclusions(options, exclusions)
+    # What the spec and flags leave open (time limit, checkpoint interval, signal lead) is derived from
+    # measurement; the effective spec then carries the derived time limit, so the checks judge it.
+    from idmctl.plan.limits import job_limits
+
+    if options.build:
+        # A build has no steps or checkpoints to derive limits from: its time limit is the spec's or --time's,
+        # judged by the build preflight's estimate (build_smoke).
+        if options.time_limit is None:
+            raise UserError("a build job needs a time limit", file=str(declared.path), field="resources.time_limit",
+                            hint="pass --time (the build preflight's build_smoke row estimates the wall clock)")
+    else:
+        options = job_limits(declared, profile, options, version)
+    options = replace(options, hang_k=profile.hang.k, hang_floor_s=profile.hang.floor_seconds,
+                      hang_poll_s=profile.hang.poll_seconds)
+    flagged = [flag for flag in given if flag in SPEC_FLAGS]
+    if declared.spec.resources.time_limit is None and "--time" not in flagged:
+        flagged.append("--time")
+    resolved = apply_flags(declared, options, flagged)
+    return EffectiveJob(declared, resolved, options, given, profile, profile_hash, exclusions)
+
+
+def flags_text(flags: dict[str, str]) -> str:
+    """`` --gres gpu:2 --entry x``: the smoke flags as they go on a command line (empty when none)."""
+    return "".join(f" {flag} {value}" for flag, value in sorted(flags.items()))

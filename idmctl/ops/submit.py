@@ -1,0 +1,458 @@
+"""Submit: spec + flags → effective job → submit-time checks + gate (passing preflight) → chain + job rows →
+rendered script → scheduler.
+
+A chain is one logical run: its attempts (resubmissions after preemption, node failure, time limit)
+share one run directory, ``$IDMCTL_HOME/runs/<experiment>/<chain_id>``, holding ``spec.json`` (what
+the trainer reads) and the checkpoints it resumes from, and so one MLflow run.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import socket
+from dataclasses import dataclass, replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ground import contract
+from ground.code_snapshot import SnapshotError
+from ground.contract import SPEC_FILE
+from ground.errors import CheckFailed, UserError
+from idmctl.ops.executors import executor_for
+from idmctl.job.code import JobCode, freeze, planned, require_present, tree_for
+from idmctl.job.effective import EffectiveJob, active_exclusions, build as build_effective
+from idmctl.job.render import JobOptions, RenderContext, render_script, with_exclusions
+from idmctl.ops.verdict import SchedulerRefused, Verdict, require_acceptance, verdict_if_askable
+from ground.paths import atomic_write_text, home
+from ground.spec.loader import ResolvedSpec, load_spec
+
+from ground.run_dir import write_run_spec  # torch-free: {"name", "hash", "spec"}
+
+if TYPE_CHECKING:
+    from idmctl.gate.admission import Admission
+    from idmctl.record.models import Chain, Job, PreflightRun
+
+DRY_RUN_CHAIN_ID = 0
+
+
+@dataclass
+class Submitted:
+    job: "Job"
+    """The job row as stored (an ORM object, or the same columns as attributes on the fast path)."""
+    chain: "Chain"
+    script: str
+
+
+def runs_dir(experiment: str, chain_id: int) -> Path:
+    return home() / "runs" / experiment / str(chain_id)
+
+
+class Refused(CheckFailed):
+    """A submit-time check FAILed on the effective job: nothing was written or sent."""
+
+    def __init__(self, job: EffectiveJob, admission: Admission) -> None:
+        self.job, self.admission = job, admission
+        named = "; ".join(f"{r.name}: {r.summary}" for r in admission.results if r.status.value == "FAIL")
+        super().__init__(f"submit refused: {', '.join(admission.failed)} FAIL on the job as submitted — {named}")
+
+
+def require_preflight(job: EffectiveJob) -> "PreflightRun":
+    """The gate: a passing preflight for exactly (spec hash, code version, profile hash, smoke flags)."""
+    from idmctl.record.preflights import require_pass
+
+    return require_pass(job.declared, job.profile, job.profile_hash, job.smoke_flags)
+
+
+def prepare(experiment: str, overrides: dict[str, Any], cluster: str | None,
+            version: str | None = None) -> EffectiveJob:
+    """The effective job, rendered once: bad input fails here, before anything is written."""
+    job = build_effective(experiment, overrides, cluster, version)
+    render_script(job.resolved, job.options, _context(job.resolved, DRY_RUN_CHAIN_ID, 1, job.profile.scheduler, {}))
+    return job
+
+
+def admit(job: EffectiveJob, force_reason: str | None, version: str) -> Admission:
+    """Gate + submit-time checks. Checks first: a FAIL on the job as submitted is the more specific
+    answer (and names its flag) than "no preflight for these flags"."""
+    from idmctl.record.preflights import latest_passing
+
+    passing = latest_passing(job.declared, job.profile_hash, job.smoke_flags, version)
+    # Without a pass (and no --force) submit refuses anyway: the flags' FAILs are still named, but a
+    # check nothing remembers for this code is SKIPped rather than importing torch to refuse slowly.
+    admission = _judge(job, passing, version, memo_only=passing is None and force_reason is None)
+    if admission.failed and force_reason is None:
+        raise Refused(job, admission)
+    if force_reason is None and passing is None:
+        require_preflight(job)  # raises, saying why there is no pass (the ORM path: only on refusal)
+    return admission
+
+
+def _judge(job: EffectiveJob, passing: "PreflightRun | None", version: str, memo_only: bool = False) -> Admission:
+    """The submit-time checks: the build preflight's for ``--build``, the training preflight's otherwise."""
+    if job.options.build:
+        from cache.build_plan import check_mode
+        from idmctl.gate.build import judge as judge_build
+
+        check_mode(job.resolved, job.options.build)  # a spec that cannot build this mode is bad input (exit 2)
+        return judge_build(job, passing)
+    from idmctl.gate.admission import judge
+
+    return judge(job, passing, version, memo_only=memo_only)
+
+
+def _context(resolved: ResolvedSpec, chain_id: int, attempt: int, executor: str, extra_env: dict[str, str],
+             admitted: dict[str, Any] | None = None, code: JobCode | None = None) -> RenderContext:
+    """``code``: the snapshot the attempt runs from (None only for jobs submitted before snapshots existed,
+    whose resubmissions keep running the live tree as they always did)."""
+    run_dir = runs_dir(resolved.name, chain_id)
+    log_name = f"slurm-%j.out" if executor == "slurm" else "local-%j.out"
+    where = {"repo_root": Path(code.directory), "extra_env": {**code.env(), **extra_env}} if code else {"extra_env": extra_env}
+    return RenderContext(run_dir=run_dir, chain_id=chain_id, attempt=attempt, idmctl_home=home(),
+                         log_path=str(run_dir / log_name), stage_bytes=admitted_stage_bytes(admitted), **where)
+
+
+def admitted_stage_bytes(admitted: dict[str, Any] | None) -> int | None:
+    """The stage-in bytes the disk check computed on the job as admitted (the node guard's scratch need)."""
+    checks = ((admitted or {}).get("admission") or {}).get("checks") or []
+    numbers = next((c.get("numbers") or {} for c in checks if c.get("name") == "disk"), {})
+    value = numbers.get("stage_bytes")
+    return int(value) if isinstance(value, (int, float)) else None
+
+
+@dataclass
+class DryRun:
+    script: str
+    job: EffectiveJob
+    admission: Admission
+    verdict: Verdict
+    """What the scheduler says about ``script`` (``sbatch --test-only``): submit asks the same."""
+
+
+def dry_run(experiment: str, overrides: dict[str, Any], cluster: str | None) -> DryRun:
+    """The exact script a submit would send (chain id 0 stands in for the one submit would create), and
+    the verdicts submit would reach on it. Never raises on a FAIL: showing it is the point."""
+    from idmctl.record.preflights import latest_passing
+
+    snapshot = tree_for(load_spec(experiment).spec)
+    version = snapshot.version
+    job = prepare(experiment, overrides, cluster, version)
+    admission = _judge(job, latest_passing(job.declared, job.profile_hash, job.smoke_flags, version), version)
+    script = render_script(job.resolved, job.options, _context(job.resolved, DRY_RUN_CHAIN_ID, 1, job.profile.scheduler, {},
+                                                               {"admission": admission.as_dict()},
+                                                               planned(snapshot, job.profile, job.declared.spec)))
+    return DryRun(script, job, admission, verdict_if_askable(job.profile.scheduler, script))
+
+
+def submit(experiment: str, overrides: dict[str, Any], cluster: str | None,
+           force_reason: str | None = None) -> Submitted:
+    # The tree is read once: its digest is the gate's key, and the snapshot the job runs is made from the
+    # very listing that was hashed (a file edited after this point fails the snapshot, not the job).
+    snapshot = tree_for(load_spec(experiment).spec)
+    version = snapshot.version
+    job = prepare(experiment, overrides, cluster, version)
+    admission = admit(job, force_reason, version)
+    ask_scheduler(job)
+    forced = None
+    if force_reason is not None:
+        forced = f"{getpass.getuser()}@{socket.gethostname()} at {datetime.now(timezone.utc).isoformat(timespec='seconds')}: {force_reason}"
+    code = freeze(snapshot, job.profile, job.declared.spec)
+    chain_id = _new_chain(job)
+    admitted = {"job": job.record(), "admission": admission.as_dict(), "cluster": _profile_source(cluster)}
+    return _submit_attempt(job.resolved, job.profile.scheduler, job.options, chain_id, 1, admission.preflight_id, forced,
+                           {}, spec_hash=job.declared.hash, admitted=admitted, code=code)
+
+
+def ask_scheduler(job: EffectiveJob) -> Verdict:
+    """The scheduler's verdict before any row, snapshot or run directory exists (raises
+    ``SchedulerRefused``). The dry-run script has the real one's #SBATCH header (only the run
+    directory's chain id differs), so the scheduler's answer on it is its answer on the job."""
+    return require_acceptance(job.profile.scheduler, render_script(
+        job.resolved, job.options, _context(job.resolved, DRY_RUN_CHAIN_ID, 1, job.profile.scheduler, {})))
+
+
+CODE_CHOICES = ("chain", "current")
+"""``submit --resume CHAIN --code``: the chain's own snapshot (default), or the tree as it is now."""
+
+
+def resume(experiment: str, chain_id: int, overrides: dict[str, Any], cluster: str | None, code_choice: str = "chain",
+           force_reason: str | None = None) -> Submitted:
+    """A new attempt of an ended chain: its run directory (so the trainer resumes from its checkpoints) and
+    its MLflow run. It runs the chain's snapshot unless ``code_choice`` is ``current``, which moves the chain
+    to the tree as it is now; either way the gate needs a passing preflight of the code that will run."""
+    from idmctl.record.db import session
+    from idmctl.record.models import Chain, Job
+    from sqlmodel import select
+
+    if code_choice not in CODE_CHOICES:
+        raise UserError(f"unknown --code {code_choice!r}", file="command line", field="--code",
+                        hint="chain (the chain's snapshot) or current (the tree as it is now)")
+    with session() as db:
+        chain = db.get(Chain, chain_id)
+        attempts = list(db.exec(select(Job).where(Job.chain_id == chain_id).order_by(Job.attempt)).all()) if chain else []
+        if chain is None or not attempts:
+            raise UserError(f"no chain {chain_id}", file="command line", field="--resume", hint="see `idmctl jobs`")
+        from idmctl.core.executor import is_final
+
+        running = [a for a in attempts if a.scheduler_id and not is_final(a.state)]
+        if running:
+            raise UserError(f"chain {chain_id} is still running (job {running[-1].id}, {running[-1].state})",
+                            file="command line", field="--resume", hint="wait for it to end, or `idmctl cancel` it")
+        last = attempts[-1]
+        stored, spec_hash, experiment_of = json.loads(last.options_json or "{}"), chain.spec_hash, chain.experiment
+        last_attempt = max(a.attempt for a in attempts)
+    if code_choice == "chain":
+        code = JobCode.from_record(stored)
+        if code is None:
+            raise UserError(f"chain {chain_id} ran the live tree (submitted before code snapshots)", file="command line",
+                            field="--code", hint="resume it with --code current")
+        try:
+            require_present(code)
+        except SnapshotError as exc:
+            raise UserError(str(exc), file="command line", field="--code", hint="resume with --code current") from exc
+        snapshot, version = None, code.version
+    else:
+        snapshot = tree_for(load_spec(experiment).spec)
+        version = snapshot.version
+    job = prepare(experiment, overrides, cluster, version)
+    if (job.declared.name, job.declared.hash) != (experiment_of, spec_hash):
+        raise UserError(f"chain {chain_id} runs {experiment_of} at spec {spec_hash[:12]}, not {job.declared.name} at "
+                        f"{job.declared.hash[:12]}", file="command line", field="--resume",
+                        hint="a changed spec is a new chain: submit it without --resume")
+    admission = admit(job, force_reason, version)
+    ask_scheduler(job)
+    if snapshot is not None:
+        code = freeze(snapshot, job.profile, job.declared.spec)
+    forced = None
+    if force_reason is not None:
+        forced = f"{getpass.getuser()}@{socket.gethostname()} at {datetime.now(timezone.utc).isoformat(timespec='seconds')}: {force_reason}"
+    _update_chain(chain_id, {"status": "ACTIVE"})
+    admitted = {"job": job.record(), "admission": admission.as_dict(), "cluster": _profile_source(cluster),
+                "resumed_with": code_choice}
+    return _submit_attempt(job.resolved, job.profile.scheduler, job.options, chain_id, last_attempt + 1,
+                           admission.preflight_id, forced, {contract.ENV_RETRY_REASON: f"resumed by hand (--code {code_choice})"},
+                           spec_hash=job.declared.hash, admitted=admitted, code=code)
+
+
+def _update_chain(chain_id: int, values: dict[str, Any]) -> None:
+    from idmctl.record.db import session
+    from idmctl.record.models import Chain
+
+    with session() as db:
+        chain = db.get(Chain, chain_id)
+        if chain is not None:
+            for key, value in values.items():
+                setattr(chain, key, value)
+            db.add(chain)
+
+
+def _profile_source(cluster: str | None) -> str:
+    """The profile file a chain was admitted under: its resubmissions are judged against the same one."""
+    from idmctl.core.profile import profile_path
+
+    return str(profile_path(cluster))
+
+
+def _submit_attempt(resolved: ResolvedSpec, scheduler: str, options: JobOptions, chain_id: int, attempt: int,
+                    preflight_id: int | None, forced: str | None, extra_env: dict[str, str], *,
+                    spec_hash: str, admitted: dict[str, Any] | None, code: JobCode | None) -> Submitted:
+    """``resolved`` is the effective spec (what the trainer reads); ``spec_hash`` the spec's own hash (the
+    gate's key, kept on the rows); ``admitted`` the effective job and the checks it passed; ``code`` the
+    chain's snapshot."""
+    version = code.version if code else contract.code_version()
+    if not code:
+        extra_env = {contract.ENV_CODE_VERSION: version, **extra_env}
+    ctx = _context(resolved, chain_id, attempt, scheduler, extra_env, admitted, code)
+    script = render_script(resolved, options, ctx)
+    write_run_spec(ctx.run_dir, resolved)
+    script_path = ctx.run_dir / f"attempt-{attempt}.sbatch"
+    atomic_write_text(script_path, script)
+    executor = executor_for(scheduler)
+    recorded = {**options.as_dict(), "rollback": bool(extra_env.get(contract.ENV_ROLLBACK)),
+                **({"admitted": admitted} if admitted else {}), **({"code": code.as_dict()} if code else {})}
+    job_id = _insert_job(dict(chain_id=chain_id, attempt=attempt, experiment=resolved.name, spec_hash=spec_hash,
+                              code_version=version, preflight_id=preflight_id, executor=executor.name,
+                              state="SUBMITTING", qos=options.qos, gpus=options.gpus_per_node * options.nodes,
+                              routing_n=resolved.spec.data.routing_n, script_path=str(script_path),
+                              options_json=json.dumps(recorded), forced_reason=forced))
+    try:
+        scheduler_id = executor.submit(script_path, ctx.log_path)
+    except CheckFailed as exc:
+        _update(job_id, {"state": "SUBMIT_FAILED", "reason": str(exc)[:500]}, chain_id, {"status": "FAILED"})
+        raise
+    row, chain = _update(job_id, {"scheduler_id": scheduler_id, "state": "PENDING",
+                                  "log_path": ctx.log_path.replace("%j", scheduler_id),
+                                  "submitted_at": datetime.now(timezone.utc)}, chain_id, {})
+    return Submitted(job=row, chain=chain, script=script)
+
+
+# -- rows: plain sqlite3 when the store is at head (no ORM import on the submit path), else the ORM ----------
+
+def _new_chain(job: EffectiveJob) -> int:
+    """Register the spec version (idempotent) and open the chain; returns its id."""
+    from idmctl.record.fast import connect, db_time, insert
+
+    declared = job.declared
+    with connect() as db:
+        if db is not None:
+            db.execute("INSERT OR IGNORE INTO spec_version (hash, experiment, source_path, resolved_json, registered_at) "
+                       "VALUES (?, ?, ?, ?, ?)", (declared.hash, declared.name, str(declared.path),
+                                                   declared.canonical_json, db_time()))
+            return insert(db, "chain", {"experiment": declared.name, "spec_hash": declared.hash, "mlflow_run_id": None,
+                                        "retries_budget": job.options.retries, "retries_used": 0, "status": "ACTIVE",
+                                        "created_at": db_time()})
+    from idmctl.record.specs import register_specs
+    from idmctl.record.db import session
+    from idmctl.record.models import Chain
+
+    register_specs([declared])
+    with session() as orm:
+        chain = Chain(experiment=declared.name, spec_hash=declared.hash, retries_budget=job.options.retries)
+        orm.add(chain)
+        orm.flush()
+        return int(chain.id or 0)
+
+
+def _insert_job(values: dict[str, Any]) -> int:
+    from idmctl.record.fast import connect, db_time, insert
+
+    with connect() as db:
+        if db is not None:
+            now = db_time()
+            return insert(db, "job", {"restarts": 0, "imported": 0, "created_at": now, "updated_at": now, **values})
+    from idmctl.record.db import session
+    from idmctl.record.models import Job
+
+    with session() as orm:
+        job = Job(**values)
+        orm.add(job)
+        orm.flush()
+        return int(job.id or 0)
+
+
+def _update(job_id: int, job_values: dict[str, Any], chain_id: int, chain_values: dict[str, Any]) -> tuple[Any, Any]:
+    """Update the job (and chain) rows; returns both as read back (ORM objects or attribute rows)."""
+    from idmctl.record.fast import connect, db_time, rows, update
+
+    with connect() as db:
+        if db is not None:
+            stored = {k: db_time(v) if isinstance(v, datetime) else v for k, v in job_values.items()}
+            update(db, "job", job_id, stored)
+            if chain_values:
+                update(db, "chain", chain_id, chain_values)
+            (job,) = rows(db, "SELECT * FROM job WHERE id = ?", (job_id,))
+            (chain,) = rows(db, "SELECT * FROM chain WHERE id = ?", (chain_id,))
+            return job, chain
+    from idmctl.record.db import session
+    from idmctl.record.models import Chain, Job
+
+    with session() as orm:
+        job, chain = orm.get(Job, job_id), orm.get(Chain, chain_id)
+        for target, values in ((job, job_values), (chain, chain_values)):
+            if target is not None:
+                for key, value in values.items():
+                    setattr(target, key, value)
+                orm.add(target)
+    return job, chain
+
+
+class ResubmitRefused(CheckFailed):
+    """A resubmission the checks would now refuse (or whose snapshot is gone): the chain stops, and the
+    refused attempt is recorded (state SUBMIT_FAILED) with the verdict as its reason."""
+
+
+def resubmit(job_id: int, extra_env: dict[str, str], reason: str, spends_retry: bool = True) -> "Job":
+    """A new attempt of the job's chain: the same options plus the current node exclusions, the chain's
+    code snapshot, and admitted like a submission (every static check on the new effective job; the smoke's
+    stored measurement re-judged, not rerun: the snapshot and its smoke flags are the ones it measured).
+    ``spends_retry`` False where it stands in for a requeue the cluster would not do."""
+    from idmctl.record.db import session
+    from idmctl.record.models import Chain, Job, PreflightRun
+
+    with session() as db:
+        old = db.get(Job, job_id)
+        if old is None or old.chain_id is None:
+            raise UserError(f"no job {job_id}", field="JOB")
+        chain = db.get(Chain, old.chain_id)
+        assert chain is not None
+        if spends_retry:
+            chain.retries_used += 1
+            db.add(chain)
+        spec_json = json.loads(Path(old.script_path or "").with_name(SPEC_FILE).read_text())
+        preflight = db.get(PreflightRun, old.preflight_id) if old.preflight_id else None
+        if preflight is not None:
+            db.expunge(preflight)
+        old_values = {"chain_id": old.chain_id, "attempt": old.attempt, "preflight_id": old.preflight_id,
+                      "forced": old.forced_reason, "spec_hash": old.spec_hash, "executor": old.executor,
+                      "code_version": old.code_version, "options_json": old.options_json,
+                      "script_path": old.script_path}
+    stored = json.loads(old_values["options_json"])
+    options_data = {k: v for k, v in stored.items() if k in JobOptions.__dataclass_fields__}
+    options = with_exclusions(replace(JobOptions(**options_data), hold=False), active_exclusions())
+    resolved = _resolved_from_run(spec_json, old_values["script_path"])
+    scheduler = "slurm" if old_values["executor"] == "slurm" else "local"
+    first = stored.get("admitted") or {}
+    code = JobCode.from_record(stored)
+    env = {**extra_env, contract.ENV_RETRY_REASON: reason}
+    attempt = old_values["attempt"] + 1
+    try:
+        if code is not None:
+            require_present(code)
+        admission = _readmit(resolved, options, first, preflight, code.version if code else old_values["code_version"])
+    except (SnapshotError, UserError) as exc:
+        _refuse(old_values, resolved, options, attempt, f"resubmission refused: {exc}", first, code)
+        raise ResubmitRefused(f"resubmission refused: {exc}") from exc
+    admitted = {**first, "admission": admission.as_dict(), "resubmission_of": job_id}
+    if admission.failed and not old_values["forced"]:
+        named = "; ".join(f"{r.name}: {r.summary}" for r in admission.results if r.status.value == "FAIL")
+        why = f"resubmission refused: {', '.join(admission.failed)} FAIL on the job as it would be resubmitted — {named}"
+        _refuse(old_values, resolved, options, attempt, why, admitted, code)
+        raise ResubmitRefused(why)
+    try:  # the scheduler's own verdict on the attempt as it would be sent (its new exclusions included)
+        require_acceptance(scheduler, render_script(resolved, options, _context(
+            resolved, old_values["chain_id"], attempt, scheduler, env, admitted, code)))
+    except SchedulerRefused as exc:
+        why = f"resubmission refused by the scheduler: {exc}"
+        _refuse(old_values, resolved, options, attempt, why, admitted, code)
+        raise ResubmitRefused(why) from exc
+    submitted = _submit_attempt(resolved, scheduler, options, old_values["chain_id"], attempt,
+                                old_values["preflight_id"], old_values["forced"], env,
+                                spec_hash=old_values["spec_hash"] or resolved.hash, admitted=admitted, code=code)
+    return submitted.job
+
+
+def _readmit(resolved: ResolvedSpec, options: JobOptions, first: dict[str, Any], preflight: "PreflightRun | None",
+             version: str | None) -> "Admission":
+    """The submit-time checks on the attempt about to be sent, against the profile the chain was admitted
+    under (as it reads now). Introspection and the cache inspection come from the memo of this code or are
+    SKIPped: no flag changes them, and importing the live tree here would judge other code."""
+    from idmctl.job.effective import EffectiveJob
+    from idmctl.gate.admission import judge
+    from idmctl.core.profile import load_profile
+
+    profile, profile_hash = load_profile(first.get("cluster"))
+    flags = (first.get("job") or {}).get("flags") or {}
+    job = EffectiveJob(resolved, resolved, options, flags, profile, profile_hash, list(options.exclude))
+    return judge(job, preflight, version, memo_only=True)
+
+
+def _refuse(old: dict[str, Any], resolved: ResolvedSpec, options: JobOptions, attempt: int, why: str,
+            admitted: dict[str, Any] | None, code: JobCode | None) -> None:
+    """The attempt that was not sent, as a row: ``idmctl jobs show`` names the verdict."""
+    recorded = {**options.as_dict(), **({"admitted": admitted} if admitted else {}), **({"code": code.as_dict()} if code else {})}
+    job_id = _insert_job(dict(chain_id=old["chain_id"], attempt=attempt, experiment=resolved.name,
+                              spec_hash=old["spec_hash"] or resolved.hash, code_version=code.version if code else old["code_version"],
+                              preflight_id=old["preflight_id"], executor=old["executor"], state="SUBMIT_FAILED",
+                              qos=options.qos, gpus=options.gpus_per_node * options.nodes,
+                              routing_n=resolved.spec.data.routing_n, script_path=None,
+                              options_json=json.dumps(recorded), forced_reason=old["forced"], reason=why[:500]))
+    _update(job_id, {"state": "SUBMIT_FAILED"}, old["chain_id"], {"status": "FAILED"})
+
+
+def _resolved_from_run(spec_json: dict[str, Any], script_path: str | None) -> ResolvedSpec:
+    """The exact spec the chain started with (the YAML may have changed since)."""
+    from ground.spec.schema import ExperimentSpec
+
+    spec = ExperimentSpec.model_validate(spec_json["spec"])
+    return ResolvedSpec(name=spec_json["name"], path=Path(script_path or "").with_name(SPEC_FILE), spec=spec)

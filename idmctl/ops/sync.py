@@ -1,0 +1,311 @@
+"""Bring every unfinished job's record up to date with one scheduler status call per executor.
+
+Job.state, reason, exit_code, node_list and restarts are stored exactly as the scheduler reports
+them (sacct's words, e.g. ``CANCELLED by 0``); the failure classifier builds on them. A job that
+reaches a final state is handed to the retry policy, which may resubmit into the same chain.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+from sqlmodel import Session, select
+
+from idmctl.ops.executors import executor_for
+from idmctl.core.executor import UNCONFIRMED, JobStatus, is_final
+from idmctl.ops.listing import aware as _aware, queue_wait_seconds  # noqa: F401  (re-exported; one home)
+from idmctl.record.db import session
+from idmctl.record.models import Chain, Job, NodeExclusion
+from ground.contract import MLFLOW_RUN_ID_FILE
+
+LOG_TAIL_LINES = 40
+LOG_TAIL_BYTES = 8192
+
+
+@dataclass
+class SyncReport:
+    checked: int = 0
+    changed: list[int] = field(default_factory=list)
+    finished: list[int] = field(default_factory=list)
+    resubmitted: list[tuple[int, int]] = field(default_factory=list)
+    """(old job id, new job id)."""
+    stopped: list[tuple[int, str]] = field(default_factory=list)
+    """(job id, why the chain stopped)."""
+    hung: list[int] = field(default_factory=list)
+    """Running jobs whose heartbeat is silent past the hang threshold (classified ``hang`` now)."""
+    unconfirmed: list[int] = field(default_factory=list)
+    """Jobs squeue shows ended that sacct has not recorded yet (asked again next sync)."""
+
+
+def log_tail(path: str | None) -> str | None:
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, 2)
+            size = handle.tell()
+            handle.seek(max(0, size - LOG_TAIL_BYTES))
+            data = handle.read().decode("utf-8", errors="replace")
+    except OSError:
+        return None
+    return "\n".join(data.splitlines()[-LOG_TAIL_LINES:])
+
+
+def _apply(job: Job, status: JobStatus) -> bool:
+    before = (job.state, job.reason, job.exit_code, job.started_at, job.ended_at, job.node_list, job.restarts)
+    if not status.confirmed:
+        _apply_live(job, status)
+    else:
+        job.state = status.state
+        job.reason = status.reason
+        # An exit code sacct once reported is kept when a later answer has none (a run that has not ended).
+        job.exit_code = status.exit_code if status.exit_code is not None else job.exit_code
+        if status.runs:
+            # sacct is the record: the first run that reached a node is when the job started (queue wait =
+            # first start − submit), and a job whose runs never reached one never started (5961: cancelled
+            # while pending), whatever squeue guessed earlier.
+            job.started_at = next((r.started_at for r in status.runs if r.started_at), None)
+        else:
+            job.started_at = status.started_at or job.started_at
+        job.ended_at = status.ended_at
+        job.node_list = status.node_list or job.node_list
+        # Restarts only grow: an answer listing fewer runs than one before (records still on their way to
+        # slurmdbd after an outage) must not undo a preemption already counted.
+        job.restarts = max(job.restarts, status.restarts)
+        if status.submitted_at:
+            # The scheduler's clock, so queue wait = start − submit is on one clock. With -D this is the
+            # first run's Submit: later runs' lines carry the requeue time (squeue's %V does too, which
+            # is why a live status never sets it).
+            job.submitted_at = status.submitted_at
+        if status.runs:
+            options = json.loads(job.options_json or "{}")
+            # Every run of a requeued job as sacct -D lists it: where the preemptions show.
+            options["runs"] = [{"state": r.state, "exit_code": r.exit_code, "reason": r.reason,
+                                "started_at": r.started_at.isoformat() if r.started_at else None,
+                                "ended_at": r.ended_at.isoformat() if r.ended_at else None,
+                                "node_list": r.node_list, "steps": [list(step) for step in r.steps],
+                                **({"usage": r.usage, "step_usage": r.step_usage} if r.usage else {})}
+                               for r in status.runs]
+            job.options_json = json.dumps(options)
+    job.log_tail = log_tail(job.log_path) or job.log_tail
+    job.updated_at = datetime.now(timezone.utc)
+    return before != (job.state, job.reason, job.exit_code, job.started_at, job.ended_at, job.node_list, job.restarts)
+
+
+def _apply_live(job: Job, status: JobStatus) -> None:
+    """A status from the live view (squeue) while sacct lags: it says whether the job runs, nothing
+    more. An end it reports is only a claim until sacct records it: the job becomes UNCONFIRMED (not
+    final), keeps its restarts, exit code and runs, and every sync asks again."""
+    if is_final(status.state):
+        job.state = UNCONFIRMED
+        job.reason = f"squeue says {status.state}; waiting for sacct to record how it ended"
+    else:
+        job.state = status.state
+        job.reason = status.reason
+    job.started_at = job.started_at or status.started_at
+    job.node_list = status.node_list or job.node_list
+
+
+def _note_mlflow_run(db: object, job: Job) -> None:
+    """The trainer writes ``RUN_DIR/mlflow_run_id`` (one MLflow run per chain); keep it on the chain."""
+    run_dir = run_dir_of(job)
+    chain = db.get(Chain, job.chain_id) if job.chain_id else None  # type: ignore[attr-defined]
+    if run_dir is None or chain is None or chain.mlflow_run_id:
+        return
+    try:
+        chain.mlflow_run_id = (run_dir / MLFLOW_RUN_ID_FILE).read_text().strip() or None
+    except OSError:
+        return
+    db.add(chain)  # type: ignore[attr-defined]
+
+
+def unfinished_jobs() -> list[Job]:
+    with session() as db:
+        rows = db.exec(select(Job).where(Job.scheduler_id.is_not(None))).all()  # type: ignore[union-attr]
+        return [job for job in rows if not is_final(job.state)]
+
+
+def sync(retry: bool = True) -> SyncReport:
+    """One status call per executor for all unfinished jobs, then retries for the ones that ended."""
+    from idmctl.ops.retry import decide_for_job
+    from idmctl.ops.submit import ResubmitRefused, resubmit
+
+    report = SyncReport()
+    jobs = unfinished_jobs()
+    by_executor: dict[str, list[Job]] = defaultdict(list)
+    for job in jobs:
+        by_executor[job.executor].append(job)
+    # Every executor answers before any row is written: when one does not (SchedulerUnreachable), the
+    # store is left exactly as it was.
+    answers = [(group, executor_for(name).status([job.scheduler_id for job in group if job.scheduler_id]))
+               for name, group in by_executor.items()]
+    ended: list[int] = []
+    for group, statuses in answers:
+        with session() as db:
+            for job in group:
+                status = statuses.get(job.scheduler_id or "")
+                if status is None:
+                    continue
+                row = db.get(Job, job.id)
+                assert row is not None
+                report.checked += 1
+                if _apply(row, status):
+                    report.changed.append(row.id or 0)
+                _exclude_nodes_that_failed(db, row, status)
+                # RUNNING, or ended by squeue's word while sacct lags (UNCONFIRMED): either way not classified yet.
+                if row.state in ("RUNNING", UNCONFIRMED) and _note_hang(db, row):
+                    report.hung.append(row.id or 0)
+                if is_final(row.state):
+                    ended.append(row.id or 0)
+                    _record_efficiency(row)
+                elif row.state == UNCONFIRMED:
+                    report.unconfirmed.append(row.id or 0)
+                db.add(row)
+                _note_mlflow_run(db, row)
+    report.finished = ended
+    for job_id in ended:
+        with session() as db:
+            job = db.get(Job, job_id)
+            chain = db.get(Chain, job.chain_id) if job and job.chain_id else None
+            if job is None or chain is None or chain.status != "ACTIVE":
+                continue
+            decision = decide_for_job(db, job, chain, retry)  # the policy is taxonomy.yaml's `action`
+            now = datetime.now(timezone.utc)
+            for node in decision.exclude_nodes:
+                db.add(NodeExclusion(node=node, until=now + (decision.exclude_for or timedelta(0)),
+                                     reason=f"{decision.cause} under job {job.scheduler_id}"))
+            if decision.action == "done":
+                chain.status = "COMPLETED"
+            elif decision.action == "stop":
+                chain.status = "FAILED"
+                report.stopped.append((job_id, f"{decision.cause}: {decision.why}"))
+            db.add(chain)
+        if decision.action == "retry":
+            try:
+                new_job = resubmit(job_id, decision.extra_env, reason=f"{decision.cause}: {decision.why}",
+                                   spends_retry=decision.spends_retry)
+            except ResubmitRefused as exc:  # the chain is FAILED and the refused attempt recorded
+                report.stopped.append((job_id, str(exc)))
+                continue
+            report.resubmitted.append((job_id, new_job.id or 0))
+    if ended:
+        _log_efficiency(ended)
+    if ended:  # classify now: Failure rows with evidence, and the chain's MLflow run marked FAILED/KILLED
+        from idmctl.ops.failures.postmortem import record_failures
+
+        with session() as db:
+            record_failures(db, [job for job in (db.get(Job, job_id) for job_id in ended) if job is not None])
+    return report
+
+
+def _note_hang(db: Session, job: Job) -> bool:
+    """Sync's own look at a running job's heartbeat (issue 19 §2, "or sync for jobs it sees"): silent past
+    max(k × s/step, floor) of the job's options, it is classified ``hang`` now — a Failure row for the
+    current run, before the job's watchdog has dumped the stacks and killed it, so the record's latency is
+    the threshold plus one sync interval. When the job ends the row is reclassified from its log (the
+    watchdog's marker) and the retry policy acts then, as for any cause."""
+    from ground import heartbeat
+    from ground.contract import CAUSE_HANG
+    from idmctl.record.models import Failure
+
+    options = json.loads(job.options_json or "{}")
+    k, floor, run_dir = options.get("hang_k"), options.get("hang_floor_s"), run_dir_of(job)
+    runs = options.get("runs") or []
+    # This run's start: a requeued job's earlier run left a beat that is older than it.
+    started = datetime.fromisoformat(runs[-1]["started_at"]) if runs and runs[-1].get("started_at") else job.started_at
+    if k is None or floor is None or run_dir is None or started is None:
+        return False
+    beat = heartbeat.read(run_dir)
+    if beat is None or beat.at < _aware(started).timestamp():
+        return False  # not armed: no beat from this run yet (a previous attempt's file is older)
+    now = datetime.now(timezone.utc)
+    silent, limit = now.timestamp() - beat.at, heartbeat.threshold_s(beat, float(k), float(floor))
+    if silent <= limit:
+        return False
+    run = job.restarts + 1
+    known = db.exec(select(Failure).where(Failure.job_id == job.id)).all()
+    if any(json.loads(f.detail_json or "{}").get("run", 1) == run for f in known):
+        return False  # already recorded for this run
+    last = datetime.fromtimestamp(beat.at, timezone.utc).isoformat(timespec="milliseconds")
+    pace = f"{beat.s_per_step:.3f} s/step" if beat.s_per_step else "no step timed yet"
+    evidence = [f"Slurm: State={job.state} on {job.node_list}",
+                f"sync: no heartbeat for {silent:.1f} s since step {beat.step} at {last} > max({k:g} × {pace}, "
+                f"{floor:g} s) = {limit:.1f} s; the job's watchdog dumps every rank's stacks and kills it"]
+    detail = {"run": run, "final": False, "seen_by": "sync", "node": job.node_list, "step": str(beat.step),
+              "last_beat": last, "silent_s": f"{silent:.1f}", "threshold_s": f"{limit:.1f}"}
+    db.add(Failure(job_id=job.id or 0, cause=CAUSE_HANG, evidence="\n".join(evidence),
+                   detail_json=json.dumps(detail, sort_keys=True), classified_at=now))
+    return True
+
+
+def _record_efficiency(job: Job) -> None:
+    """The efficiency report of a job that just ended, kept on its row (``options_json`` ``efficiency``)."""
+    from ground.trainer_stats import attempt_totals
+    from idmctl.plan.efficiency import report
+
+    options = json.loads(job.options_json or "{}")
+    runs = options.get("runs") or [{"state": job.state}]
+    run_dir = run_dir_of(job)
+    trainer = attempt_totals(run_dir, job.attempt) if run_dir is not None else None
+    options["efficiency"] = report(job.scheduler_id or f"#{job.id}", runs[-1], options, trainer).as_dict()
+    job.options_json = json.dumps(options)
+
+
+def _log_efficiency(job_ids: list[int]) -> None:
+    """The reports onto each chain's MLflow run: metrics at step = attempt, the lines as a tag."""
+    with session() as db:
+        pairs = [(job, db.get(Chain, job.chain_id)) for job in (db.get(Job, i) for i in job_ids)
+                 if job is not None and job.chain_id is not None]
+        todo = [(job.attempt, chain.mlflow_run_id, json.loads(job.options_json or "{}").get("efficiency"))
+                for job, chain in pairs if chain is not None and chain.mlflow_run_id]
+    todo = [item for item in todo if item[2]]
+    if not todo:
+        return
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient  # heavy (~1.3 s): only when a job with a run ended
+
+    from ground import tracking as names
+    from ground.paths import mlflow_tracking_uri
+    from idmctl.plan.efficiency import EfficiencyReport
+    from idmctl.cli.output import err_console
+
+    with names.store_init_lock():
+        client = MlflowClient(tracking_uri=mlflow_tracking_uri())
+    for attempt, run_id, data in todo:
+        found = EfficiencyReport.from_dict(data)
+        metrics = {names.M_JOB_CPU_EFF: found.cpu_eff, names.M_JOB_MEM_EFF: found.mem_eff,
+                   names.M_JOB_TIME_FRAC: found.time_frac, names.M_JOB_PEAK_RSS: found.peak_rss_bytes}
+        try:
+            for key, value in metrics.items():
+                if value is not None:
+                    client.log_metric(run_id, key, float(value), step=attempt)
+            text = "\n".join([*found.lines(), *(f"suggest {s.line()}" for s in found.suggestions)])
+            client.set_tag(run_id, f"{names.TAG_EFFICIENCY}.attempt-{attempt}", text[:5000] or "no figures")
+        except MlflowException as exc:  # the report on our row matters more than its copy in MLflow
+            err_console.print(f"warning: could not log the efficiency of attempt {attempt} to MLflow run {run_id}: "
+                              f"{exc}", markup=False)
+
+
+def _exclude_nodes_that_failed(db: Session, job: Job, status: JobStatus) -> None:
+    """Slurm requeues a job whose node failed (``--requeue``): the job goes on, but the node is left out
+    of later submissions all the same. Earlier runs that ended NODE_FAIL name the node."""
+    failed_nodes = {run.node_list for run in status.runs[:-1] if run.state == "NODE_FAIL" and run.node_list}
+    if not failed_nodes:
+        return
+    from idmctl.ops.retry import node_exclusion_time
+
+    reason = f"node_fail under job {job.scheduler_id}"
+    known = {e.node for e in db.exec(select(NodeExclusion).where(NodeExclusion.reason == reason))}
+    now = datetime.now(timezone.utc)
+    for node in sorted(failed_nodes - known):
+        db.add(NodeExclusion(node=node, until=now + node_exclusion_time("node_fail"), reason=reason))
+
+
+
+
+def run_dir_of(job: Job) -> Path | None:
+    return Path(job.script_path).parent if job.script_path else None

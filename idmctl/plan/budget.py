@@ -1,0 +1,213 @@
+"""The arithmetic io, qos and disk share: bytes staged, bytes read per step, seconds per step.
+
+One place computes them so the three checks can never disagree about the same run.
+
+Per node (issue 14 §4): a job of ``resources.nodes`` nodes stages the whole cache onto each node's
+own NVMe (the sampler may hand any sample to any rank), and each node reads only its ranks' share
+of an optimizer step's samples from its own copy, at its own NVMe bandwidth. The NAS is shared:
+the nodes' concurrent stage-in copies split ``nas_read``, and so do unstaged reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ground.geometry import HiddenGeometry, sample_io
+from ground.paths import expand_path
+from ground.stage import reuses, spec_identity
+from idmctl.core.checks import PreflightContext
+from ground.units import format_bytes, format_duration
+
+
+def fmt_bandwidth(bytes_per_s: float) -> str:
+    return f"{format_bytes(bytes_per_s)}/s"
+
+
+def fmt_seconds(seconds: float) -> str:
+    """Per-step times span 1e-5 s (quickstart) to 100 s (N=12 dense): keep three significant digits."""
+    if seconds >= 10:
+        return f"{seconds:.1f} s"
+    if seconds >= 0.01:
+        return f"{seconds:.3f} s"
+    return f"{seconds * 1000:.3g} ms"
+
+
+def fmt_span(seconds: float) -> str:
+    """Wall-clock spans: '23.6 d', '2.2 h'; sub-10 s spans keep their digits instead of '0.0 s'."""
+    return fmt_seconds(seconds) if seconds < 10 else format_duration(seconds)
+
+
+@dataclass(frozen=True)
+class Staging:
+    """What stage-in copies to each node's local disk, and how long the nodes' copies take from the NAS."""
+
+    enabled: bool
+    bytes: int
+    """Bytes one node copies (the whole cache): what one node's scratch must hold."""
+    formula: str
+    measured: bool
+    """True when ``bytes`` is the cache's measured size on this machine, False when estimated."""
+    seconds: float
+    cache_root: str
+    nodes: int = 1
+    """Nodes staging at once; they share the NAS, so the copy takes ``nodes × bytes ÷ nas_read``."""
+    reused: bool = False
+    """``stage.dest`` on this machine already holds a finished copy with this spec's key
+    (``ground.stage``): stage-in copies nothing, takes no time. ``bytes`` stays what a copy would need."""
+
+    @property
+    def copied(self) -> str:
+        """``2 nodes × 7.2 TB``: what crosses the NAS during stage-in."""
+        return f"{self.nodes} nodes × {format_bytes(self.bytes)}" if self.nodes > 1 else format_bytes(self.bytes)
+
+
+def staging(ctx: PreflightContext, layers: str | None = None) -> Staging:
+    """What stage-in copies; ``layers`` (``all``/``routed``) overrides ``stage.layers`` for what-ifs."""
+    data, stage = ctx.spec.data, ctx.spec.stage
+    layers = layers or stage.layers
+    nas = ctx.profile.storage.nas_read_bps
+    measured = ctx.measurements
+    geometry = HiddenGeometry.from_spec(data)
+    n = data.routing_n
+    if measured.cache_present and measured.cache_bytes is not None:
+        count = measured.cache_file_count
+        size = measured.cache_bytes
+        formula = f"{format_bytes(size)} measured under {data.cache_root} ({count:,} files)"
+        if layers == "routed":
+            size = count * n * geometry.layer_bytes
+            formula = (f"routed layers only: {count:,} files × {n} layers × {geometry.layer_bytes:,} B = {size:,} B "
+                       f"({format_bytes(size)}) of the {format_bytes(measured.cache_bytes)} measured under "
+                       f"{data.cache_root}")
+        is_measured = True
+    else:
+        files = data.cache_files or 0
+        if layers == "routed":
+            size = files * n * geometry.layer_bytes
+            formula = (f"routed layers only: {files:,} files × {n} layers × {geometry.layer_bytes:,} B = {size:,} B "
+                       f"({format_bytes(size)}; estimated from data.cache_files)")
+        else:
+            file_bytes = geometry.file_bytes
+            size = files * file_bytes
+            formula = (f"{files:,} files × {file_bytes:,} B = {size:,} B ({format_bytes(size)}, "
+                       f"{format_bytes(size, binary=True)}; estimated from data.cache_files, the cache is not on "
+                       "this machine)")
+        is_measured = False
+    nodes = ctx.spec.resources.nodes
+    # Judged for this very spec and layer set (a what-if of other layers or blocks is another key).
+    state = None
+    if stage.enabled and ctx.is_this_machine:
+        layer_words, model = spec_identity(layers, data)
+        same = reuses(measured.staged_copy, expand_path(data.cache_root), layer_words, model)
+        state = None if same is None else "reuse" if same else "replace"
+    reused = state == "reuse"
+    seconds = nodes * size / nas if stage.enabled and not reused else 0.0
+    if nodes > 1:
+        formula += f", per node (each of {nodes} nodes stages its own copy)"
+    if reused:
+        formula += f"; {stage.dest} already holds this copy (same source, layers, model, files): nothing to copy"
+    elif state == "replace":
+        formula += f"; the copy at {stage.dest} is of another key (layer set, cache files or model): replaced"
+    return Staging(stage.enabled, size, formula, is_measured, seconds, data.cache_root, nodes, reused)
+
+
+def routed_staging_fix(ctx: PreflightContext, fits: Callable[[Staging], bool]) -> str | None:
+    """The fix line "stage only the routed layers", with its numbers, when it would make ``fits`` true
+    and the spec stages every layer today; ``None`` otherwise."""
+    data, stage = ctx.spec.data, ctx.spec.stage
+    if not stage.enabled or stage.layers == "routed" or data.routing_n >= len(data.cached_layers):
+        return None
+    routed = staging(ctx, "routed")
+    if not fits(routed):
+        return None
+    return (f"stage only the routed layers (stage.layers: routed; {data.routing_n} of {len(data.cached_layers)} "
+            f"blocks {data.selected_blocks}): {routed.formula} ÷ NAS "
+            f"{fmt_bandwidth(ctx.profile.storage.nas_read_bps)} = {format_duration(routed.seconds)}")
+
+
+@dataclass(frozen=True)
+class StepEstimate:
+    """Seconds per optimizer step: data read time (+ compute when the smoke measured it)."""
+
+    sample_bytes: int
+    sample_formula: str
+    effective_batch: int
+    repeats: int
+    """``loader.repeats``: each sample read serves K rows, so a step reads effective_batch / K samples."""
+    step_bytes: int
+    """Bytes the busiest reader moves per optimizer step: one node's share from its NVMe when staged,
+    the whole step from the shared NAS when not."""
+    tier: str
+    bandwidth: float
+    data_s: float
+    compute_s: float | None
+    compute_note: str
+    step_s: float
+    steps: int
+    train_s: float
+    stage_s: float
+    nodes: int = 1
+    per_node: bool = False
+    """True when each node reads its share (staged to NVMe), False when all nodes share the NAS."""
+
+    @property
+    def wall_s(self) -> float:
+        return self.train_s + self.stage_s
+
+    def arithmetic(self) -> str:
+        batch = f"eff. batch {self.effective_batch:,}"
+        read = self.effective_batch // self.repeats
+        if self.repeats > 1:
+            batch = f"({batch} ÷ repeats {self.repeats} = {read:,} samples read)"
+        if self.nodes > 1 and self.per_node:
+            batch += f" ÷ {self.nodes} nodes = {read // self.nodes:,} samples/node"
+        elif self.nodes > 1:
+            batch += f" (all {self.nodes} nodes share the NAS)"
+        text = (f"{self.sample_formula}; × {batch} = {format_bytes(self.step_bytes)}/step"
+                f"{'/node' if self.per_node and self.nodes > 1 else ''} "
+                f"÷ {self.tier} {fmt_bandwidth(self.bandwidth)} = {fmt_seconds(self.data_s)}/step data")
+        if self.compute_s is not None:
+            text += f" + {fmt_seconds(self.compute_s)} compute ({self.compute_note}) = {fmt_seconds(self.step_s)}/step"
+        text += f"; × {self.steps:,} steps = {fmt_span(self.train_s)}"
+        if self.stage_s:
+            text += f" + stage-in {fmt_span(self.stage_s)} = {fmt_span(self.wall_s)}"
+        return text
+
+
+def step_estimate(ctx: PreflightContext) -> StepEstimate:
+    spec, profile = ctx.spec, ctx.profile
+    io = sample_io(spec.data, spec.loader.mmap)
+    nodes = spec.resources.nodes
+    read = spec.samples_read_per_step  # effective batch ÷ loader.repeats
+    if spec.stage.enabled:
+        # Each node reads its ranks' share (effective batch ÷ nodes; the schema makes it divide) from its own NVMe.
+        tier, bandwidth, per_node = "NVMe (staged)", profile.storage.nvme_read_bps, True
+        step_bytes = io.bytes * (read // nodes)
+    else:
+        tier, bandwidth, per_node = "NAS", profile.storage.nas_read_bps, False
+        step_bytes = io.bytes * read
+    data_s = step_bytes / bandwidth
+    compute_s, note = _compute_seconds(ctx)
+    step_s = data_s + (compute_s or 0.0)
+    train_s = step_s * spec.train.steps
+    return StepEstimate(io.bytes, io.formula, spec.train.effective_batch, spec.loader.repeats, step_bytes, tier,
+                        bandwidth, data_s, compute_s, note, step_s, spec.train.steps, train_s, staging(ctx).seconds,
+                        nodes, per_node)
+
+
+def _compute_seconds(ctx: PreflightContext) -> tuple[float | None, str]:
+    """The smoke's s/step scaled from its batch to the samples one rank computes per optimizer step.
+
+    Only used when the smoke ran on the same kind of device the job gets: CPU timings say nothing
+    about an 8-GPU job.
+    """
+    smoke = ctx.measurements.smoke
+    if smoke is None or not smoke.ok or smoke.step_s is None:
+        return None, "no smoke timing"
+    job_on_gpu = ctx.spec.resources.gpus_per_node > 0
+    smoke_on_gpu = smoke.device.startswith("cuda")
+    if job_on_gpu != smoke_on_gpu:
+        return None, f"smoke ran on {smoke.device}, the job on {'GPU' if job_on_gpu else 'CPU'}"
+    per_rank = ctx.spec.loader.batch_size * ctx.spec.grad_accum
+    scaled = smoke.step_s * per_rank / smoke.batch_size
+    return scaled, f"smoke {smoke.step_s:.3f} s at batch {smoke.batch_size} × {per_rank}/{smoke.batch_size} samples per rank"

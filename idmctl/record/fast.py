@@ -1,0 +1,129 @@
+"""Plain sqlite3 on the submit path: importing the ORM (SQLAlchemy + SQLModel, ~0.3 s) would be most of
+a submit's process time (issue 15: submit within submitit's time + 0.15 s).
+
+Only a store already at :data:`HEAD_REVISION` is used this way; otherwise :func:`connect` returns None
+and the caller takes the ORM path, which migrates. Values are written as the ORM writes them: UTC
+datetimes without the offset (``2026-11-30 10:32:44.123456``), booleans as 0/1, so both paths read
+each other's rows (tests/test_submit_fast_store.py compares them).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from ground.errors import UserError
+from ground.paths import db_path
+from idmctl.record.head import HEAD_REVISION
+from idmctl.record.url import shared_url, writer
+
+BUSY_TIMEOUT_S = 10.0
+WRITER_TABLES = frozenset({"spec_version", "preflight_run", "chain", "job", "failure", "fix", "node_exclusion"})
+"""Tables whose rows carry the writer's ``user`` and ``host`` (models.Written), as the ORM fills them."""
+
+
+def db_time(moment: datetime | None = None) -> str:
+    """How the ORM stores a datetime in SQLite: UTC, no offset, microseconds."""
+    moment = (moment or datetime.now(timezone.utc)).astimezone(timezone.utc)
+    return moment.strftime("%Y-%m-%d %H:%M:%S.%f")
+
+
+def from_db_time(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    moment = datetime.fromisoformat(text)
+    return moment.replace(tzinfo=timezone.utc) if moment.tzinfo is None else moment.astimezone(timezone.utc)
+
+
+_OPEN: dict[str, sqlite3.Connection] = {}
+"""One connection per process (for the store last used): opening, closing (a WAL checkpoint) and the
+revision query once, not per statement group — half of a submit's store time otherwise."""
+
+
+def _open(db: Path) -> sqlite3.Connection | None:
+    connection = sqlite3.connect(db, timeout=BUSY_TIMEOUT_S)
+    connection.row_factory = sqlite3.Row
+    try:
+        row = connection.execute("SELECT version_num FROM alembic_version").fetchone()
+    except sqlite3.Error:
+        row = None
+    if row is None or row[0] != HEAD_REVISION:
+        connection.close()
+        return None
+    connection.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
+    connection.execute("PRAGMA foreign_keys=ON")
+    for other in _OPEN.values():  # tests switch IDMCTL_HOME; a process needs one store at a time
+        other.close()
+    _OPEN.clear()
+    _OPEN[str(db)] = connection
+    return connection
+
+
+def close_all() -> None:
+    """Close the connection this process keeps (the last close checkpoints the WAL into the store file)."""
+    for connection in _OPEN.values():
+        connection.close()
+    _OPEN.clear()
+
+
+@contextmanager
+def connect(path: Path | None = None) -> Iterator[sqlite3.Connection | None]:
+    """A transaction (committed on success, rolled back on error) on a store at head, or None: no store
+    yet, another revision (the caller then takes the ORM path, which migrates), or the team's PostgreSQL
+    store (``IDMCTL_DB_URL``), which only the ORM path writes."""
+    if shared_url():  # whatever the path: the caller's default store is the shared one
+        yield None
+        return
+    db = Path(path or db_path())
+    connection = _OPEN.get(str(db))
+    if connection is None:
+        connection = _open(db) if db.exists() else None
+    if connection is None:
+        yield None
+        return
+    try:
+        yield connection
+        connection.commit()
+    except sqlite3.DatabaseError as exc:
+        connection.rollback()
+        unusable = unusable_store(db, str(exc))
+        if unusable is not None:
+            raise unusable from exc
+        raise
+    except BaseException:
+        connection.rollback()
+        raise
+
+
+def unusable_store(path: Path, text: str) -> UserError | None:
+    """The one line for a store that cannot be used whatever the command does: damage found past the
+    header, or a read-only file or disk (its -wal/-shm files too); None for any other database error."""
+    if "malformed" in text or "not a database" in text or "readonly" in text:
+        return UserError(f"the store cannot be used: {text}", file=str(path),
+                         hint="restore it from a backup or move it aside; keep IDMCTL_HOME writable")
+    return None
+
+
+def rows(connection: sqlite3.Connection, sql: str, params: tuple[Any, ...] = ()) -> list[SimpleNamespace]:
+    """Rows as attribute objects, like the ORM's (datetimes stay text: callers convert what they read)."""
+    return [SimpleNamespace(**dict(row)) for row in connection.execute(sql, params).fetchall()]
+
+
+def insert(connection: sqlite3.Connection, table: str, values: dict[str, Any]) -> int:
+    if table in WRITER_TABLES:
+        user, host = writer()
+        values = {"user": user, "host": host, **values}
+    columns = ", ".join(f'"{name}"' for name in values)
+    marks = ", ".join("?" for _ in values)
+    cursor = connection.execute(f"INSERT INTO {table} ({columns}) VALUES ({marks})", tuple(values.values()))
+    return int(cursor.lastrowid or 0)
+
+
+def update(connection: sqlite3.Connection, table: str, row_id: int, values: dict[str, Any]) -> None:
+    assignments = ", ".join(f'"{name}" = ?' for name in values)
+    connection.execute(f"UPDATE {table} SET {assignments} WHERE id = ?", (*values.values(), row_id))

@@ -1,0 +1,156 @@
+"""Tables. Every change here needs an Alembic migration in ``migrations/versions``: users' job
+history must survive upgrades (``tests/test_store.py`` checks the models and migrations agree)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from sqlmodel import Field, SQLModel
+
+from idmctl.record.url import writer
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def _user() -> str:
+    return writer()[0]
+
+
+def _host() -> str:
+    return writer()[1]
+
+
+class Written(SQLModel):
+    """Who wrote the row, from where: in the team's shared store (IDMCTL_DB_URL) everyone's rows meet,
+    and ``--user`` filters on this. NULL on rows written before migration 0002."""
+
+    user: str | None = Field(default_factory=_user, index=True)
+    host: str | None = Field(default_factory=_host)
+
+
+class SpecVersion(Written, table=True):
+    """One exact resolved spec, named by its canonical content hash."""
+
+    __tablename__ = "spec_version"
+    hash: str = Field(primary_key=True)
+    experiment: str = Field(index=True)
+    source_path: str
+    resolved_json: str
+    registered_at: datetime = Field(default_factory=utcnow)
+
+
+class PreflightRun(Written, table=True):
+    """One preflight of (spec hash, code version, cluster profile hash)."""
+
+    __tablename__ = "preflight_run"
+    id: int | None = Field(default=None, primary_key=True)
+    experiment: str = Field(index=True)
+    spec_hash: str = Field(index=True)
+    code_version: str
+    profile_hash: str
+    profile_name: str
+    with_smoke: bool
+    passed: bool
+    """No check FAILed (and the smoke ran: a static-only preflight cannot unlock submit)."""
+    started_at: datetime = Field(default_factory=utcnow)
+    seconds: float = 0.0
+    result_json: str = "{}"
+
+
+class PreflightCheck(SQLModel, table=True):
+    __tablename__ = "preflight_check"
+    id: int | None = Field(default=None, primary_key=True)
+    run_id: int = Field(foreign_key="preflight_run.id", index=True)
+    name: str
+    status: str
+    """PASS, WARN or FAIL."""
+    summary: str
+    numbers_json: str = "{}"
+    fix: str = ""
+
+
+class Chain(Written, table=True):
+    """All attempts of one logical run (requeues and resubmissions) share one chain and one MLflow run."""
+
+    __tablename__ = "chain"
+    id: int | None = Field(default=None, primary_key=True)
+    experiment: str = Field(index=True)
+    spec_hash: str
+    mlflow_run_id: str | None = None
+    retries_budget: int = 0
+    retries_used: int = 0
+    status: str = "ACTIVE"
+    created_at: datetime = Field(default_factory=utcnow)
+
+
+class Job(Written, table=True):
+    """One scheduler job (one sbatch / one local subprocess). Requeues of it are counted in ``restarts``."""
+
+    __tablename__ = "job"
+    id: int | None = Field(default=None, primary_key=True)
+    chain_id: int | None = Field(default=None, foreign_key="chain.id", index=True)
+    attempt: int = 1
+    experiment: str = Field(index=True)
+    spec_hash: str | None = None
+    code_version: str | None = None
+    preflight_id: int | None = None
+    executor: str = "slurm"
+    scheduler_id: str | None = Field(default=None, index=True)
+    """Slurm job id, or the local executor's pid-based id."""
+    state: str = Field(default="PENDING", index=True)
+    reason: str | None = None
+    exit_code: str | None = None
+    submitted_at: datetime | None = None
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+    node_list: str | None = None
+    restarts: int = 0
+    qos: str | None = None
+    gpus: int | None = None
+    routing_n: int | None = None
+    script_path: str | None = None
+    log_path: str | None = None
+    log_tail: str | None = None
+    options_json: str = "{}"
+    """Submit options after flags overrode the spec's defaults."""
+    forced_reason: str | None = None
+    """Set when submitted with --force: who and why."""
+    imported: bool = False
+    """Pulled from sacct by ``jobs import`` (not submitted by idmctl)."""
+    created_at: datetime = Field(default_factory=utcnow)
+    updated_at: datetime = Field(default_factory=utcnow)
+
+
+class Failure(Written, table=True):
+    """The classified cause of a job that did not complete, with its evidence."""
+
+    __tablename__ = "failure"
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: int = Field(foreign_key="job.id", index=True)
+    cause: str = Field(index=True)
+    evidence: str = ""
+    detail_json: str = "{}"
+    fix_id: int | None = Field(default=None, foreign_key="fix.id")
+    classified_at: datetime = Field(default_factory=utcnow, index=True)
+
+
+class Fix(Written, table=True):
+    """A recorded fix; one fix may cover several failures (6054/6108/6158 share one)."""
+
+    __tablename__ = "fix"
+    id: int | None = Field(default=None, primary_key=True)
+    note: str
+    commit: str | None = None
+    created_at: datetime = Field(default_factory=utcnow)
+
+
+class NodeExclusion(Written, table=True):
+    """A node that caused a hardware failure, avoided by later submissions until ``until``."""
+
+    __tablename__ = "node_exclusion"
+    id: int | None = Field(default=None, primary_key=True)
+    node: str = Field(index=True)
+    until: datetime
+    reason: str = ""

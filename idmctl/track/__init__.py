@@ -1,0 +1,1 @@
+"""MLflow: compare runs, the runs view, plots, the UI server."""
