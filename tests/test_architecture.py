@@ -58,3 +58,187 @@ def test_the_ground_imports_nothing_heavy() -> None:
             " if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True).stdout
     assert out.strip() == "[]"
+
+
+# The control plane's floors, lowest first: a module may import its own floor and the floors below it.
+FLOORS = ("core", "record", "plan", "job", "gate", "ops", "track", "cli")
+FLOOR_ROLES = {
+    "core": "vocabulary: the cluster profile, check results, the executor protocol",
+    "record": "the store: SQL, migrations, spec versions, preflight results, the preflight memo",
+    "plan": "arithmetic on spec + profile + measurements: limits, budget, what-if, ETA, efficiency",
+    "job": "the job as it will run: the effective job, its code snapshot, its script",
+    "gate": "the mandatory preflight: one module per check, the runner, admission",
+    "ops": "running jobs: executors, submit, sync, retry, failures, ledger, doctor",
+    "track": "MLflow: compare, runs view, plots, the UI server",
+    "cli": "typer: commands that parse, call the library and print",
+}
+PRINT_CALLS = {("sys", "stdout", "write"), ("sys", "stderr", "write")}
+
+
+def module_name(path: Path, root: Path = REPO) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_modules(path: Path) -> list[tuple[int, str]]:
+    """(line, dotted name) for every import, ``from a.b import c`` giving ``a.b.c`` (c may be a module)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found += [(node.lineno, f"{node.module}.{alias.name}") for alias in node.names]
+    return found
+
+
+def floor_of(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[0] == "idmctl" and parts[1] in FLOORS else None
+
+
+def module_graph(package: Path) -> dict[str, set[str]]:
+    """Which of the package's modules each of its modules imports (top level and inside functions)."""
+    root = package.parent
+    modules = {module_name(path, root): path for path in sorted(package.rglob("*.py"))}
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        for _, target in imported_modules(path):
+            while target and target not in modules:
+                target = target.rpartition(".")[0]
+            if target and target != name and not name.startswith(target + "."):  # a package's own __init__ runs first anyway
+                graph[name].add(target)
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles = []
+    for start in graph:
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, targets = work[-1]
+            for target in targets:
+                if target not in index:
+                    index[target] = low[target] = len(index)
+                    stack.append(target)
+                    on_stack.add(target)
+                    work.append((target, iter(sorted(graph[target]))))
+                    break
+                if target in on_stack:
+                    low[node] = min(low[node], index[target])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        cycles.append(sorted(component))
+    return cycles
+
+
+def test_every_control_plane_module_sits_on_a_floor() -> None:
+    entry_points = {REPO / "idmctl" / "__init__.py", REPO / "idmctl" / "__main__.py"}
+    loose = [str(path.relative_to(REPO)) for path in sorted((REPO / "idmctl").rglob("*.py"))
+             if path not in entry_points and floor_of(module_name(path)) is None]
+    assert not loose, f"modules outside the floors {FLOORS}: {loose}"
+    assert set(FLOOR_ROLES) == set(FLOORS)
+
+
+def floor_violations(package: Path) -> list[str]:
+    wrong = []
+    for path in sorted(package.rglob("*.py")):
+        floor = floor_of(module_name(path, package.parent))
+        if floor is None:
+            continue
+        for line, target in imported_modules(path):
+            target_floor = floor_of(target)
+            if target_floor is not None and FLOORS.index(target_floor) > FLOORS.index(floor):
+                wrong.append(f"{path.relative_to(package.parent)}:{line} ({floor}) imports {target} ({target_floor})")
+    return wrong
+
+
+def test_floors_import_only_downward() -> None:
+    wrong = floor_violations(REPO / "idmctl")
+    assert not wrong, f"imports against the floors' order {' <- '.join(FLOORS)}:\n" + "\n".join(wrong)
+
+
+def test_the_floor_checker_sees_an_upward_import(tmp_path: Path) -> None:
+    (tmp_path / "idmctl" / "plan").mkdir(parents=True)
+    (tmp_path / "idmctl" / "plan" / "m.py").write_text("from idmctl.core.checks import Status\n\n"
+                                                       "def f():\n    from idmctl.gate.runner import gather\n")
+    assert floor_violations(tmp_path / "idmctl") == ["idmctl/plan/m.py:4 (plan) imports idmctl.gate.runner.gather (gate)"]
+
+
+def test_no_import_cycles_between_modules() -> None:
+    cycles = import_cycles(module_graph(REPO / "idmctl"))
+    assert not cycles, "modules that import each other (directly or round a circle):\n" + "\n".join(map(str, cycles))
+
+
+def test_the_cycle_checker_sees_a_planted_circle(tmp_path: Path) -> None:
+    package = tmp_path / "idmctl" / "gate"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "a.py").write_text("from idmctl.gate import b\n")
+    (package / "b.py").write_text("def f():\n    from idmctl.gate.c import g\n")  # a lazy import closes it too
+    (package / "c.py").write_text("import idmctl.gate.a\n")
+    (package / "d.py").write_text("from idmctl.gate.a import x\n")  # imports the circle, is not in it
+    assert import_cycles(module_graph(tmp_path / "idmctl")) == [["idmctl.gate.a", "idmctl.gate.b", "idmctl.gate.c"]]
+
+
+def test_only_the_cli_imports_typer() -> None:
+    wrong = [f"{path.relative_to(REPO)}:{line}" for package in PROJECT_PACKAGES for path in sorted((REPO / package).rglob("*.py"))
+             if not path.is_relative_to(REPO / "idmctl" / "cli")
+             for line, name in imported_modules(path) if name.split(".")[0] in ("typer", "click")]
+    assert not wrong, f"typer outside idmctl/cli/: {wrong}"
+
+
+def printing_calls(path: Path) -> list[int]:
+    """Lines that write to the terminal: print(), sys.stdout/stderr.write, a rich console's print."""
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        if isinstance(func, ast.Name) and func.id == "print":
+            lines.append(node.lineno)
+        elif isinstance(func, ast.Attribute):
+            chain = [func.attr]
+            value = func.value
+            while isinstance(value, ast.Attribute):
+                chain.append(value.attr)
+                value = value.value
+            if isinstance(value, ast.Name):
+                chain.append(value.id)
+            if tuple(reversed(chain)) in PRINT_CALLS or func.attr == "print" and "console" in chain[-1]:
+                lines.append(node.lineno)
+    return lines
+
+
+def test_library_floors_do_not_print() -> None:
+    """Only the command line talks to the terminal; the library returns what it found (or logs a warning)."""
+    wrong = [f"{path.relative_to(REPO)}:{line}" for path in sorted((REPO / "idmctl").rglob("*.py"))
+             if floor_of(module_name(path)) not in (None, "cli") for line in printing_calls(path)]
+    assert not wrong, f"library floors that print: {wrong}"
+
+
+def test_the_print_checker_sees_every_way_to_print(tmp_path: Path) -> None:
+    module = tmp_path / "m.py"
+    module.write_text('import sys\ncode = "print(1)"\nprint(2)\nsys.stderr.write("x")\nerr_console.print("y")\n'
+                      'def f():\n    from rich.console import Console\n    Console().print("z")\n')
+    assert printing_calls(module) == [3, 4, 5]

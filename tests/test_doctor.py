@@ -98,7 +98,8 @@ def test_migration_heads_are_read_from_the_files() -> None:
     from mlflow.store.db.utils import _get_latest_schema_revision
 
     from idmctl.ops.doctor import _mlflow_versions_dir, migration_head
-    from idmctl.record.db import HEAD_REVISION, MIGRATIONS_DIR
+    from idmctl.record.db import HEAD_REVISION
+    from idmctl.record.migrate import MIGRATIONS_DIR
 
     assert migration_head(MIGRATIONS_DIR / "versions") == HEAD_REVISION
     assert migration_head(_mlflow_versions_dir()) == _get_latest_schema_revision()

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from idmctl.gate import smoke
+from idmctl.gate.tracebacks import last_frame_and_exception
 from idmctl.core.checks import CHECK_NAMES, Measurements, PreflightContext, SmokeMeasurement, Status
 from idmctl.core.profile import load_profile
 from ground.spec import load_spec
@@ -23,7 +24,7 @@ def test_last_frame_and_exception_from_a_real_traceback(tmp_path: Path):
     script.write_text("def build(**kw):\n    raise TypeError('got an unexpected keyword argument x')\n\nbuild(x=1)\n")
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True)
     assert done.returncode == 1
-    assert smoke.last_frame_and_exception(done.stderr) == (
+    assert last_frame_and_exception(done.stderr) == (
         f"{script}:2 in build → TypeError: got an unexpected keyword argument x")
 
 
@@ -63,9 +64,9 @@ def test_the_innermost_frame_of_the_teams_own_code_is_the_one_named(tmp_path: Pa
     (team / "train.py").write_text("import lib\n\n\ndef main():\n    lib.loader(0, True)\n\n\nmain()\n")
     done = subprocess.run([sys.executable, str(team / "train.py")], capture_output=True, text=True,
                           env={"PYTHONPATH": str(library), "PATH": "/usr/bin:/bin"})
-    assert smoke.last_frame_and_exception(done.stderr, [team]) == (
+    assert last_frame_and_exception(done.stderr, [team]) == (
         "train.py:5 in main → ValueError: persistent_workers option needs num_workers > 0")
-    assert smoke.last_frame_and_exception(done.stderr).startswith(f"{library / 'lib.py'}:3 in loader")
+    assert last_frame_and_exception(done.stderr).startswith(f"{library / 'lib.py'}:3 in loader")
 
 
 def test_cpu_smoke_peak_above_the_jobs_memory_fails():

@@ -11,6 +11,7 @@ from sqlmodel import SQLModel
 
 from idmctl.record import db as store_db
 from idmctl.record import models  # noqa: F401
+from idmctl.record.migrate import MIGRATIONS_DIR
 
 
 def test_migrations_from_empty_match_models(store_backend: str):
@@ -23,7 +24,7 @@ def test_migrations_from_empty_match_models(store_backend: str):
 
 
 def test_head_revision_is_the_newest_migration(tmp_path: Path):
-    versions = sorted(p.stem.split("_")[0] for p in (store_db.MIGRATIONS_DIR / "versions").glob("*.py"))
+    versions = sorted(p.stem.split("_")[0] for p in (MIGRATIONS_DIR / "versions").glob("*.py"))
     assert versions[-1] == store_db.HEAD_REVISION
     store_db.open_store(tmp_path / "s.sqlite")
     row = sqlite3.connect(tmp_path / "s.sqlite").execute("select version_num from alembic_version").fetchone()

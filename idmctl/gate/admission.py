@@ -16,10 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 from idmctl.gate import smoke as smoke_check
 from idmctl.core.checks import CheckResult, Measurements, PreflightContext, SmokeMeasurement, Status
-from idmctl.gate.runner import NOT_RERUN, STATIC_CHECKS, _safe, gather, introspect
-
-FLAG_BLIND = ("introspection", "cache")
-"""Checks no submit flag can change (they read the code, the data section and the files, never resources)."""
+from idmctl.gate.blame import name_flags
+from idmctl.gate.check_list import STATIC_CHECKS, run_check
+from idmctl.gate.runner import NOT_RERUN, gather, introspect
 
 if TYPE_CHECKING:
     from idmctl.job.effective import EffectiveJob
@@ -57,42 +56,6 @@ def stored_smoke(run: "PreflightRun | None") -> SmokeMeasurement | None:
     return None
 
 
-def _blame(job: "EffectiveJob", name: str, measured: Measurements) -> list[str]:
-    """The flags that turn check ``name`` into a FAIL: each flag applied alone to the spec as written.
-    [] when the spec as written fails it too; every changed resource flag when only their mix does."""
-    from idmctl.job.effective import SPEC_FLAGS, apply_flags
-
-    module = next(m for m in STATIC_CHECKS if m.NAME == name)
-
-    def fails(flags: list[str]) -> bool:
-        try:
-            resolved = apply_flags(job.declared, job.options, flags)
-        except Exception:
-            return True
-        return _safe(module, PreflightContext(resolved, job.profile, measured)).status is Status.FAIL
-
-    changed = [flag for flag in job.changed_flags if flag in SPEC_FLAGS]
-    if not changed or fails([]):
-        return []
-    return [flag for flag in changed if fails([flag])] or changed
-
-
-def name_flags(job: "EffectiveJob", results: list[CheckResult], measured: Measurements) -> list[CheckResult]:
-    """Each FAIL the flags caused, with ``(from --qos sub)`` appended and ``from_flags`` in its numbers."""
-    out: list[CheckResult] = []
-    for result in results:
-        flags: list[str] = []
-        if result.status is Status.FAIL and result.name == smoke_check.NAME:
-            flags = [f for f in job.changed_flags if f in ("--mem", "--gres")]  # peak × ranks vs --mem
-        elif result.status is Status.FAIL and result.name not in FLAG_BLIND:
-            flags = _blame(job, result.name, measured)
-        if flags:
-            result = replace(result, summary=f"{result.summary} (from {', '.join(job.shown(f) for f in flags)})",
-                             numbers={**result.numbers, "from_flags": flags})
-        out.append(result)
-    return out
-
-
 def judge(job: "EffectiveJob", preflight: "PreflightRun | None", code_version: str | None,
           measurements: Measurements | None = None, memo_only: bool = False) -> Admission:
     """Run every static check on the effective job and re-judge the preflight's smoke measurement.
@@ -116,11 +79,11 @@ def judge(job: "EffectiveJob", preflight: "PreflightRun | None", code_version: s
         elif module.NAME == "cache" and not measured.cache_inspected:
             results.append(CheckResult(module.NAME, Status.SKIP, NOT_RERUN, {}, ""))
         else:
-            results.append(_safe(module, ctx))
+            results.append(run_check(module, ctx))
         timings[module.NAME] = (time.perf_counter() - tick) * 1000
     if measured.smoke is not None:
         tick = time.perf_counter()
-        judged = _safe(smoke_check, ctx)
+        judged = run_check(smoke_check, ctx)
         timings[smoke_check.NAME] = (time.perf_counter() - tick) * 1000
         results.append(replace(judged, summary=f"measured by preflight #{preflight.id if preflight else '?'}: "
                                                f"{judged.summary}"))

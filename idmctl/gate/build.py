@@ -72,7 +72,7 @@ class BuildSmoke:
 
 
 def run_smoke(job: "EffectiveJob", timeout_s: float = DEFAULT_TIMEOUT_S) -> BuildSmoke:
-    from idmctl.gate.smoke import last_frame_and_exception
+    from idmctl.gate.tracebacks import last_frame_and_exception
 
     started = time.perf_counter()
     resolved = job.resolved

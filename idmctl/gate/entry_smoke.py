@@ -75,7 +75,7 @@ def run_entry_smoke(resolved: ResolvedSpec, entry: str, timeout_s: float) -> Smo
     from ground.contract import spec_roots
     from ground.run_dir import write_run_spec
     from idmctl.job.code import tree_for
-    from idmctl.gate.smoke import last_frame_and_exception
+    from idmctl.gate.tracebacks import last_frame_and_exception
 
     started = time.perf_counter()
     snapshot = tree_for(resolved.spec)

@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ground.paths import expand_path, free_bytes
-from idmctl.gate import cache, disk, introspection, io, loader, qos, shm, smoke, spec
+from idmctl.gate import cache, introspection, smoke, spec
+from idmctl.gate.blame import name_flags
+from idmctl.gate.check_list import STATIC_CHECKS, run_check
 from idmctl.record import memo
-from idmctl.plan import whatif
 from idmctl.core.checks import (CHECK_NAMES, CacheInspection, CheckResult, Measurements, PreflightContext,
                                      QueueWait, RecordedRun, SmokeMeasurement, Status)
 from idmctl.core.profile import ClusterProfile
@@ -24,9 +25,6 @@ from ground.spec.loader import ResolvedSpec
 if TYPE_CHECKING:
     from idmctl.job.effective import EffectiveJob
     from idmctl.gate.background import Forked
-
-STATIC_CHECKS = (spec, introspection, loader, shm, io, qos, disk, cache)
-
 
 @dataclass(frozen=True)
 class PreflightReport:
@@ -138,7 +136,7 @@ def start_introspection(resolved: ResolvedSpec, profile: ClusterProfile,
     from idmctl.gate import background  # here: submit (memo or SKIP) never needs it
 
     ctx = PreflightContext(resolved, profile)  # introspection reads the spec only, no measurements
-    return background.start(lambda: _safe(introspection, ctx))
+    return background.start(lambda: run_check(introspection, ctx))
 
 
 def introspect(ctx: PreflightContext, code_version: str | None, memo_only: bool = False,
@@ -154,7 +152,7 @@ def introspect(ctx: PreflightContext, code_version: str | None, memo_only: bool 
         return CheckResult(introspection.NAME, Status.SKIP, NOT_RERUN, {}, "")
     from idmctl.gate import background
 
-    result = background.collect(started, lambda: _safe(introspection, ctx))
+    result = background.collect(started, lambda: run_check(introspection, ctx))
     if not result.summary.startswith(("check crashed", "cannot import")):  # environment trouble: try again next time
         memo.store("introspection", key, result.as_dict())
     return result
@@ -202,17 +200,6 @@ def recorded_runs() -> list[RecordedRun]:
     return scan(home() / "runs")
 
 
-def _safe(check_module: object, ctx: PreflightContext) -> CheckResult:
-    """A crashing check is a FAIL with its error, never a traceback that hides the other rows.
-    A FAIL or WARN comes with its fixes recomputed by the same check on the altered spec (whatif)."""
-    name = getattr(check_module, "NAME")
-    try:
-        return whatif.with_fixes(ctx, check_module, check_module.check(ctx))  # type: ignore[attr-defined]
-    except Exception as exc:
-        return CheckResult(name, Status.FAIL, f"check crashed: {type(exc).__name__}: {exc}", {},
-                           "report this as an idmctl bug")
-
-
 def run_preflight(resolved: ResolvedSpec, profile: ClusterProfile, profile_hash: str, *, with_smoke: bool = True,
                   smoke_timeout_s: float = smoke.DEFAULT_TIMEOUT_S, record: bool = True,
                   measurements: Measurements | None = None, job: "EffectiveJob | None" = None,
@@ -243,11 +230,11 @@ def run_preflight(resolved: ResolvedSpec, profile: ClusterProfile, profile_hash:
         # Step times of earlier runs count only when they ran this very code (limits.derive).
         measured = replace(measured, recorded_runs=[r for r in measured.recorded_runs if r.code_version == version])
         ctx = PreflightContext(resolved, profile, measured)
-        spec_result = _safe(spec, ctx)
+        spec_result = run_check(spec, ctx)
         # Without a smoke the other static checks do not wait on introspection: run them before collecting
         # it. (They see the same context as below: no smoke measurement.)
         unsmoked = PreflightContext(resolved, profile, replace(measured, smoke=None))
-        static_early = {} if with_smoke else {module.NAME: _safe(module, unsmoked) for module in STATIC_CHECKS
+        static_early = {} if with_smoke else {module.NAME: run_check(module, unsmoked) for module in STATIC_CHECKS
                                               if module.NAME not in (spec.NAME, introspection.NAME)}
         early = {spec.NAME: spec_result, introspection.NAME: introspect(ctx, version, started=started_introspection)}
     finally:
@@ -266,13 +253,11 @@ def run_preflight(resolved: ResolvedSpec, profile: ClusterProfile, profile_hash:
             entry = job.options.entry if job is not None else (resolved.spec.code.entry or smoke.DEFAULT_ENTRY)
             smoke_result = smoke.run_smoke(resolved, smoke_timeout_s, entry=entry)
     ctx = PreflightContext(resolved, profile, replace(measured, smoke=smoke_result))
-    results = {**early, **static_early, **{module.NAME: _safe(module, ctx) for module in STATIC_CHECKS
+    results = {**early, **static_early, **{module.NAME: run_check(module, ctx) for module in STATIC_CHECKS
                                            if module.NAME not in early and module.NAME not in static_early}}
-    results[smoke.NAME] = smoke_not_run or _safe(smoke, ctx)
+    results[smoke.NAME] = smoke_not_run or run_check(smoke, ctx)
     ordered = [results[name] for name in CHECK_NAMES]
     if job is not None and job.changed_flags:
-        from idmctl.gate.admission import name_flags
-
         ordered = name_flags(job, ordered, ctx.measurements)
     seconds = time.perf_counter() - started
     smoke_flags = job.smoke_flags if job is not None else {}

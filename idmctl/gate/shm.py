@@ -5,24 +5,13 @@ queue × 8 ranks → ENOSPC). ``num_workers 0`` keeps batches in the rank's own 
 from __future__ import annotations
 
 from ground.geometry import sample_io
-from ground.spec.schema import ExperimentSpec
 from idmctl.core.checks import CheckResult, PreflightContext, Status
+from idmctl.plan.shm import need_bytes
 from ground.units import format_bytes
 
 NAME = "shm"
 WARN_FRACTION = 0.8
 """Above this share of /dev/shm other tenants of the node (and pinned copies) can tip it over."""
-
-
-def need_bytes(spec: ExperimentSpec) -> int:
-    """Bytes of /dev/shm one node's DataLoader workers hold at once (0 with ``num_workers 0``); the
-    node guard gets this number from the rendered job script."""
-    loader = spec.loader
-    if loader.num_workers == 0:
-        return 0
-    # Workers carry distinct samples only; repeats are made on the rank's device (cache.registry.repeat_samples).
-    return (spec.resources.ranks_per_node * loader.num_workers * loader.effective_prefetch * loader.samples_per_batch
-            * sample_io(spec.data, mmap=True).bytes)
 
 
 def check(ctx: PreflightContext) -> CheckResult:

@@ -203,7 +203,7 @@ def build(experiment: str, flags: dict[str, Any], cluster: str | None, version: 
     options = with_exclusions(options, exclusions)
     # What the spec and flags leave open (time limit, checkpoint interval, signal lead) is derived from
     # measurement; the effective spec then carries the derived time limit, so the checks judge it.
-    from idmctl.plan.limits import job_limits
+    from idmctl.job.derived import job_limits
 
     if options.build:
         # A build has no steps or checkpoints to derive limits from: its time limit is the spec's or --time's,
@@ -220,8 +220,3 @@ def build(experiment: str, flags: dict[str, Any], cluster: str | None, version: 
         flagged.append("--time")
     resolved = apply_flags(declared, options, flagged)
     return EffectiveJob(declared, resolved, options, given, profile, profile_hash, exclusions)
-
-
-def flags_text(flags: dict[str, str]) -> str:
-    """`` --gres gpu:2 --entry x``: the smoke flags as they go on a command line (empty when none)."""
-    return "".join(f" {flag} {value}" for flag, value in sorted(flags.items()))

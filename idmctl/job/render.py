@@ -56,7 +56,7 @@ class JobOptions:
     gpus_per_node: int
     """``--gres=gpu:N``; 0 asks for none."""
     time_limit: str | None
-    """Wall-clock limit as written; None until :func:`idmctl.plan.limits.job_limits` derives it."""
+    """Wall-clock limit as written; None until :func:`idmctl.job.derived.job_limits` derives it."""
     exclude: list[str] = field(default_factory=list)
     """Nodes to avoid (flag, spec, and active node exclusions)."""
     retries: int = 0
@@ -406,7 +406,7 @@ def _guard_lines(resolved: ResolvedSpec, options: JobOptions, ctx: RenderContext
     """``node_guard PHASE [ARGS]``: trainers.node_guard on every node with the needs computed here
     (shm from the preflight's arithmetic, GPUs from the request); an unfit node ends the job with
     ``EXIT_NODE_UNFIT`` and the marker line the classifier reads as ``node_unfit``."""
-    from idmctl.gate.shm import need_bytes
+    from idmctl.plan.shm import need_bytes
 
     shm_need = need_bytes(resolved.spec)
     q = shlex.quote

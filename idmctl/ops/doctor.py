@@ -204,9 +204,10 @@ def check_store() -> Row:
     """The store the commands will use: the team's PostgreSQL when ``IDMCTL_DB_URL`` names one (a doctor
     that read the local SQLite file said "ready" while the shared server did not answer), else SQLite."""
     from ground.errors import UserError
+    from idmctl.record.migrate import MIGRATIONS_DIR
     from idmctl.record.url import shared_url
 
-    head = migration_head(REPO_ROOT / "idmctl" / "record" / "migrations" / "versions")
+    head = migration_head(MIGRATIONS_DIR / "versions")
     try:
         url = shared_url()
     except UserError as exc:

@@ -271,7 +271,7 @@ def _log_efficiency(job_ids: list[int]) -> None:
     from ground import tracking as names
     from ground.paths import mlflow_tracking_uri
     from idmctl.plan.efficiency import EfficiencyReport
-    from idmctl.cli.output import err_console
+    from idmctl.core.notice import warn
 
     with names.store_init_lock():
         client = MlflowClient(tracking_uri=mlflow_tracking_uri())
@@ -286,8 +286,7 @@ def _log_efficiency(job_ids: list[int]) -> None:
             text = "\n".join([*found.lines(), *(f"suggest {s.line()}" for s in found.suggestions)])
             client.set_tag(run_id, f"{names.TAG_EFFICIENCY}.attempt-{attempt}", text[:5000] or "no figures")
         except MlflowException as exc:  # the report on our row matters more than its copy in MLflow
-            err_console.print(f"warning: could not log the efficiency of attempt {attempt} to MLflow run {run_id}: "
-                              f"{exc}", markup=False)
+            warn(f"warning: could not log the efficiency of attempt {attempt} to MLflow run {run_id}: {exc}")
 
 
 def _exclude_nodes_that_failed(db: Session, job: Job, status: JobStatus) -> None:

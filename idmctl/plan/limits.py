@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,7 +23,6 @@ from idmctl.core.checks import PreflightContext, RecordedRun
 
 if TYPE_CHECKING:
     from ground.spec.loader import ResolvedSpec
-    from idmctl.job.render import JobOptions
     from idmctl.core.checks import SmokeMeasurement
     from idmctl.core.profile import ClusterProfile
 
@@ -291,16 +290,3 @@ def limits_for(resolved: "ResolvedSpec", profile: "ClusterProfile", *, qos: str 
                             recorded_runs=recorded_runs(home() / "runs"), smoke=latest_smoke(resolved.hash))
     return derive(PreflightContext(resolved, profile, measured), version, time_override=time_override)
 
-
-def job_limits(resolved: "ResolvedSpec", profile: "ClusterProfile", options: "JobOptions",
-               version: str | None = None) -> "JobOptions":
-    """Fill what the spec and flags leave open (time limit, checkpoint interval, signal lead) with the
-    derived values, and note every value's arithmetic for the script's header."""
-    from ground.units import parse_duration
-
-    flag_time = parse_duration(options.time_limit) if options.time_limit and options.time_limit != resolved.spec.resources.time_limit else None
-    limits = limits_for(resolved, profile, qos=options.qos, time_override=flag_time, version=version)
-    return replace(options, time_limit=options.time_limit or limits.derived_time_limit_slurm,
-                   signal_lead=int(limits.signal_lead.effective),
-                   checkpoint_every=None if resolved.spec.train.checkpoint_every else int(limits.checkpoint_every.derived),
-                   derivation=limits.lines())

@@ -23,9 +23,9 @@ from sqlmodel import Session, create_engine
 from ground.contract import ENV_HOME
 from ground.errors import UserError
 from ground.paths import db_path
+from idmctl.record.migrate import known_revisions, upgrade
 from idmctl.record.url import shared_url
 
-MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 from idmctl.record.head import HEAD_REVISION  # noqa: E402  (re-exported: store_db.HEAD_REVISION)
 BUSY_TIMEOUT_MS = 10_000
 
@@ -80,26 +80,6 @@ def _writable(directory: Path) -> bool:
             return True
     except OSError:
         return False
-
-
-def known_revisions() -> set[str]:
-    """Revisions this idmctl ships (``revision = "0001"`` in each migration file)."""
-    found = set()
-    for path in (MIGRATIONS_DIR / "versions").glob("*.py"):
-        for line in path.read_text().splitlines():
-            if line.startswith("revision"):
-                found.add(line.split("=", 1)[1].split("#")[0].strip().strip("\"'"))
-    return found
-
-
-def upgrade(url: str) -> None:
-    from alembic import command
-    from alembic.config import Config
-
-    config = Config()
-    config.set_main_option("script_location", str(MIGRATIONS_DIR))
-    config.set_main_option("sqlalchemy.url", url)
-    command.upgrade(config, "head")
 
 
 @contextmanager

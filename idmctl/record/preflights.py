@@ -115,10 +115,14 @@ def _failed_names(run: "PreflightRun") -> list[str]:
     return list(json.loads(run.result_json or "{}").get("failed", []))
 
 
+def flags_text(flags: dict[str, str]) -> str:
+    """`` --gres gpu:2 --entry x``: the smoke flags as they go on a command line (empty when none)."""
+    return "".join(f" {flag} {value}" for flag, value in sorted(flags.items()))
+
+
 def _why_no_match(resolved: "ResolvedSpec", profile_name: str, profile_hash: str, version: str,
                   smoke_flags: dict[str, str]) -> str:
     """Say what changed since this experiment's newest preflight on this cluster profile."""
-    from idmctl.job.effective import flags_text
     from sqlmodel import col, select
 
     from idmctl.record import session
@@ -156,8 +160,6 @@ def require_pass(resolved: "ResolvedSpec", profile: "ClusterProfile", profile_ha
     The newest preflight of the key must have no FAIL, and a full one (with the smoke) must have
     passed: ``--no-smoke`` can confirm a pass but never create one.
     """
-    from idmctl.job.effective import flags_text
-
     wanted = smoke_flags or {}
     version = version or version_for(resolved.spec)
     latest = latest_run(resolved.hash, version, profile_hash, smoke_flags=wanted)

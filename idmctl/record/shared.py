@@ -15,6 +15,7 @@ from sqlalchemy.exc import DBAPIError, NoSuchModuleError
 from ground.contract import ENV_DB_URL
 from ground.errors import UserError
 from idmctl.record.head import HEAD_REVISION
+from idmctl.record.migrate import known_revisions, upgrade
 from idmctl.record.url import redacted, scrubbed
 
 MIGRATION_LOCK = 0x1D3C7
@@ -42,8 +43,6 @@ def _stored_revision(engine: Engine) -> str | None:
 
 def open_shared(url: str) -> Engine:
     """An engine for the shared store, migrated to head (under an advisory lock when it is not)."""
-    from idmctl.record.db import known_revisions, upgrade
-
     try:
         engine = create_engine(url, pool_pre_ping=True, connect_args={"connect_timeout": CONNECT_TIMEOUT_S})
     except NoSuchModuleError as exc:

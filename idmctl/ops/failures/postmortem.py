@@ -19,7 +19,7 @@ from ground.errors import UserError
 from idmctl.ops.failures.classify import Classification, classify, get_cause, is_failed_state
 from idmctl.ops.failures.rows import (PostmortemRow, _naive_utc, build_row, is_since, parse_since,  # noqa: F401 (re-exported)
                                   setting_of)
-from idmctl.cli.output import err_console
+from idmctl.core.notice import warn
 from idmctl.record.models import Chain, Failure, Fix, Job
 
 LOG_TAIL_BYTES = 64_000
@@ -152,7 +152,7 @@ def _mark_chain_run(db: Session, job: Job, cause: str) -> None:
     try:
         mark_run_failed(chain.mlflow_run_id, cause=cause, slurm_state=job.state)
     except MlflowException as exc:  # the record in our store matters more than the MLflow tag
-        err_console.print(f"warning: could not mark MLflow run {chain.mlflow_run_id}: {exc}", markup=False)
+        warn(f"warning: could not mark MLflow run {chain.mlflow_run_id}: {exc}")
 
 
 def find_jobs(db: Session, job_ids: list[str]) -> list[Job]:

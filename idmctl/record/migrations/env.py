@@ -1,4 +1,4 @@
-"""Alembic environment: migrations run programmatically from ``idmctl.record.db.upgrade``."""
+"""Alembic environment: migrations run programmatically from ``idmctl.record.migrate.upgrade``."""
 
 from alembic import context
 from sqlalchemy import create_engine

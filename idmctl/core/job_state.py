@@ -1,0 +1,68 @@
+"""A job's state in Slurm's own words: what sacct and squeue print, and what the local executor writes,
+so sync, retries, the ledger and the failure classifier treat both executors alike.
+
+A stored state may carry more words (``CANCELLED by 0``) or be idmctl's own (``SUBMIT_FAILED``,
+``UNCONFIRMED``): :meth:`JobState.of` reads the first word and knows only Slurm's.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class JobState(StrEnum):
+    PENDING = "PENDING"
+    CONFIGURING = "CONFIGURING"
+    RUNNING = "RUNNING"
+    COMPLETING = "COMPLETING"
+    SUSPENDED = "SUSPENDED"
+    RESIZING = "RESIZING"
+    REQUEUED = "REQUEUED"
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+    OUT_OF_MEMORY = "OUT_OF_MEMORY"
+    PREEMPTED = "PREEMPTED"
+    NODE_FAIL = "NODE_FAIL"
+    TIMEOUT = "TIMEOUT"
+    CANCELLED = "CANCELLED"
+    BOOT_FAIL = "BOOT_FAIL"
+    DEADLINE = "DEADLINE"
+    REVOKED = "REVOKED"
+
+    @classmethod
+    def of(cls, text: str | None) -> JobState | None:
+        """The state a stored or printed state names (``CANCELLED by 0`` is CANCELLED); None for a word
+        that is not Slurm's (idmctl's own ``SUBMIT_FAILED``, ``UNCONFIRMED``) or no word at all."""
+        return cls._value2member_map_.get(first_word(text))  # type: ignore[return-value]
+
+    @property
+    def is_terminal(self) -> bool:
+        """The job will not change again."""
+        return self not in UNFINISHED
+
+    @property
+    def is_failed(self) -> bool:
+        """It ended without completing."""
+        return self.is_terminal and self is not JobState.COMPLETED
+
+
+UNFINISHED = frozenset({JobState.PENDING, JobState.CONFIGURING, JobState.RUNNING, JobState.COMPLETING,
+                        JobState.SUSPENDED, JobState.RESIZING, JobState.REQUEUED})
+"""Slurm may still change these: the job waits, starts, runs, or (requeued) comes back."""
+
+
+def first_word(text: str | None) -> str:
+    return (text or "").strip().split(" ")[0].upper()
+
+
+def is_terminal(text: str | None) -> bool:
+    """A stored state that will not change again (``UNCONFIRMED`` is not: sacct has yet to say how it ended)."""
+    state = JobState.of(text)
+    return state is not None and state.is_terminal
+
+
+def is_failed(text: str | None) -> bool:
+    """A state that gets classified: any word but COMPLETED and the unfinished ones (idmctl's own
+    ``SUBMIT_FAILED`` too: the job never ran)."""
+    word = first_word(text)
+    return bool(word) and word != JobState.COMPLETED and word not in UNFINISHED
