@@ -152,7 +152,7 @@ def _submit(cli, spec: Path, *args: str) -> dict:
 
 
 def _until_final(cli, job_id: int, timeout_s: float = 180):
-    from idmctl.core.executor import is_final
+    from idmctl.core.job_state import is_terminal
     from idmctl.record.db import session
     from idmctl.record.models import Job
     from slurm_support import wait_until
@@ -161,7 +161,7 @@ def _until_final(cli, job_id: int, timeout_s: float = 180):
         assert cli("sync").exit_code == 0
         with session() as db:
             job = db.get(Job, job_id)
-        return job if job is not None and is_final(job.state) else None
+        return job if job is not None and is_terminal(job.state) else None
 
     return wait_until(ended, timeout_s, f"build job {job_id} to end", poll_s=1.0)
 

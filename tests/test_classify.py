@@ -15,8 +15,9 @@ import pytest
 
 from ground.errors import UserError
 from idmctl.gate.build import BUILD_CHECK_NAMES
+from idmctl.core.job_state import is_failed
 from idmctl.ops.failures.classify import (
-    classify, cause_names, is_failed_state, load_taxonomy, marker_line, parse_traceback,
+    classify, cause_names, load_taxonomy, marker_line, parse_traceback,
 )
 
 PREFLIGHT_CHECKS = {"spec", "introspection", "loader", "shm", "io", "qos", "disk", "cache", "smoke", "none",
@@ -216,8 +217,8 @@ def test_unknown_keeps_the_last_lines() -> None:
 
 
 def test_failed_states() -> None:
-    assert is_failed_state("CANCELLED by 0") and is_failed_state("OUT_OF_MEMORY") and is_failed_state("PREEMPTED")
-    assert not is_failed_state("COMPLETED") and not is_failed_state("RUNNING") and not is_failed_state(None)
+    assert is_failed("CANCELLED by 0") and is_failed("OUT_OF_MEMORY") and is_failed("PREEMPTED")
+    assert not is_failed("COMPLETED") and not is_failed("RUNNING") and not is_failed(None)
 
 
 def test_parse_traceback_without_project_frames() -> None:

@@ -81,11 +81,11 @@ def job_row(job_id: int) -> Job:
 
 
 def sync_until_final(cli, job_ids: list[int], timeout_s: float = 150) -> None:
-    from idmctl.core.executor import is_final
+    from idmctl.core.job_state import is_terminal
 
     def all_final() -> bool:
         assert cli("sync", "--no-retry").exit_code == 0
-        return all(is_final(job_row(job_id).state) for job_id in job_ids)
+        return all(is_terminal(job_row(job_id).state) for job_id in job_ids)
 
     wait_until(all_final, timeout_s, f"jobs {job_ids} to end", poll_s=2.0)
 

@@ -72,7 +72,7 @@ def test_two_node_fabric_job_completes_with_identical_parameters(cli, tiny_cache
     import tempfile
     from pathlib import Path
 
-    from idmctl.core.executor import is_final
+    from idmctl.core.job_state import is_terminal
     from idmctl.record.db import session
     from idmctl.record.models import Job
     from slurm_support import slurm_conf, text_so_far, wait_until
@@ -102,7 +102,7 @@ def test_two_node_fabric_job_completes_with_identical_parameters(cli, tiny_cache
             assert cli("sync", "--no-retry").exit_code == 0
             with session() as db:
                 job = db.get(Job, submitted["job"])
-            return job if job is not None and is_final(job.state) else None
+            return job if job is not None and is_terminal(job.state) else None
 
         job = wait_until(ended, 300, f"2-node job {submitted['scheduler_id']} to end (log {log})", poll_s=1.0)
         text = text_so_far(log)

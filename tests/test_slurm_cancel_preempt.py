@@ -84,7 +84,7 @@ def test_the_cluster_reports_its_preemption_mode_per_qos() -> None:
 
 
 def test_where_preemption_cancels_sync_resubmits_the_chain_and_it_resumes(cli, monkeypatch) -> None:
-    from idmctl.core.executor import is_final
+    from idmctl.core.job_state import is_terminal
     from idmctl.ops.executors.preempt_mode import CANCEL, preempt_mode
 
     total_steps = 150  # 0.3 s each: long enough that the preemption lands while it runs
@@ -114,11 +114,11 @@ def test_where_preemption_cancels_sync_resubmits_the_chain_and_it_resumes(cli, m
         _sync_until(cli, "sync to resubmit the preempted chain", resubmitted, timeout_s=90)
     first, second = _chain_jobs(low["chain"])
     # Slurm records FAILED 75:0 (the script exited after its refused requeue) or PREEMPTED (killed first).
-    assert first.state in ("PREEMPTED", "FAILED") and is_final(first.state), (first.state, first.log_tail)
+    assert first.state in ("PREEMPTED", "FAILED") and is_terminal(first.state), (first.state, first.log_tail)
     from idmctl.ops.failures.postmortem import classify_job
 
     assert classify_job(first).cause == "preempted", first.log_tail
-    _sync_until(cli, "the resubmitted attempt to complete", lambda: is_final(_chain_jobs(low["chain"])[1].state), 180)
+    _sync_until(cli, "the resubmitted attempt to complete", lambda: is_terminal(_chain_jobs(low["chain"])[1].state), 180)
     second = _chain_jobs(low["chain"])[1]
     log = Path(second.log_path or "").read_text()
     assert second.state == "COMPLETED", log[-2000:]

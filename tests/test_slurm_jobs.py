@@ -50,12 +50,12 @@ def _job(job_id: int) -> Job:
 
 
 def _sync_until_final(cli, job_id: int, timeout_s: float = 90) -> Job:
-    from idmctl.core.executor import is_final
+    from idmctl.core.job_state import is_terminal
 
     def ended() -> Job | None:
         assert cli("sync").exit_code == 0
         job = _job(job_id)
-        return job if is_final(job.state) else None
+        return job if is_terminal(job.state) else None
 
     return wait_until(ended, timeout_s, f"job {job_id} to end", poll_s=1.0)
 

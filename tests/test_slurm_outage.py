@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from idmctl.core.executor import is_final
+from idmctl.core.job_state import is_terminal
 from idmctl.record.db import session
 from idmctl.record.models import Job
 from slurm_support import (conf_with_unreachable, release_requeued, sh, slurm_conf, slurmdbd_stopped, squeue_state,
@@ -107,7 +107,7 @@ def test_slurmdbd_outage_during_a_requeued_job_changes_no_row_and_sync_confirms_
     def confirmed() -> dict[str, Any] | None:
         _sync_ok(cli)
         row = _row(sub["job"])
-        return row if is_final(row["state"]) else None
+        return row if is_terminal(row["state"]) else None
 
     final = wait_until(confirmed, 180, f"sync to record job {slurm_id}'s end from sacct")
     assert final["state"] == "COMPLETED" and final["exit_code"] == "0:0", final
@@ -175,7 +175,7 @@ def test_a_job_squeue_shows_ended_is_unconfirmed_until_sacct_records_it(cli, tmp
     def confirmed() -> dict[str, Any] | None:
         _sync_ok(cli)
         row = _row(sub["job"])
-        return row if is_final(row["state"]) else None
+        return row if is_terminal(row["state"]) else None
 
     final = wait_until(confirmed, 60, f"the real sacct to confirm job {slurm_id}")
     assert final["state"] == "COMPLETED" and final["exit_code"] == "0:0" and final["ended_at"] is not None

@@ -47,7 +47,7 @@ def _job(job_id: int) -> Job:
 
 def _run_job(cli, spec: Path, cluster: str) -> str:
     """Submit on ``cluster`` (the local executor or the local Slurm), wait for the end, return the job's log."""
-    from idmctl.core.executor import is_final
+    from idmctl.core.job_state import is_terminal
     from slurm_support import text_so_far, wait_until
 
     result = cli("submit", str(spec), "--entry", "tests.jobs_entry", "--force", "--reason", "stage key test",
@@ -61,7 +61,7 @@ def _run_job(cli, spec: Path, cluster: str) -> str:
     def ended() -> Job | None:
         assert cli("sync", "--no-retry").exit_code == 0
         job = _job(submitted["job"])
-        return job if is_final(job.state) else None
+        return job if is_terminal(job.state) else None
 
     job = wait_until(ended, 120, f"job {submitted['scheduler_id']} on {cluster} to end", poll_s=1.0)
     log = text_so_far(Path(submitted["log"]))

@@ -75,13 +75,13 @@ def _row(stderr: str, check: str) -> str:
 
 
 def _sync_until_final(cli, job_id: int, timeout_s: float) -> Job:
-    from idmctl.core.executor import is_final
+    from idmctl.core.job_state import is_terminal
 
     def ended() -> Job | None:
         assert cli("sync", "--no-retry").exit_code == 0
         with session() as db:
             job = db.get(Job, job_id)
-        return job if job is not None and is_final(job.state) else None
+        return job if job is not None and is_terminal(job.state) else None
 
     return wait_until(ended, timeout_s, f"job {job_id} to end")
 

@@ -98,7 +98,7 @@ def test_three_variant_sweep_end_to_end_on_slurm(cli, tiny_cache, monkeypatch: p
     import shutil
     import tempfile
 
-    from idmctl.core.executor import is_final
+    from idmctl.core.job_state import is_terminal
     from slurm_support import slurm_conf, wait_until
 
     monkeypatch.setenv("SLURM_CONF", slurm_conf())
@@ -123,7 +123,7 @@ def test_three_variant_sweep_end_to_end_on_slurm(cli, tiny_cache, monkeypatch: p
         def all_ended() -> list | None:
             assert cli("sync").exit_code == 0
             rows = json.loads(cli("jobs", "--json").stdout)
-            return rows if len(rows) == 3 and all(is_final(r["state"]) for r in rows) else None
+            return rows if len(rows) == 3 and all(is_terminal(r["state"]) for r in rows) else None
 
         rows = wait_until(all_ended, 600, "the three sweep jobs to end", poll_s=2.0)
         assert {r["state"] for r in rows} == {"COMPLETED"}, rows

@@ -5,7 +5,8 @@ an end makes a job UNCONFIRMED, never final."""
 
 from __future__ import annotations
 
-from idmctl.core.executor import UNCONFIRMED, is_final
+from idmctl.core.executor import UNCONFIRMED
+from idmctl.core.job_state import is_terminal
 from idmctl.ops.executors.slurm import parse_sacct, parse_squeue
 from idmctl.ops.sync import _apply
 from idmctl.record.models import Job
@@ -38,7 +39,7 @@ def test_squeue_never_finalises_and_never_touches_the_record() -> None:
     _apply(job, parse_sacct(REQUEUED_THEN_RUNNING)["57"])
     recorded = (job.restarts, job.exit_code, job.ended_at, job.options_json, job.submitted_at)
     _apply(job, parse_squeue(SQUEUE_COMPLETED)["57"])
-    assert job.state == UNCONFIRMED and not is_final(job.state)
+    assert job.state == UNCONFIRMED and not is_terminal(job.state)
     assert job.reason == "squeue says COMPLETED; waiting for sacct to record how it ended"
     assert (job.restarts, job.exit_code, job.ended_at, job.options_json, job.submitted_at) == recorded
     _apply(job, parse_squeue(SQUEUE_RUNNING)["57"])

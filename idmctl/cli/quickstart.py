@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ground.errors import CheckFailed, UserError
+from idmctl.core.job_state import JobState
 from idmctl.cli.output import console
 from ground.paths import expand_path, home
 from ground.spec.loader import ResolvedSpec
@@ -169,7 +170,7 @@ def _follow(log_path: Path, offset: int, echo: Callable[[str], None]) -> int:
 
 def train_stage(job: Any, result: QuickstartResult, poll_s: float = 1.0) -> Path:
     """Wait for the job through ``idmctl sync`` (the same path for the local executor and Slurm)."""
-    from idmctl.core.executor import is_final
+    from idmctl.core.job_state import is_terminal
     from idmctl.ops.submit import runs_dir
     from idmctl.ops.sync import sync
     from idmctl.record.db import session
@@ -183,7 +184,7 @@ def train_stage(job: Any, result: QuickstartResult, poll_s: float = 1.0) -> Path
             row = db.get(Job, job.id)
             state = row.state if row else "UNKNOWN"
         offset = _follow(log_path, offset, detail)
-        if is_final(state):
+        if is_terminal(state):
             break
         if time.perf_counter() - started > JOB_TIMEOUT_S:
             raise CheckFailed(f"quickstart stopped: job {job.id} still {state} after {JOB_TIMEOUT_S:.0f} s "
@@ -192,7 +193,7 @@ def train_stage(job: Any, result: QuickstartResult, poll_s: float = 1.0) -> Path
     seconds = time.perf_counter() - started
     losses = [float(m.group(1)) for m in re.finditer(r"^step \d+/\d+ loss (\S+)", log_path.read_text(), re.M)]
     result.stages["train"] = {"state": state, "seconds": seconds, "losses": losses, "log": str(log_path)}
-    if state != "COMPLETED":
+    if state != JobState.COMPLETED:
         raise CheckFailed(f"quickstart stopped: job {job.id} ended {state} (log {log_path}; `idmctl failures`)")
     shown = f"loss {losses[0]:.4f} → {losses[-1]:.4f} ({len(losses)} logged windows)" if losses else "no loss lines"
     stage(6, "train", f"job {job.id} COMPLETED in {seconds:.0f} s, {shown}")

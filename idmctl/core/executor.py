@@ -1,7 +1,6 @@
 """The executor protocol (submitit style): submit a script, report states, cancel.
 
-States are Slurm's words (PENDING, RUNNING, COMPLETED, FAILED, OUT_OF_MEMORY, PREEMPTED, NODE_FAIL,
-TIMEOUT, CANCELLED, REQUEUED...) whichever executor ran the job, so sync, retries and the failure
+States are Slurm's words (:class:`idmctl.core.job_state.JobState`) whichever executor ran the job, so sync, retries and the failure
 classifier treat both alike.
 """
 
@@ -13,17 +12,6 @@ from pathlib import Path
 from typing import Protocol
 
 from ground.errors import CheckFailed
-
-FINAL_STATES = frozenset({
-    "COMPLETED", "FAILED", "OUT_OF_MEMORY", "PREEMPTED", "NODE_FAIL", "TIMEOUT", "CANCELLED",
-    "BOOT_FAIL", "DEADLINE", "REVOKED",
-})
-"""A job in one of these states will not change again (``CANCELLED by 0`` counts as CANCELLED)."""
-
-
-def is_final(state: str) -> bool:
-    return state.split(" ")[0] in FINAL_STATES
-
 
 @dataclass
 class RunRecord:

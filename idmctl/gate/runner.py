@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ground.paths import expand_path, free_bytes
+from idmctl.core.job_state import JobState
 from idmctl.gate import cache, introspection, smoke, spec
 from idmctl.gate.blame import name_flags
 from idmctl.gate.check_list import STATIC_CHECKS, run_check
@@ -89,7 +90,7 @@ def _waits(rows: list, gpus: int) -> list[QueueWait]:
     for job in rows:
         if job.started_at is not None:
             seconds, pending_cancel = (job.started_at - job.submitted_at).total_seconds(), False
-        elif job.state.startswith("CANCELLED") and job.ended_at is not None:
+        elif JobState.of(job.state) is JobState.CANCELLED and job.ended_at is not None:
             seconds, pending_cancel = (job.ended_at - job.submitted_at).total_seconds(), True
         else:
             continue

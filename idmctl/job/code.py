@@ -136,7 +136,7 @@ def snapshots_in_use() -> set[str]:
 
     from sqlmodel import select
 
-    from idmctl.core.executor import is_final
+    from idmctl.core.job_state import is_terminal
     from idmctl.record.db import session
     from idmctl.record.models import Chain, Job
 
@@ -144,7 +144,7 @@ def snapshots_in_use() -> set[str]:
     with session() as db:
         active = {c.id for c in db.exec(select(Chain).where(Chain.status == "ACTIVE")).all()}
         for job in db.exec(select(Job)).all():
-            if is_final(job.state) and job.chain_id not in active:
+            if is_terminal(job.state) and job.chain_id not in active:
                 continue
             try:
                 code = JobCode.from_record(json.loads(job.options_json or "{}"))

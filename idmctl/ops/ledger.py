@@ -33,13 +33,13 @@ from typing import Any, NamedTuple
 from ground.contract import EXIT_REQUEUE
 from ground.errors import UserError
 from ground.run_events import CHECKPOINT, START, read_events
+from idmctl.core.job_state import JobState
 from idmctl.ops.failures.rows import _naive_utc, _when, is_since, open_classified
 
 GROUPINGS = ("experiment", "qos", "cause")
 PREEMPTED = "preempted"
 UNCLASSIFIED = "unclassified"
 """A failed run sync/`failures` has not classified yet (``idmctl failures`` classifies it)."""
-_FINAL_OK = "COMPLETED"
 
 
 @dataclass
@@ -167,12 +167,12 @@ def _costs(jobs: list[tuple[Any, ...]], causes: dict[tuple[int, int], str]) -> l
             runs = [{"state": state, "exit_code": exit_code, "started_at": None, "ended_at": ended_at,
                      "seconds": seconds}]
         for number, run in enumerate(runs, start=1):
-            word = (run.get("state") or "").split(" ")[0]
+            word = JobState.of(run.get("state"))
             took = run["seconds"] if "seconds" in run else _seconds(run.get("started_at"), run.get("ended_at"))
-            if took is None or word in ("RUNNING", "PENDING") or not run.get("ended_at"):
+            if took is None or word in (JobState.RUNNING, JobState.PENDING) or not run.get("ended_at"):
                 continue
             hours_per_second = (gpus or 0) / 3600
-            if word == _FINAL_OK:
+            if word is JobState.COMPLETED:
                 costs.append(RunCost(experiment, qos or "—", took * hours_per_second, 0.0, None, run["ended_at"]))
                 continue
             useful_s = 0.0

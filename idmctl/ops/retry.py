@@ -79,15 +79,15 @@ def decide_for_job(db: Session, job: Job, chain: Chain, retry: bool = True) -> D
     """:func:`decide` for a stored job that reached a final state, classified like ``idmctl failures`` does."""
     from sqlmodel import select
 
-    from idmctl.ops.failures.classify import is_failed_state
+    from idmctl.core.job_state import JobState, is_failed
     from idmctl.ops.failures.postmortem import classify_job
     from idmctl.record.models import Job as JobRow
 
-    if job.state == "COMPLETED":
+    if job.state == JobState.COMPLETED:
         return decide(None, job.node_list, 0)
     cause = classify_job(job).cause
     earlier = [other for other in db.exec(select(JobRow).where(JobRow.chain_id == chain.id))
-               if other.id != job.id and other.attempt < job.attempt and is_failed_state(other.state)]
+               if other.id != job.id and other.attempt < job.attempt and is_failed(other.state)]
     same = sum(1 for other in earlier if classify_job(other).cause == cause)
     retries_left = chain.retries_budget - chain.retries_used if retry else 0
     cancels = retry and get_cause(cause).scheduler_requeues and job.executor == "slurm" and _cluster_cancels(job)

@@ -20,6 +20,7 @@ from ground import contract
 from ground.code_snapshot import SnapshotError
 from ground.contract import SPEC_FILE
 from ground.errors import CheckFailed, UserError
+from idmctl.core.job_state import JobState
 from idmctl.ops.executors import executor_for
 from idmctl.job.code import JobCode, freeze, planned, require_present, tree_for
 from idmctl.job.effective import EffectiveJob, active_exclusions, build as build_effective
@@ -193,9 +194,9 @@ def resume(experiment: str, chain_id: int, overrides: dict[str, Any], cluster: s
         attempts = list(db.exec(select(Job).where(Job.chain_id == chain_id).order_by(Job.attempt)).all()) if chain else []
         if chain is None or not attempts:
             raise UserError(f"no chain {chain_id}", file="command line", field="--resume", hint="see `idmctl jobs`")
-        from idmctl.core.executor import is_final
+        from idmctl.core.job_state import is_terminal
 
-        running = [a for a in attempts if a.scheduler_id and not is_final(a.state)]
+        running = [a for a in attempts if a.scheduler_id and not is_terminal(a.state)]
         if running:
             raise UserError(f"chain {chain_id} is still running (job {running[-1].id}, {running[-1].state})",
                             file="command line", field="--resume", hint="wait for it to end, or `idmctl cancel` it")
@@ -281,7 +282,7 @@ def _submit_attempt(resolved: ResolvedSpec, scheduler: str, options: JobOptions,
     except CheckFailed as exc:
         _update(job_id, {"state": "SUBMIT_FAILED", "reason": str(exc)[:500]}, chain_id, {"status": "FAILED"})
         raise
-    row, chain = _update(job_id, {"scheduler_id": scheduler_id, "state": "PENDING",
+    row, chain = _update(job_id, {"scheduler_id": scheduler_id, "state": JobState.PENDING.value,
                                   "log_path": ctx.log_path.replace("%j", scheduler_id),
                                   "submitted_at": datetime.now(timezone.utc)}, chain_id, {})
     return Submitted(job=row, chain=chain, script=script)

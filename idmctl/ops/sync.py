@@ -16,7 +16,8 @@ from pathlib import Path
 from sqlmodel import Session, select
 
 from idmctl.ops.executors import executor_for
-from idmctl.core.executor import UNCONFIRMED, JobStatus, is_final
+from idmctl.core.executor import UNCONFIRMED, JobStatus
+from idmctl.core.job_state import JobState, is_terminal
 from idmctl.ops.listing import aware as _aware, queue_wait_seconds  # noqa: F401  (re-exported; one home)
 from idmctl.record.db import session
 from idmctl.record.models import Chain, Job, NodeExclusion
@@ -100,7 +101,7 @@ def _apply_live(job: Job, status: JobStatus) -> None:
     """A status from the live view (squeue) while sacct lags: it says whether the job runs, nothing
     more. An end it reports is only a claim until sacct records it: the job becomes UNCONFIRMED (not
     final), keeps its restarts, exit code and runs, and every sync asks again."""
-    if is_final(status.state):
+    if is_terminal(status.state):
         job.state = UNCONFIRMED
         job.reason = f"squeue says {status.state}; waiting for sacct to record how it ended"
     else:
@@ -126,7 +127,7 @@ def _note_mlflow_run(db: object, job: Job) -> None:
 def unfinished_jobs() -> list[Job]:
     with session() as db:
         rows = db.exec(select(Job).where(Job.scheduler_id.is_not(None))).all()  # type: ignore[union-attr]
-        return [job for job in rows if not is_final(job.state)]
+        return [job for job in rows if not is_terminal(job.state)]
 
 
 def sync(retry: bool = True) -> SyncReport:
@@ -157,9 +158,9 @@ def sync(retry: bool = True) -> SyncReport:
                     report.changed.append(row.id or 0)
                 _exclude_nodes_that_failed(db, row, status)
                 # RUNNING, or ended by squeue's word while sacct lags (UNCONFIRMED): either way not classified yet.
-                if row.state in ("RUNNING", UNCONFIRMED) and _note_hang(db, row):
+                if row.state in (JobState.RUNNING, UNCONFIRMED) and _note_hang(db, row):
                     report.hung.append(row.id or 0)
-                if is_final(row.state):
+                if is_terminal(row.state):
                     ended.append(row.id or 0)
                     _record_efficiency(row)
                 elif row.state == UNCONFIRMED:
@@ -292,7 +293,7 @@ def _log_efficiency(job_ids: list[int]) -> None:
 def _exclude_nodes_that_failed(db: Session, job: Job, status: JobStatus) -> None:
     """Slurm requeues a job whose node failed (``--requeue``): the job goes on, but the node is left out
     of later submissions all the same. Earlier runs that ended NODE_FAIL name the node."""
-    failed_nodes = {run.node_list for run in status.runs[:-1] if run.state == "NODE_FAIL" and run.node_list}
+    failed_nodes = {run.node_list for run in status.runs[:-1] if run.state == JobState.NODE_FAIL and run.node_list}
     if not failed_nodes:
         return
     from idmctl.ops.retry import node_exclusion_time

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ground.units import format_bytes, format_duration, slurm_time
+from idmctl.core.job_state import JobState
 
 HEADROOM = 1.25
 """Suggested memory and CPUs: the measured peak plus a quarter (a later batch, another node)."""
@@ -184,13 +185,13 @@ def suggest(found: EfficiencyReport, options: dict[str, Any]) -> list[Suggestion
         elif found.cpu_eff > HIGH and (found.data_wait_frac or 0.0) > 0.2:
             out.append(Suggestion("-c", str(per_node * 2), f"{arithmetic} and the steps waited "
                                                             f"{found.data_wait_frac:.0%} for data: the loader is CPU-bound"))
-    if found.elapsed_s and found.limit_s and found.state == "COMPLETED" and (found.time_frac or 0) < LOW:
+    if found.elapsed_s and found.limit_s and found.state == JobState.COMPLETED and (found.time_frac or 0) < LOW:
         limit = max(300.0, math.ceil(found.elapsed_s * TIME_HEADROOM / 60) * 60)
         out.append(Suggestion("--time", slurm_time(limit),
                               f"completed in {format_duration(found.elapsed_s)} × {TIME_HEADROOM} (at least 5 min); "
                               f"asked {format_duration(found.limit_s)}, used {found.time_frac:.0%} (a shorter limit "
                               "backfills sooner)"))
-    elif found.state.startswith("TIMEOUT") and found.limit_s:
+    elif JobState.of(found.state) is JobState.TIMEOUT and found.limit_s:
         out.append(Suggestion("--time", slurm_time(found.limit_s * 2),
                               f"hit its {format_duration(found.limit_s)} limit; or let the chain resume from checkpoints"))
     return out

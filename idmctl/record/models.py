@@ -7,6 +7,7 @@ from datetime import datetime, timezone
 
 from sqlmodel import Field, SQLModel
 
+from idmctl.core.job_state import JobState
 from idmctl.record.url import writer
 
 
@@ -99,7 +100,7 @@ class Job(Written, table=True):
     executor: str = "slurm"
     scheduler_id: str | None = Field(default=None, index=True)
     """Slurm job id, or the local executor's pid-based id."""
-    state: str = Field(default="PENDING", index=True)
+    state: str = Field(default=JobState.PENDING.value, index=True)
     reason: str | None = None
     exit_code: str | None = None
     submitted_at: datetime | None = None

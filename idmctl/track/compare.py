@@ -24,12 +24,11 @@ from ground.errors import UserError
 from ground.paths import experiments_dir, home, mlflow_tracking_uri
 from ground.spec.loader import BASELINES_FILE
 from ground.spec.schema import Goal
+from idmctl.core.job_state import JobState
 
 _BASELINE_KEYS = {"name", "label", "steps", "effective_batch", "note", "state"}
 _BASELINE_STATES = ("finished", "preempted")
 # Slurm states after which the MLflow status (possibly stuck at RUNNING after a kill) is stale.
-_TERMINAL_SLURM = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "OUT_OF_MEMORY",
-                   "BOOT_FAIL", "DEADLINE"}
 
 RowKind = Literal["baseline", "run", "planned"]
 
@@ -202,9 +201,9 @@ def _run_row(client: Any, run: Any) -> CompareRow:
 
 
 def _run_status(mlflow_status: str, slurm_state: str | None) -> str:
-    state = (slurm_state or "").split()[0].upper() if slurm_state else ""
-    if state in _TERMINAL_SLURM and state != "COMPLETED":
-        return "killed" if state == "CANCELLED" else state.lower()
+    state = JobState.of(slurm_state)
+    if state is not None and state.is_failed:
+        return "killed" if state is JobState.CANCELLED else state.value.lower()
     return {"RUNNING": "running", "SCHEDULED": "running", "FINISHED": "finished",
             "FAILED": "failed", "KILLED": "killed"}.get(mlflow_status, mlflow_status.lower())
 

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from ground.errors import CheckFailed, UserError
+from idmctl.core.job_state import JobState
 from idmctl.cli.commands import job_flags, options
 from idmctl.cli.output import console, emit_json, err_console, make_table
 from idmctl.record.stored_json import job_options
@@ -235,7 +236,7 @@ def jobs(
             chains = {c.id: c for c in db.exec(select(Chain).where(Chain.id.in_(chain_ids)))}
     run_of_chain = {cid: c.mlflow_run_id for cid, c in chains.items()}
     now = time.time()
-    etas = {j.id: eta_for_job(j, chains.get(j.chain_id), now) for j in rows if j.state == "RUNNING"}
+    etas = {j.id: eta_for_job(j, chains.get(j.chain_id), now) for j in rows if j.state == JobState.RUNNING}
     records = [{
         "job": j.id, "chain": j.chain_id, "attempt": j.attempt, "experiment": j.experiment, "executor": j.executor,
         "scheduler_id": j.scheduler_id, "state": j.state, "reason": j.reason, "exit_code": j.exit_code,
@@ -279,7 +280,7 @@ def print_etas(now: float | None = None) -> None:
 
     now = now if now is not None else time.time()
     with session() as db:
-        running = db.exec(select(Job).where(Job.state == "RUNNING")).all()
+        running = db.exec(select(Job).where(Job.state == JobState.RUNNING.value)).all()
         chains = {c.id: c for c in db.exec(select(Chain).where(Chain.id.in_({j.chain_id for j in running})))}
     for job in running:
         eta = eta_for_job(job, chains.get(job.chain_id), now)
@@ -314,7 +315,7 @@ def watch(
 def cancel(job: Annotated[int, typer.Argument(**options.JOB_ID, help="idmctl job id (see `idmctl jobs`).")]) -> None:
     """Cancel a job and stop its chain from retrying."""
     from idmctl.ops.executors import executor_for
-    from idmctl.core.executor import is_final
+    from idmctl.core.job_state import is_terminal
     from idmctl.record.db import session
     from idmctl.record.models import Chain, Job
 
@@ -322,7 +323,7 @@ def cancel(job: Annotated[int, typer.Argument(**options.JOB_ID, help="idmctl job
         row = db.get(Job, job)
         if row is None or row.scheduler_id is None:
             raise UserError(f"no submitted job {job}", field="JOB", hint="see `idmctl jobs`")
-        if is_final(row.state):
+        if is_terminal(row.state):
             raise CheckFailed(f"job {job} already ended {row.state}")
         chain = db.get(Chain, row.chain_id) if row.chain_id else None
         if chain is not None:

@@ -20,7 +20,8 @@ from pathlib import Path
 
 from ground import contract
 from ground.errors import CheckFailed, UserError
-from idmctl.core.executor import JobStatus, RunRecord, SchedulerRefusal, is_final, one_line
+from idmctl.core.executor import JobStatus, RunRecord, SchedulerRefusal, one_line
+from idmctl.core.job_state import JobState, is_terminal
 from ground.paths import atomic_write_text, home
 
 
@@ -48,7 +49,7 @@ class LocalExecutor:
         scheduler_id = f"local-{secrets.token_hex(4)}"
         log = log_path.replace("%j", scheduler_id)
         state_path = _state_path(scheduler_id)
-        _write(state_path, {"state": "PENDING", "submitted_at": _now(), "log_path": log})
+        _write(state_path, {"state": JobState.PENDING.value, "submitted_at": _now(), "log_path": log})
         subprocess.Popen(
             [sys.executable, "-m", "idmctl.ops.executors.local", str(script_path), log, str(state_path)],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -72,9 +73,9 @@ class LocalExecutor:
                 continue
             state = record["state"]
             pid = record.get("runner_pid")
-            if not is_final(state) and pid and not _alive(int(pid)):
+            if not is_terminal(state) and pid and not _alive(int(pid)):
                 # The runner died without writing an end (killed -9, host reboot).
-                state, record["exit_code"], record["reason"] = "FAILED", "0:9", "RunnerLost"
+                state, record["exit_code"], record["reason"] = JobState.FAILED.value, "0:9", "RunnerLost"
             parse = lambda key: datetime.fromisoformat(record[key]) if record.get(key) else None  # noqa: E731
             status = JobStatus(
                 scheduler_id=scheduler_id, state=state, exit_code=record.get("exit_code"),
@@ -93,18 +94,18 @@ class LocalExecutor:
         except (OSError, ValueError) as exc:
             raise UserError(f"no local job {scheduler_id!r}", field="JOB", hint="see `idmctl jobs`") from exc
         deadline = time.monotonic() + 10
-        while not record.get("runner_pid") and not is_final(record["state"]) and time.monotonic() < deadline:
+        while not record.get("runner_pid") and not is_terminal(record["state"]) and time.monotonic() < deadline:
             time.sleep(0.05)  # the runner is starting: it publishes its pid in its first write
             record = json.loads(path.read_text())
         pid = record.get("runner_pid")
-        if pid and not is_final(record["state"]):
+        if pid and not is_terminal(record["state"]):
             os.kill(int(pid), signal.SIGTERM)
 
     def wait(self, scheduler_id: str, timeout_s: float = 3600, poll_s: float = 0.2) -> JobStatus:
         deadline = time.monotonic() + timeout_s
         while True:
             status = self.status([scheduler_id]).get(scheduler_id)
-            if status is not None and is_final(status.state):
+            if status is not None and is_terminal(status.state):
                 return status
             if time.monotonic() > deadline:
                 raise CheckFailed(f"local job {scheduler_id} still {status.state if status else 'unknown'} after {timeout_s:.0f} s")
@@ -131,7 +132,7 @@ def _run_job(script: str, log: str, state_path: Path) -> int:
     # Installed before the pid is published, so a cancel can never hit the default handler.
     signal.signal(signal.SIGTERM, on_term)
     record = json.loads(state_path.read_text())
-    record.update(state="RUNNING", started_at=_now(), runner_pid=os.getpid(), node=os.uname().nodename)
+    record.update(state=JobState.RUNNING.value, started_at=_now(), runner_pid=os.getpid(), node=os.uname().nodename)
     _write(state_path, record)
     Path(log).parent.mkdir(parents=True, exist_ok=True)
     returncode = -signal.SIGTERM
@@ -143,13 +144,13 @@ def _run_job(script: str, log: str, state_path: Path) -> int:
                 os.killpg(child["process"].pid, signal.SIGTERM)
             returncode = child["process"].wait()
     if cancelled["flag"]:
-        state, reason = "CANCELLED", "Cancelled"
+        state, reason = JobState.CANCELLED.value, "Cancelled"
     elif returncode == 0:
-        state, reason = "COMPLETED", None
+        state, reason = JobState.COMPLETED.value, None
     elif returncode == contract.EXIT_REQUEUE:
-        state, reason = "PREEMPTED", "CheckpointedForRequeue"
+        state, reason = JobState.PREEMPTED.value, "CheckpointedForRequeue"
     else:
-        state, reason = "FAILED", "NonZeroExitCode"
+        state, reason = JobState.FAILED.value, "NonZeroExitCode"
     exit_code = f"0:{-returncode}" if returncode < 0 else f"{returncode}:0"
     record.update(state=state, reason=reason, exit_code=exit_code, ended_at=_now())
     _write(state_path, record)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ground.errors import CheckFailed, UserError
 from idmctl.core.executor import JobStatus, RunRecord, SchedulerRefusal, SchedulerUnreachable, one_line
+from idmctl.core.job_state import JobState, is_terminal
 
 SACCT_FIELDS = ("JobID", "State", "ExitCode", "Reason", "Submit", "Start", "End", "NodeList")
 USAGE_FIELDS = ("Elapsed", "TotalCPU", "AllocCPUS", "ReqMem", "MaxRSS", "Timelimit", "NTasks", "NNodes")
@@ -78,11 +79,11 @@ def parse_sacct(text: str) -> dict[str, JobStatus]:
         status.state = current.state
         status.exit_code = current.exit_code
         status.reason = current.reason
-        oom_step = next((step for step in current.steps if step[1] == "OUT_OF_MEMORY"), None)
-        if current.state == "FAILED" and oom_step is not None:
+        oom_step = next((step for step in current.steps if step[1] == JobState.OUT_OF_MEMORY), None)
+        if current.state == JobState.FAILED and oom_step is not None:
             # Slurm 22.05 marks the allocation FAILED with the batch shell's exit when an srun step is
             # OOM-killed; the step's own record (OUT_OF_MEMORY 0:125) is the cause, so it is what we keep.
-            status.state, status.exit_code = "OUT_OF_MEMORY", oom_step[2]
+            status.state, status.exit_code = JobState.OUT_OF_MEMORY.value, oom_step[2]
             status.reason = f"OutOfMemory in step {oom_step[0]}"
         status.started_at = current.started_at
         status.ended_at = current.ended_at
@@ -101,11 +102,11 @@ def parse_squeue(text: str) -> dict[str, JobStatus]:
         if len(parts) != 7:
             continue
         job_id, state, reason, submit, start, end, nodes = parts
-        started = parse_time(start) if state != "PENDING" and nodes else None
+        started = parse_time(start) if state != JobState.PENDING and nodes else None
         statuses[job_id] = JobStatus(
             scheduler_id=job_id, state=state, reason=reason if reason not in ("None", "") else None,
             submitted_at=parse_time(submit), started_at=started,
-            ended_at=parse_time(end) if state not in ("PENDING", "RUNNING") else None,
+            ended_at=parse_time(end) if state not in (JobState.PENDING, JobState.RUNNING) else None,
             node_list=nodes or None, confirmed=False,
         )
     return statuses
@@ -179,12 +180,12 @@ class SlurmExecutor:
         script may still checkpoint and requeue itself (it did on the local cluster with the QoS set to
         cancel). Until squeue no longer shows the job live, it is not over: sync would otherwise resubmit
         a chain whose job comes back by itself, and two attempts would train into one run directory."""
-        preempted = [i for i, status in statuses.items() if status.state.split(" ")[0] == "PREEMPTED"]
+        preempted = [i for i, status in statuses.items() if JobState.of(status.state) is JobState.PREEMPTED]
         if not preempted:
             return
         result = _run(["squeue", "-h", "-t", "all", "-j", ",".join(preempted), "-o", SQUEUE_FORMAT])
         for job_id, live in parse_squeue(result.stdout).items():
-            if job_id in statuses and not is_final(live.state):
+            if job_id in statuses and not is_terminal(live.state):
                 statuses[job_id].state, statuses[job_id].ended_at = live.state, None
 
     def cancel(self, scheduler_id: str) -> None:

@@ -18,6 +18,7 @@ from ground.contract import FAILURE_MARKER
 from ground.errors import UserError
 from ground.paths import REPO_ROOT
 from ground.units import format_duration, parse_duration
+from idmctl.core.job_state import JobState, first_word
 
 TAXONOMY_PATH = Path(__file__).resolve().parent / "taxonomy.yaml"
 MARKER = FAILURE_MARKER  # ground.contract: the line a job prints before failing on purpose
@@ -27,8 +28,6 @@ ACTIONS = ("resume", "exclude_node_and_resume", "rollback", "stop")
 """What sync may do after a cause (``action:`` in taxonomy.yaml, whose header says what each means)."""
 RETRY_ACTIONS = ("resume", "exclude_node_and_resume", "rollback")
 _CONDITIONS = {"state", "started", "exit_code", "derived_exit_code", "reason", "restarts_at_least", "log"}
-_TERMINAL_OK = {"COMPLETED"}
-_NOT_FINISHED = {"PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "SUSPENDED", "RESIZING"}
 
 
 @dataclass(frozen=True)
@@ -155,12 +154,6 @@ def get_cause(name: str) -> Cause:
     raise UserError(f"unknown cause {name!r}", field="--cause", hint=f"one of: {', '.join(cause_names())}")
 
 
-def is_failed_state(state: str | None) -> bool:
-    """A finished job that did not complete (what gets classified)."""
-    word = _state_word(state)
-    return bool(word) and word not in _TERMINAL_OK and word not in _NOT_FINISHED
-
-
 def marker_line(cause: str, **fields: object) -> str:
     """The line a job prints before failing on purpose, e.g. ``IDMCTL_FAILURE cause=nan_loss step=12``."""
     return " ".join([MARKER, f"cause={cause}", *(f"{key}={value}" for key, value in fields.items())])
@@ -180,7 +173,7 @@ def classify(
     """The first taxonomy cause whose rules match this outcome, with its evidence."""
     lines = _before_a_cancel([line.rstrip() for line in (log_tail or "").splitlines()], state)
     record = _slurm_record(state, reason, exit_code, derived_exit_code, restarts, waited_seconds, ran_seconds)
-    facts = {"state": _state_word(state), "started": started, "exit_code": exit_code or "",
+    facts = {"state": first_word(state), "started": started, "exit_code": exit_code or "",
              "derived_exit_code": derived_exit_code or "", "reason": reason or "", "restarts": restarts}
     for cause in load_taxonomy():
         for rule in cause.rules:
@@ -207,14 +200,10 @@ def _before_a_cancel(lines: list[str], state: str | None) -> list[str]:
     down (a traceback from a write to the closed srun pipe, a signal message) is the cancel's doing, not
     the cause. A traceback printed before the cancel still names the cause (one rank crashed, the others
     hung, someone cancelled)."""
-    if _state_word(state) != "CANCELLED":
+    if first_word(state) != JobState.CANCELLED:
         return lines
     cut = next((index for index, line in enumerate(lines) if _CANCELLED_BY_HAND.search(line)), None)
     return lines if cut is None else lines[:cut]
-
-
-def _state_word(state: str | None) -> str:
-    return (state or "").strip().split(" ")[0].upper()
 
 
 def _rule_matches(rule: dict[str, Any], facts: dict[str, Any], lines: list[str]) -> list[str] | None:

@@ -16,7 +16,8 @@ from sqlalchemy import exists, func, or_
 from sqlmodel import Session, select
 
 from ground.errors import UserError
-from idmctl.ops.failures.classify import Classification, classify, get_cause, is_failed_state
+from idmctl.core.job_state import JobState, is_failed
+from idmctl.ops.failures.classify import Classification, classify, get_cause
 from idmctl.ops.failures.rows import (PostmortemRow, _naive_utc, build_row, is_since, parse_since,  # noqa: F401 (re-exported)
                                   setting_of)
 from idmctl.core.notice import warn
@@ -76,12 +77,12 @@ def failed_runs(job: Job) -> list[FailedRun]:
     runs = json.loads(job.options_json or "{}").get("runs") or []
     found: list[FailedRun] = []
     for index, run in enumerate(runs[:-1], start=1):
-        if is_failed_state(run["state"]) or run["state"].startswith("REQUEUED"):
+        if is_failed(run["state"]) or JobState.of(run["state"]) is JobState.REQUEUED:
             started, ended = _parse_iso(run.get("started_at")), _parse_iso(run.get("ended_at"))
             ran = (ended - started).total_seconds() if started and ended else None
             found.append(FailedRun(index, False, run["state"], run.get("exit_code"), run.get("reason"),
                                    started is not None, ran))
-    if is_failed_state(job.state):
+    if is_failed(job.state):
         found.append(FailedRun(len(runs) if runs else job.restarts + 1, True, job.state, job.exit_code, job.reason,
                                job.started_at is not None, ran_seconds(job)))
     return found
@@ -112,7 +113,7 @@ def record_failures(db: Session, jobs: list[Job] | None = None, mark_mlflow: boo
         # 10,000 mostly-completed jobs must not be walked row by row on every `idmctl failures`.
         # A job whose record has not changed since it was classified is skipped in SQL.
         classified_since_update = exists().where(Failure.job_id == Job.id, Failure.classified_at >= Job.updated_at)
-        jobs = list(db.exec(select(Job).where(or_(Job.state != "COMPLETED", Job.restarts > 0),
+        jobs = list(db.exec(select(Job).where(or_(Job.state != JobState.COMPLETED.value, Job.restarts > 0),
                                               ~classified_since_update)))
     candidates = [(job, runs) for job in jobs if (runs := failed_runs(job))]
     by_job: dict[int, list[Failure]] = {}
@@ -176,7 +177,7 @@ def record_fix(db: Session, job_ids: list[str], note: str, commit: str | None = 
     if not note.strip():
         raise UserError("the fix note is empty", field="--note", hint='say what changed, e.g. --note "use core-own"')
     jobs = find_jobs(db, job_ids)
-    not_failed = [job for job in jobs if not is_failed_state(job.state)]
+    not_failed = [job for job in jobs if not is_failed(job.state)]
     if not_failed:
         job = not_failed[0]
         raise UserError(f"job {job.scheduler_id} is {job.state}, not a failure", field="JOB",

@@ -17,7 +17,8 @@ from typing import Any
 
 from ground.errors import UserError
 from ground.units import parse_duration
-from idmctl.ops.failures.classify import Classification, get_cause, is_failed_state
+from idmctl.core.job_state import is_failed
+from idmctl.ops.failures.classify import Classification, get_cause
 from idmctl.record.url import shared_url
 from idmctl.record.head import HEAD_REVISION  # the schema the fast read understands
 
@@ -134,7 +135,7 @@ def open_classified(db: Path) -> sqlite3.Connection | None:
         connection.close()
         return None
     if revision is None or revision[0] != HEAD_REVISION or any(
-            is_failed_state(row["state"]) or row["restarts"] > 0 for row in unclassified):
+            is_failed(row["state"]) or row["restarts"] > 0 for row in unclassified):
         connection.close()
         return None
     return connection
