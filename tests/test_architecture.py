@@ -4,6 +4,9 @@ on top. Every import statement in the project's packages is read (top level and 
 from __future__ import annotations
 
 import ast
+import io
+import re
+import tokenize
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -242,3 +245,44 @@ def test_the_print_checker_sees_every_way_to_print(tmp_path: Path) -> None:
     module.write_text('import sys\ncode = "print(1)"\nprint(2)\nsys.stderr.write("x")\nerr_console.print("y")\n'
                       'def f():\n    from rich.console import Console\n    Console().print("z")\n')
     assert printing_calls(module) == [3, 4, 5]
+
+
+CITATION = re.compile(r"\bissue \d+|§\s*\d|slurm-notes|\bgotcha \d+", re.IGNORECASE)
+"""Names of documents a clone of the repository does not have: a comment says what happened instead."""
+CITATION_ROOTS = ("ground", "cache", "trainers", "idmctl", "scripts")
+
+
+def comment_citations(path: Path) -> list[int]:
+    """Lines of comments and docstrings (a shell script's ``#`` lines) that cite an issue, a § or the notes."""
+    text = path.read_text()
+    if path.suffix != ".py":
+        return [number for number, line in enumerate(text.splitlines(), start=1)
+                if "#" in line and CITATION.search(line[line.index("#"):])]
+    found = [token.start[0] for token in tokenize.generate_tokens(io.StringIO(text).readline)
+             if token.type == tokenize.COMMENT and CITATION.search(token.string)]
+    for node in ast.walk(ast.parse(text, filename=str(path))):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            doc = ast.get_docstring(node, clean=False)
+            if doc and CITATION.search(doc):
+                found.append(node.body[0].lineno)
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str) \
+                and CITATION.search(node.value.value):  # an attribute's docstring, under its assignment
+            found.append(node.lineno)
+    return sorted(set(found))
+
+
+def test_comments_say_what_happened_not_where_it_was_filed() -> None:
+    paths = [path for root in CITATION_ROOTS for path in sorted((REPO / root).rglob("*"))
+             if path.suffix in (".py", ".sh") and "__pycache__" not in path.parts]
+    wrong = [f"{path.relative_to(REPO)}:{line}" for path in paths for line in comment_citations(path)]
+    assert not wrong, f"comments that cite an issue, a § or the Slurm notes (say what happened instead): {wrong}"
+
+
+def test_the_citation_checker_reads_comments_and_docstrings(tmp_path: Path) -> None:
+    module = tmp_path / "m.py"
+    module.write_text('"""Module (issue 19 §3)."""\nX = 1  # gotcha 6\nY = 2\n"""Y: slurm-notes 4."""\n\n'
+                      'def f():\n    """Fine."""\n    return "issue 15 in a string the code uses"\n')
+    assert comment_citations(module) == [1, 2, 4]
+    script = tmp_path / "s.sh"
+    script.write_text('echo "issue 3"\nrm -f x  # gotcha 7\n')
+    assert comment_citations(script) == [2]

@@ -1,4 +1,4 @@
-"""The hang watchdog the job script starts beside the trainer (issue 19 §2).
+"""The hang watchdog the job script starts beside the trainer.
 
 ``python -m trainers.watchdog --run-dir DIR --trainer-pid PID --k K --floor S --poll S`` (k, floor and
 poll from the cluster profile's ``hang:``; rendered by idmctl/job/render.py). Every ``poll`` seconds it
@@ -37,7 +37,7 @@ from ground.heartbeat import read, threshold_s
 def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat", encoding="utf-8") as handle:
-            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has exited (slurm-notes 6)
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has exited (kill -0 still succeeds on one)
     except OSError:
         return False
 

@@ -16,7 +16,7 @@ from ground.units import parse_bytes, parse_duration
 
 
 # Upper bounds are sanity guards, far above any run on the cards: a 1 KB spec with `depth: 1e12` grew
-# preflight and `model summary` past 4.6 GB before anything checked it (issue 20). Real runs use
+# preflight and `model summary` past 4.6 GB before anything checked it. Real runs use
 # depth 12, hidden 1024, 5120 channels, 27×48 tokens, 24 frames, 60,000 steps.
 MAX_WIDTH = 65_536
 MAX_DEPTH = 1_024

@@ -128,7 +128,7 @@ def _noop() -> None:
 
 
 class _LazyCommands(MutableMapping[str, Any]):
-    """The root group's commands, each module imported only when its command is looked up (issue 15).
+    """The root group's commands, each module imported only when its command is looked up (start-up time).
 
     Importing every command module and converting every command (typer builds a Pydantic adapter per
     parameter) cost ~0.1 s of each `idmctl` process. Names, order and suggestions come from
@@ -244,7 +244,7 @@ def main() -> None:
     finally:
         # The command is done (typer ends it with SystemExit). Freezing what is left spares the interpreter's
         # last garbage collections of every imported module's objects at shutdown: ~30 ms of a ~0.25 s
-        # `idmctl submit` (issue 15). Atexit handlers, weakref finalizers and flushing stdout still run;
+        # `idmctl submit`. Atexit handlers, weakref finalizers and flushing stdout still run;
         # what only that last collection would have closed is closed first: the store connections (they
         # sit in reference cycles, and their close checkpoints the WAL).
         from idmctl.record import close_open_stores

@@ -21,7 +21,7 @@ def _width() -> int | None:
 
 class _LazyConsole:
     """A rich ``Console`` made on first use: importing rich is ~20 ms, which a ``--json`` command (a
-    submit, ``failures --json``) never needs (issue 15). Its settings are fixed when this module is
+    submit, ``failures --json``) never needs. Its settings are fixed when this module is
     imported, as they were when the console itself was made here."""
 
     def __init__(self, scrub: bool = False, **settings: Any) -> None:

@@ -1,4 +1,4 @@
-"""Run one check in a forked child while the parent does the rest of the preflight (issue 15).
+"""Run one check in a forked child while the parent does the rest of the preflight (its wall time).
 
 Introspection imports the trainer's registries, i.e. torch: ~1.4 s of a cold ``idmctl preflight``, on
 one core. Forked at the start of ``run_preflight``, the child pays that import on the second core while

@@ -204,7 +204,7 @@ def sync(retry: bool = True) -> SyncReport:
 
 
 def _note_hang(db: Session, job: Job) -> bool:
-    """Sync's own look at a running job's heartbeat (issue 19 §2, "or sync for jobs it sees"): silent past
+    """Sync's own look at a running job's heartbeat, besides the watchdog inside the job: silent past
     max(k × s/step, floor) of the job's options, it is classified ``hang`` now — a Failure row for the
     current run, before the job's watchdog has dumped the stacks and killed it, so the record's latency is
     the threshold plus one sync interval. When the job ends the row is reclassified from its log (the

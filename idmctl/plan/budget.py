@@ -2,7 +2,7 @@
 
 One place computes them so the three checks can never disagree about the same run.
 
-Per node (issue 14 §4): a job of ``resources.nodes`` nodes stages the whole cache onto each node's
+Per node: a job of ``resources.nodes`` nodes stages the whole cache onto each node's
 own NVMe (the sampler may hand any sample to any rank), and each node reads only its ranks' share
 of an optimizer step's samples from its own copy, at its own NVMe bandwidth. The NAS is shared:
 the nodes' concurrent stage-in copies split ``nas_read``, and so do unstaged reads.

@@ -1,4 +1,4 @@
-"""The efficiency report of a job that ended (issue 19 §3): sacct's CPU, memory and time figures beside
+"""The efficiency report of a job that ended: sacct's CPU, memory and time figures beside
 the trainer's own (data-wait fraction, peak memory, GPU utilisation), and what the next submit of the
 same experiment should ask for instead, with the numbers.
 

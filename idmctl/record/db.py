@@ -85,7 +85,7 @@ def _writable(directory: Path) -> bool:
 @contextmanager
 def _init_lock(db_file: Path) -> Iterator[None]:
     """Serialise creating and migrating the store across processes: eight `idmctl jobs` on a new
-    IDMCTL_HOME once crashed 31 of 80 times with "table chain already exists" (issue 20). The first
+    IDMCTL_HOME once crashed 31 of 80 times with "table chain already exists". The first
     process migrates; the others wait here, then find the store at head."""
     try:
         db_file.parent.mkdir(parents=True, exist_ok=True)

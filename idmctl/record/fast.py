@@ -1,5 +1,5 @@
 """Plain sqlite3 on the submit path: importing the ORM (SQLAlchemy + SQLModel, ~0.3 s) would be most of
-a submit's process time (issue 15: submit within submitit's time + 0.15 s).
+a submit's process time (the target: submit within submitit's time + 0.15 s).
 
 Only a store already at :data:`HEAD_REVISION` is used this way; otherwise :func:`connect` returns None
 and the caller takes the ORM path, which migrates. Values are written as the ORM writes them: UTC

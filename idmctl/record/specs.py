@@ -27,7 +27,7 @@ def register_specs(specs: list[ResolvedSpec]) -> set[str]:
     """Record each spec version (idempotent, also across processes); returns the hashes that were new.
 
     ``INSERT OR IGNORE`` rather than look-then-insert: two submits of one spec at the same moment both
-    saw it missing and the second died on the primary key (found by the concurrency test, issue 20)."""
+    saw it missing and the second died on the primary key (found by the concurrency test)."""
     from sqlalchemy.dialects import postgresql, sqlite
 
     from idmctl.record import session

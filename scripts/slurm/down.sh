@@ -34,7 +34,7 @@ stop_pidfile "$ROOT/run/mysqld.pid" mariadbd
 if [[ "${1:-}" == "--munge" ]]; then
   stop_pidfile /run/munge/munged.pid munged
 fi
-# slurmd leaves per-node cgroup directories behind; rmdir only removes empty ones (gotcha 14).
+# slurmd leaves per-node cgroup directories behind; rmdir only removes empty ones.
 for ctrl in memory cpuset freezer cpuacct devices; do
   for dir in /sys/fs/cgroup/$ctrl/slurm_n*; do
     [[ -d "$dir" ]] && find "$dir" -depth -type d -exec rmdir {} + 2>/dev/null

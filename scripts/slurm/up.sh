@@ -2,8 +2,7 @@
 # Bring up the project's local Slurm cluster: munge, MariaDB (127.0.0.1:3307, own datadir),
 # slurmdbd, slurmctld and two slurmd nodes n1/n2 on this host, QoS `sub` (preemptible, requeue,
 # GraceTime 10) preempted by `core-own`, fake GPUs from char devices, cgroup v1 memory enforcement
-# (polling fallback when cgroup v1 memory is not writable). Facts behind every setting:
-# ../shared/design/slurm-notes.md.
+# (polling fallback when cgroup v1 memory is not writable). Each setting says what made it necessary.
 #
 # Idempotent: daemons already alive (checked by pid file, /proc state and comm) are left alone.
 # `--clean` stops everything and wipes the state first. Exports land in $ROOT/env (source it).
@@ -29,7 +28,7 @@ log() { echo "slurm-up: $*" >&2; }
 die() { echo "slurm-up: error: $*" >&2; exit 1; }
 
 # A pid file names a live daemon only if the process exists, is not a zombie (PID 1 here reaps
-# late: gotcha 6) and has the expected command name.
+# exited daemons late, so kill -0 succeeds on a dead one) and has the expected command name.
 alive() {
   local pidfile="$1" comm="$2" pid state
   [[ -s "$pidfile" ]] || return 1
@@ -157,7 +156,7 @@ EOF
 
 # ---- munge -----------------------------------------------------------------------------------
 if ! alive /run/munge/munged.pid munged; then
-  # After kill -9 munged leaves socket, lock and pid behind and refuses to start (gotcha 7).
+  # After kill -9 munged leaves socket, lock and pid behind and refuses to start until they are removed.
   rm -f /run/munge/munged.pid /run/munge/munge.socket.2 /run/munge/munge.socket.2.lock
   mkdir -p /run/munge && chown munge:munge /run/munge && chmod 755 /run/munge
   if [[ ! -s /etc/munge/munge.key ]]; then
@@ -209,7 +208,7 @@ StorageUser=slurm
 StoragePass=$DB_PASS
 StorageLoc=slurm_acct_db
 EOF
-  chmod 600 "$ETC/slurmdbd.conf"  # slurmdbd refuses a readable one (gotcha 8)
+  chmod 600 "$ETC/slurmdbd.conf"  # slurmdbd refuses a readable one
   if ! alive "$ROOT/run/slurmdbd.pid" slurmdbd; then
     /usr/sbin/slurmdbd
     wait_for 30 slurmdbd sacctmgr -n list cluster

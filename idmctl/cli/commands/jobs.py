@@ -122,7 +122,7 @@ def _suggestions(experiment: str, options: dict) -> tuple["EfficiencyReport | No
 
 
 def _print_suggestions(experiment: str, options: dict[str, object]) -> None:
-    """What the last ended job of this experiment says the next one should ask for (issue 19 §3)."""
+    """What the last ended job of this experiment says the next one should ask for (its efficiency report)."""
     report, suggestions = _suggestions(experiment, options)
     if not report or not suggestions:
         return

@@ -1,4 +1,4 @@
-"""What a Slurm cluster does to a preempted job: requeue it, or cancel it (issue 19 §5).
+"""What a Slurm cluster does to a preempted job: requeue it, or cancel it.
 
 Read from the cluster, not assumed: ``scontrol show config`` gives PreemptType and the cluster-wide
 PreemptMode; under ``preempt/qos`` the job's QoS may set its own (``sacctmgr show qos``, "cluster"

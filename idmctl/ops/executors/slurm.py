@@ -2,7 +2,7 @@
 ``squeue`` only for jobs sacct has not recorded yet (it lags scontrol by ~1 s), ``scancel``.
 
 Parses the ``--parsable2`` text, not JSON: 22.05's ``sacct --json`` misreports exit codes and its
-``squeue --json`` ignores filters (slurm-notes.md).
+``squeue --json`` ignores filters (both seen on the local 22.05.8 cluster).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from idmctl.core.job_state import JobState, is_terminal
 
 SACCT_FIELDS = ("JobID", "State", "ExitCode", "Reason", "Submit", "Start", "End", "NodeList")
 USAGE_FIELDS = ("Elapsed", "TotalCPU", "AllocCPUS", "ReqMem", "MaxRSS", "Timelimit", "NTasks", "NNodes")
-"""What the efficiency report reads, in the same call (issue 19 §3). MaxRSS lives on the steps
+"""What the efficiency report reads, in the same call. MaxRSS lives on the steps
 (``.batch``, ``.0``), not the allocation line: the call lists steps (no ``-X``)."""
 IDS_PER_CALL = 5000
 """Job ids per sacct call: keeps the command line far below ARG_MAX (5000 × ~8 chars)."""
@@ -148,7 +148,7 @@ class SlurmExecutor:
     def status(self, scheduler_ids: list[str]) -> dict[str, JobStatus]:
         """sacct for every id, squeue for those sacct has not recorded yet. Raises SchedulerUnreachable
         when slurmdbd (sacct) or slurmctld (squeue, confirmed by ``scontrol ping``) does not answer:
-        a sync from half the picture lowered restart counts and cleared exit codes (issue 20)."""
+        a sync from half the picture lowered restart counts and cleared exit codes."""
         ids = [i for i in dict.fromkeys(scheduler_ids) if i.isdigit()]
         statuses: dict[str, JobStatus] = {}
         for start in range(0, len(ids), IDS_PER_CALL):
@@ -164,7 +164,7 @@ class SlurmExecutor:
         if lagging:
             result = _run(["squeue", "-h", "-t", "all", "-j", ",".join(lagging), "-o", SQUEUE_FORMAT])
             if result.returncode != 0:
-                # squeue also exits 1 when no id is known any more (slurm-notes 11): only a failed ping
+                # squeue also exits 1 when no id is known any more (Slurm 22.05): only a failed ping
                 # means the controller is away.
                 check_controller()
             # squeue knows no exit code of steps, no earlier runs and no start of a job that never ran:
@@ -189,7 +189,7 @@ class SlurmExecutor:
                 statuses[job_id].state, statuses[job_id].ended_at = live.state, None
 
     def cancel(self, scheduler_id: str) -> None:
-        # scancel exits 0 on an unknown id (slurm-notes 11); -v makes it say so on stderr.
+        # scancel exits 0 and says nothing on an unknown id (Slurm 22.05); -v makes it say so on stderr.
         result = _run(["scancel", "-v", scheduler_id])
         if result.returncode != 0 or "Invalid job id" in result.stderr:
             raise CheckFailed(f"scancel {scheduler_id}: {result.stderr.strip().splitlines()[-1] if result.stderr.strip() else 'failed'}")

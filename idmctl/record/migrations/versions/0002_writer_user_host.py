@@ -1,4 +1,4 @@
-"""every writer identified: user and host on each table a command writes (issue 19 §6, shared store)
+"""every writer identified: user and host on each table a command writes (the team's shared store)
 
 Revision ID: 0002
 Revises: 0001
