@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ground.errors import CheckFailed
+from ground.provenance import Basis
 from ground.spec.loader import ResolvedSpec
 from ground.units import format_bytes
 from idmctl.preflight.budget import fmt_bandwidth, fmt_seconds, fmt_span
@@ -34,6 +35,16 @@ def format_number(key: str, value: Any) -> str:
     return f"{value:,}" if isinstance(value, int) else f"{value:.4g}"
 
 
+BOUNDED_BY_STEP = ("step_s", "train_s", "wall_s", "derived_time_limit_s")
+"""Numbers that are lower bounds when the step time holds no measured compute (shown "≥ ...")."""
+
+
+def _shown(key: str, value: Any, numbers: dict[str, Any]) -> str:
+    text = format_number(key, value)
+    lower_bound = (numbers.get("step_provenance") or {}).get("basis") == Basis.LOWER_BOUND.value
+    return f"≥ {text}" if lower_bound and key in BOUNDED_BY_STEP and value is not None else text
+
+
 @dataclass(frozen=True)
 class RowChange:
     name: str
@@ -48,7 +59,7 @@ class RowChange:
             old, new = self.before.numbers.get(key), self.after.numbers.get(key)
             if key == "what_ifs" or isinstance(old, (dict, list)) or isinstance(new, (dict, list)) or old == new:
                 continue
-            rows.append((key, format_number(key, old), format_number(key, new)))
+            rows.append((key, _shown(key, old, self.before.numbers), _shown(key, new, self.after.numbers)))
         return rows
 
     def as_dict(self) -> dict[str, Any]:
