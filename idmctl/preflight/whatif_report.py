@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from ground.errors import CheckFailed
-from ground.provenance import Basis
 from ground.spec.loader import ResolvedSpec
 from ground.units import format_bytes
 from idmctl.preflight.budget import fmt_bandwidth, fmt_seconds, fmt_span
@@ -35,14 +34,16 @@ def format_number(key: str, value: Any) -> str:
     return f"{value:,}" if isinstance(value, int) else f"{value:.4g}"
 
 
-BOUNDED_BY_STEP = ("step_s", "train_s", "wall_s", "derived_time_limit_s")
+BOUNDED_BY_STEP = ("step_s", "train_s", "wall_s", "derived_time_limit_s", "checkpoint_work_s",
+                   "checkpoint_interval_s", "first_checkpoint_s")
 """Numbers that are lower bounds when the step time holds no measured compute (shown "≥ ...")."""
 
 
 def _shown(key: str, value: Any, numbers: dict[str, Any]) -> str:
+    from idmctl.preflight.whatif import at_least
+
     text = format_number(key, value)
-    lower_bound = (numbers.get("step_provenance") or {}).get("basis") == Basis.LOWER_BOUND.value
-    return f"≥ {text}" if lower_bound and key in BOUNDED_BY_STEP and value is not None else text
+    return f"{at_least(numbers)}{text}" if key in BOUNDED_BY_STEP and value is not None else text
 
 
 @dataclass(frozen=True)
