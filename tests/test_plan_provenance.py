@@ -147,6 +147,6 @@ def test_the_build_estimate_stands_only_on_a_smoke_of_the_jobs_device_kind(idmct
 
 def test_qos_checkpoint_work_on_a_preemptible_tier_is_a_lower_bound_too(cli) -> None:
     result = cli("preflight", "latent_c_n4", "--cluster", "card", "--no-smoke", "--json", "--what-if", "resources.qos=sub")
-    qos = next(row for row in json.loads(result.stdout)["rows"] if row["name"] == "qos")
+    qos = next(row for row in json.loads(result.stdout)["checks"] if row["name"] == "qos")
     assert qos["after"]["numbers"]["step_provenance"]["basis"] == "lower_bound"
     assert {"number": "first_checkpoint_s", "before": "—", "after": "≥ 6.9 h"} in qos["changed"]
