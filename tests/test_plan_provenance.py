@@ -73,18 +73,19 @@ def test_a_recorded_cuda_smoke_joins_the_plan_in_exp_show(cli) -> None:
     from idmctl.preflight.record import record_run
 
     resolved = load_spec("latent_c_n4")
-    record_run(resolved, "card", "card-profile", "code-x",
-               [CheckResult("smoke", Status.PASS, "inserted by the test", CARD_SMOKE.as_dict())], True, 1.0)
+    run = record_run(resolved, "card", "card-profile", "code-x",
+                     [CheckResult("smoke", Status.PASS, "inserted by the test", CARD_SMOKE.as_dict())], True, 1.0)
     spec = resolved.spec
     data_s = step_estimate(card_context()).data_s
     compute_s = CARD_SMOKE.step_s * spec.loader.batch_size * spec.grad_accum / CARD_SMOKE.batch_size
     document = json.loads(cli("exp", "show", "latent_c_n4", "--cluster", "card", "--json").stdout)
     limits = document["limits"]
     assert limits["step_s"] == pytest.approx(data_s + compute_s)
-    assert limits["step_provenance"] == {"basis": "measured", "source": "smoke on cuda:0 at batch 2",
-                                         "device": "cuda", "label": "measured: smoke on cuda:0 at batch 2"}
+    source = f"smoke on cuda:0 at batch 2, preflight run {run.id}"
+    assert limits["step_provenance"] == {"basis": "measured", "source": source, "device": "cuda",
+                                         "label": f"measured: {source}"}
     shown = cli("exp", "show", "latent_c_n4", "--cluster", "card").output
-    assert "(measured: smoke on cuda:0 at batch 2; estimate: data 34.0 s/step + smoke compute" in shown
+    assert f"(measured: {source}; estimate: data 34.0 s/step + smoke compute" in shown
     assert "lower bound" not in shown
 
 

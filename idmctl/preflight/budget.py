@@ -216,4 +216,5 @@ def _compute_seconds(ctx: PreflightContext) -> tuple[float | None, str, Provenan
     per_rank = ctx.spec.loader.batch_size * ctx.spec.grad_accum
     scaled = smoke.step_s * per_rank / smoke.batch_size
     note = f"smoke {smoke.step_s:.3f} s at batch {smoke.batch_size} × {per_rank}/{smoke.batch_size} samples per rank"
-    return scaled, note, Provenance(Basis.MEASURED, f"smoke on {smoke.device} at batch {smoke.batch_size}", ran_on)
+    which = f", preflight run {smoke.preflight_run}" if smoke.preflight_run is not None else ""
+    return scaled, note, Provenance(Basis.MEASURED, f"smoke on {smoke.device} at batch {smoke.batch_size}{which}", ran_on)

@@ -253,14 +253,14 @@ def latest_smoke(spec_hash: str) -> "SmokeMeasurement | None":
     from idmctl.preflight.result import SmokeMeasurement
     from idmctl.store.fast import connect, rows
 
-    query = ("SELECT c.numbers_json FROM preflight_check c JOIN preflight_run r ON c.run_id = r.id "
+    query = ("SELECT c.numbers_json, r.id AS run_id FROM preflight_check c JOIN preflight_run r ON c.run_id = r.id "
              "WHERE r.spec_hash = ? AND c.name = 'smoke' AND c.status != 'SKIP' ORDER BY r.id DESC LIMIT 1")
-    text = None
+    text, run_id = None, None
     for attempt in range(2):
         with connect() as fast:
             if fast is not None:
                 found = rows(fast, query, (spec_hash,))
-                text = found[0].numbers_json if found else None
+                text, run_id = (found[0].numbers_json, found[0].run_id) if found else (None, None)
                 break
         if attempt == 0:
             from ground.paths import db_path
@@ -272,7 +272,7 @@ def latest_smoke(spec_hash: str) -> "SmokeMeasurement | None":
             open_store()  # an older revision: the ORM migrates it, once
     if not text:
         return None
-    numbers = json.loads(text)
+    numbers = {**json.loads(text), "preflight_run": run_id}
     known = set(SmokeMeasurement.__dataclass_fields__)
     try:
         return SmokeMeasurement(**{k: v for k, v in numbers.items() if k in known})
