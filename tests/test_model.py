@@ -207,6 +207,7 @@ def test_model_summary_json_matches_the_meta_model(cli) -> None:
     assert result.exit_code == 0, result.output
     document = json.loads(result.output)
     assert document["params"] == parameter_table(build_model(load_spec("latent_c_n4").spec, device="meta"))
+    assert document["total_minus_card"] == document["params"]["total"] - 242_600_000
     assert [row["cosmos_block"] for row in document["routing"]] == [5, 14, 23, 32]
 
 

@@ -92,9 +92,12 @@ def model_summary(experiment: str) -> dict[str, Any]:
         raise
     build_s = time.perf_counter() - started
     n, c, kv = spec.data.routing_n, spec.data.channels, spec.model.kv_dim
+    params = parameter_table(model)
+    card_shape = (n, spec.model.depth) == CARD_SHAPE
     return {
         "name": resolved.name, "hash": resolved.short_hash, "class": type(model).__name__, "build_s": build_s,
-        "routing_n": n, "depth": spec.model.depth, "params": parameter_table(model),
+        "routing_n": n, "depth": spec.model.depth, "params": params,
+        "total_minus_card": params["total"] - CARD_PARAMS_N4["total"] if card_shape else None,
         "kv_projector_formula": f"{n} × ({c} × {kv} + {kv}) = {n * (c * kv + kv):,}",
         "card_n4": CARD_PARAMS_N4, "card_shape": list(CARD_SHAPE), "routing": routing_rows(spec),
     }
