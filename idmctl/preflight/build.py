@@ -197,7 +197,8 @@ def judge_smoke(job: "EffectiveJob", plan: "BuildPlan", smoke: BuildSmoke | None
     else:
         timing = (f"build time unmeasured on {job_kind.label} (no {job_kind.label} smoke): the 1-file encode ran "
                   f"on {smoke.device} ({timing} there), which does not stand for the job's "
-                  f"{options.gpus_per_node} GPU(s) per node; time limit {format_duration(limit)} not judged")
+                  f"{f'{options.gpus_per_node} GPU(s) per node' if options.gpus_per_node else 'CPUs'}; "
+                  f"time limit {format_duration(limit)} not judged")
     arithmetic = (f"{timing}; peak {format_bytes(smoke.peak_rss_bytes)} × {processes} = {format_bytes(mem_need)} "
                   f"vs --mem {format_bytes(mem_have)}")
     if mem_need > mem_have:
