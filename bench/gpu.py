@@ -36,7 +36,7 @@ SPECS = {"routed": "latent_c_n4", "dense": "latent_c_n12_dense"}
 
 
 REDUCED = {"channels": 64, "token_grid": (3, 4), "hidden_dim": 64, "num_heads": 4, "kv_dim": 64,
-           "action_hidden_dim": 64, "timestep_dim": 32}
+           "timestep_dim": 32}
 """Widths for the CPU run; routing N, depth, frame window, horizon and action size stay the spec's."""
 
 
@@ -44,7 +44,7 @@ def reduced_spec(spec: Any) -> Any:
     """``spec`` with small widths and token grid: the same structure at a size a CPU steps in seconds."""
     data = spec.data.model_copy(update={"channels": REDUCED["channels"], "token_grid": REDUCED["token_grid"]})
     model = spec.model.model_copy(update={key: REDUCED[key] for key in
-                                          ("hidden_dim", "num_heads", "kv_dim", "action_hidden_dim", "timestep_dim")})
+                                          ("hidden_dim", "num_heads", "kv_dim", "timestep_dim")})
     return spec.model_copy(update={"data": data, "model": model})
 
 

@@ -30,7 +30,7 @@ def _spec(root: Path, steps: int, fast: bool) -> Path:
     data = write_tiny_routed_data(root / "data", grid=(4, 4), channels=64 if fast else 256, demos=6, valid=2)
     width = 64 if fast else 256
     spec = tiny_spec(data, model={"depth": 4, "hidden_dim": width, "num_heads": 4, "kv_dim": width,
-                                  "action_hidden_dim": width, "timestep_dim": 64},
+                                  "timestep_dim": 64},
                      loader={"batch_size": 4}, train={"steps": steps, "effective_batch": 8, "checkpoint_every": steps,
                                                       "log_every": 1})
     path = root / "overhead.yaml"

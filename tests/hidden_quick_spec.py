@@ -36,7 +36,6 @@ model:
   num_heads: 2
   kv_dim: 32
   mlp_ratio: 2.0
-  action_hidden_dim: 32
   timestep_dim: 32
   inference_steps: 4
 loader:

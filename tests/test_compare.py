@@ -70,7 +70,7 @@ description: tiny routed DiT for compare tests
 data: {episodes: /nonexistent/demos.hdf5, cache_root: /nonexistent/cache, cache_format: safetensors,
        cached_layers: [0, 1, 2, 3], frames: 8, token_grid: [4, 4], channels: 32, dtype: float32,
        selected_layer_indices: [0, 2], frame_window: 2, action_horizon: 8, action_dim: 7}
-model: {depth: 2, hidden_dim: 32, num_heads: 2, kv_dim: 32, action_hidden_dim: 32}
+model: {depth: 2, hidden_dim: 32, num_heads: 2, kv_dim: 32}
 loader: {batch_size: 4}
 train: {steps: 200, lr: 3.0e-3, effective_batch: 8, checkpoint_every: 50}
 resources: {qos: core-own, time_limit: "0:30:00"}

@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parent.parent
 MISTAKES = REPO / "experiments" / "mistakes"
 TINY = {
     "model": {"depth": 2, "hidden_dim": 32, "num_heads": 2, "kv_dim": 32, "mlp_ratio": 2.0,
-              "action_hidden_dim": 32, "timestep_dim": 32},
+              "timestep_dim": 32},
     "train": {"steps": 2, "lr": 1.0e-3, "warmup_steps": 0, "effective_batch": 2, "checkpoint_every": 1,
               "log_every": 1},
     "resources": {"gpus_per_node": 0, "cpu_ranks": 1, "cpus": 1, "mem": "1500MB", "time_limit": "0:10:00",

@@ -34,7 +34,7 @@ def test_unset_limits_are_derived_from_the_estimate_with_arithmetic(tmp_path: Pa
     limits = derive(_ctx(_spec(tmp_path, **UNSET)))
     # 271.8 GB/step ÷ 8 GB/s = 33.97 s/step; (2.2 h stage + 60,000 × 33.97 s) × 1.25 = 29.6 d, under core-own's 30 d.
     assert limits.time_limit.arithmetic == ("(stage-in 2.2 h + 60,000 steps × 34.0 s/step) × 1.25 margin = 29.6 d "
-                                            "→ 29-14:33:00")
+                                            "→ 29-14:33:00 (a lower bound: the step time holds no compute)")
     assert limits.time_limit_slurm == "29-14:33:00" and limits.time_limit.source == "derived"
     assert limits.checkpoint_every.arithmetic == ("non-preemptible core-own: lose at most 4.0 h to a failure → "
                                                   "interval ≤ 4.0 h; 4.0 h ÷ 34.0 s/step = 423 steps")
@@ -88,10 +88,10 @@ def test_exp_show_prints_each_derived_value_with_its_arithmetic(tmp_path: Path, 
     assert result.exit_code == 0, result.output
     lines = result.stdout.split("# limits on card (derived from measurement; a value in the spec wins):\n")[1].splitlines()
     assert lines == [
-        "  step time 34.0 s/step (estimate: data 34.0 s/step); checkpoint write unknown (no smoke or earlier run "
-        "measured one)",
+        "  step time 34.0 s/step (data-bound lower bound; compute unmeasured (no GPU smoke); estimate: data 34.0 "
+        "s/step); checkpoint write unknown (no smoke or earlier run measured one)",
         "  time limit = 29-14:33:00 (derived): (stage-in 2.2 h + 60,000 steps × 34.0 s/step) × 1.25 margin = 29.6 d → "
-        "29-14:33:00",
+        "29-14:33:00 (a lower bound: the step time holds no compute)",
         "  checkpoint interval = 423 steps (derived): non-preemptible core-own: lose at most 4.0 h to a failure → "
         "interval ≤ 4.0 h; 4.0 h ÷ 34.0 s/step = 423 steps",
         "  signal lead = 102 s (derived): (34.0 s step + unmeasured write) × 3 = 101.9 s → 102 s",
@@ -114,7 +114,8 @@ def test_submit_dry_run_uses_and_explains_the_derived_limits(tmp_path: Path, cli
     assert "#SBATCH --time=26-03:46:00\n" in script  # (7,946 s stage + 60,000 × 30 s) × 1.25 = 2,259,932 s
     assert "#SBATCH --signal=B:USR1@126\n" in script  # (30 s + 12 s) × 3
     assert f"export {ENV_CHECKPOINT_EVERY}=480\n" in script  # 4 h ÷ 30 s
-    assert ("# idmctl: step time 30.0 s/step (median of 1 earlier run(s) with code " in script
+    assert ("# idmctl: step time 30.0 s/step (measured: 1 earlier run(s) on GPU: planned/7; median of 1 earlier "
+            "run(s) with code " in script
             and "this geometry: planned/7); checkpoint write 12.0 s (median of 1 earlier run(s))" in script)
     assert "# idmctl: signal lead = 126 s (derived): (30.0 s step + 12.0 s write) × 3 = 126.0 s → 126 s" in script
 

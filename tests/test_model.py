@@ -15,7 +15,7 @@ torch.set_num_threads(1)
 
 def tiny_config(**overrides: object) -> RoutedDiTConfig:
     values = dict(n_layers=2, cosmos_channels=8, depth=4, hidden_dim=16, num_heads=2, kv_dim=8, mlp_ratio=2.0,
-                  action_dim=3, action_horizon=5, action_hidden_dim=16, timestep_dim=8, inference_steps=4)
+                  action_dim=3, action_horizon=5, num_embodiments=2, timestep_dim=8, inference_steps=4)
     values.update(overrides)
     return RoutedDiTConfig(**values)  # type: ignore[arg-type]
 
@@ -132,14 +132,58 @@ def test_tiny_model_learns_a_fixed_batch() -> None:
     assert held_out_loss() < 0.9 * before
 
 
-def test_card_dimensions_match_the_card_on_the_meta_device() -> None:
-    model = build_model(load_spec("latent_c_n4").spec, device="meta")
+def _groot_head_count(n: int, channels: int, depth: int, d: int, kv: int, mlp_ratio: float, a: int, horizon: int,
+                      timestep_dim: int, embodiments: int) -> dict[str, int]:
+    """Parameters counted from the formulas of card A's routed DiT and GR00T's flow-matching head
+    (Isaac-GR00T's MultiEmbodimentActionEncoder, CategorySpecificMLP decoder, TimestepEncoder),
+    written out here independently of the model's code."""
+    def linear(i: int, o: int) -> int:
+        return i * o + o
+
+    ada_ln = linear(d, 2 * d)
+    hidden = int(d * mlp_ratio)
+    block = (2 * ada_ln + linear(d, 3 * d) + linear(d, d)                  # AdaLNs, self-attention
+             + linear(d, d) + linear(kv, 2 * d) + linear(d, d)             # cross-attention q, kv, out
+             + 2 * d + linear(d, hidden) + linear(hidden, d))              # LayerNorm, MLP
+    encoder = embodiments * (linear(a, d) + linear(2 * d, d) + linear(d, d))   # W1, W2, W3
+    decoder = embodiments * (linear(d, d) + linear(d, a))                      # layer1, layer2
+    timestep = linear(timestep_dim, d) + linear(d, d)
+    parts = {"dit": depth * block, "kv_projectors": n * linear(channels, kv),
+             "action_io": encoder + decoder + timestep + horizon * d + ada_ln}  # + positions, output AdaLN
+    return {**parts, "total": sum(parts.values())}
+
+
+def test_card_model_total_is_the_groot_head_count_computed_on_the_meta_device() -> None:
+    spec = load_spec("latent_c_n4").spec
+    model = build_model(spec, device="meta")
     assert all(p.device.type == "meta" for p in model.parameters())
-    table = parameter_table(model)
-    assert table["kv_projectors"] == 4 * (5120 * 1024 + 1024)
-    assert abs(table["total"] - 242.6e6) / 242.6e6 < 0.001
-    assert abs(table["dit"] - 84.2e6) / 84.2e6 < 0.01
-    assert table["total"] == sum(p.numel() for p in model.parameters())
+    m, data = spec.model, spec.data
+    expected = _groot_head_count(data.routing_n, data.channels, m.depth, m.hidden_dim, m.kv_dim, m.mlp_ratio,
+                                 data.action_dim, data.action_horizon, m.timestep_dim, m.num_embodiments)
+    assert parameter_table(model) == expected
+    assert expected["total"] == sum(p.numel() for p in model.parameters())
+    assert m.num_embodiments == 32 and m.hidden_dim == 1024  # GR00T's max_num_embodiments and hidden_size
+
+
+def test_no_width_of_the_action_head_is_configurable() -> None:
+    # The head's widths are the DiT's (as in GR00T): a spec cannot size it to meet a parameter count.
+    from ground.spec.schema import ModelSpec
+
+    assert not [name for name in ModelSpec.model_fields if name.startswith("action")]
+
+
+def test_model_summary_marks_the_card_figures_and_shows_the_difference(cli) -> None:
+    result = cli("model", "summary", "latent_c_n4")
+    assert result.exit_code == 0, result.output
+    total = parameter_table(build_model(load_spec("latent_c_n4").spec, device="meta"))["total"]
+    rows = {line.split("│")[1].strip(): [cell.strip() for cell in line.split("│")[2:5]]
+            for line in result.output.splitlines() if line.startswith("│")}
+    assert rows["total trainable"] == [f"{total:,}", f"{total / 1e6:.1f}M", "242.6M (card)"]
+    assert rows["DiT blocks"][2] == "84.2M (card)" and rows["KV projectors"][2] == "20.5M (card)"
+    assert rows["action enc/dec, timestep, position, out-norm"][2] == "~138M (card)"
+    difference = total - 242.6e6
+    assert (f"total {total:,} computed − 242.6M (card) = {difference / 1e6:+.2f}M ({difference / 242.6e6:+.2%}); "
+            "why they differ: runbook, The routed DiT") in result.output
 
 
 def test_model_summary_command_prints_the_card_table_and_routing(cli) -> None:
@@ -147,8 +191,9 @@ def test_model_summary_command_prints_the_card_table_and_routing(cli) -> None:
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     assert "N=4 routed layers, depth 12" in lines[0]
-    assert any("KV projectors" in line and "20,975,616" in line and "20.5M" in line for line in lines)
+    assert any("KV projectors" in line and "20,975,616" in line and "20.5M (card)" in line for line in lines)
     assert "KV projectors: 4 × (5120 × 1024 + 1024) = 20,975,616 exactly" in result.output
+    assert "card A's 242.6M (card) is for N=4, depth 4: no difference shown" in result.output
     rows = [line.split("│")[1:5] for line in lines if line.startswith("│") and line.split("│")[1].strip().isdigit()]
     routing = [tuple(cell.strip() for cell in row) for row in rows]
     assert routing == [(str(b), str(b // 3), str([1, 4, 7, 10][b // 3]), str([5, 14, 23, 32][b // 3]))
@@ -162,6 +207,7 @@ def test_model_summary_json_matches_the_meta_model(cli) -> None:
     assert result.exit_code == 0, result.output
     document = json.loads(result.output)
     assert document["params"] == parameter_table(build_model(load_spec("latent_c_n4").spec, device="meta"))
+    assert document["total_minus_card"] == document["params"]["total"] - 242_600_000
     assert [row["cosmos_block"] for row in document["routing"]] == [5, 14, 23, 32]
 
 

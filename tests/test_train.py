@@ -82,7 +82,7 @@ def final_weights(run_dir: Path) -> tuple[int, dict[str, torch.Tensor]]:
 def test_train_command_learns_and_logs_to_mlflow(tiny_cache, tmp_path: Path, cli) -> None:
     spec_path = tiny_cache.spec_file(tmp_path, "tiny_learn", train={"steps": 40, "lr": 1e-2, "log_every": 10,
                                                                     "checkpoint_every": 20},
-                                     model={"hidden_dim": 32, "kv_dim": 32, "action_hidden_dim": 32})
+                                     model={"hidden_dim": 32, "kv_dim": 32})
     run_dir = tmp_path / "run"
     result = cli("train", str(spec_path), "--run-dir", str(run_dir))
     assert result.exit_code == 0, result.output

@@ -7,7 +7,13 @@ S = T_w·H·W context tokens, A action horizon, a action size, D hidden width.
 2. ``routing_map(N, depth)``: DiT block i cross-attends only to projected layer f(i).
 3. Each DiT block: AdaLN → self-attention over the A action tokens, AdaLN → cross-attention to
    its routed layer, LayerNorm → MLP. AdaLN's shift/scale come from the timestep embedding.
-4. Action encoder (actions + time → D) in, action decoder (D → velocity) out.
+4. Action encoder (actions + time → D) in, action decoder (D → velocity) out: GR00T's
+   flow-matching head (NVIDIA Isaac-GR00T, ``gr00t/model/action_head/flow_matching_action_head.py``):
+   each Linear is category-specific, one weight per embodiment (``num_embodiments``, GR00T's default
+   32), picked by the sample's embodiment id. Their widths are the DiT's (GR00T's encoder width is its
+   DiT's input width, its decoder's hidden width its ``hidden_size``, 1024 as here): no width of
+   their own, so nothing can be sized to meet a parameter count. GR00T's state encoder is not built:
+   the IDM's samples carry no robot state (``cache.dataset`` yields hidden states, actions, mask).
 
 Time convention (GR00T's; openpi uses the opposite one): t = 0 is pure noise, t = 1 the clean
 action. x_t = (1 − t)·noise + t·action; the network predicts the velocity v = action − noise
@@ -50,8 +56,8 @@ class RoutedDiTConfig:
     """a: size of one action."""
     action_horizon: int
     """A: actions per chunk (the DiT's sequence length)."""
-    action_hidden_dim: int
-    """Width of the action encoder/decoder MLPs."""
+    num_embodiments: int
+    """Embodiments the action encoder/decoder keep one weight set each for (GR00T: 32)."""
     timestep_dim: int
     """Size of the sinusoidal timestep features."""
     inference_steps: int
@@ -97,32 +103,44 @@ class TimestepEmbedding(nn.Module):
         return self.mlp(sinusoidal_embedding(t, self.timestep_dim).to(self.mlp[0].weight.dtype))
 
 
-class ActionEncoder(nn.Module):
-    """GR00T's action encoder: W1(action) ‖ sinusoid(t) → W2 → swish → W3 → (B, A, D)."""
+class CategorySpecificLinear(nn.Module):
+    """A Linear with one weight and bias per category (embodiment): (B, L, in) → (B, L, out)."""
 
-    def __init__(self, action_dim: int, width: int, hidden_dim: int):
+    def __init__(self, categories: int, in_dim: int, out_dim: int):
         super().__init__()
-        self.width = width
-        self.w1 = nn.Linear(action_dim, width)
-        self.w2 = nn.Linear(2 * width, width)
-        self.w3 = nn.Linear(width, hidden_dim)
+        self.weight = nn.Parameter(torch.empty(categories, in_dim, out_dim))
+        self.bias = nn.Parameter(torch.zeros(categories, out_dim))
 
-    def forward(self, actions: Tensor, t: Tensor) -> Tensor:
-        a = self.w1(actions)
-        tau = sinusoidal_embedding(t, self.width).to(a.dtype)[:, None].expand_as(a)
-        return self.w3(F.silu(self.w2(torch.cat([a, tau], dim=-1))))
+    def forward(self, x: Tensor, category: Tensor) -> Tensor:
+        return torch.bmm(x, self.weight[category]) + self.bias[category][:, None]
+
+
+class ActionEncoder(nn.Module):
+    """GR00T's multi-embodiment action encoder: W1(action) ‖ sinusoid(t) → W2 → swish → W3 → (B, A, D)."""
+
+    def __init__(self, action_dim: int, hidden_dim: int, num_embodiments: int):
+        super().__init__()
+        self.hidden_dim = hidden_dim
+        self.w1 = CategorySpecificLinear(num_embodiments, action_dim, hidden_dim)
+        self.w2 = CategorySpecificLinear(num_embodiments, 2 * hidden_dim, hidden_dim)
+        self.w3 = CategorySpecificLinear(num_embodiments, hidden_dim, hidden_dim)
+
+    def forward(self, actions: Tensor, t: Tensor, embodiment: Tensor) -> Tensor:
+        a = self.w1(actions, embodiment)
+        tau = sinusoidal_embedding(t, self.hidden_dim).to(a.dtype)[:, None].expand_as(a)
+        return self.w3(F.silu(self.w2(torch.cat([a, tau], dim=-1), embodiment)), embodiment)
 
 
 class ActionDecoder(nn.Module):
-    """(B, A, D) → two hidden layers → (B, A, a) velocity."""
+    """GR00T's category-specific MLP: (B, A, D) → ReLU hidden layer of width D → (B, A, a) velocity."""
 
-    def __init__(self, hidden_dim: int, width: int, action_dim: int):
+    def __init__(self, hidden_dim: int, action_dim: int, num_embodiments: int):
         super().__init__()
-        self.mlp = nn.Sequential(nn.Linear(hidden_dim, width), nn.SiLU(), nn.Linear(width, width), nn.SiLU(),
-                                 nn.Linear(width, action_dim))
+        self.layer1 = CategorySpecificLinear(num_embodiments, hidden_dim, hidden_dim)
+        self.layer2 = CategorySpecificLinear(num_embodiments, hidden_dim, action_dim)
 
-    def forward(self, x: Tensor) -> Tensor:
-        return self.mlp(x)
+    def forward(self, x: Tensor, embodiment: Tensor) -> Tensor:
+        return self.layer2(F.relu(self.layer1(x, embodiment)), embodiment)
 
 
 class AdaLayerNorm(nn.Module):
@@ -211,11 +229,11 @@ class LayerRoutedActionDiT(nn.Module):
         self.routing = routing_map(cfg.n_layers, cfg.depth)
         self.kv_projectors = nn.ModuleList(nn.Linear(cfg.cosmos_channels, cfg.kv_dim) for _ in range(cfg.n_layers))
         self.time_embedding = TimestepEmbedding(cfg.timestep_dim, cfg.hidden_dim)
-        self.action_encoder = ActionEncoder(cfg.action_dim, cfg.action_hidden_dim, cfg.hidden_dim)
+        self.action_encoder = ActionEncoder(cfg.action_dim, cfg.hidden_dim, cfg.num_embodiments)
         self.action_position = nn.Parameter(torch.zeros(cfg.action_horizon, cfg.hidden_dim))
         self.blocks = nn.ModuleList(DiTBlock(cfg) for _ in range(cfg.depth))
         self.norm_out = AdaLayerNorm(cfg.hidden_dim)
-        self.action_decoder = ActionDecoder(cfg.hidden_dim, cfg.action_hidden_dim, cfg.action_dim)
+        self.action_decoder = ActionDecoder(cfg.hidden_dim, cfg.action_dim, cfg.num_embodiments)
         self.apply(_init_weights)
 
     # -- context -------------------------------------------------------------------------------
@@ -228,13 +246,15 @@ class LayerRoutedActionDiT(nn.Module):
         return [block.cross_attn.project_kv(projected[self.routing[i]]) for i, block in enumerate(self.blocks)]
 
     # -- the velocity field --------------------------------------------------------------------
-    def velocity(self, x_t: Tensor, t: Tensor, context: Context) -> Tensor:
-        """Predicted v = action − noise at (x_t, t); x_t (B, A, a), t (B,)."""
+    def velocity(self, x_t: Tensor, t: Tensor, context: Context, embodiment: Tensor | None = None) -> Tensor:
+        """Predicted v = action − noise at (x_t, t); x_t (B, A, a), t (B,), embodiment (B,) ids (default 0)."""
+        if embodiment is None:
+            embodiment = torch.zeros(x_t.shape[0], dtype=torch.long, device=x_t.device)
         t_emb = self.time_embedding(t)
-        x = self.action_encoder(x_t, t) + self.action_position[: x_t.shape[1]]
+        x = self.action_encoder(x_t, t, embodiment) + self.action_position[: x_t.shape[1]]
         for block, kv in zip(self.blocks, context):
             x = block(x, t_emb, kv)
-        return self.action_decoder(self.norm_out(x, t_emb))
+        return self.action_decoder(self.norm_out(x, t_emb), embodiment)
 
     # -- training ------------------------------------------------------------------------------
     def forward(self, hidden: Tensor, actions: Tensor, action_mask: Tensor,
@@ -303,6 +323,11 @@ def _init_weights(module: nn.Module) -> None:
     if isinstance(module, AdaLayerNorm):
         nn.init.zeros_(module.modulation.weight)
         nn.init.zeros_(module.modulation.bias)
+    elif isinstance(module, CategorySpecificLinear) and module.weight.device.type != "meta":
+        # Xavier per embodiment, like the Linears here; GR00T's fixed 0.02·randn suits its 1536 width
+        # only (at a tiny width the head starts near zero and barely learns).
+        for weight in module.weight:
+            nn.init.xavier_uniform_(weight)
     elif isinstance(module, nn.Linear) and module.weight.device.type != "meta":
         nn.init.xavier_uniform_(module.weight)
         if module.bias is not None:

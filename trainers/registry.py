@@ -19,7 +19,11 @@ MODELS: dict[str, str] = {"layer_routed_dit": "trainers.model:LayerRoutedActionD
 """Registry name → ``module:Class``; imported lazily so listing names needs no torch."""
 
 CARD_PARAMS_N4 = {"dit": 84.2e6, "kv_projectors": 20.5e6, "action_io": 138e6, "total": 242.6e6}
-"""Card A's parameter table for the N=4 run, printed beside ours by ``idmctl model summary``."""
+"""Card A's parameter table for the N=4 run, as the card prints it (rounded): printed beside the computed
+counts by ``idmctl model summary``, marked "(card)", never used to size the model."""
+
+CARD_SHAPE = (4, 4)
+"""(N routed layers, DiT depth) of the model card A's table counts."""
 
 
 def model_class(spec: ExperimentSpec) -> type["nn.Module"]:
@@ -54,7 +58,7 @@ def model_kwargs(spec: ExperimentSpec) -> dict[str, Any]:
     cfg = RoutedDiTConfig(
         n_layers=d.routing_n, cosmos_channels=d.channels, depth=m.depth, hidden_dim=m.hidden_dim,
         num_heads=m.num_heads, kv_dim=m.kv_dim, mlp_ratio=m.mlp_ratio, action_dim=d.action_dim,
-        action_horizon=d.action_horizon, action_hidden_dim=m.action_hidden_dim, timestep_dim=m.timestep_dim,
+        action_horizon=d.action_horizon, num_embodiments=m.num_embodiments, timestep_dim=m.timestep_dim,
         inference_steps=m.inference_steps, time_beta=tuple(m.time_beta),
     )
     return {"cfg": cfg}

@@ -66,7 +66,7 @@ def tiny_spec(data_section: dict[str, object], /, **overrides: dict[str, object]
     spec: dict[str, dict[str, object]] = {
         "data": {**data_section, "selected_layer_indices": [0, 2], "frame_window": 2, "action_horizon": 4},
         "model": {"depth": 2, "hidden_dim": 16, "num_heads": 2, "kv_dim": 16, "mlp_ratio": 2.0,
-                  "action_hidden_dim": 16, "timestep_dim": 16, "inference_steps": 4},
+                  "timestep_dim": 16, "inference_steps": 4},
         "loader": {"batch_size": 2, "num_workers": 0},
         "train": {"steps": 8, "lr": 3.0e-3, "effective_batch": 4, "checkpoint_every": 4, "log_every": 2},
         "resources": {"gpus_per_node": 0, "cpu_ranks": 1, "cpus": 1, "mem": "2GB", "qos": "core-own",

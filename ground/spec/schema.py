@@ -189,8 +189,9 @@ class ModelSpec(Strict):
     """Width each KV projector maps a Cosmos layer to (card: 5120 → 1024)."""
     mlp_ratio: float = Field(default=4.0, gt=0, le=64)
     """MLP hidden width as a multiple of ``hidden_dim``."""
-    action_hidden_dim: int = Field(ge=1, le=MAX_WIDTH)
-    """Width of the action encoder/decoder MLPs."""
+    num_embodiments: int = Field(default=32, ge=1, le=MAX_WIDTH)
+    """Embodiments the action encoder/decoder keep one weight set each for (GR00T's default, 32); their
+    widths are ``hidden_dim``'s, as in GR00T."""
     timestep_dim: int = Field(default=256, ge=1, le=MAX_WIDTH)
     """Sinusoidal timestep embedding size before its MLP."""
     inference_steps: int = Field(default=4, ge=1, le=10_000)

@@ -34,6 +34,18 @@ def format_number(key: str, value: Any) -> str:
     return f"{value:,}" if isinstance(value, int) else f"{value:.4g}"
 
 
+BOUNDED_BY_STEP = ("step_s", "train_s", "wall_s", "derived_time_limit_s", "checkpoint_work_s",
+                   "checkpoint_interval_s", "first_checkpoint_s")
+"""Numbers that are lower bounds when the step time holds no measured compute (shown "≥ ...")."""
+
+
+def _shown(key: str, value: Any, numbers: dict[str, Any]) -> str:
+    from idmctl.preflight.whatif import at_least
+
+    text = format_number(key, value)
+    return f"{at_least(numbers)}{text}" if key in BOUNDED_BY_STEP and value is not None else text
+
+
 @dataclass(frozen=True)
 class RowChange:
     name: str
@@ -48,7 +60,7 @@ class RowChange:
             old, new = self.before.numbers.get(key), self.after.numbers.get(key)
             if key == "what_ifs" or isinstance(old, (dict, list)) or isinstance(new, (dict, list)) or old == new:
                 continue
-            rows.append((key, format_number(key, old), format_number(key, new)))
+            rows.append((key, _shown(key, old, self.before.numbers), _shown(key, new, self.after.numbers)))
         return rows
 
     def as_dict(self) -> dict[str, Any]:

@@ -95,6 +95,8 @@ class SmokeMeasurement:
     checkpoint_bytes: int | None = None
     entry: str | None = None
     """The job's own entry whose reports these are (None: idmctl's trainer, through ``trainers.smoke``)."""
+    preflight_run: int | None = None
+    """The recorded preflight run this smoke was read back from (None: this preflight's own smoke)."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

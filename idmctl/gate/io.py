@@ -2,7 +2,8 @@
 per step → wall clock for ``train.steps``, against the job's time limit and the QoS's max wall.
 
 Card A: N=12 dense reads ~808 GB/step at NVMe 8 GB/s ≈ 100 s/step ≈ 70 days for 60K steps;
-N=4 sparse ≈ 270 GB/step ≈ 34 s/step (the card measured 25–30 s).
+N=4 sparse ≈ 270 GB/step ≈ 34 s/step of data alone (the card estimated 25–30 s; without a
+GPU smoke the step time is shown as a data-bound lower bound, ``ground.provenance``).
 """
 
 from __future__ import annotations
@@ -32,8 +33,10 @@ def check(ctx: PreflightContext) -> CheckResult:
                "per_node": estimate.per_node, "bandwidth_bps": estimate.bandwidth,
                "data_s_per_step": estimate.data_s, "compute_s_per_step": estimate.compute_s, "step_s": estimate.step_s,
                "train_s": estimate.train_s, "stage_s": estimate.stage_s, "wall_s": estimate.wall_s, "limit_s": limit,
-               "derived_time_limit_s": limits.time_limit.derived}
-    verdict = f"{fmt_span(estimate.wall_s)} vs {limit_name} ({format_duration(limit)})"
+               "derived_time_limit_s": limits.time_limit.derived,
+               "step_provenance": limits.step_provenance.as_dict()}
+    at_least = "" if limits.step_provenance.measured else "≥ "
+    verdict = f"{at_least}{fmt_span(estimate.wall_s)} vs {limit_name} ({format_duration(limit)})"
     summary = f"{estimate.arithmetic()}; {verdict}"
     if estimate.wall_s > limit:
         affordable = int(max(limit - estimate.stage_s, 0) / estimate.step_s)

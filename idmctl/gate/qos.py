@@ -35,7 +35,8 @@ def check(ctx: PreflightContext) -> CheckResult:
     numbers: dict[str, object] = {"qos": res.qos, "gpus": gpus, "max_gpus": tier.max_gpus,
                                   "time_limit_s": limits.time_limit.effective, "max_wall_s": tier.max_wall_seconds,
                                   "checkpoint_every": int(limits.checkpoint_every.effective),
-                                  "checkpoint_work_s": limits.checkpoint_every.effective * limits.step_s}
+                                  "checkpoint_work_s": limits.checkpoint_every.effective * limits.step_s,
+                                  "step_provenance": limits.step_provenance.as_dict()}
 
     if tier.max_gpus is not None and gpus > tier.max_gpus:
         fails.append(f"{gpus} GPUs > {res.qos} max {tier.max_gpus}")
@@ -61,7 +62,8 @@ def check(ctx: PreflightContext) -> CheckResult:
         if stage.reused:
             stage_text = f"stage-in 0 s (already staged at {spec.stage.dest} with this key)"
         ckpt_text = (f"checkpoint every {every:,} steps{'' if spec.train.checkpoint_every else ' (derived)'} × "
-                     f"{fmt_seconds(estimate.step_s)}/step = "
+                     f"{fmt_seconds(estimate.step_s)}/step"
+                     f"{'' if estimate.provenance.measured else ' (' + estimate.provenance.label + ')'} = "
                      f"{format_duration(checkpoint_s)}")
         # Card jobs 6054/6108/6158 staged all 12 layers; staging only the routed ones may fit the cycle.
         routed_fix = routed_staging_fix(ctx, lambda routed: routed.seconds < cycle)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from ground.geometry import HiddenGeometry, sample_io
 from ground.paths import expand_path
+from ground.provenance import Basis, DeviceKind, Provenance, compute_unmeasured
 from ground.stage import reuses, spec_identity
 from idmctl.core.checks import PreflightContext
 from ground.units import format_bytes, format_duration
@@ -149,6 +150,8 @@ class StepEstimate:
     nodes: int = 1
     per_node: bool = False
     """True when each node reads its share (staged to NVMe), False when all nodes share the NAS."""
+    provenance: Provenance = Provenance(Basis.LOWER_BOUND, "no smoke")
+    """Whether ``step_s`` holds measured compute or is the data time alone (a lower bound)."""
 
     @property
     def wall_s(self) -> float:
@@ -168,6 +171,8 @@ class StepEstimate:
                 f"÷ {self.tier} {fmt_bandwidth(self.bandwidth)} = {fmt_seconds(self.data_s)}/step data")
         if self.compute_s is not None:
             text += f" + {fmt_seconds(self.compute_s)} compute ({self.compute_note}) = {fmt_seconds(self.step_s)}/step"
+        else:
+            text += f" ({self.provenance.label})"
         text += f"; × {self.steps:,} steps = {fmt_span(self.train_s)}"
         if self.stage_s:
             text += f" + stage-in {fmt_span(self.stage_s)} = {fmt_span(self.wall_s)}"
@@ -187,27 +192,29 @@ def step_estimate(ctx: PreflightContext) -> StepEstimate:
         tier, bandwidth, per_node = "NAS", profile.storage.nas_read_bps, False
         step_bytes = io.bytes * read
     data_s = step_bytes / bandwidth
-    compute_s, note = _compute_seconds(ctx)
+    compute_s, note, provenance = _compute_seconds(ctx)
     step_s = data_s + (compute_s or 0.0)
     train_s = step_s * spec.train.steps
     return StepEstimate(io.bytes, io.formula, spec.train.effective_batch, spec.loader.repeats, step_bytes, tier,
                         bandwidth, data_s, compute_s, note, step_s, spec.train.steps, train_s, staging(ctx).seconds,
-                        nodes, per_node)
+                        nodes, per_node, provenance)
 
 
-def _compute_seconds(ctx: PreflightContext) -> tuple[float | None, str]:
+def _compute_seconds(ctx: PreflightContext) -> tuple[float | None, str, Provenance]:
     """The smoke's s/step scaled from its batch to the samples one rank computes per optimizer step.
 
     Only used when the smoke ran on the same kind of device the job gets: CPU timings say nothing
-    about an 8-GPU job.
+    about an 8-GPU job, so without a smoke on the job's kind the step time is the data time alone.
     """
+    job = DeviceKind.of_job(ctx.spec.resources.gpus_per_node)
     smoke = ctx.measurements.smoke
     if smoke is None or not smoke.ok or smoke.step_s is None:
-        return None, "no smoke timing"
-    job_on_gpu = ctx.spec.resources.gpus_per_node > 0
-    smoke_on_gpu = smoke.device.startswith("cuda")
-    if job_on_gpu != smoke_on_gpu:
-        return None, f"smoke ran on {smoke.device}, the job on {'GPU' if job_on_gpu else 'CPU'}"
+        return None, "no smoke timing", compute_unmeasured(job)
+    ran_on = DeviceKind.of(smoke.device)
+    if ran_on is not job:
+        return None, f"smoke ran on {smoke.device}, the job on {job.label}", compute_unmeasured(job)
     per_rank = ctx.spec.loader.batch_size * ctx.spec.grad_accum
     scaled = smoke.step_s * per_rank / smoke.batch_size
-    return scaled, f"smoke {smoke.step_s:.3f} s at batch {smoke.batch_size} × {per_rank}/{smoke.batch_size} samples per rank"
+    note = f"smoke {smoke.step_s:.3f} s at batch {smoke.batch_size} × {per_rank}/{smoke.batch_size} samples per rank"
+    which = f", preflight run {smoke.preflight_run}" if smoke.preflight_run is not None else ""
+    return scaled, note, Provenance(Basis.MEASURED, f"smoke on {smoke.device} at batch {smoke.batch_size}{which}", ran_on)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from ground.paths import home
 from ground.progress import read_progress, timing_key
+from ground.provenance import Basis, DeviceKind, Provenance
 from ground.units import format_duration, slurm_time
 from idmctl.plan.budget import fmt_seconds, fmt_span, step_estimate
 from idmctl.core.checks import PreflightContext, RecordedRun
@@ -74,6 +75,8 @@ class Derived:
 class Limits:
     step_s: float
     step_source: str
+    step_provenance: Provenance
+    """Measured (an earlier run, or the smoke on the job's device kind) or the data time alone."""
     write_s: float | None
     write_source: str
     wall_s: float
@@ -94,7 +97,7 @@ class Limits:
 
     def lines(self) -> list[str]:
         """One line per value: ``name = value (source): arithmetic``, for exp show and the job script."""
-        out = [f"step time {fmt_seconds(self.step_s)}/step ({self.step_source}); checkpoint write "
+        out = [f"step time {fmt_seconds(self.step_s)}/step ({self.step_provenance.label}; {self.step_source}); checkpoint write "
                + (f"{fmt_seconds(self.write_s)} ({self.write_source})" if self.write_s is not None else
                   f"unknown ({self.write_source})")]
         for item, shown in ((self.time_limit, slurm_time(self.time_limit.effective)),
@@ -120,8 +123,11 @@ def recorded_runs(runs_root: Path) -> list[RecordedRun]:
     return found
 
 
-def _step_time(ctx: PreflightContext, version: str | None) -> tuple[float, str, list[RecordedRun]]:
-    """Recorded runs of this geometry (and ``version`` when given: the runner keeps only its own code's)."""
+def _step_time(ctx: PreflightContext, version: str | None) -> tuple[float, str, Provenance, list[RecordedRun]]:
+    """Recorded runs of this geometry (and ``version`` when given: the runner keeps only its own code's).
+
+    The timing key holds ``resources.gpus_per_node`` and the trainer refuses a GPU spec without CUDA,
+    so a recorded run with this key ran on the job's device kind."""
     key = timing_key(ctx.spec)
     same = [r for r in ctx.measurements.recorded_runs if r.timing_key == key and (version is None or r.code_version == version)]
     estimate = step_estimate(ctx)
@@ -129,17 +135,19 @@ def _step_time(ctx: PreflightContext, version: str | None) -> tuple[float, str, 
         median = statistics.median(r.s_per_step for r in same)
         names = ", ".join(r.run for r in same[:3]) + (" …" if len(same) > 3 else "")
         versions = ", ".join(sorted({r.code_version for r in same}))
-        return median, f"median of {len(same)} earlier run(s) with code {versions} and this geometry: {names}", same
+        kind = DeviceKind.of_job(ctx.spec.resources.gpus_per_node)
+        provenance = Provenance(Basis.MEASURED, f"{len(same)} earlier run(s) on {kind.label}: {names}", kind)
+        return median, f"median of {len(same)} earlier run(s) with code {versions} and this geometry: {names}", provenance, same
     source = "estimate: data " + fmt_seconds(estimate.data_s) + "/step"
     if estimate.compute_s is not None:
         source += f" + smoke compute {fmt_seconds(estimate.compute_s)}"
-    return estimate.step_s, source, []
+    return estimate.step_s, source, estimate.provenance, []
 
 
 def derive(ctx: PreflightContext, version: str | None = None, *, time_override: float | None = None) -> Limits:
     """The three limits for the job ``ctx`` describes; ``time_override`` is a ``--time`` flag, which wins too."""
     spec, res = ctx.spec, ctx.spec.resources
-    step_s, step_source, same = _step_time(ctx, version)
+    step_s, step_source, step_provenance, same = _step_time(ctx, version)
     estimate = step_estimate(ctx)
     wall = estimate.stage_s + spec.train.steps * step_s
 
@@ -165,6 +173,8 @@ def derive(ctx: PreflightContext, version: str | None = None, *, time_override: 
     if raw > max_wall:
         time_text += f", capped at QoS {res.qos} max wall {format_duration(max_wall)}"
     time_text += f" → {slurm_time(derived_time)}"
+    if not step_provenance.measured:
+        time_text += " (a lower bound: the step time holds no compute)"
     spec_time = time_override if time_override is not None else res.time_limit_seconds
     spec_time_text = f"resources.time_limit {res.time_limit}" if time_override is None else f"--time {slurm_time(time_override)}"
     time_limit = Derived("time limit", derived_time, time_text, spec_time, spec_time_text)
@@ -200,7 +210,7 @@ def derive(ctx: PreflightContext, version: str | None = None, *, time_override: 
     signal = Derived("signal lead", lead, lead_text, spec_lead, f"resources.signal_lead {res.signal_lead}"
                      if res.signal_lead is not None else None)
 
-    return Limits(step_s, step_source, write_s, write_source, wall, time_limit, checkpoint, signal,
+    return Limits(step_s, step_source, step_provenance, write_s, write_source, wall, time_limit, checkpoint, signal,
                   _checkpoint_warning(checkpoint, step_s, write_s, upper, wall),
                   _time_warning(time_limit, wall))
 
@@ -242,14 +252,14 @@ def latest_smoke(spec_hash: str) -> "SmokeMeasurement | None":
     from idmctl.core.checks import SmokeMeasurement
     from idmctl.record.fast import connect, rows
 
-    query = ("SELECT c.numbers_json FROM preflight_check c JOIN preflight_run r ON c.run_id = r.id "
+    query = ("SELECT c.numbers_json, r.id AS run_id FROM preflight_check c JOIN preflight_run r ON c.run_id = r.id "
              "WHERE r.spec_hash = ? AND c.name = 'smoke' AND c.status != 'SKIP' ORDER BY r.id DESC LIMIT 1")
-    text = None
+    text, run_id = None, None
     for attempt in range(2):
         with connect() as fast:
             if fast is not None:
                 found = rows(fast, query, (spec_hash,))
-                text = found[0].numbers_json if found else None
+                text, run_id = (found[0].numbers_json, found[0].run_id) if found else (None, None)
                 break
         if attempt == 0:
             from ground.paths import db_path
@@ -261,7 +271,7 @@ def latest_smoke(spec_hash: str) -> "SmokeMeasurement | None":
             open_store()  # an older revision: the ORM migrates it, once
     if not text:
         return None
-    numbers = json.loads(text)
+    numbers = {**json.loads(text), "preflight_run": run_id}
     known = set(SmokeMeasurement.__dataclass_fields__)
     try:
         return SmokeMeasurement(**{k: v for k, v in numbers.items() if k in known})

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable
 
 from ground.errors import UserError
+from ground.provenance import Basis
 from ground.spec.overrides import SOURCE, apply_overrides, check_path, field_paths, parse_override  # noqa: F401
 from ground.units import format_bytes
 from idmctl.plan.budget import fmt_seconds, fmt_span, staging
@@ -44,11 +45,17 @@ def _show(value: Any) -> str:
     return "[" + ",".join(map(str, value)) + "]" if isinstance(value, list) else str(value)
 
 
+def at_least(numbers: dict[str, Any]) -> str:
+    """``"≥ "`` when the check's step time holds no measured compute (its times are lower bounds)."""
+    return "≥ " if (numbers.get("step_provenance") or {}).get("basis") == Basis.LOWER_BOUND.value else ""
+
+
 def headline(result: CheckResult) -> str:
     """The numbers a fix changes, short: s/step and wall clock for io, bytes for shm and disk."""
     n = result.numbers
     if result.name == "io" and "step_s" in n:
-        return f"{fmt_seconds(n['step_s'])}/step, {fmt_span(n['wall_s'])}"
+        bound = at_least(n)
+        return f"{bound}{fmt_seconds(n['step_s'])}/step, {bound}{fmt_span(n['wall_s'])}"
     if result.name in ("shm", "disk") and n.get("capacity_bytes"):
         need = n.get("need_bytes", n.get("stage_bytes", 0))
         return f"{format_bytes(need)} of {format_bytes(n['capacity_bytes'])}"

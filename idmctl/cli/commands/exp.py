@@ -75,6 +75,7 @@ def show_cmd(experiment: options.Experiment, as_json: options.Json = False,
         "spec": resolved.canonical,
         "derived": derived_values(resolved.spec),
         "limits": {"cluster": profile.name, "step_s": limits.step_s, "step_source": limits.step_source,
+                   "step_provenance": limits.step_provenance.as_dict(),
                    "checkpoint_write_s": limits.write_s, "write_source": limits.write_source,
                    **{item.name.replace(" ", "_"): {"derived": item.derived, "effective": item.effective,
                                                     "source": item.source, "arithmetic": item.arithmetic}

@@ -77,7 +77,7 @@ def summary(
 
 
 def model_summary(experiment: str) -> dict[str, Any]:
-    from trainers.registry import CARD_PARAMS_N4, build_model, model_class, parameter_table, routing_rows
+    from trainers.registry import CARD_PARAMS_N4, CARD_SHAPE, build_model, model_class, parameter_table, routing_rows
 
     from ground.spec import load_spec  # pydantic loads only when the command runs
 
@@ -92,12 +92,26 @@ def model_summary(experiment: str) -> dict[str, Any]:
         raise
     build_s = time.perf_counter() - started
     n, c, kv = spec.data.routing_n, spec.data.channels, spec.model.kv_dim
+    params = parameter_table(model)
+    card_shape = (n, spec.model.depth) == CARD_SHAPE
     return {
         "name": resolved.name, "hash": resolved.short_hash, "class": type(model).__name__, "build_s": build_s,
-        "routing_n": n, "depth": spec.model.depth, "params": parameter_table(model),
+        "routing_n": n, "depth": spec.model.depth, "params": params,
+        "total_minus_card": params["total"] - CARD_PARAMS_N4["total"] if card_shape else None,
         "kv_projector_formula": f"{n} × ({c} × {kv} + {kv}) = {n * (c * kv + kv):,}",
-        "card_n4": CARD_PARAMS_N4, "routing": routing_rows(spec),
+        "card_n4": CARD_PARAMS_N4, "card_shape": list(CARD_SHAPE), "routing": routing_rows(spec),
     }
+
+
+def _card_difference(doc: dict[str, Any]) -> str:
+    """The computed total against the card's, for the card's own shape only (N=4, depth 4)."""
+    total, card = doc["params"]["total"], doc["card_n4"]["total"]
+    n, depth = doc["card_shape"]
+    if [doc["routing_n"], doc["depth"]] != [n, depth]:
+        return f"total {total:,} computed; card A's {card / 1e6:.1f}M (card) is for N={n}, depth {depth}: no difference shown"
+    difference = total - card
+    return (f"total {total:,} computed − {card / 1e6:.1f}M (card) = {difference / 1e6:+.2f}M "
+            f"({difference / card:+.2%}); why they differ: runbook, The routed DiT")
 
 
 _PARTS = (("dit", "DiT blocks"), ("kv_projectors", "KV projectors"),
@@ -107,12 +121,13 @@ _PARTS = (("dit", "DiT blocks"), ("kv_projectors", "KV projectors"),
 def _print_summary(doc: dict[str, Any]) -> None:
     console.print(f"# {doc['name']} {doc['hash']}: {doc['class']}, N={doc['routing_n']} routed layers, "
                   f"depth {doc['depth']} (meta device, built in {doc['build_s']:.2f} s)")
-    table = make_table("part", "params", "", "card A (N=4)")
+    table = make_table("part", "params (computed)", "", "card A (N=4)")
     for key, label in _PARTS:
         value, card = doc["params"][key], doc["card_n4"][key]
-        card_text = f"~{card / 1e6:.0f}M" if key == "action_io" else f"{card / 1e6:.1f}M"
+        card_text = f"~{card / 1e6:.0f}M (card)" if key == "action_io" else f"{card / 1e6:.1f}M (card)"
         table.add_row(label, f"{value:,}", f"{value / 1e6:.1f}M", card_text)
     console.print(table)
+    console.print(_card_difference(doc))
     console.print(f"KV projectors: {doc['kv_projector_formula']} exactly (the card lists 20.5M for its "
                   f"4 × 5120 → 1024 projectors; the exact product is 20,975,616)")
     console.print(f"routing: every block cross-attends to one layer, block i → layer ⌊i·N/D⌋")
