@@ -16,11 +16,11 @@ import pytest
 from ground.progress import timing_key
 from ground.provenance import Basis, DeviceKind, Provenance
 from ground.spec import load_spec
-from idmctl.preflight.budget import step_estimate
-from idmctl.preflight.limits import derive
-from idmctl.preflight.result import (CheckResult, Measurements, PreflightContext, RecordedRun, SmokeMeasurement,
+from idmctl.plan.budget import step_estimate
+from idmctl.plan.limits import derive
+from idmctl.core.checks import (CheckResult, Measurements, PreflightContext, RecordedRun, SmokeMeasurement,
                                      Status)
-from idmctl.profile import load_profile
+from idmctl.core.profile import load_profile
 
 UNMEASURED = "data-bound lower bound; compute unmeasured (no GPU smoke)"
 CARD_SMOKE = SmokeMeasurement(ok=True, losses=[1.62, 1.3, 1.14], dataset_s=23.0, sample_s=0.7, model_s=39.0,
@@ -70,7 +70,7 @@ def test_a_cpu_smoke_does_not_count_as_the_gpu_jobs_compute() -> None:
 
 
 def test_a_recorded_cuda_smoke_joins_the_plan_in_exp_show(cli) -> None:
-    from idmctl.preflight.record import record_run
+    from idmctl.record.preflights import record_run
 
     resolved = load_spec("latent_c_n4")
     run = record_run(resolved, "card", "card-profile", "code-x",
@@ -90,7 +90,7 @@ def test_a_recorded_cuda_smoke_joins_the_plan_in_exp_show(cli) -> None:
 
 
 def test_the_io_check_adds_the_cuda_smokes_compute_and_drops_the_bound() -> None:
-    from idmctl.preflight import io
+    from idmctl.gate import io
 
     result = io.check(card_context(smoke=CARD_SMOKE))
     assert result.numbers["compute_s_per_step"] == pytest.approx(0.5 * 8 * 16 / 2)
@@ -129,8 +129,8 @@ def test_the_build_estimate_stands_only_on_a_smoke_of_the_jobs_device_kind(idmct
                                                                            words: str) -> None:
     from cache.build_plan import plan
     from cache.latent.scenes import write_scene_episodes
-    from idmctl.jobs.effective import build
-    from idmctl.preflight.build import BuildSmoke, judge_smoke
+    from idmctl.job.effective import build
+    from idmctl.gate.build import BuildSmoke, judge_smoke
 
     episodes = idmctl_home / "demos.hdf5"
     write_scene_episodes(episodes, demos=3, steps=9)

@@ -40,7 +40,7 @@ BOUNDED_BY_STEP = ("step_s", "train_s", "wall_s", "derived_time_limit_s", "check
 
 
 def _shown(key: str, value: Any, numbers: dict[str, Any]) -> str:
-    from idmctl.preflight.whatif import at_least
+    from idmctl.plan.whatif import at_least
 
     text = format_number(key, value)
     return f"{at_least(numbers)}{text}" if key in BOUNDED_BY_STEP and value is not None else text
