@@ -360,3 +360,23 @@ def plot_decisions(reports: list[DecisionReport], out: Path) -> Path:
         plt.close(figure)
         tmp.unlink(missing_ok=True)
     return out
+
+
+def paired_lines(reports: list[DecisionReport]) -> list[str]:
+    """Each measured decision against the first one evaluated on the very same episodes: the paired
+    interval of the per-episode differences (episode-to-episode spread cancels)."""
+    from idmctl.decision import METHOD, paired
+
+    measured = [r for r in reports if r.runs and len(r.runs[0].episodes) >= 2]
+    lines = []
+    for base_index, base in enumerate(measured):
+        for other in measured[base_index + 1:]:
+            if other.protocol != base.protocol or other.runs[0].episodes != base.runs[0].episodes:
+                continue
+            a = [sum(values) / len(values) for values in zip(*(r.errors_mm for r in other.runs))]
+            b = [sum(values) / len(values) for values in zip(*(r.errors_mm for r in base.runs))]
+            diff = paired(a, b)
+            lines.append(f"paired {other.subject} − {base.subject}: {diff.mean:+.1f} mm, 95 % interval "
+                         f"[{diff.low:+.1f}, {diff.high:+.1f}] mm on the same {diff.episodes} episodes under "
+                         f"{base.protocol} ({METHOD} of the per-episode differences)")
+    return lines

@@ -138,6 +138,16 @@ def test_a_close_run_is_undecided_with_the_episodes_that_would_decide(cli, track
     assert [e["error_mm"] for e in decision["runs"][0]["episodes"]] == [55.0, 66.0, 58.0, 63.0]
 
 
+def test_two_runs_on_the_same_episodes_are_compared_paired(cli, tracked):
+    result = cli("decide", "qclose", "--against", "qdecide#1", "--no-tags")
+    assert result.exit_code == 0, result.output
+    [line] = [line for line in result.output.splitlines() if line.startswith("paired ")]
+    # qdecide#1 − qclose#3 per episode: 38−55, 44.5−66, 41−58, 35.5−63 = −17, −21.5, −17, −27.5 → mean −20.75 mm.
+    assert line.startswith("paired qdecide#1 − qclose#3: -20.8 mm, 95 % interval [")
+    assert line.endswith("on the same 4 episodes under sim:Lift/valid:4ep (studentized bootstrap (bootstrap-t) "
+                         "over episodes of the per-episode differences)")
+
+
 def test_the_best_checkpoint_is_warned_as_chosen_on_the_same_episodes(cli, tracked):
     result = cli("decide", "qclose#3", "--checkpoint", "best", "--no-tags")
     assert result.exit_code == 0, result.output

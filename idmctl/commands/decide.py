@@ -23,16 +23,21 @@ def decide(
         "--plot", help="Also draw the per-episode errors, the interval and the goal line to this PNG.")] = None,
     no_tags: Annotated[bool, typer.Option(
         "--no-tags", help="Do not write the verdict to the MLflow runs as idmctl.decision.* tags.")] = False,
+    against: Annotated[str | None, typer.Option(
+        "--against", help="Another run or experiment to compare with, paired when both share their episodes.")] = None,
 ) -> None:
     """PASS / FAIL / UNDECIDED for the goal: estimate, 95 % interval (bootstrap-t over episodes), P(goal)."""
-    from idmctl.decide import build_decisions, plot_decisions, write_tags
+    from idmctl.decide import build_decisions, paired_lines, plot_decisions, write_tags
 
     reports = build_decisions(experiment, goal, checkpoint)
+    if against is not None:
+        reports += build_decisions(against, goal or str(reports[0].goal), checkpoint)
+    pairs = paired_lines(reports)
     if plot is not None:
         plot_decisions(reports, plot)
     tagged = 0 if no_tags else write_tags(reports)
     if as_json:
-        emit_json({"decisions": [r.to_json() for r in reports], "tagged_runs": tagged,
+        emit_json({"decisions": [r.to_json() for r in reports], "paired": pairs, "tagged_runs": tagged,
                    "plot": str(plot) if plot is not None else None})
         return
     for report in reports:
@@ -41,6 +46,8 @@ def decide(
             console.print(f"  warning: {warning}", markup=False)
         for line in report.lines:
             console.print(f"  {line}", markup=False, soft_wrap=True)
+    for line in pairs:
+        console.print(line, markup=False, soft_wrap=True)
     if tagged:
         console.print(f"MLflow: {tagged} run(s) tagged idmctl.decision.* (verdict, interval, P(goal))", markup=False)
     if plot is not None:
