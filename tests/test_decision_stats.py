@@ -36,19 +36,21 @@ def _normal(rng: np.random.Generator, n: int) -> np.ndarray:
 def test_interval_covers_the_truth_and_verdicts_are_rarely_wrong(shape: str, episodes: int):
     draw, truth = (_lognormal, LOGNORMAL_MEAN) if shape == "lognormal" else (_normal, 120.0)
     rng = np.random.default_rng(SEED)
-    covered = wrong = decided = 0
-    # The goal sits 5 mm from the truth: near enough that many decisions stay UNDECIDED, and a wrong
+    covered = wrong_fail = wrong_pass = decided = 0
+    # Goals 5 mm either side of the truth: near enough that many decisions stay UNDECIDED, and a wrong
     # verdict is a real risk rather than an impossibility.
-    goal = truth + 5.0
     for index in range(DECISIONS):
         est = estimate(draw(rng, episodes), seed=index)
         covered += est.low <= truth <= est.high
-        verdict = decide(est, "<=", goal).verdict
-        decided += verdict != "UNDECIDED"
-        wrong += verdict == "FAIL"  # the truth (goal − 5 mm) holds the goal: FAIL is the wrong verdict
+        holds, fails = decide(est, "<=", truth + 5.0).verdict, decide(est, "<=", truth - 5.0).verdict
+        decided += (holds != "UNDECIDED") + (fails != "UNDECIDED")
+        wrong_fail += holds == "FAIL"  # the truth satisfies ≤ truth + 5: FAIL is wrong
+        wrong_pass += fails == "PASS"  # the truth violates ≤ truth − 5: PASS is wrong
     coverage = covered / DECISIONS
+    # Measured with this seed: coverage 0.942 / 0.955 (log-normal, 5 / 24 episodes), 0.951 / 0.951 (normal).
     assert 0.93 <= coverage <= 0.97, f"{shape}, {episodes} episodes: coverage {coverage:.3f}"
-    assert wrong / DECISIONS <= 0.05, f"{shape}, {episodes} episodes: {wrong} wrong FAILs"
+    assert wrong_fail / DECISIONS <= 0.05, f"{shape}, {episodes} episodes: {wrong_fail} wrong FAILs"
+    assert wrong_pass / DECISIONS <= 0.05, f"{shape}, {episodes} episodes: {wrong_pass} wrong PASSes"
     assert decided > 0  # the test exercises verdicts, not only UNDECIDED
 
 
