@@ -321,8 +321,6 @@ def write_tags(reports: list[DecisionReport], tracking_uri: str | None = None) -
 
 def plot_decisions(reports: list[DecisionReport], out: Path) -> Path:
     """Per-episode errors (dots), the estimate and its 95 % interval (bar), the goal (red line), one row per decision."""
-    import os
-
     if out.suffix.lower() != ".png":
         raise UserError(f"{out.name} is not a .png file", field="--plot", hint="e.g. --plot decide.png")
     drawn = [r for r in reports if r.runs or r.point is not None]
@@ -350,16 +348,9 @@ def plot_decisions(reports: list[DecisionReport], out: Path) -> Path:
     axis.set(xlabel=f"{drawn[0].goal.metric} per episode (mm); bar: mean and 95 % interval; red: goal",
              title=f"goal {drawn[0].goal}")
     axis.grid(alpha=0.3, axis="x")
-    figure.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.stem}.tmp{os.getpid()}.png")
-    try:
-        figure.savefig(tmp, format="png")
-        os.replace(tmp, out)
-    finally:
-        plt.close(figure)
-        tmp.unlink(missing_ok=True)
-    return out
+    from idmctl.compare_plot import save_png
+
+    return save_png(figure, out)
 
 
 def paired_lines(reports: list[DecisionReport]) -> list[str]:
