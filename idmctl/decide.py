@@ -164,17 +164,18 @@ def build_decisions(target: str, goal_text: str | None = None, checkpoint: str =
 
 def _run_decisions(client: Any, experiment: str, rows: list[Any], goal: Goal, checkpoint: str) -> list[DecisionReport]:
     found: list[RunEpisodes] = []
-    missing: list[str] = []
+    missing: list[tuple[str, str]] = []
     for row in rows:
         if goal.metric not in row.metrics:
-            missing.append(row.label)
+            missing.append((row.label, f"logged no {goal.metric}"))
             continue
         if goal.protocol and row.protocol(goal.metric) != goal.protocol:
-            missing.append(row.label)
+            missing.append((row.label, f"logged {goal.metric} under {row.protocol(goal.metric)} only"))
             continue
         result = _episodes_at(client, row, goal.metric, checkpoint)
         if result is None:
-            missing.append(row.label)
+            missing.append((row.label, f"logged only the mean of {goal.metric}, no per-episode results "
+                                       "(trained before they were logged)"))
         else:
             found.append(result)
     reports = []
@@ -185,12 +186,9 @@ def _run_decisions(client: Any, experiment: str, rows: list[Any], goal: Goal, ch
     for (_, protocol, _), members in groups.items():
         subject = members[0].label if len(members) == 1 else f"{experiment} ({len(members)} runs of one spec)"
         reports.append(_measured_decision(subject, goal, protocol, members))
-    for label in missing:
+    for label, why in missing:
         report = DecisionReport(subject=label, goal=goal, protocol=goal.protocol or OWN)
-        under = goal.protocol or "the spec's own evaluation"
-        report.lines.append(f"no result under {under}: {label} logged no per-episode {goal.metric}"
-                            + (f" under {goal.protocol}" if goal.protocol else "")
-                            + " (runs trained before per-episode results were logged have only the mean)")
+        report.lines.append(f"no result under {goal.protocol or 'the spec’s own evaluation'}: {label} {why}")
         reports.append(report)
     return reports
 

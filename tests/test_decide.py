@@ -159,7 +159,8 @@ def test_the_best_checkpoint_is_warned_as_chosen_on_the_same_episodes(cli, track
 def test_a_goal_under_another_protocol_has_no_result(cli, tracked):
     result = cli("decide", "qdecide#1", "--goal", "sim_eef_mm_4ep <= 60 under card-A/MG-30-sim:5ep", "--no-tags")
     assert result.exit_code == 0, result.output
-    assert result.output.splitlines()[1].startswith("  no result under card-A/MG-30-sim:5ep: qdecide#1 logged no")
+    assert result.output.splitlines()[1] == (
+        "  no result under card-A/MG-30-sim:5ep: qdecide#1 logged sim_eef_mm_4ep under sim:Lift/valid:4ep only")
 
 
 def test_card_a_baseline_is_a_point_estimate_without_a_spread(cli):
