@@ -140,3 +140,26 @@ def store_init_lock() -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+# Evaluation protocols and decisions (issue: metrics of different protocols were ranked in one table)
+TAG_PROTOCOL = "idmctl.protocol"
+"""Prefix of the tag naming the protocol a metric was evaluated under: ``idmctl.protocol.sim_eef_mm_4ep``."""
+EPISODES_ARTIFACT_DIR = "episodes"
+"""Per-episode results: ``episodes/<metric>/step-<step>.json`` (protocol, step, each episode's error in mm)."""
+TAG_DECISION = "idmctl.decision"
+"""Prefix of the tags ``idmctl decide`` writes on the run it decided: ``idmctl.decision.verdict``, …"""
+DECISION_FIELDS = ("verdict", "goal", "protocol", "step", "estimate_mm", "interval_mm", "p_goal", "episodes")
+
+
+def protocol_tag(metric: str) -> str:
+    return f"{TAG_PROTOCOL}.{metric}"
+
+
+def episodes_artifact(metric: str, step: int) -> str:
+    """The artifact path of one evaluation's per-episode results (zero-padded so names sort by step)."""
+    return f"{EPISODES_ARTIFACT_DIR}/{metric}/step-{step:09d}.json"
+
+
+def decision_tag(field: str) -> str:
+    return f"{TAG_DECISION}.{field}"

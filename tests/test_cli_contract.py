@@ -22,7 +22,8 @@ print(json.dumps({{"exit": result.exit_code, "heavy": heavy}}))
 """
 
 
-@pytest.mark.parametrize("args", [["--help"], ["exp", "list"], ["exp", "show", "latent_c_n4"]])
+@pytest.mark.parametrize("args", [["--help"], ["exp", "list"], ["exp", "show", "latent_c_n4"], ["decide", "--help"],
+                                  ["decide", "latent_a_v1", "--goal", "eef_mm_5ep <= 125"]])
 def test_light_commands_import_no_heavy_module(args: list[str], tmp_path):
     code = PROBE.format(args=args, heavy=HEAVY)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
@@ -35,4 +36,4 @@ def test_light_commands_import_no_heavy_module(args: list[str], tmp_path):
 def test_help_lists_the_command_groups(cli):
     result = cli("--help")
     assert result.exit_code == 0
-    assert "exp" in result.output and "quickstart" in result.output
+    assert "exp" in result.output and "quickstart" in result.output and "decide" in result.output

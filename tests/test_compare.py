@@ -53,6 +53,12 @@ def _log_run(client, experiment_id: str, experiment: str, chain: int, *, status:
     return run_id
 
 
+# The protocols the trainer tags its metrics with (ground.protocols): the runs' own offline evaluation,
+# never card A's MG-30 evaluations, so their numbers get columns of their own.
+OFFLINE_24 = "offline:PnP/valid:24ep"
+LIFT_4 = "offline:Lift/valid:4ep"
+
+
 def _table_rows(output: str) -> list[list[str]]:
     """Cells of each row of a rich table (header row first)."""
     return [[cell.strip() for cell in line.replace("┃", "│").strip("│").split("│")]
@@ -104,17 +110,23 @@ def _log_runs(root: Path) -> tuple[str, dict[str, str]]:
         "n4": _log_run(client, experiment_id, "latent_c_n4", 1, status="FINISHED", curves={
             "loss": _loss(60000, 5000),
             "eef_mm_5ep": [(20000, 128.0), (40000, 126.4), (60000, 126.4)],
-            "eef_mm_24ep": [(20000, 130.0), (40000, 118.5), (60000, 121.25)]}),
+            "eef_mm_24ep": [(20000, 130.0), (40000, 118.5), (60000, 121.25)]},
+            tags={tracking.protocol_tag("eef_mm_5ep"): "offline:PnP/valid:5ep",
+                  tracking.protocol_tag("eef_mm_24ep"): OFFLINE_24}),
         "d12": _log_run(client, experiment_id, "latent_c_n4_d12", 2, status="RUNNING", curves={
-            "loss": _loss(30000, 5000), "eef_mm_24ep": [(20000, 127.5)]}),
+            "loss": _loss(30000, 5000), "eef_mm_24ep": [(20000, 127.5)]},
+            tags={tracking.protocol_tag("eef_mm_24ep"): OFFLINE_24}),
         "n6": _log_run(client, experiment_id, "latent_c_n6_d12", 3, status="FAILED", curves={
             "loss": _loss(10000, 5000), "eef_mm_24ep": [(10000, 140.0)]},
-            tags={tracking.TAG_SLURM_STATE: "PREEMPTED", tracking.TAG_FAILURE_CAUSE: "preemption"}),
+            tags={tracking.TAG_SLURM_STATE: "PREEMPTED", tracking.TAG_FAILURE_CAUSE: "preemption",
+                  tracking.protocol_tag("eef_mm_24ep"): OFFLINE_24}),
         "qs_n2": _log_run(client, experiment_id, "quickstart", 4, status="FINISHED", curves={
-            "loss": _loss(200, 10), "eef_mm_4ep": [(100, 52.0), (200, 41.5)]}),
+            "loss": _loss(200, 10), "eef_mm_4ep": [(100, 52.0), (200, 41.5)]},
+            tags={tracking.protocol_tag("eef_mm_4ep"): LIFT_4}),
         "qs_n4": _log_run(client, experiment_id, "quickstart", 5, status="FINISHED", curves={
             "loss": _loss(200, 10), "eef_mm_4ep": [(100, 70.0), (200, 72.0)]},
-            tags={tracking.TAG_ROUTING_N: "4"}, spec_changes={"data.selected_layer_indices": [0, 1, 2, 3]}),
+            tags={tracking.TAG_ROUTING_N: "4", tracking.protocol_tag("eef_mm_4ep"): LIFT_4},
+            spec_changes={"data.selected_layer_indices": [0, 1, 2, 3]}),
     }
     return experiment_id, ids
 
@@ -145,18 +157,39 @@ def test_terminal_table_has_the_card_rows(cli):
 
 
 def test_runs_show_best_and_last_with_goal_verdicts(cli, tracked):
+    """The runs' own offline numbers get columns of their own beside card A's MG-30 ones (never one column)."""
     result = cli("compare", "latent_c_n4", "latent_c_n4_d12", "latent_c_n6_d12", "latent_c_n4_d4", "--markdown")
     assert result.exit_code == 0, result.output
-    assert result.output.splitlines()[2:] == CARD_ROWS + [
-        "| latent_c_n4#1 | 60K, B=1024 | 126.4 | 118.5 (last 121.25) | N=4 blocks 5/14/23/32, spec "
+    lines = result.output.splitlines()
+    assert lines[0] == ("| experiment | training | EEF mm (5 ep) under card-A/MG-30-sim:5ep | EEF mm (5 ep) under "
+                        "offline:PnP/valid:5ep | EEF mm (24 ep) under card-A/MG-30-held-out:24ep | EEF mm (24 ep) under "
+                        f"{OFFLINE_24} | note | goal | verdict |")
+    assert lines[2:] == [
+        "| Pixel v2_8gpu | 60K, B=1024 | 134.8 | — | — | — | MG-30 baseline | — | — |",
+        "| Latent-A v1 (L27 sliced) | 60K, B=1024 | 131.8 | — | 114.2 | — | — | — | — |",
+        "| Latent-A v3 (3-layer concat) | 60K | — | — | 110.9 | — | throughput −26% | — | — |",
+        "| Latent-A multistream | 55K (preempted) | — | — | 104.99 | — | current best | — | — |",
+        "| latent_c_n4#1 | 60K, B=1024 | — | 126.4 | — | 118.5 (last 121.25) | N=4 blocks 5/14/23/32, spec "
         f"{load_spec('latent_c_n4').hash[:12]} | eef_mm_24ep <= 125 | PASS |",
-        "| latent_c_n4_d12#2 | 30K of 60K, B=1024 (running) | — | 127.5 | N=4 blocks 5/14/23/32, spec "
+        "| latent_c_n4_d12#2 | 30K of 60K, B=1024 (running) | — | — | — | 127.5 | N=4 blocks 5/14/23/32, spec "
         f"{load_spec('latent_c_n4_d12').hash[:12]} | eef_mm_24ep <= 125 | FAIL (so far) |",
-        "| latent_c_n6_d12#3 | 10K of 60K, B=1024 (preempted) | — | 140 | N=6 blocks 5/11/17/23/29/35, spec "
+        "| latent_c_n6_d12#3 | 10K of 60K, B=1024 (preempted) | — | — | — | 140 | N=6 blocks 5/11/17/23/29/35, spec "
         f"{load_spec('latent_c_n6_d12').hash[:12]}, cause: preemption | eef_mm_24ep <= 125 | FAIL |",
-        "| latent_c_n4_d4 | 60K, B=1024 (not started) | — | — | Latent-C Phase 2 — N=4, depth 4 (1:1 sparse) "
+        "| latent_c_n4_d4 | 60K, B=1024 (not started) | — | — | — | — | Latent-C Phase 2 — N=4, depth 4 (1:1 sparse) "
         "| eef_mm_24ep <= 125 | pending |",
     ]
+
+
+def test_a_goal_under_another_protocol_gets_no_verdict():
+    from idmctl.track.compare import CompareRow, MetricSummary, verdict
+
+    row = CompareRow(kind="run", name="latent_c_n4", label="latent_c_n4#1", status="finished",
+                     metrics={"eef_mm_24ep": MetricSummary(best=118.5, last=121.25)},
+                     protocols={"eef_mm_24ep": OFFLINE_24})
+    assert verdict(row, "eef_mm_24ep <= 125") == "PASS"
+    assert verdict(row, "eef_mm_24ep <= 125 under card-A/MG-30-held-out:24ep") == (
+        "no result under card-A/MG-30-held-out:24ep")
+    assert verdict(row, f"eef_mm_24ep <= 120 under {OFFLINE_24}") == "FAIL"
 
 
 def test_two_quickstart_routings_are_listed_with_verdicts(cli, tracked):

@@ -40,3 +40,18 @@ def test_quickstart_from_an_empty_home_ends_with_a_sim_eef_compare_row(cli, idmc
     assert len(runs) == 1 and runs[0].label == "quickstart#1"
     assert runs[0].metrics["sim_eef_mm_4ep"].last == pytest.approx(sim, abs=0.06)
     assert "sim EEF mm (4 ep)" in output and "quickstart#1" in output
+    # The Lift numbers are their own protocol: never in a column of card A's MG-30 numbers.
+    assert runs[0].protocols == {"eef_mm_4ep": "offline:Lift/valid:4ep", "sim_eef_mm_4ep": "sim:Lift/valid:4ep"}
+    assert "offline:Lift/valid:4ep: quickstart#1" in output
+
+    # decide: an interval and a verdict from the per-episode results the trainer logged at step 200.
+    decided = cli("decide", "quickstart", "--json")
+    assert decided.exit_code == 0, decided.output
+    decision = __import__("json").loads(decided.output)["decisions"][0]
+    assert decision["goal"] == "eef_mm_4ep <= 60" and decision["protocol"] == "offline:Lift/valid:4ep"
+    assert decision["runs"][0]["step"] == 200 and len(decision["runs"][0]["episodes"]) == 4
+    estimate = decision["estimate"]
+    assert estimate["low"] <= estimate["mean"] <= estimate["high"]
+    assert estimate["mean"] == pytest.approx(offline, abs=0.06)
+    assert decision["verdict"] in ("PASS", "FAIL", "UNDECIDED")
+    assert "decide quickstart#1: goal eef_mm_4ep <= 60" in output and "  verdict: " in output

@@ -103,6 +103,23 @@ def test_train_command_learns_and_logs_to_mlflow(tiny_cache, tmp_path: Path, cli
     assert [step for step, _ in eef] == [20, 40]
     assert run.data.metrics["best_eef_mm_2ep"] == min(value for _, value in eef)
     assert [step for step, _ in complete_checkpoints(run_dir)] == [20, 40]
+    # Each evaluation's per-episode errors, under the protocol the tag names; their mean is the metric.
+    import json
+
+    from mlflow.tracking import MlflowClient
+
+    from ground.paths import mlflow_tracking_uri
+
+    client = MlflowClient(tracking_uri=mlflow_tracking_uri())
+    assert [a.path for a in client.list_artifacts(run.info.run_id, "episodes/eef_mm_2ep")] == [
+        "episodes/eef_mm_2ep/step-000000020.json", "episodes/eef_mm_2ep/step-000000040.json"]
+    document = json.loads((Path(client.download_artifacts(run.info.run_id, "episodes/eef_mm_2ep/step-000000040.json"))
+                           ).read_text())
+    assert run.data.tags[tracking.protocol_tag("eef_mm_2ep")] == document["protocol"]["name"]
+    assert document["protocol"]["name"].startswith("offline:") and document["protocol"]["name"].endswith("/valid:2ep")
+    assert len(document["protocol"]["episodes"]) == 2 and document["protocol"]["seeds"] == [0]
+    errors = [episode["error_mm"] for episode in document["episodes"]]
+    assert sum(errors) / 2 == pytest.approx(eef[-1][1], rel=1e-6)
 
 
 @pytest.mark.slow

@@ -24,6 +24,7 @@ from torch import Tensor
 from ground.errors import UserError
 from ground.paths import expand_path
 from ground.spec.schema import ExperimentSpec
+from ground.protocols import Protocol, protocol_name
 from ground.tracking import eef_metric
 
 EVALUATORS: dict[str, str] = {
@@ -52,11 +53,59 @@ class ChunkPolicy:
 
 
 class Evaluator(ABC):
-    """Scores a policy on held-out episodes; returns metric name → value (e.g. ``eef_mm_24ep``)."""
+    """Scores a policy on held-out episodes; returns metric name → value (e.g. ``eef_mm_24ep``).
+
+    After each call, ``last_episodes`` holds every metric's per-episode errors (episode, mm) and
+    ``last_protocols`` the protocol each metric was measured under (:mod:`ground.protocols`)."""
+
+    KIND = "offline"
+    SOURCES: tuple[str, ...] = ()
+    """Modules besides the class's own whose code decides the numbers (their digest is the evaluator version)."""
+
+    last_episodes: dict[str, list[tuple[str, float]]]
+    last_protocols: dict[str, Protocol]
 
     @abstractmethod
     def evaluate(self, policy: ChunkPolicy, episode_counts: list[int]) -> dict[str, float]:
         ...
+
+    def record(self, policy: ChunkPolicy, demos: list[str], errors_mm: list[float], episode_counts: list[int],
+               task: str) -> dict[str, float]:
+        """Metric → mean over the first n episodes, keeping each metric's episodes and protocol beside it."""
+        simulator = self.KIND == "simulator"
+        self.last_episodes, self.last_protocols, means = {}, {}, {}
+        for n in episode_counts:
+            metric = eef_metric(n, simulator=simulator)
+            self.last_episodes[metric] = list(zip(demos[:n], errors_mm[:n]))
+            self.last_protocols[metric] = Protocol(
+                name=protocol_name(self.KIND, task, self.spec.data.eval_split, n), kind=self.KIND, task=task,
+                split=self.spec.data.eval_split, episodes=list(demos[:n]), seeds=[policy.seed],
+                evaluator=evaluator_version(type(self)))
+            means[metric] = float(np.mean(errors_mm[:n]))
+        return means
+
+
+def evaluator_version(cls: type) -> str:
+    """``trainers.evaluate:OfflineEEFEvaluator@<12 hex>``: the digest of the source files that compute its numbers."""
+    import hashlib
+    import inspect
+
+    digest = hashlib.sha256()
+    for name in (cls.__module__, *getattr(cls, "SOURCES", ())):
+        digest.update(open(inspect.getsourcefile(importlib.import_module(name)) or "", "rb").read())
+    return f"{cls.__module__}:{cls.__name__}@{digest.hexdigest()[:12]}"
+
+
+def episodes_task(path: "str | os.PathLike[str]") -> str:
+    """The environment the episodes were recorded in (robomimic's ``env_args.env_name``), else the file's stem."""
+    from pathlib import Path
+
+    from cache.episodes import read_env_args
+
+    try:
+        return str(read_env_args(path).get("env_name") or Path(path).stem)
+    except (OSError, KeyError, ValueError):
+        return Path(path).stem
 
 
 def build_evaluators(spec: ExperimentSpec, device: torch.device) -> list[Evaluator]:
@@ -103,6 +152,7 @@ class OfflineEEFEvaluator(Evaluator):
         finally:
             episodes.close()
         self.gain = torch.from_numpy(gain.astype(np.float32))
+        self.task = episodes_task(expand_path(spec.data.episodes))
         self._check_counts(list(spec.eval.episodes))  # at start-up, not after hours of training
 
     def _check_counts(self, episode_counts: list[int]) -> None:
@@ -118,8 +168,8 @@ class OfflineEEFEvaluator(Evaluator):
 
     def evaluate(self, policy: ChunkPolicy, episode_counts: list[int]) -> dict[str, float]:
         self._check_counts(episode_counts)
-        per_demo = self.per_demo_error_mm(policy, self.demos[: max(episode_counts)])
-        return {eef_metric(n): float(np.mean(per_demo[:n])) for n in episode_counts}
+        demos = self.demos[: max(episode_counts)]
+        return self.record(policy, demos, self.per_demo_error_mm(policy, demos), episode_counts, self.task)
 
     def per_demo_error_mm(self, policy: ChunkPolicy, demos: list[str]) -> list[float]:
         generator = torch.Generator().manual_seed(policy.seed)

@@ -99,6 +99,13 @@ class RunLogger:
         batch = [Metric(key, float(value), stamp, step) for key, value in metrics.items()]
         self.client.log_batch(self.run_id, metrics=batch)
 
+    def log_episodes(self, metric: str, step: int, protocol: dict[str, Any], episodes: list[tuple[str, float]]) -> None:
+        """One evaluation's per-episode errors as a JSON artifact, and the protocol its metric is under as a tag."""
+        document = {"metric": metric, "step": step, "protocol": protocol, "unit": "mm",
+                    "episodes": [{"episode": name, "error_mm": float(value)} for name, value in episodes]}
+        self.client.log_dict(self.run_id, document, names.episodes_artifact(metric, step))
+        self.client.set_tag(self.run_id, names.protocol_tag(metric), str(protocol["name"]))
+
     def start_attempt(self, start_step: int) -> None:
         """Record that an attempt starts training at ``start_step`` (its checkpoint; 0 when fresh), before
         it logs any point: readers drop the earlier attempts' points past it (ground.tracking.surviving)."""

@@ -431,6 +431,9 @@ def validate(fabric: "Fabric", model: torch.nn.Module, evaluators: list[Any], sp
         results.update(evaluator.evaluate(policy, list(spec.eval.episodes)))
         if heartbeat_dir is not None:
             beat(heartbeat_dir)
+        if logger:
+            for metric, episodes in getattr(evaluator, "last_episodes", {}).items():
+                logger.log_episodes(metric, step, evaluator.last_protocols[metric].to_json(), episodes)
     for name, value in results.items():
         state["best"][name] = min(value, state["best"].get(name, math.inf))
     fabric.print(f"eval at step {step}: " + ", ".join(f"{k} {v:.2f} mm" for k, v in results.items()))

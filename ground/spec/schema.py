@@ -453,7 +453,7 @@ class LatentCacheSpec(Strict):
         return ("rgb",) + (("pt",) if self.use_pointmap else ()) + (() if self.skip_ff else ("ff",))
 
 
-_GOAL = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(<=|<|>=|>)\s*(-?[0-9]*\.?[0-9]+)\s*$")
+_GOAL = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(<=|<|>=|>)\s*(-?[0-9]*\.?[0-9]+)(?:\s+under\s+(\S+))?\s*$")
 
 
 class Goal(Strict):
@@ -462,23 +462,26 @@ class Goal(Strict):
     metric: str
     op: Literal["<=", "<", ">=", ">"]
     value: float
+    protocol: str | None = None
+    """``… under <protocol>``: only results under that evaluation protocol decide it; None: the spec's own evaluation."""
 
     @classmethod
     def parse(cls, text: str) -> "Goal":
         match = _GOAL.fullmatch(text)
         if not match:
-            raise ValueError(f"goal {text!r} is not '<metric> <op> <number>' (e.g. 'eef_mm_24ep <= 125')")
+            raise ValueError(f"goal {text!r} is not '<metric> <op> <number> [under <protocol>]' "
+                             f"(e.g. 'eef_mm_24ep <= 125')")
         value = float(match.group(3))
         if not math.isfinite(value):  # 400 digits are inf as a float
             raise ValueError(f"goal {text[:60]!r}: the number is not finite")
-        return cls(metric=match.group(1), op=match.group(2), value=value)
+        return cls(metric=match.group(1), op=match.group(2), value=value, protocol=match.group(4))
 
     def passes(self, observed: float) -> bool:
         return {"<=": observed <= self.value, "<": observed < self.value,
                 ">=": observed >= self.value, ">": observed > self.value}[self.op]
 
     def __str__(self) -> str:
-        return f"{self.metric} {self.op} {self.value:g}"
+        return f"{self.metric} {self.op} {self.value:g}" + (f" under {self.protocol}" if self.protocol else "")
 
 
 def check_job_mem(value: str) -> int:

@@ -113,7 +113,8 @@ def _train(target: typer.Typer) -> None:
 _COMMANDS: dict[str, Callable[[typer.Typer], None]] = {
     # In the order `idmctl --help` lists them: typer puts plain commands before groups, each in the
     # order they were registered.
-    "quickstart": _command("quickstart"), "compare": _command("compare"), "ui": _command("ui"),
+    "quickstart": _command("quickstart"), "compare": _command("compare"), "decide": _command("decide"),
+    "ui": _command("ui"),
     "preflight": _command("preflight"),
     "submit": _jobs("submit"), "sync": _jobs("sync"), "watch": _jobs("watch"), "cancel": _jobs("cancel"),
     "train": _train, "ledger": _command("ledger"), "doctor": _command("doctor"), "gc": _command("gc"),

@@ -1,7 +1,7 @@
 """The quickstart loop, stage by stage, on embedded defaults (SQLite store, local executor, MLflow SQLite).
 
 demos (robosuite) → hidden cache (tiny Wan VAE + Cosmos) → preflight with smoke → submit → training →
-evaluation (offline ``eef_mm`` and simulator ``sim_eef_mm``, trained vs untrained) → compare.
+evaluation (offline ``eef_mm`` and simulator ``sim_eef_mm``, trained vs untrained) → compare and decide.
 Every stage calls the library function the matching ``idmctl`` command calls; each prints
 ``[k/N] stage: result with numbers``. Re-running reuses the demos and the cache and trains a new run.
 The data-plane stages (torch, robosuite, mlflow) import inside their functions.
@@ -41,7 +41,7 @@ WHAT_TO_DO = {
     "submit": "`idmctl submit quickstart --dry-run` shows the job script; `idmctl jobs` lists the jobs",
     "train": "read the job's log (`idmctl jobs`; `idmctl failures` classifies the cause), then rerun",
     "eval": "the trained run is in MLflow (`idmctl compare quickstart`); rerun to train and evaluate again",
-    "compare": "`idmctl compare quickstart` draws the same table",
+    "compare": "`idmctl compare quickstart` draws the same table; `idmctl decide quickstart` the goal's verdict",
 }
 """What to do when a stage fails, shown on the one line that reports it (``--debug`` shows the traceback)."""
 TRAIN_LINE = re.compile(r"^(step \d+/\d+ loss \S+|eval at step .*|done: .*)")
@@ -227,6 +227,12 @@ def compare_stage(resolved: ResolvedSpec, result: QuickstartResult) -> None:
     compare([EXPERIMENT], metric=metric, as_json=False, as_markdown=False, plot=None)
     report = build_report([EXPERIMENT], metric=metric)
     result.stages["compare"] = report.to_json()
+    # The goal decided from the per-episode results the trainer logged, with its interval.
+    from idmctl.cli.commands.decide import decide
+    from idmctl.track.decide import build_decisions
+
+    decide(EXPERIMENT, goal=None, checkpoint="last", as_json=False, plot=None, no_tags=False)
+    result.stages["decide"] = [d.to_json() for d in build_decisions(EXPERIMENT)]
 
 
 def doctor_stage(result: QuickstartResult) -> None:

@@ -23,10 +23,11 @@ from ground import tracking
 from ground.errors import UserError
 from ground.paths import experiments_dir, home, mlflow_tracking_uri
 from ground.spec.loader import BASELINES_FILE
+from ground.protocols import UNRECORDED
 from ground.spec.schema import Goal
 from idmctl.core.job_state import JobState
 
-_BASELINE_KEYS = {"name", "label", "steps", "effective_batch", "note", "state"}
+_BASELINE_KEYS = {"name", "label", "steps", "effective_batch", "note", "state", "protocols"}
 _BASELINE_STATES = ("finished", "preempted")
 # Slurm states after which the MLflow status (possibly stuck at RUNNING after a kill) is stale.
 
@@ -65,6 +66,11 @@ class CompareRow:
     run_id: str | None = None
     experiment_id: str | None = None
     tags: dict[str, str] = field(default_factory=dict)
+    protocols: dict[str, str] = field(default_factory=dict)
+    """metric → the evaluation protocol it was measured under (``ground.protocols``); absent: not recorded."""
+
+    def protocol(self, metric: str) -> str:
+        return self.protocols.get(metric, UNRECORDED)
 
     @property
     def in_progress(self) -> bool:
@@ -133,6 +139,11 @@ def _baseline_row(entry: Any, index: int, path: Path) -> CompareRow:
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise UserError(f"not a positive integer: {value!r}", file=str(path), field=f"{where}.{key}",
                             hint="an integer, or null when unknown")
+    protocols = entry.get("protocols") or {}
+    if not isinstance(protocols, dict) or not all(
+            tracking.EEF_METRIC.fullmatch(str(k)) and isinstance(v, str) and v.split() == [v] for k, v in protocols.items()):
+        raise UserError("protocols must map EEF metrics to protocol names", file=str(path), field=f"{where}.protocols",
+                        hint="e.g. protocols: {eef_mm_24ep: card-A/MG-30-held-out:24ep} (names without spaces)")
     state = entry.get("state", "finished")
     if state not in _BASELINE_STATES:
         raise UserError(f"unknown state {state!r}", file=str(path), field=f"{where}.state",
@@ -140,7 +151,7 @@ def _baseline_row(entry: Any, index: int, path: Path) -> CompareRow:
     return CompareRow(kind="baseline", name=entry["name"], label=str(entry.get("label") or entry["name"]),
                       status=state, steps_done=entry.get("steps"), steps_planned=entry.get("steps"),
                       effective_batch=entry.get("effective_batch"), metrics=metrics,
-                      note=str(entry.get("note") or ""))
+                      note=str(entry.get("note") or ""), protocols={str(k): v for k, v in protocols.items()})
 
 
 # --------------------------------------------------------------------------------------------- runs
@@ -197,6 +208,7 @@ def _run_row(client: Any, run: Any) -> CompareRow:
         effective_batch=_int(params.get(tracking.P_EFFECTIVE_BATCH)), metrics=metrics,
         note=_run_note(tags, params), goal=_goal_param(params.get(tracking.P_GOAL)), run_id=run.info.run_id,
         experiment_id=run.info.experiment_id, tags=tags,
+        protocols={key: tags[tracking.protocol_tag(key)] for key in metrics if tracking.protocol_tag(key) in tags},
     )
 
 
@@ -298,8 +310,9 @@ def build_report(selection: list[str] | None = None, metric: str = tracking.DEFA
     for row in planned:
         if row.goal:
             goals.setdefault(row.name, row.goal)
-    chosen.sort(key=lambda row: (metric not in row.metrics, row.metrics[metric].best if metric in row.metrics else 0.0,
-                                 row.label))
+    # Ranked within each protocol only: numbers of different protocols are never ordered against each other.
+    chosen.sort(key=lambda row: (metric not in row.metrics, row.protocol(metric) if metric in row.metrics else "",
+                                 row.metrics[metric].best if metric in row.metrics else 0.0, row.label))
     all_rows = [*baselines, *chosen, *planned]
     return CompareReport(metric=metric, columns=_metric_columns(all_rows, metric),
                          rows=all_rows, goals=goals, sweeps=sweep_groups([*chosen, *planned]))
@@ -387,18 +400,47 @@ def _spec_goal(experiment: str) -> str | None:
 
 
 def verdict(row: CompareRow, goal_text: str | None) -> str:
-    """PASS/FAIL of the goal metric's last value; "(so far)" while the run is in progress."""
+    """PASS/FAIL of the goal metric's last value; "(so far)" while the run is in progress. A goal that
+    names a protocol is judged only on a result under it: any other is "no result under <protocol>"."""
     if not goal_text:
         return "—"
     goal = Goal.parse(goal_text)
     summary = row.metrics.get(goal.metric)
+    if summary is not None and goal.protocol and row.protocol(goal.metric) != goal.protocol:
+        return f"no result under {goal.protocol}"
     if summary is None:
+        if goal.protocol:
+            return "pending" if row.in_progress else f"no result under {goal.protocol}"
         return "pending" if row.in_progress else f"no {goal.metric}"
     outcome = "PASS" if goal.passes(summary.last) else "FAIL"
     return f"{outcome} (so far)" if row.in_progress else outcome
 
 
+COLUMN_UNDER = " under "
+"""A column key ``eef_mm_24ep under card-A/MG-30-held-out:24ep``: one metric, one protocol."""
+
+
+def column_key(metric: str, protocol: str | None) -> str:
+    return f"{metric}{COLUMN_UNDER}{protocol}" if protocol else metric
+
+
+def split_column(column: str) -> tuple[str, str | None]:
+    metric, _, protocol = column.partition(COLUMN_UNDER)
+    return metric, protocol or None
+
+
+def column_value(row: CompareRow, column: str) -> MetricSummary | None:
+    """The row's value in ``column``: only when it was measured under the column's protocol."""
+    metric, protocol = split_column(column)
+    summary = row.metrics.get(metric)
+    if summary is None or (protocol is not None and row.protocol(metric) != protocol):
+        return None
+    return summary
+
+
 def _metric_columns(rows: list[CompareRow], metric: str) -> list[str]:
+    """One column per metric, or one per (metric, protocol) where rows measured it under several
+    protocols: a number never shares a column with a number of another protocol."""
     names = {tracking.eef_metric(5), tracking.eef_metric(24), metric}
     for row in rows:
         names.update(row.metrics)
@@ -412,7 +454,23 @@ def _metric_columns(rows: list[CompareRow], metric: str) -> list[str]:
             return (1 if match.group(1) else 0, int(match.group(2)), name)
         return (2, 0, name)
 
-    return sorted(names, key=order)
+    columns = []
+    for name in sorted(names, key=order):
+        protocols = list(dict.fromkeys(row.protocol(name) for row in rows if name in row.metrics))
+        columns += [column_key(name, p) for p in protocols] if len(protocols) > 1 else [name]
+    return columns
+
+
+def column_protocols(report: "CompareReport") -> dict[str, list[str]]:
+    """protocol → the labels of the rows with a number under it (for the footnote that names them)."""
+    found: dict[str, list[str]] = {}
+    for row in report.rows:
+        for metric in row.metrics:
+            if metric in report.columns or any(split_column(c)[0] == metric for c in report.columns):
+                labels = found.setdefault(row.protocol(metric), [])
+                if row.label not in labels:
+                    labels.append(row.label)
+    return found
 
 
 # ------------------------------------------------------------------------------------------- links

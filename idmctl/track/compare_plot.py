@@ -76,13 +76,20 @@ def plot_report(report: CompareReport, out: Path, tracking_uri: str | None = Non
         axis.grid(alpha=0.3)
         if axis.get_legend_handles_labels()[0]:
             axis.legend(fontsize=7)
-    figure.tight_layout()
+    return save_png(figure, out)
+
+
+def save_png(figure: object, out: Path) -> Path:
+    """Lay out, write through a temp file and a rename (a reader never sees half a PNG), close the figure."""
+    import matplotlib.pyplot as plt
+
+    figure.tight_layout()  # type: ignore[attr-defined]
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.stem}.tmp{os.getpid()}.png")
     try:
-        figure.savefig(tmp, format="png")
+        figure.savefig(tmp, format="png")  # type: ignore[attr-defined]
         os.replace(tmp, out)
     finally:
-        plt.close(figure)
+        plt.close(figure)  # type: ignore[arg-type]
         tmp.unlink(missing_ok=True)
     return out

@@ -7,7 +7,7 @@ the goal and its verdict. A tracked run's metric cell reads ``best (last X)`` wh
 from __future__ import annotations
 
 from ground import tracking
-from idmctl.track.compare import CompareReport, CompareRow, MetricSummary
+from idmctl.track.compare import CompareReport, CompareRow, MetricSummary, column_protocols, column_value, split_column
 from ground.spec.schema import Goal
 
 DASH = "—"
@@ -26,12 +26,14 @@ def value_text(value: float) -> str:
     return f"{round(value, 2):g}"
 
 
-def metric_header(metric: str) -> str:
+def metric_header(column: str) -> str:
+    metric, protocol = split_column(column)
     match = tracking.EEF_METRIC.fullmatch(metric)
+    under = f" under {protocol}" if protocol else ""
     if not match:
-        return metric
+        return metric + under
     prefix = "sim EEF mm" if match.group(1) else "EEF mm"
-    return f"{prefix} ({match.group(2)} ep)"
+    return f"{prefix} ({match.group(2)} ep){under}"
 
 
 def metric_cell(summary: MetricSummary | None) -> str:
@@ -65,7 +67,7 @@ def headers(report: CompareReport) -> list[str]:
 
 def cells(report: CompareReport) -> list[list[str]]:
     return [
-        [row.label, training_cell(row), *(metric_cell(row.metrics.get(m)) for m in report.columns),
+        [row.label, training_cell(row), *(metric_cell(column_value(row, m)) for m in report.columns),
          row.note or DASH, goal_cell(row.goal), row.verdict]
         for row in report.rows
     ]
@@ -73,6 +75,11 @@ def cells(report: CompareReport) -> list[list[str]]:
 
 def footnotes(report: CompareReport) -> list[str]:
     notes = ["EEF mm: lower is better; a run's cell is its best eval (last X when the last differs)."]
+    protocols = column_protocols(report)
+    if protocols:
+        notes.append("evaluation protocols (numbers of different protocols are not comparable: never ranked "
+                     "or judged against each other): "
+                     + "; ".join(f"{name}: {', '.join(labels)}" for name, labels in protocols.items()))
     for name, goal in report.goals.items():
         notes.append(f"goal {name}: {Goal.parse(goal)} (verdict on the last eval)")
     running = [row.label for row in report.rows if row.in_progress]

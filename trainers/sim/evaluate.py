@@ -19,8 +19,7 @@ import torch
 from ground.errors import UserError
 from ground.paths import expand_path
 from ground.spec.schema import ExperimentSpec
-from ground.tracking import eef_metric
-from trainers.evaluate import ChunkPolicy, Evaluator
+from trainers.evaluate import ChunkPolicy, Evaluator, episodes_task
 from trainers.sim.replay import Replayer, ReplayResult, replay_episodes
 
 
@@ -45,6 +44,9 @@ def tile_chunks(chunks: np.ndarray, starts: list[int], stride: int, steps: int) 
 
 class SimEEFEvaluator(Evaluator):
     """Replays the policy's actions in robosuite on the first n held-out demos."""
+
+    KIND = "simulator"
+    SOURCES = ("trainers.sim.replay", "trainers.sim.env")
 
     def __init__(self, spec: ExperimentSpec, device: torch.device):
         from cache.registry import build_dataset
@@ -99,7 +101,7 @@ class SimEEFEvaluator(Evaluator):
         self.last_results = replay_episodes(self.episodes_path, demos, predict=predicted.__getitem__,
                                             replayer=self._replayer)
         errors = [r.eef_mm for r in self.last_results]
-        return {eef_metric(n, simulator=True): float(np.mean(errors[:n])) for n in episode_counts}
+        return self.record(policy, demos, errors, episode_counts, episodes_task(self.episodes_path))
 
 
 SimEvaluator = SimEEFEvaluator
