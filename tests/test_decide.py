@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from ground import tracking
-from ground.contract import ENV_EXPERIMENTS, ENV_HOME
+from ground.contract import ENV_CHAIN_ID, ENV_EXPERIMENTS, ENV_HOME
 from ground.protocols import Protocol
 
 SPEC = """
@@ -23,7 +23,7 @@ description: tiny routed DiT for decide tests
 data: {{episodes: /nonexistent/demos.hdf5, cache_root: /nonexistent/cache, cache_format: safetensors,
        cached_layers: [0, 1, 2, 3], frames: 8, token_grid: [4, 4], channels: 32, dtype: float32,
        selected_layer_indices: [0, 2], frame_window: 2, action_horizon: 8, action_dim: 7}}
-model: {{depth: 2, hidden_dim: 32, num_heads: 2, kv_dim: 32, action_hidden_dim: 32}}
+model: {{depth: 2, hidden_dim: 32, num_heads: 2, kv_dim: 32}}
 loader: {{batch_size: 4}}
 train: {{steps: 200, lr: {lr}, effective_batch: 8, checkpoint_every: 100}}
 resources: {{qos: core-own, time_limit: "0:30:00"}}
@@ -46,11 +46,11 @@ def _train_run(root: Path, experiment: str, chain: int, evaluations: dict[int, l
     run_dir = root / "runs" / f"{experiment}-{chain}"
     run_dir.mkdir(parents=True)
     resolved = load_spec(experiment)
-    os.environ["IDMCTL_CHAIN_ID"] = str(chain)
+    os.environ[ENV_CHAIN_ID] = str(chain)
     try:
         logger = RunLogger(run_dir, experiment, resolved.hash, resolved.canonical, "test")
     finally:
-        del os.environ["IDMCTL_CHAIN_ID"]
+        del os.environ[ENV_CHAIN_ID]
     logger.start_attempt(0)
     for step, errors in evaluations.items():
         logger.log_metrics({METRIC: sum(errors) / len(errors)}, step)
