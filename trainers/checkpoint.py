@@ -305,8 +305,13 @@ def prune(run_dir: Path, retention: Retention) -> list[Path]:
 
 
 def _remove(path: Path) -> None:
+    """Delete a checkpoint; a directory is first renamed to a hidden temp name, so a kill during the
+    deletion leaves a temp the next attempt sweeps, never a published name over half its files."""
     if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
+        doomed = path if path.name.startswith(".") else path.with_name(f".{path.name}.del.tmp{os.getpid()}")
+        if doomed != path:
+            os.rename(path, doomed)
+        shutil.rmtree(doomed, ignore_errors=True)
     else:
         path.unlink(missing_ok=True)
 
