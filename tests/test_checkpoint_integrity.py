@@ -24,7 +24,7 @@ from typing import Any, Iterator
 import pytest
 import torch
 
-from ground.contract import EVENTS_FILE
+from ground.contract import EVENTS_FILE, SPEC_FILE
 from ground.paths import REPO_ROOT, sweep_dead_temp_files, temp_files
 from ground.run_events import CHECKPOINT_CORRUPT, CHECKPOINT_UNLOADABLE, CHECKPOINT_UNVERIFIED, parse_event_line
 from trainers.checkpoint import (CORRUPT_DIR, MANIFEST_FILE, STATE_FILE, Retention, checkpoint_dir, checkpoint_path,
@@ -261,32 +261,20 @@ def test_retention_of_a_spec_follows_its_goal() -> None:
     assert Retention.of(ExperimentSpec.model_validate(document)) == Retention(4, None, True)
 
 
-KILL_IN_CHECKPOINT_FSYNC = """
-import os, signal, sys
-marker = sys.argv[1]
-real_fsync = os.fsync
-def fsync(fd):
-    if marker in os.readlink(f"/proc/self/fd/{fd}"):
-        os.kill(os.getpid(), signal.SIGKILL)
-    real_fsync(fd)
-os.fsync = fsync
-import runpy
-sys.argv = ["trainers.train", "--run-dir", sys.argv[2]]
-runpy.run_module("trainers.train", run_name="__main__")
-"""
-
-
 @pytest.mark.slow
 def test_the_trainer_killed_in_a_checkpoint_write_resumes_past_a_flipped_and_a_truncated_one(tiny_cache,
                                                                                             tmp_path: Path) -> None:
     """``python -m trainers.train`` SIGKILLed inside the write of step 4 (its state is fsynced, no manifest
     yet); step 3 then gets a flipped byte and step 2 a truncation. The rerun refuses both with events naming
     the files, resumes from step 1 and completes."""
+    from test_temp_sweep import KILL_IN_FSYNC_OF
     from test_train import prepare_run, run_trainer, trainer_env
 
     run_dir = prepare_run(tiny_cache, tmp_path, "killed_mid_save",
                           train={"steps": 5, "checkpoint_every": 1, "log_every": 1, "keep_last": 3})
-    killed = subprocess.run([sys.executable, "-c", KILL_IN_CHECKPOINT_FSYNC, ".step-00000004.ckpt.tmp", str(run_dir)],
+    body = (f"import runpy; sys.argv = ['trainers.train', '--run-dir', {str(run_dir)!r}]\n"
+            "runpy.run_module('trainers.train', run_name='__main__')\n")
+    killed = subprocess.run([sys.executable, "-c", KILL_IN_FSYNC_OF + body, ".step-00000004.ckpt.tmp"],
                             cwd=REPO_ROOT, capture_output=True, text=True, env=trainer_env(IDMCTL_ATTEMPT="1"),
                             timeout=300)
     assert killed.returncode == -9, killed.stderr[-2000:]
@@ -309,7 +297,7 @@ def test_the_trainer_killed_in_a_checkpoint_write_resumes_past_a_flipped_and_a_t
     assert temp_files(checkpoint_dir(run_dir)) == []
     assert [step for step, _ in complete_checkpoints(run_dir)][-3:] == [3, 4, 5]
     manifest = read_manifest(checkpoint_path(run_dir, 5))
-    assert manifest["step"] == 5 and manifest["spec_hash"] == json.loads((run_dir / "spec.json").read_text())["hash"]
+    assert manifest["step"] == 5 and manifest["spec_hash"] == json.loads((run_dir / SPEC_FILE).read_text())["hash"]
     assert len(manifest["code_version"]) == 16 and manifest["metrics"]
 
 
@@ -329,3 +317,16 @@ def test_the_disk_check_counts_the_kept_checkpoints_at_the_smokes_size() -> None
     assert full.status is Status.FAIL and "ENOSPC at a checkpoint" in full.summary and "train.keep_last" in full.fix
     unsized = disk.check(PreflightContext(resolved, profile, Measurements(runs_free_bytes=10)))
     assert "not sized: no smoke measured one" in unsized.summary and unsized.numbers["checkpoint_bytes"] is None
+
+
+def test_retention_fields_leave_every_shipped_spec_hash_as_it_was() -> None:
+    from ground.spec.loader import canonical_spec, list_experiments, load_experiments, load_spec
+
+    for path in list_experiments():
+        for resolved in load_experiments(str(path)):  # a sweep: each variant
+            train = canonical_spec(resolved.spec)["train"]
+            assert "keep_last" not in train and "keep_best" not in train, resolved.name
+    spec = load_spec("quickstart").spec
+    changed = spec.model_copy(update={"train": spec.train.model_copy(update={"keep_last": 3, "keep_best": False})})
+    assert {k: canonical_spec(changed)["train"][k] for k in ("keep_last", "keep_best")} == {"keep_last": 3,
+                                                                                          "keep_best": False}
