@@ -60,8 +60,8 @@ def temp_files(directory: Path, of: str | None = None) -> list[Path]:
 
 
 def sweep_dead_temp_files(directory: Path, of: str | None = None) -> int:
-    """Delete temp files (and temp directories) whose writer is gone: a killed writer's leftovers (``.tmp<pid>`` of a dead pid,
-    or a ``.tmp`` without a pid, which only one writer at a time uses). A live writer's are left alone."""
+    """Delete temp files and directories whose writer is gone: a killed writer's leftovers (``.tmp<pid>`` of a
+    dead pid, or a ``.tmp`` without a pid, which only one writer at a time uses). A live writer's are left alone."""
     removed = 0
     for tmp in temp_files(directory, of):
         pid_text = tmp.name.rpartition(".tmp")[2].split(".")[0]

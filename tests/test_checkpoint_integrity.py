@@ -202,7 +202,8 @@ def test_a_damaged_newest_checkpoint_is_an_event_and_a_fallback_never_a_tracebac
     assert event["file"].startswith("checkpoints/step-00000008.ckpt")
 
 
-def test_a_checkpoint_that_verifies_but_does_not_load_is_refused_and_the_one_before_loads(fabric, tmp_path: Path) -> None:
+def test_a_checkpoint_that_verifies_but_does_not_load_is_refused_and_the_one_before_loads(fabric,
+                                                                                         tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     save(fabric, run_dir, tiny_state(fabric), 1)

@@ -4,9 +4,10 @@ Entry point: ``python -m trainers.train --run-dir DIR`` with ``DIR/spec.json`` w
 :func:`write_run_spec`. One run directory is one chain of attempts:
 
 - ``DIR/progress.json``: step / total and recent s/step for the ETA (``ground.progress``).
-- ``DIR/checkpoints/step-<N>.ckpt/``: every ``train.checkpoint_every`` steps (or the derived interval), at the end, and on
-  SIGUSR1/SIGTERM (Slurm's warning before preemption or the time limit), with a manifest
-  (``trainers.checkpoint``); a new attempt resumes from the newest one that verifies and loads and continues exactly as an uninterrupted run would (the data order
+- ``DIR/checkpoints/step-<N>.ckpt/``: every ``train.checkpoint_every`` steps (or the derived interval), at the
+  end, and on SIGUSR1/SIGTERM (Slurm's warning before preemption or the time limit), with a manifest
+  (``trainers.checkpoint``); a new attempt resumes from the newest one that verifies and loads, and
+  continues exactly as an uninterrupted run would (the data order
   is a function of (seed, epoch) and the flow noise of (seed, step, rank, micro-step)).
 - after a signal: finish the current step, checkpoint, exit 75 (EX_TEMPFAIL) so the job requeues.
 - a NaN/inf loss: no optimizer step, no checkpoint; ``DIR/failure.json`` = ``{"cause": "nan_loss",

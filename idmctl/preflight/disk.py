@@ -16,8 +16,8 @@ def check(ctx: PreflightContext) -> CheckResult:
     stage, checkpoints = stage_check(ctx), checkpoint_check(ctx)
     status = max(stage.status, checkpoints.status, key=_SEVERITY.index)
     fix = "; ".join(r.fix for r in (stage, checkpoints) if r.fix and r.status is not Status.PASS)
-    return CheckResult(NAME, status, f"{stage.summary}; {checkpoints.summary}", {**stage.numbers, **checkpoints.numbers},
-                       fix)
+    return CheckResult(NAME, status, f"{stage.summary}; {checkpoints.summary}",
+                       {**stage.numbers, **checkpoints.numbers}, fix)
 
 
 def checkpoint_check(ctx: PreflightContext) -> CheckResult:
