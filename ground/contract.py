@@ -73,6 +73,10 @@ PHASE_MARKER = "IDMCTL_PHASE"
 """Optional, once: ``IDMCTL_PHASE dataset_s=<float> sample_s=<float> model_s=<float>`` (build times)."""
 CHECKPOINT_MARKER = "IDMCTL_CHECKPOINT"
 """Optional, per checkpoint: ``IDMCTL_CHECKPOINT seconds=<float> bytes=<int>`` (what the signal lead covers)."""
+EVENT_MARKER = "IDMCTL_EVENT"
+"""One stderr line per thing the trainer noticed and acted on, e.g. ``IDMCTL_EVENT event=checkpoint_corrupt
+step=12 file=… reason=sha256 expected=… found=… moved_to=…`` (``ground.run_events.event_line``; values
+shell-quoted). The same event is a JSON line of ``EVENTS_FILE``."""
 # Read by the control plane from the user's shell:
 ENV_CLUSTER = "IDMCTL_CLUSTER"
 ENV_EXPERIMENTS = "IDMCTL_EXPERIMENTS"

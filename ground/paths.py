@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 from ground.contract import ENV_EXPERIMENTS, ENV_HOME
@@ -59,15 +60,18 @@ def temp_files(directory: Path, of: str | None = None) -> list[Path]:
 
 
 def sweep_dead_temp_files(directory: Path, of: str | None = None) -> int:
-    """Delete temp files whose writer is gone: a killed writer's leftovers (``.tmp<pid>`` of a dead pid,
-    or a ``.tmp`` without a pid, which only one writer at a time uses). A live writer's are left alone."""
+    """Delete temp files and directories whose writer is gone: a killed writer's leftovers (``.tmp<pid>`` of a
+    dead pid, or a ``.tmp`` without a pid, which only one writer at a time uses). A live writer's are left alone."""
     removed = 0
     for tmp in temp_files(directory, of):
         pid_text = tmp.name.rpartition(".tmp")[2].split(".")[0]
         if pid_text.isdigit() and int(pid_text) != os.getpid() and _pid_alive(int(pid_text)):
             continue
         try:
-            tmp.unlink()
+            if tmp.is_dir() and not tmp.is_symlink():  # a checkpoint directory being filled (trainers.checkpoint)
+                shutil.rmtree(tmp)
+            else:
+                tmp.unlink()
             removed += 1
         except FileNotFoundError:
             continue

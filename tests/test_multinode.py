@@ -50,7 +50,7 @@ def test_unstaged_nodes_share_the_nas(card) -> None:
 def test_disk_holds_one_copy_per_node_and_qos_counts_every_node(card) -> None:
     result = disk.check(PreflightContext(_n4_on(2), card))
     assert result.status is Status.PASS and result.numbers["stage_bytes"] == CACHE_BYTES
-    assert result.summary.endswith("scratch of a card node (per node)")
+    assert "scratch of a card node (per node); checkpoints" in result.summary
     # 2 nodes × 8 GPUs = 16: over core-own's 8, within core-extra's 16.
     assert qos.check(PreflightContext(_n4_on(2, "core-extra"), card)).numbers["gpus"] == 16
     own = qos.check(PreflightContext(_n4_on(2, "core-own"), card))

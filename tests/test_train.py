@@ -19,7 +19,7 @@ import torch
 
 from ground.paths import REPO_ROOT
 from ground.spec.loader import load_spec
-from trainers.checkpoint import complete_checkpoints
+from trainers.checkpoint import complete_checkpoints, state_file
 from ground.run_dir import write_run_spec
 from ground import tracking
 from ground.contract import (CAUSE_NAN_LOSS, ENV_ATTEMPT, ENV_INJECT_NAN_AT_STEP, ENV_RANK_DIGESTS, ENV_ROLLBACK,
@@ -73,7 +73,7 @@ def metric_history(run_id: str, key: str) -> list[tuple[int, float]]:
 
 def final_weights(run_dir: Path) -> tuple[int, dict[str, torch.Tensor]]:
     step, path = complete_checkpoints(run_dir)[-1]
-    state = torch.load(path, weights_only=True)
+    state = torch.load(state_file(path), weights_only=True)
     assert state["step"] == step
     return step, state["model"]
 

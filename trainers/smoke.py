@@ -105,21 +105,20 @@ def run_smoke(spec: ExperimentSpec, steps: int = 3, batch_size: int = 2, device:
 
 
 def _time_checkpoint(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[float, int]:
-    """Write model + optimizer state once, fsynced, as the trainer's checkpoint holds them; the derived
-    checkpoint interval and signal lead are sized from this time. Written where run directories live."""
-    import os
+    """Write model + optimizer state once as the trainer's checkpoint holds them, through the same
+    publish (fsyncs, sha256 manifest, rename); the derived checkpoint interval and signal lead are sized
+    from this time, the disk check from these bytes. Written where run directories live."""
     import tempfile
 
     from ground.paths import home
+    from trainers.checkpoint import checkpoint_bytes, checkpoint_path, write_checkpoint_dir
 
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": 0}
     parent = home() / "runs"  # the disk checkpoints will go to; the system temp dir before any run exists
     with tempfile.TemporaryDirectory(prefix=".smoke_ckpt_", dir=parent if parent.is_dir() else None) as tmp:
-        path = Path(tmp) / "step.ckpt"
         started = time.perf_counter()
-        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": 0}, path)
-        with open(path, "rb") as handle:
-            os.fsync(handle.fileno())
-        return time.perf_counter() - started, path.stat().st_size
+        path = write_checkpoint_dir(checkpoint_path(Path(tmp), 0), lambda target: torch.save(state, target), 0)
+        return time.perf_counter() - started, checkpoint_bytes(path)
 
 
 def _load_spec_json(path: Path) -> ExperimentSpec:

@@ -4,9 +4,10 @@ Entry point: ``python -m trainers.train --run-dir DIR`` with ``DIR/spec.json`` w
 :func:`write_run_spec`. One run directory is one chain of attempts:
 
 - ``DIR/progress.json``: step / total and recent s/step for the ETA (``ground.progress``).
-- ``DIR/checkpoints/step-<N>.ckpt``: every ``train.checkpoint_every`` steps (or the derived interval), at the end, and on
-  SIGUSR1/SIGTERM (Slurm's warning before preemption or the time limit); a new attempt resumes
-  from the newest complete one and continues exactly as an uninterrupted run would (the data order
+- ``DIR/checkpoints/step-<N>.ckpt/``: every ``train.checkpoint_every`` steps (or the derived interval), at the
+  end, and on SIGUSR1/SIGTERM (Slurm's warning before preemption or the time limit), with a manifest
+  (``trainers.checkpoint``); a new attempt resumes from the newest one that verifies and loads, and
+  continues exactly as an uninterrupted run would (the data order
   is a function of (seed, epoch) and the flow noise of (seed, step, rank, micro-step)).
 - after a signal: finish the current step, checkpoint, exit 75 (EX_TEMPFAIL) so the job requeues.
 - a NaN/inf loss: no optimizer step, no checkpoint; ``DIR/failure.json`` = ``{"cause": "nan_loss",
@@ -54,7 +55,7 @@ from ground.paths import atomic_write_text, sweep_dead_temp_files
 from ground.spec.schema import ExperimentSpec
 from ground.run_events import START, append_event
 from ground.tracking import best_metric
-from trainers.checkpoint import checkpoint_dir, latest_checkpoint, load_checkpoint, save_checkpoint
+from trainers.checkpoint import Retention, checkpoint_bytes, checkpoint_dir, resume, save_checkpoint
 from ground.contract import (CAUSE_NAN_LOSS, ENV_CACHE_ROOT, ENV_CHECKPOINT_EVERY, ENV_CODE_VERSION,
                              ENV_INJECT_NAN_AT_STEP, ENV_RANK_DIGESTS, ENV_ROLLBACK, EXIT_NAN, EXIT_REQUEUE,
                              FAILURE_FILE, FAILURE_MARKER, code_version)
@@ -192,17 +193,23 @@ def fit(fabric: "Fabric", run: RunSpec) -> int:
     signals = StopSignals()  # from the start: a SIGTERM during setup still ends in a checkpoint
     if rank == 0:  # stage-in is over: from here on the GPUs work (the ledger splits lost hours here)
         append_event(run.run_dir, START)
-    fabric.seed_everything(spec.train.seed)
-    model = build_model(spec, device=fabric.device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=spec.train.lr, weight_decay=spec.train.weight_decay)
-    model, optimizer = fabric.setup(model, optimizer)
-    state: dict[str, Any] = {"model": model, "optimizer": optimizer, "step": 0, "best": {}}
+
+    def fresh_state() -> dict[str, Any]:
+        fabric.seed_everything(spec.train.seed)
+        model = build_model(spec, device=fabric.device)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=spec.train.lr, weight_decay=spec.train.weight_decay)
+        model, optimizer = fabric.setup(model, optimizer)
+        return {"model": model, "optimizer": optimizer, "step": 0, "best": {}}
+
+    state = fresh_state()
     if rank == 0:  # one trainer per run directory at a time: temp files here are a killed attempt's
         sweep_dead_temp_files(run.run_dir)
         sweep_dead_temp_files(checkpoint_dir(run.run_dir))
-    resumed_from = latest_checkpoint(run.run_dir)
-    if resumed_from is not None:
-        load_checkpoint(fabric, resumed_from, state)
+    resumed = resume(fabric, run.run_dir, state, spec_hash=run.hash)
+    resumed_from = resumed.path
+    if resumed.state_touched and resumed_from is None:  # a refused load wrote into the model part-way
+        state = fresh_state()
+    model, optimizer = state["model"], state["optimizer"]
     fabric.print(f"{run.name} {run.hash[:12]}: world {fabric.world_size}, grad_accum {spec.grad_accum}, "
                  f"{'resumed from ' + resumed_from.name if resumed_from else 'fresh start'} at step {state['step']}")
     if state["step"] >= spec.train.steps:
@@ -227,6 +234,7 @@ def fit(fabric: "Fabric", run: RunSpec) -> int:
         noise_seed = spec.train.seed + ROLLBACK_SEED_OFFSET
     batches = micro_batches(loader, consumed)
     checkpoint_every = checkpoint_interval(spec)
+    retention = Retention.of(spec)
     progress = _ProgressWriter(run, state["step"]) if rank == 0 else None
     # The hook stands for a transient NaN: a rolled-back attempt does not see it again.
     inject_nan_at = 0 if nan_step is not None else int(os.environ.get(ENV_INJECT_NAN_AT_STEP, "0"))
@@ -273,11 +281,14 @@ def fit(fabric: "Fabric", run: RunSpec) -> int:
             if totals:
                 totals.record(window)
             window = _Window()
+        evaluated: dict[str, float] = {}
         if step % checkpoint_every == 0 or step == spec.train.steps:
-            validate(fabric, model, evaluators, spec, state, logger, step, heartbeat_dir=run.run_dir)
+            evaluated = validate(fabric, model, evaluators, spec, state, logger, step, heartbeat_dir=run.run_dir)
         if step % checkpoint_every == 0 or step == spec.train.steps or stop:
             writing = time.perf_counter()
-            saved = save_checkpoint(fabric, run.run_dir, step, state)
+            saved = save_checkpoint(fabric, run.run_dir, step, state, spec_hash=run.hash,
+                                    code_version=progress.version if progress else None, metrics=evaluated,
+                                    retention=retention)
             if progress:
                 progress.checkpoint_written(step, time.perf_counter() - writing, saved)
         if stop and step < spec.train.steps:
@@ -332,7 +343,7 @@ class _ProgressWriter:
     def checkpoint_written(self, step: int, seconds: float, path: Path | None) -> None:
         self.checkpoint_s = seconds
         try:
-            self.checkpoint_bytes = path.stat().st_size if path is not None else None
+            self.checkpoint_bytes = checkpoint_bytes(path) if path is not None else None
         except OSError:
             self.checkpoint_bytes = None
         self.step = step

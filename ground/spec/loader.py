@@ -58,7 +58,8 @@ class ResolvedSpec:
 
 
 HASH_NEUTRAL_DEFAULTS: dict[tuple[str, str], Any] = {("loader", "repeats"): 1, ("resources", "signal_lead"): None,
-                                                     ("data", "models"): "tiny", ("data", "text_encoder"): None}
+                                                     ("data", "models"): "tiny", ("data", "text_encoder"): None,
+                                                     ("train", "keep_last"): 2, ("train", "keep_best"): True}
 """Fields added after specs were recorded, left out of the canonical form at their default: a spec
 that does not use them keeps the hash (and the preflight passes) it had before they existed."""
 

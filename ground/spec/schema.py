@@ -25,6 +25,8 @@ MAX_STEPS = 1_000_000_000
 MAX_FILES = 10_000_000
 """Cache files (one per episode): RoboCasa's largest sets are ~100k episodes; ten million files in one
 directory is past what a filesystem lists in reasonable time (``cache_files: 1e30`` was accepted)."""
+MAX_KEEP_LAST = 1_000
+"""Checkpoints kept: a thousand copies of the model is past any disk quota (a typo of a step count)."""
 MAX_LR = 10.0
 """AdamW learning rates in use are 1e-6 … 1e-2; above 1 is already odd (preflight WARNs, with the value),
 above 10 no run trains: ``lr: 3.0e3`` (a typo of 3.0e-3) and ``1e308`` passed before."""
@@ -270,6 +272,12 @@ class TrainSpec(Strict):
     checkpoint_every: int | None = Field(default=None, ge=1, le=MAX_STEPS)
     """Steps between checkpoints (also written on SIGUSR1/SIGTERM). Unset: derived at submit from the
     measured step and checkpoint write times (``idmctl exp show`` prints the arithmetic)."""
+    keep_last: int = Field(default=2, ge=1, le=MAX_KEEP_LAST)
+    """Checkpoints kept, newest first (1 … :data:`MAX_KEEP_LAST`); older ones are deleted once a newer one is
+    published. Preflight's disk check counts them at the size the smoke measured."""
+    keep_best: bool = True
+    """Also keep the checkpoint with the best evaluation of the goal's metric (of ``eval.metric`` without a
+    goal; lower is better unless the goal says ``>``/``>=``), however old: the one to adopt may not be the last."""
     log_every: int = Field(default=10, ge=1, le=MAX_STEPS)
     """Steps between metric logs."""
     seed: int = Field(default=0, ge=0, lt=2**32)

@@ -122,6 +122,8 @@ class Measurements:
     """``os.statvfs('/dev/shm')`` free bytes, used instead of the profile on local profiles."""
     scratch_free_bytes: int | None = None
     """Free bytes under ``stage.dest`` (nearest existing parent) on local profiles."""
+    runs_free_bytes: int | None = None
+    """Free bytes of the file system under ``$IDMCTL_HOME/runs`` (where run directories and their checkpoints live)."""
     cache_present: bool = False
     """``data.cache_root`` exists on this machine."""
     cache_bytes: int | None = None

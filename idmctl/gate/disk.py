@@ -1,5 +1,6 @@
 """Check ``disk``: node-local staging space holds the stage-in copy (the card copies 6.6 TB of
-cache to /tmp before training; too little scratch is ENOSPC two hours in)."""
+cache to /tmp before training; too little scratch is ENOSPC two hours in), and the run directory's
+file system holds the checkpoints retention keeps, at the size the smoke measured."""
 
 from __future__ import annotations
 
@@ -8,9 +9,43 @@ from idmctl.core.checks import CheckResult, PreflightContext, Status
 from ground.units import format_bytes
 
 NAME = "disk"
+_SEVERITY = (Status.PASS, Status.SKIP, Status.WARN, Status.FAIL)
 
 
 def check(ctx: PreflightContext) -> CheckResult:
+    stage, checkpoints = stage_check(ctx), checkpoint_check(ctx)
+    status = max(stage.status, checkpoints.status, key=_SEVERITY.index)
+    fix = "; ".join(r.fix for r in (stage, checkpoints) if r.fix and r.status is not Status.PASS)
+    return CheckResult(NAME, status, f"{stage.summary}; {checkpoints.summary}",
+                       {**stage.numbers, **checkpoints.numbers}, fix)
+
+
+def checkpoint_check(ctx: PreflightContext) -> CheckResult:
+    """(kept + best + the one being written, before the oldest goes) × the smoke's checkpoint bytes vs
+    the free space of the file system the run directories are on."""
+    train, smoke = ctx.spec.train, ctx.measurements.smoke
+    count = train.keep_last + int(train.keep_best) + 1
+    size = smoke.checkpoint_bytes if smoke is not None and smoke.ok and smoke.checkpoint_bytes else None
+    free = ctx.measurements.runs_free_bytes
+    numbers = {"checkpoints_kept": count, "checkpoint_bytes": size, "runs_free_bytes": free}
+    terms = f"({train.keep_last} last{' + 1 best' if train.keep_best else ''} + 1 being written)"
+    if size is None:
+        return CheckResult(NAME, Status.PASS, f"checkpoints {terms} not sized: no smoke measured one", numbers)
+    total = count * size
+    numbers["checkpoints_bytes"] = total
+    arithmetic = f"checkpoints {terms} × {format_bytes(size)} = {format_bytes(total)}"
+    if free is None:
+        return CheckResult(NAME, Status.PASS, f"{arithmetic}; the run directory's free space is not known here",
+                           numbers)
+    arithmetic += f" vs {format_bytes(free)} free for run directories"
+    if total > free:
+        return CheckResult(NAME, Status.FAIL, f"does not fit → ENOSPC at a checkpoint: {arithmetic}", numbers,
+                           "free space where run directories live ($IDMCTL_HOME/runs), or lower train.keep_last / "
+                           "set train.keep_best: false")
+    return CheckResult(NAME, Status.PASS, f"{arithmetic} ({total / free:.0%})", numbers)
+
+
+def stage_check(ctx: PreflightContext) -> CheckResult:
     spec = ctx.spec
     stage = staging(ctx)
     if not stage.enabled:

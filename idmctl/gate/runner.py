@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ground.paths import expand_path, free_bytes
+from ground.paths import expand_path, free_bytes, home
 from idmctl.core.job_state import JobState
 from idmctl.gate import cache, introspection, smoke, spec
 from idmctl.gate.blame import name_flags
@@ -176,6 +176,7 @@ def gather(resolved: ResolvedSpec, profile: ClusterProfile, code_version: str | 
     return Measurements(
         shm_free_bytes=free_bytes(Path("/dev/shm")),
         scratch_free_bytes=free_bytes(expand_path(resolved.spec.stage.dest)),
+        runs_free_bytes=free_bytes(home() / "runs"),
         cache_present=present, cache_bytes=cache_bytes, cache_file_count=file_count,
         staged_copy=staged_copy(resolved, profile) if present else None,
         cache_inspections=inspections or [], queue_waits=queue_history(res.gpus_per_node * res.nodes),

@@ -13,7 +13,7 @@ import torch
 
 from ground.errors import UserError
 from ground.spec.schema import ExperimentSpec
-from trainers.checkpoint import latest_checkpoint
+from trainers.checkpoint import latest_checkpoint, state_file
 from ground.contract import MLFLOW_RUN_ID_FILE
 
 
@@ -26,12 +26,12 @@ def initial_model(spec: ExperimentSpec) -> torch.nn.Module:
 
 
 def trained_model(spec: ExperimentSpec, run_dir: Path) -> tuple[torch.nn.Module, Path]:
-    """The newest complete checkpoint of ``run_dir`` loaded into a fresh model."""
+    """The newest checkpoint of ``run_dir`` that verifies, loaded into a fresh model."""
     checkpoint = latest_checkpoint(run_dir)
     if checkpoint is None:
         raise UserError("the run has no complete checkpoint", file=str(run_dir), hint="train it first")
     model = initial_model(spec)
-    state = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    state = torch.load(state_file(checkpoint), map_location="cpu", weights_only=True)
     model.load_state_dict(state["model"])
     return model, checkpoint
 
