@@ -304,9 +304,9 @@ def test_the_trainer_killed_in_a_checkpoint_write_resumes_past_a_flipped_and_a_t
 
 def test_the_disk_check_counts_the_kept_checkpoints_at_the_smokes_size() -> None:
     from ground.spec.loader import load_spec
-    from idmctl.preflight import disk
-    from idmctl.preflight.result import Measurements, PreflightContext, SmokeMeasurement, Status
-    from idmctl.profile import load_profile
+    from idmctl.gate import disk
+    from idmctl.core.checks import Measurements, PreflightContext, SmokeMeasurement, Status
+    from idmctl.core.profile import load_profile
 
     resolved, profile = load_spec("quickstart"), load_profile("local")[0]
     smoke = SmokeMeasurement(ok=True, checkpoint_s=0.5, checkpoint_bytes=3 * 10**9)

@@ -22,7 +22,7 @@ import yaml
 from ground import tracking
 from ground.errors import UserError
 from ground.paths import experiments_dir, home, mlflow_tracking_uri
-from ground.spec.loader import BASELINES_FILE
+from ground.spec.loader import BASELINES_FILE, load_experiments, load_spec, resolve_spec_path
 from ground.protocols import UNRECORDED
 from ground.spec.schema import Goal
 from idmctl.core.job_state import JobState
@@ -319,7 +319,6 @@ def build_report(selection: list[str] | None = None, metric: str = tracking.DEFA
 
 
 def _sweep_variants(sweep: str) -> list[Any]:
-    from ground.spec.loader import load_experiments
 
     try:
         variants = load_experiments(sweep)
@@ -361,7 +360,6 @@ def sweep_groups(rows: list[CompareRow]) -> list[SweepGroup]:
 def _select_runs(runs: list[CompareRow], selection: list[str], baselines: list[CompareRow]) -> list[CompareRow]:
     if not selection:
         return runs
-    from ground.spec.loader import load_spec, resolve_spec_path
 
     chosen = []
     for wanted in selection:
@@ -374,7 +372,6 @@ def _select_runs(runs: list[CompareRow], selection: list[str], baselines: list[C
 
 
 def _planned_rows(selection: list[str], chosen: list[CompareRow], baselines: list[CompareRow]) -> list[CompareRow]:
-    from ground.spec.loader import load_spec
 
     rows = []
     started = {row.name for row in chosen} | {row.label for row in chosen}
@@ -391,7 +388,6 @@ def _planned_rows(selection: list[str], chosen: list[CompareRow], baselines: lis
 
 def _spec_goal(experiment: str) -> str | None:
     """The experiment's goal from its spec today; None when the spec is gone (the run's params then)."""
-    from ground.spec.loader import load_spec
 
     try:
         return load_spec(experiment).spec.goal

@@ -20,7 +20,11 @@ from typing import Any
 from ground import tracking
 from ground.errors import UserError
 from ground.protocols import OWN, Protocol
+from ground.paths import mlflow_tracking_uri
 from ground.spec.schema import Goal
+from idmctl.track.compare import _select_runs, _spec_goal, expand_sweeps, load_baselines, load_runs, surviving_history
+from idmctl.track.compare_plot import save_png
+from idmctl.track.decision import DRAWS, METHOD, decide, estimate, paired, sd_that_decides, t_quantile
 
 CHECKPOINT_LAST = "last"
 CHECKPOINT_BEST = "best"
@@ -94,7 +98,6 @@ def _goal(goal_text: str | None, fallback: str | None, subject: str) -> Goal:
 
 def _episodes_at(client: Any, row: Any, metric: str, checkpoint: str) -> RunEpisodes | None:
     """The run's per-episode artifact at the chosen evaluation step; None when it logged none."""
-    from idmctl.track.compare import surviving_history
 
     logged = {}
     for item in client.list_artifacts(row.run_id, f"{tracking.EPISODES_ARTIFACT_DIR}/{metric}"):
@@ -134,7 +137,6 @@ def _episodes_at(client: Any, row: Any, metric: str, checkpoint: str) -> RunEpis
 def build_decisions(target: str, goal_text: str | None = None, checkpoint: str = CHECKPOINT_LAST,
                     tracking_uri: str | None = None) -> list[DecisionReport]:
     """The decisions for a run (``exp#chain`` or run id), an experiment, a sweep, or a recorded baseline."""
-    from idmctl.track.compare import _select_runs, _spec_goal, expand_sweeps, load_baselines, load_runs
 
     if checkpoint not in (CHECKPOINT_LAST, CHECKPOINT_BEST) and not checkpoint.isdigit():
         raise UserError(f"not a checkpoint: {checkpoint!r}", field="--checkpoint", hint="last, best, or a step number")
@@ -149,7 +151,6 @@ def build_decisions(target: str, goal_text: str | None = None, checkpoint: str =
                         hint=f"train it first (idmctl submit {target}; the quickstart: idmctl quickstart)")
     from mlflow.tracking import MlflowClient
 
-    from ground.paths import mlflow_tracking_uri
 
     client = MlflowClient(tracking_uri=tracking_uri or mlflow_tracking_uri())
     reports = []
@@ -196,7 +197,6 @@ def _run_decisions(client: Any, experiment: str, rows: list[Any], goal: Goal, ch
 # ---------------------------------------------------------------------------------------- deciding
 
 def _measured_decision(subject: str, goal: Goal, protocol: str, members: list[RunEpisodes]) -> DecisionReport:
-    from idmctl.track.decision import DRAWS, METHOD, decide, estimate
 
     report = DecisionReport(subject=subject, goal=goal, protocol=protocol, runs=members)
     first = members[0]
@@ -256,7 +256,6 @@ def _verdict_line(goal: Goal, est: Any, decision: Any, n: int) -> str:
 
 
 def _baseline_decision(row: Any, goal: Goal) -> DecisionReport:
-    from idmctl.track.decision import sd_that_decides, t_quantile
 
     protocol = row.protocols.get(goal.metric, "unrecorded")
     report = DecisionReport(subject=f"{row.label} (baseline)", goal=goal, protocol=protocol)
@@ -308,7 +307,6 @@ def write_tags(reports: list[DecisionReport], tracking_uri: str | None = None) -
         return 0
     from mlflow.tracking import MlflowClient
 
-    from ground.paths import mlflow_tracking_uri
 
     client = MlflowClient(tracking_uri=tracking_uri or mlflow_tracking_uri())
     for run_id, report in runs:
@@ -346,7 +344,6 @@ def plot_decisions(reports: list[DecisionReport], out: Path) -> Path:
     axis.set(xlabel=f"{drawn[0].goal.metric} per episode (mm); bar: mean and 95 % interval; red: goal",
              title=f"goal {drawn[0].goal}")
     axis.grid(alpha=0.3, axis="x")
-    from idmctl.track.compare_plot import save_png
 
     return save_png(figure, out)
 
@@ -354,7 +351,6 @@ def plot_decisions(reports: list[DecisionReport], out: Path) -> Path:
 def paired_lines(reports: list[DecisionReport]) -> list[str]:
     """Each measured decision against the first one evaluated on the very same episodes: the paired
     interval of the per-episode differences (episode-to-episode spread cancels)."""
-    from idmctl.track.decision import METHOD, paired
 
     measured = [r for r in reports if r.runs and len(r.runs[0].episodes) >= 2]
     lines = []
