@@ -21,7 +21,8 @@ import pytest
 from ground import contract
 from idmctl.jobs.code import JobCode
 from idmctl.jobs.effective import build
-from idmctl.jobs.render import JobOptions, RenderContext, render_script, with_exclusions
+from idmctl.core.job_options import JobOptions, JobRequest
+from idmctl.jobs.render import RenderContext, render_script, with_exclusions
 
 GOLDEN = Path(__file__).parent / "golden"
 SPECS = GOLDEN / "specs"
@@ -37,18 +38,18 @@ CARD_STAGE_BYTES = 7_151_073_361_920
 
 CASES: dict[str, dict] = {
     # `idmctl quickstart`'s job on the local executor: CPU, no stage-in, no snapshot roots beyond the tree.
-    "quickstart_local": dict(experiment="quickstart", flags={}, cluster="local"),
+    "quickstart_local": dict(experiment="quickstart", request=JobRequest(), cluster="local"),
     # Card A: latent_c_n4, 8 GPUs on core-own, the 7.2 TB cache staged to each node's NVMe.
-    "card_a_latent_c_n4": dict(experiment="latent_c_n4", flags={}, cluster="card", stage_bytes=CARD_STAGE_BYTES),
+    "card_a_latent_c_n4": dict(experiment="latent_c_n4", request=JobRequest(), cluster="card", stage_bytes=CARD_STAGE_BYTES),
     # The same model on two nodes: rendezvous, per-node stage-in and node guard through srun.
-    "card_a_latent_c_n4_2node": dict(experiment=str(SPECS / "latent_c_n4_2node.yaml"), flags={}, cluster="card",
+    "card_a_latent_c_n4_2node": dict(experiment=str(SPECS / "latent_c_n4_2node.yaml"), request=JobRequest(), cluster="card",
                                      stage_bytes=CARD_STAGE_BYTES),
     # A cache build job (one task launching one builder per GPU), submitted held.
     "build_rgb_card": dict(experiment="latent_c_n4", cluster="card",
-                           flags={"--build": "rgb", "--time": "12:00:00", "--hold": True}),
+                           request=JobRequest(build="rgb", time_limit="12:00:00", hold=True)),
     # A resubmission: attempt 2 of card A's chain 7 after a node failure, from the options as stored,
     # with the failed node excluded and the retry reason exported.
-    "card_a_latent_c_n4_resubmit": dict(experiment="latent_c_n4", flags={"--qos": "sub", "--gres": "gpu:4"},
+    "card_a_latent_c_n4_resubmit": dict(experiment="latent_c_n4", request=JobRequest(qos="sub", gpus_per_node=4),
                                         cluster="card", stage_bytes=CARD_STAGE_BYTES, chain_id=7, attempt=2,
                                         resubmit_excluding=["worker-3"],
                                         extra_env={contract.ENV_RETRY_REASON: "node_failure"}),
@@ -58,7 +59,7 @@ CASES: dict[str, dict] = {
 def render_case(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     case = CASES[name]
     # The effective job over an empty home of this test (no store, no runs, no cache: nothing measured).
-    job = build(case["experiment"], case["flags"], case["cluster"], VERSION)
+    job = build(case["experiment"], case["request"], case["cluster"], VERSION)
     options = job.options
     if "resubmit_excluding" in case:
         stored = options.as_dict()  # what the job row keeps; a resubmission reads it back

@@ -1,4 +1,4 @@
-"""Render one sbatch script from a resolved spec plus command-line overrides.
+"""Render one sbatch script from a resolved spec plus the job request (the command line's flags, typed).
 
 Every value that lands in the script is validated against a strict pattern or shell-quoted, so a job
 name, QoS, node list or path carrying a newline, ``;``, ``$(`` or a backtick cannot add a line to the
@@ -8,12 +8,11 @@ The same script runs under Slurm (``srun`` launches the ranks) and under the loc
 
 from __future__ import annotations
 
-import math
 import os
 import re
 import shlex
 import sys
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,8 @@ from ground.paths import REPO_ROOT, expand_path
 from ground.spec.loader import ResolvedSpec
 from ground.stage import layer_set, model_identity, spec_identity
 from ground.spec.schema import MAX_COUNT, NODE_LIST, SLURM_NAME, check_job_mem, check_job_time
-from ground.units import parse_bytes, parse_duration, slurm_time
+from ground.units import slurm_time
+from idmctl.core.job_options import JobOptions, JobRequest, flag_of
 from idmctl.jobs.template import fill
 
 
@@ -31,82 +31,8 @@ _NAME = re.compile(SLURM_NAME)
 _NODE_LIST = re.compile(NODE_LIST)
 _SBATCH_PATH = re.compile(r"^/[A-Za-z0-9._/+@%=-]{1,4000}$")
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
-_GRES = re.compile(r"^gpu:(\d{1,3})$")
 _UNSAFE_CHARS = re.compile(r"[\x00-\x1f\x7f`$;|&<>\\'\"]")
 DEFAULT_ENTRY = contract.DEFAULT_ENTRY
-
-
-@dataclass(frozen=True)
-class JobOptions:
-    """What one submission asks for: the spec's defaults after flags overrode them (stored in Job.options_json)."""
-
-    job_name: str
-    """``-J``; the spec's ``resources.job_name`` or the experiment name."""
-    qos: str
-    """``--qos``."""
-    partition: str | None
-    """``--partition``; None lets the cluster pick."""
-    nodes: int
-    """``--nodes``."""
-    ranks_per_node: int
-    """``--ntasks-per-node``: one rank per GPU, or ``cpu_ranks`` on CPU."""
-    cpus_per_node: int
-    """CPUs per node; each rank gets ``cpus_per_node // ranks_per_node`` (at least 1)."""
-    mem: str
-    """Memory per node as written (e.g. ``4GB``)."""
-    gpus_per_node: int
-    """``--gres=gpu:N``; 0 asks for none."""
-    time_limit: str | None
-    """Wall-clock limit as written; None until :func:`idmctl.preflight.limits.job_limits` derives it."""
-    exclude: list[str] = field(default_factory=list)
-    """Nodes to avoid (flag, spec, and active node exclusions)."""
-    retries: int = 0
-    """Resubmissions allowed for retryable causes."""
-    entry: str = DEFAULT_ENTRY
-    """A Python module started with ``python -m ENTRY --run-dir RUN_DIR``, or a command line (the team's
-    launch script) run from the snapshot's copy of the first code root (``--entry``, else ``code.entry``)."""
-    hang_k: float = 10.0
-    """The watchdog's k, floor and poll (the cluster profile's ``hang:``, kept so a resubmit uses the same)."""
-    hang_floor_s: float = 600.0
-    hang_poll_s: float = 30.0
-    signal_lead: int | None = None
-    """Seconds of USR1 warning; derived from measured step + checkpoint write time (or the spec's)."""
-    checkpoint_every: int | None = None
-    """Derived steps between checkpoints, passed as IDMCTL_CHECKPOINT_EVERY when the spec sets none."""
-    derivation: list[str] = field(default_factory=list)
-    """How the limits were derived, one line each: printed as comments at the top of the script."""
-    hold: bool = False
-    """``--hold``: submitted held (``#SBATCH --hold``) until ``scontrol release``; a resubmission is never held."""
-    build: str | None = None
-    """``--build MODE``: a cache build job (``contract.BUILD_ENTRY``), one task per node launching
-    ``ranks_per_node`` builder processes with accelerate; None for training."""
-
-    @property
-    def cpus_per_task(self) -> int:
-        return max(1, self.cpus_per_node // self.ranks_per_node)
-
-    @property
-    def mem_mib(self) -> int:
-        # Slurm's M suffix is MiB; round up so the job never gets less than the spec asked for.
-        return math.ceil(parse_bytes(self.mem) / 2**20)
-
-    @property
-    def time_seconds(self) -> float:
-        if self.time_limit is None:
-            raise UserError("no time limit: none in the spec or flags, and none derived", field="resources.time_limit",
-                            hint="set resources.time_limit or pass --time")
-        return parse_duration(self.time_limit)
-
-    @property
-    def signal_lead_s(self) -> int:
-        """Seconds before the time limit the batch shell gets USR1 (Slurm may send it up to 60 s earlier):
-        the derived lead when there is one, else 5% of the limit within [60 s, 600 s]."""
-        if self.signal_lead is not None:
-            return int(self.signal_lead)
-        return int(min(600, max(60, self.time_seconds * 0.05)))
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def _bad(what: str, field_name: str, source: str, hint: str) -> UserError:
@@ -147,73 +73,70 @@ def check_sbatch_path(path: Path, field_name: str, source: str) -> str:
     return text
 
 
-def parse_gres(value: str) -> int:
-    match = _GRES.fullmatch(value)
-    if not match:
-        raise UserError(f"{value!r} is not gpu:N", file="--gres", hint="e.g. --gres gpu:8")
-    return int(match.group(1))
-
-
-def resolve_options(resolved: ResolvedSpec, overrides: dict[str, Any]) -> JobOptions:
-    """Spec defaults, then every non-None flag in ``overrides``; each value validated where it came from."""
+def resolve_options(resolved: ResolvedSpec, request: JobRequest) -> JobOptions:
+    """Spec defaults, then every value the request gives; each value validated where it came from."""
     res = resolved.spec.resources
     spec_file = str(resolved.path)
 
-    def source(flag: str, spec_field: str) -> tuple[str, str]:
-        return ("command line", flag) if overrides.get(flag) is not None else (spec_file, spec_field)
+    def source(name: str, spec_field: str) -> tuple[str, str]:
+        """(file, field) naming where a value came from: the flag, else the spec."""
+        return ("command line", flag_of(name)) if request.is_given(name) else (spec_file, spec_field)
 
-    def flag(name: str, default: Any) -> Any:
+    def pick(name: str, default: Any) -> Any:
         # `is not None`, not `or`: `-c 0` or `-J ""` is a value to check, never a silent fall-back.
-        return overrides[name] if overrides.get(name) is not None else default
+        value = getattr(request, name)
+        return value if value is not None else default
 
-    gpus = parse_gres(overrides["--gres"]) if overrides.get("--gres") is not None else res.gpus_per_node
-    build = overrides.get("--build")
+    gpus = pick("gpus_per_node", res.gpus_per_node)
+    build = request.build
     if build is not None:
         if build not in contract.BUILD_MODES:
-            raise UserError(f"unknown build {build!r}", file="command line", field="--build",
+            raise UserError(f"unknown build {build!r}", file="command line", field=flag_of("build"),
                             hint=f"one of {', '.join(contract.BUILD_MODES)}")
-        if overrides.get("--entry") is not None:
+        if request.entry is not None:
             raise UserError("--build runs the build entry; --entry does not go with it", file="command line",
-                            field="--entry", hint="drop --entry")
+                            field=flag_of("entry"), hint="drop --entry")
         if res.nodes != 1:
             raise UserError(f"a build job runs on one node, the spec asks for {res.nodes}", file=spec_file,
                             field="resources.nodes", hint="submit one build per node (e.g. RGB and PT on two nodes)")
     options = JobOptions(
-        job_name=flag("-J", f"{resolved.name}-build-{build}" if build else res.job_name or resolved.name),
-        qos=flag("--qos", res.qos),
+        job_name=pick("job_name", f"{resolved.name}-build-{build}" if build else res.job_name or resolved.name),
+        qos=pick("qos", res.qos),
         partition=res.partition,
         nodes=res.nodes,
         ranks_per_node=gpus if gpus > 0 else res.cpu_ranks,
-        cpus_per_node=flag("-c", res.cpus),
-        mem=flag("--mem", res.mem),
+        cpus_per_node=pick("cpus_per_node", res.cpus),
+        mem=pick("mem", res.mem),
         gpus_per_node=gpus,
-        time_limit=flag("--time", res.time_limit),
-        exclude=list(flag("--exclude", res.exclude)),
-        retries=flag("--retries", res.retries),
-        entry=contract.BUILD_ENTRY if build else flag("--entry", resolved.spec.code.entry or DEFAULT_ENTRY),
-        hold=bool(overrides.get("--hold")),
+        time_limit=pick("time_limit", res.time_limit),
+        exclude=list(pick("exclude", res.exclude)),
+        retries=pick("retries", res.retries),
+        entry=contract.BUILD_ENTRY if build else pick("entry", resolved.spec.code.entry or DEFAULT_ENTRY),
+        hold=request.hold,
         build=build,
     )
-    check_name(options.job_name, *reversed(source("-J", "resources.job_name")))
-    check_name(options.qos, *reversed(source("--qos", "resources.qos")))
+    check_name(options.job_name, *reversed(source("job_name", "resources.job_name")))
+    check_name(options.qos, *reversed(source("qos", "resources.qos")))
     if options.partition is not None:
         check_name(options.partition, "resources.partition", spec_file)
-    check_nodes(options.exclude, *reversed(source("--exclude", "resources.exclude")))
-    check_entry(options.entry, *source("--entry", "code.entry"))
-    for name, spec_field, check in (("--mem", "resources.mem", check_job_mem), ("--time", "resources.time_limit", check_job_time)):
-        value = overrides.get(name)
+    check_nodes(options.exclude, *reversed(source("exclude", "resources.exclude")))
+    check_entry(options.entry, *source("entry", "code.entry"))
+    for name, spec_field, check in (("mem", "resources.mem", check_job_mem),
+                                    ("time_limit", "resources.time_limit", check_job_time)):
+        value = getattr(request, name)
         if value is not None:
             try:
                 check(value)
             except ValueError as exc:
-                raise UserError(str(exc), file="command line", field=name, hint=f"same format as {spec_field}") from exc
+                raise UserError(str(exc), file="command line", field=flag_of(name),
+                                hint=f"same format as {spec_field}") from exc
     if options.cpus_per_node < 1:
-        raise UserError("must be at least 1", file="command line", field="-c", hint="CPUs per node")
+        raise UserError("must be at least 1", file="command line", field=flag_of("cpus_per_node"), hint="CPUs per node")
     if options.cpus_per_node > MAX_COUNT:
-        raise UserError(f"{options.cpus_per_node} is more CPUs than any node has", file="command line", field="-c",
-                        hint="CPUs per node")
+        raise UserError(f"{options.cpus_per_node} is more CPUs than any node has", file="command line",
+                        field=flag_of("cpus_per_node"), hint="CPUs per node")
     if not 0 <= options.retries <= 1_000:
-        raise UserError("must be 0 … 1000", file="command line", field="--retries", hint="resubmission budget")
+        raise UserError("must be 0 … 1000", file="command line", field=flag_of("retries"), hint="resubmission budget")
     return options
 
 

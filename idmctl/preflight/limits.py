@@ -23,7 +23,7 @@ from idmctl.preflight.result import PreflightContext, RecordedRun
 
 if TYPE_CHECKING:
     from ground.spec.loader import ResolvedSpec
-    from idmctl.jobs.render import JobOptions
+    from idmctl.core.job_options import JobOptions
     from idmctl.preflight.result import SmokeMeasurement
     from idmctl.profile import ClusterProfile
 

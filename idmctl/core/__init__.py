@@ -1,0 +1,1 @@
+"""Vocabulary without I/O: the job options as typed values."""
