@@ -30,11 +30,12 @@ def slots(text: str) -> set[str]:
     return set(_SLOT.findall(text))
 
 
-def fill(part: str, values: dict[str, object], path: Path = TEMPLATE) -> str:
-    """Part ``part`` with every ``{{name}}`` replaced by ``str(values[name])``, no trailing newline.
-    A name the part asks for and ``values`` lacks is a KeyError naming it (a bug in the renderer)."""
+def fill(part: str, values: dict[str, object], path: Path | None = None) -> str:
+    """Part ``part`` of the template at ``path`` (default :data:`TEMPLATE`) with every ``{{name}}``
+    replaced by ``str(values[name])``, no trailing newline. A name the part asks for and ``values``
+    lacks is a KeyError naming it (a bug in the renderer)."""
     lines = []
-    for line in parts(path)[part].split("\n"):
+    for line in parts(path or TEMPLATE)[part].split("\n"):
         whole = _SLOT.fullmatch(line)
         if whole is not None:
             block = str(values[whole.group(1)])

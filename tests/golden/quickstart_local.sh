@@ -26,12 +26,11 @@ export IDMCTL_CODE_VERSION=0123456789abcdef0123456789abcdef01234567
 export IDMCTL_SNAPSHOT=/home/operator/idmctl/code/0123456789abcdef0123456789abcdef01234567
 export IDMCTL_CODE_STORE=/home/operator/idmctl/code
 export IDMCTL_ENV_DIGEST=eeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeee
-export IDMCTL_CODE_ROOTS=/home/operator/idmctl/code/0123456789abcdef0123456789abcdef01234567
 RUN_DIR=/home/operator/idmctl/runs/quickstart/1
 cd /home/operator/idmctl/code/0123456789abcdef0123456789abcdef01234567 || exit 1
 echo "idmctl: job ${SLURM_JOB_ID:-local} chain $IDMCTL_CHAIN_ID attempt $IDMCTL_ATTEMPT restart ${SLURM_RESTART_COUNT:-0} on $(hostname) at $(date -Is)"
 # code: snapshot 0123456789abcdef0123456789abcdef01234567, the code the gate admitted; every attempt of the chain runs it.
-export PYTHONPATH=/home/operator/idmctl/code/0123456789abcdef0123456789abcdef01234567:/home/operator/idmctl/code/0123456789abcdef0123456789abcdef01234567"${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH=/home/operator/idmctl/code/0123456789abcdef0123456789abcdef01234567"${PYTHONPATH:+:$PYTHONPATH}"
 /opt/idmctl/venv/bin/python -m ground.code_snapshot verify || exit $?
 
 # node guard: /dev/shm free vs the loader's 0 B (stale segments of dead jobs are the evidence),
