@@ -116,7 +116,7 @@ if [ "$WATCHED" -eq 79 ]; then STATUS=79; fi  # the watchdog killed a hung train
 if [ "$STATUS" -eq 75 ] && [ "$REQUEUE_WANTED" -eq 1 ]; then
   echo "idmctl: trainer checkpointed and asked to be requeued"
   if [ -n "${SLURM_JOB_ID:-}" ]; then
-    # A preempted job that exits by itself is not requeued by Slurm: requeue ourselves (slurm-notes 4).
+    # A preempted job that exits by itself ends COMPLETED or FAILED, never requeued (Slurm 22.05): requeue ourselves.
     if scontrol requeue "$SLURM_JOB_ID"; then sleep 60; else
       # A cluster whose preemption cancels may refuse it: sync resubmits the chain (taxonomy: preempted).
       echo "idmctl: requeue refused by the cluster: sync resubmits the chain"
