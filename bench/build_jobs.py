@@ -57,10 +57,11 @@ def _prepare(home: Path, kind: str, demos: int, steps: int) -> Path:
 
 def _submit(spec: Path, mode: str, node: str | None) -> str:
     """One build job; on ``node`` (the other one excluded), or wherever Slurm finds room (None)."""
+    from idmctl.core.job_options import JobRequest
     from idmctl.ops.submit import submit
 
-    exclude = [n for n in ("n1", "n2") if n != node] if node else None
-    done = submit(str(spec), {"--build": mode, "--qos": QOS, "--exclude": exclude}, "local-slurm",
+    exclude = tuple(n for n in ("n1", "n2") if n != node) if node else None
+    done = submit(str(spec), JobRequest(build=mode, qos=QOS, exclude=exclude), "local-slurm",
                   force_reason="bench.build_jobs")
     return str(done.job.scheduler_id)
 

@@ -22,6 +22,7 @@ from ground.contract import ENV_HOME
 
 
 def run(fast: bool = False) -> list[Figure] | str:
+    from idmctl.core.job_options import JobRequest
     from idmctl.ops.submit import dry_run
 
     repeats = 3 if fast else 15
@@ -30,8 +31,8 @@ def run(fast: bool = False) -> list[Figure] | str:
     with tempfile.TemporaryDirectory(prefix="idmctl-bench-submit-") as tmp:
         os.environ[ENV_HOME] = str(Path(tmp) / "home")
         try:
-            script = dry_run("quickstart", {}, "local-slurm").script
-            render = time_call(lambda: dry_run("quickstart", {}, "local-slurm"), repeats)
+            script = dry_run("quickstart", JobRequest(), "local-slurm").script
+            render = time_call(lambda: dry_run("quickstart", JobRequest(), "local-slurm"), repeats)
             interpreter = time_call(lambda: subprocess.run([sys.executable, "-c", "pass"], check=True), repeats)
             figures.append(Figure("render the batch script (submit --dry-run, in-process)", "s", render,
                                   reference_name="python -c pass", reference_samples=interpreter,
@@ -171,11 +172,12 @@ def _checks_in_process(spec: Path, home: Path, repeats: int) -> Figure:
     os.environ[ENV_HOME] = str(home)
     try:
         from ground.contract import code_version
+        from idmctl.core.job_options import JobRequest
         from idmctl.job.effective import build
         from idmctl.gate.admission import judge
         from idmctl.record.preflights import latest_passing
 
-        job = build(str(spec), {}, "local-slurm")
+        job = build(str(spec), JobRequest(), "local-slurm")
         version = code_version()
         passing = latest_passing(job.declared, job.profile_hash, job.smoke_flags, version)
         admissions = []

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from ground.spec.loader import load_spec
+from idmctl.core.job_options import JobRequest
 from idmctl.job.effective import apply_flags, build
 
 
@@ -24,8 +25,8 @@ def test_card_example_qos_sub_is_judged_on_the_effective_job(cli, idmctl_home) -
 
 
 def test_resource_flags_land_in_the_effective_spec_and_scheduling_flags_do_not() -> None:
-    job = build("latent_c_n4", {"--qos": "sub", "--time": "2:00:00", "--mem": "100GB", "-c": 8, "--gres": "gpu:4",
-                                "-J": "x", "--exclude": ["n1"], "--retries": 2, "--entry": "tests.jobs_entry"}, "card")
+    job = build("latent_c_n4", JobRequest(qos="sub", time_limit="2:00:00", mem="100GB", cpus_per_node=8, gpus_per_node=4,
+                                          job_name="x", exclude=("n1",), retries=2, entry="tests.jobs_entry"), "card")
     res = job.resolved.spec.resources
     assert (res.qos, res.time_limit, res.mem, res.cpus, res.gpus_per_node) == ("sub", "2:00:00", "100GB", 8, 4)
     declared = job.declared.spec.resources
@@ -35,7 +36,7 @@ def test_resource_flags_land_in_the_effective_spec_and_scheduling_flags_do_not()
     assert job.changed_flags == ["--qos", "--time", "--mem", "-c", "--gres", "--entry"]
     assert job.smoke_flags == {"--gres": "gpu:4", "--entry": "tests.jobs_entry"}
     # A flag repeating the spec changes nothing, so it needs no new preflight.
-    same = build("latent_c_n4", {"--gres": "gpu:8", "--entry": "trainers.train"}, "card")
+    same = build("latent_c_n4", JobRequest(gpus_per_node=8, entry="trainers.train"), "card")
     assert same.smoke_flags == {} and same.resolved.hash == same.declared.hash
 
 

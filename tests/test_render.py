@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from idmctl.core.job_options import JobRequest
 from idmctl.job.render import RenderContext, render_script, resolve_options
 from ground.spec.loader import load_spec
 from ground.contract import STAGE_MARKER, STAGE_PENDING
@@ -75,7 +76,7 @@ def test_stage_in_copies_once_then_skips_by_marker(tmp_path: Path, idmctl_home: 
     run_dir.mkdir()
     ctx = RenderContext(run_dir=run_dir, chain_id=1, attempt=1, idmctl_home=idmctl_home,
                         log_path=str(run_dir / "log"), python=_stage_only_python(tmp_path))
-    script = render_script(resolved, resolve_options(resolved, {}), ctx)
+    script = render_script(resolved, resolve_options(resolved, JobRequest()), ctx)
     script_path = run_dir / "job.sh"
     script_path.write_text(script)
     first = subprocess.run(["bash", str(script_path)], capture_output=True, text=True, timeout=30)
@@ -106,7 +107,7 @@ def test_stage_in_disk_full_fails_with_clear_line(tmp_path: Path, idmctl_home: P
     ctx = RenderContext(run_dir=run_dir, chain_id=1, attempt=1, idmctl_home=idmctl_home,
                         log_path=str(run_dir / "log"), python=_stage_only_python(tmp_path))
     script_path = run_dir / "job.sh"
-    script_path.write_text(render_script(resolved, resolve_options(resolved, {}), ctx))
+    script_path.write_text(render_script(resolved, resolve_options(resolved, JobRequest()), ctx))
     result = subprocess.run(["bash", str(script_path)], capture_output=True, text=True, timeout=30)
     assert result.returncode == 1
     assert "idmctl: stage-in FAILED (cp exit 1)" in result.stdout

@@ -141,9 +141,10 @@ def preflight_stage(resolved: ResolvedSpec, result: QuickstartResult) -> None:
 
 
 def submit_stage(result: QuickstartResult) -> Any:
+    from idmctl.core.job_options import JobRequest
     from idmctl.ops.submit import submit
 
-    submitted = submit(EXPERIMENT, {}, None)
+    submitted = submit(EXPERIMENT, JobRequest(), None)
     job = submitted.job
     stage(5, "submit", f"job {job.id} ({job.executor} {job.scheduler_id}), chain {job.chain_id}, qos {job.qos}, "
                        f"script {job.script_path}")

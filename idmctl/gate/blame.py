@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from idmctl.core.job_options import RESOURCE_FIELDS, flag_of
 from idmctl.core.checks import CheckResult, Measurements, PreflightContext, Status
 from idmctl.gate import smoke as smoke_check
 from idmctl.gate.check_list import STATIC_CHECKS, run_check
@@ -18,36 +19,36 @@ FLAG_BLIND = ("introspection", "cache")
 
 
 def _blame(job: "EffectiveJob", name: str, measured: Measurements) -> list[str]:
-    """The flags that turn check ``name`` into a FAIL: each flag applied alone to the spec as written.
-    [] when the spec as written fails it too; every changed resource flag when only their mix does."""
-    from idmctl.job.effective import SPEC_FLAGS, apply_flags
+    """The request fields that turn check ``name`` into a FAIL: each applied alone to the spec as written.
+    [] when the spec as written fails it too; every changed resource field when only their mix does."""
+    from idmctl.job.effective import apply_flags
 
     module = next(m for m in STATIC_CHECKS if m.NAME == name)
 
-    def fails(flags: list[str]) -> bool:
+    def fails(names: list[str]) -> bool:
         try:
-            resolved = apply_flags(job.declared, job.options, flags)
+            resolved = apply_flags(job.declared, job.options, names)
         except Exception:
             return True
         return run_check(module, PreflightContext(resolved, job.profile, measured)).status is Status.FAIL
 
-    changed = [flag for flag in job.changed_flags if flag in SPEC_FLAGS]
+    changed = [name for name in job.changed if name in RESOURCE_FIELDS]
     if not changed or fails([]):
         return []
-    return [flag for flag in changed if fails([flag])] or changed
+    return [name for name in changed if fails([name])] or changed
 
 
 def name_flags(job: "EffectiveJob", results: list[CheckResult], measured: Measurements) -> list[CheckResult]:
     """Each FAIL the flags caused, with ``(from --qos sub)`` appended and ``from_flags`` in its numbers."""
     out: list[CheckResult] = []
     for result in results:
-        flags: list[str] = []
+        names: list[str] = []
         if result.status is Status.FAIL and result.name == smoke_check.NAME:
-            flags = [f for f in job.changed_flags if f in ("--mem", "--gres")]  # peak × ranks vs --mem
+            names = [n for n in job.changed if n in ("mem", "gpus_per_node")]  # peak × ranks vs --mem
         elif result.status is Status.FAIL and result.name not in FLAG_BLIND:
-            flags = _blame(job, result.name, measured)
-        if flags:
-            result = replace(result, summary=f"{result.summary} (from {', '.join(job.shown(f) for f in flags)})",
-                             numbers={**result.numbers, "from_flags": flags})
+            names = _blame(job, result.name, measured)
+        if names:
+            result = replace(result, summary=f"{result.summary} (from {', '.join(job.shown(n) for n in names)})",
+                             numbers={**result.numbers, "from_flags": [flag_of(n) for n in names]})
         out.append(result)
     return out

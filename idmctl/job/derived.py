@@ -7,7 +7,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ground.units import parse_duration
-from idmctl.job.render import JobOptions
+from idmctl.core.job_options import JobOptions
 from idmctl.plan.limits import limits_for
 
 if TYPE_CHECKING:

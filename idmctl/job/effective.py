@@ -1,12 +1,12 @@
 """The effective job: the spec, the command-line flags and the active node exclusions, as one object.
 
-``submit`` and ``preflight`` both build it, so the checks judge exactly what would be sent. The flags
-that change resources (``--qos``, ``--time``, ``--mem``, ``-c``, ``--gres``) are written into a copy
-of the spec's ``resources``: every check, and the trainer (its ``spec.json``), sees the job as it runs.
-Scheduling-only flags (``-J``, ``--exclude``, ``--retries``) and ``--entry`` live in the options.
+``submit`` and ``preflight`` both build it, so the checks judge exactly what would be sent. The request
+fields that change resources (qos, time limit, mem, CPUs, GPUs: ``RESOURCE_FIELDS``) are written into a
+copy of the spec's ``resources``: every check, and the trainer (its ``spec.json``), sees the job as it runs.
+Scheduling-only options (job name, exclude, retries, hold) and the entry live in the options.
 
 The spec's own hash (``declared``) still keys the preflight gate; the smoke's measurement is keyed
-on what it measured too, so the flags that change that (:data:`SMOKE_FLAGS`) are part of the key.
+on what it measured too, so the fields that change that (``SMOKE_FIELDS``) are part of the key.
 """
 
 from __future__ import annotations
@@ -21,29 +21,17 @@ from pydantic import ValidationError
 from ground.errors import UserError
 from ground.spec.loader import ResolvedSpec
 from ground.spec.schema import ExperimentSpec
-from idmctl.job.render import DEFAULT_ENTRY, JobOptions
+from idmctl.core.job_options import RESOURCE_FIELDS, SMOKE_FIELDS, JobOptions, JobRequest, flag_of, resource_of
+from idmctl.job.render import DEFAULT_ENTRY
 from idmctl.core.profile import ClusterProfile
 
-SPEC_FLAGS: dict[str, str] = {"--qos": "qos", "--time": "time_limit", "--mem": "mem", "-c": "cpus",
-                              "--gres": "gpus_per_node"}
-"""Flag → the ``resources`` field it overrides in the effective spec."""
-SMOKE_FLAGS = ("--gres", "--entry", "--build")
-"""Flags that change what the smoke measured, so a preflight with the same flags must have passed:
-``--gres`` changes the device and the world size (grad accumulation, DDP), ``--entry`` the code that
-runs, ``--build`` makes it a cache build (the build preflight's 1-file encode). The others (--qos,
---time, --mem, -c, --exclude, -J, --retries) change only what the static checks judge, and those run
-again on the effective job at every submit."""
 
-
-def _option_value(options: JobOptions, resource_field: str) -> Any:
-    return {"qos": options.qos, "time_limit": options.time_limit, "mem": options.mem, "cpus": options.cpus_per_node,
-            "gpus_per_node": options.gpus_per_node}[resource_field]
-
-
-def apply_flags(declared: ResolvedSpec, options: JobOptions, flags: list[str]) -> ResolvedSpec:
-    """``declared`` with the ``resources`` fields of ``flags`` replaced by the options' values, re-validated
-    (so a world size that no longer divides ``train.effective_batch`` is refused where it comes from)."""
-    changed = {SPEC_FLAGS[flag]: _option_value(options, SPEC_FLAGS[flag]) for flag in flags if flag in SPEC_FLAGS}
+def apply_flags(declared: ResolvedSpec, options: JobOptions, names: list[str]) -> ResolvedSpec:
+    """``declared`` with the ``resources`` fields of request fields ``names`` replaced by the options'
+    values, re-validated (so a world size that no longer divides ``train.effective_batch`` is refused
+    where it comes from). Names outside ``RESOURCE_FIELDS`` change nothing here."""
+    names = [name for name in names if name in RESOURCE_FIELDS]
+    changed = {resource_of(name): getattr(options, name) for name in names}
     if not changed:
         return declared
     canonical = declared.canonical
@@ -53,10 +41,10 @@ def apply_flags(declared: ResolvedSpec, options: JobOptions, flags: list[str]) -
     except ValidationError as exc:
         first = exc.errors()[0]
         message = str(first.get("ctx", {}).get("error") or first["msg"]).removeprefix("Value error, ")
-        shown = " ".join(f"{flag} {'gpu:' if flag == '--gres' else ''}{changed[SPEC_FLAGS[flag]]}"
-                         for flag in flags if flag in SPEC_FLAGS)
+        shown = " ".join(f"{flag_of(name)} {'gpu:' if name == 'gpus_per_node' else ''}{getattr(options, name)}"
+                         for name in names)
         raise UserError(f"the spec with {shown} is invalid: {message}", file="command line",
-                        field=",".join(f for f in flags if f in SPEC_FLAGS), hint="pick values the spec allows") from exc
+                        field=",".join(flag_of(name) for name in names), hint="pick values the spec allows") from exc
     return ResolvedSpec(name=declared.name, path=declared.path, spec=spec, chain=declared.chain)
 
 
@@ -70,48 +58,48 @@ class EffectiveJob:
     """The spec with the resource flags applied: what the checks judge and the trainer reads."""
     options: JobOptions
     """Everything the batch script asks for (exclusions merged)."""
-    flags: dict[str, Any]
-    """The flags given (non-None), as typed."""
+    request: JobRequest
+    """The flags given, typed."""
     profile: ClusterProfile
     profile_hash: str
     exclusions: list[str] = field(default_factory=list)
     """Active node exclusions merged into ``options.exclude``."""
 
     @property
-    def changed_flags(self) -> list[str]:
-        """Flags whose value differs from what the spec says (a flag repeating the spec changes nothing)."""
+    def changed(self) -> list[str]:
+        """Request fields whose value differs from what the spec says (a flag repeating the spec changes
+        nothing), then the entry and the build when they make it another job than the spec's training."""
         res = self.declared.spec.resources
-        out = [flag for flag, name in SPEC_FLAGS.items()
-               if flag in self.flags and _option_value(self.options, name) != getattr(res, name)]
+        out = [name for name in RESOURCE_FIELDS
+               if self.request.is_given(name) and getattr(self.options, name) != getattr(res, resource_of(name))]
         if self.options.entry != DEFAULT_ENTRY and not self.options.build:
-            out.append("--entry")
+            out.append("entry")
         if self.options.build:
-            out.append("--build")
+            out.append("build")
         return out
 
     @property
-    def smoke_flags(self) -> dict[str, str]:
-        """The flags in the gate's key: those of :data:`SMOKE_FLAGS` that change the job, normalised."""
-        changed = self.changed_flags
-        out: dict[str, str] = {}
-        if "--gres" in changed:
-            out["--gres"] = f"gpu:{self.options.gpus_per_node}"
-        if "--entry" in changed:
-            out["--entry"] = self.options.entry
-        if self.options.build:
-            out["--build"] = self.options.build
-        return out
+    def changed_flags(self) -> list[str]:
+        """:attr:`changed` as flag spellings (what the rows and messages show)."""
+        return [flag_of(name) for name in self.changed]
 
-    def shown(self, flag: str) -> str:
-        """``--qos sub``: a flag as the user typed it."""
-        value = self.flags.get(flag)
+    @property
+    def smoke_flags(self) -> dict[str, str]:
+        """The gate's key: the ``SMOKE_FIELDS`` that change the job, keyed by flag as the rows keep it."""
+        values = {"gpus_per_node": f"gpu:{self.options.gpus_per_node}", "entry": self.options.entry,
+                  "build": self.options.build}
+        return {flag_of(name): values[name] for name in SMOKE_FIELDS if name in self.changed}
+
+    def shown(self, name: str) -> str:
+        """``--qos sub``: request field ``name`` as the user typed it."""
+        value = self.request.given().get(flag_of(name))
         if isinstance(value, list):
             value = ",".join(value)
-        return f"{flag} {value}"
+        return f"{flag_of(name)} {value}"
 
     def record(self) -> dict[str, Any]:
-        """What the job row keeps about how it was built."""
-        return {"flags": {flag: self.flags[flag] for flag in self.flags}, "changed": self.changed_flags,
+        """What the job row keeps about how it was built (flags by spelling, as rows always kept them)."""
+        return {"flags": self.request.given(), "changed": self.changed_flags,
                 "smoke_flags": self.smoke_flags, "exclusions": self.exclusions,
                 "spec_hash": self.declared.hash, "effective_spec_hash": self.resolved.hash}
 
@@ -180,7 +168,7 @@ def active_exclusions() -> list[str]:
     return sorted({row.node for row in rows if (row.until if row.until.tzinfo else row.until.replace(tzinfo=timezone.utc)) > now})
 
 
-def build(experiment: str, flags: dict[str, Any], cluster: str | None, version: str | None = None) -> EffectiveJob:
+def build(experiment: str, request: JobRequest, cluster: str | None, version: str | None = None) -> EffectiveJob:
     """Load the spec and the profile, resolve the flags, merge active exclusions: the effective job.
     Bad flag values are UserErrors naming the flag (exit 2). ``version``: the code version, when the
     caller has it already (else the limits derivation asks git)."""
@@ -190,15 +178,14 @@ def build(experiment: str, flags: dict[str, Any], cluster: str | None, version: 
 
     declared = load_spec(experiment)
     profile, profile_hash = load_profile(cluster)
-    given = {flag: value for flag, value in flags.items() if value is not None}
-    options = resolve_options(declared, given)
-    if "--qos" in given:  # a typo on the command line is bad input; the spec's own QoS is the checks' to judge
-        profile.tier(options.qos, file="command line", field="--qos")
+    options = resolve_options(declared, request)
+    if request.qos is not None:  # a typo on the command line is bad input; the spec's own QoS is the checks' to judge
+        profile.tier(options.qos, file="command line", field=flag_of("qos"))
     if options.hold and profile.scheduler != "slurm":
         raise UserError(f"--hold needs a Slurm cluster; {profile.name} runs jobs at once", file="command line",
-                        field="--hold", hint="drop --hold, or submit with --cluster naming a Slurm profile")
+                        field=flag_of("hold"), hint="drop --hold, or submit with --cluster naming a Slurm profile")
     if not options.build and options.entry != DEFAULT_ENTRY:
-        check_entry_exists(options.entry, declared, from_flag="--entry" in given)
+        check_entry_exists(options.entry, declared, from_flag=request.entry is not None)
     exclusions = active_exclusions()
     options = with_exclusions(options, exclusions)
     # What the spec and flags leave open (time limit, checkpoint interval, signal lead) is derived from
@@ -215,8 +202,8 @@ def build(experiment: str, flags: dict[str, Any], cluster: str | None, version: 
         options = job_limits(declared, profile, options, version)
     options = replace(options, hang_k=profile.hang.k, hang_floor_s=profile.hang.floor_seconds,
                       hang_poll_s=profile.hang.poll_seconds)
-    flagged = [flag for flag in given if flag in SPEC_FLAGS]
-    if declared.spec.resources.time_limit is None and "--time" not in flagged:
-        flagged.append("--time")
+    flagged = [name for name in RESOURCE_FIELDS if request.is_given(name)]
+    if declared.spec.resources.time_limit is None and "time_limit" not in flagged:
+        flagged.append("time_limit")  # the derived limit: the checks judge the job as it will run
     resolved = apply_flags(declared, options, flagged)
-    return EffectiveJob(declared, resolved, options, given, profile, profile_hash, exclusions)
+    return EffectiveJob(declared, resolved, options, request, profile, profile_hash, exclusions)

@@ -24,7 +24,8 @@ from idmctl.core.job_state import JobState
 from idmctl.ops.executors import executor_for
 from idmctl.job.code import JobCode, freeze, planned, require_present, tree_for
 from idmctl.job.effective import EffectiveJob, active_exclusions, build as build_effective
-from idmctl.job.render import JobOptions, RenderContext, render_script, with_exclusions
+from idmctl.core.job_options import JobOptions, JobRequest
+from idmctl.job.render import RenderContext, render_script, with_exclusions
 from idmctl.ops.verdict import SchedulerRefused, Verdict, require_acceptance, verdict_if_askable
 from ground.paths import atomic_write_text, home
 from ground.spec.loader import ResolvedSpec, load_spec
@@ -66,10 +67,10 @@ def require_preflight(job: EffectiveJob) -> "PreflightRun":
     return require_pass(job.declared, job.profile, job.profile_hash, job.smoke_flags)
 
 
-def prepare(experiment: str, overrides: dict[str, Any], cluster: str | None,
+def prepare(experiment: str, request: JobRequest, cluster: str | None,
             version: str | None = None) -> EffectiveJob:
     """The effective job, rendered once: bad input fails here, before anything is written."""
-    job = build_effective(experiment, overrides, cluster, version)
+    job = build_effective(experiment, request, cluster, version)
     render_script(job.resolved, job.options, _context(job.resolved, DRY_RUN_CHAIN_ID, 1, job.profile.scheduler, {}))
     return job
 
@@ -131,14 +132,14 @@ class DryRun:
     """What the scheduler says about ``script`` (``sbatch --test-only``): submit asks the same."""
 
 
-def dry_run(experiment: str, overrides: dict[str, Any], cluster: str | None) -> DryRun:
+def dry_run(experiment: str, request: JobRequest, cluster: str | None) -> DryRun:
     """The exact script a submit would send (chain id 0 stands in for the one submit would create), and
     the verdicts submit would reach on it. Never raises on a FAIL: showing it is the point."""
     from idmctl.record.preflights import latest_passing
 
     snapshot = tree_for(load_spec(experiment).spec)
     version = snapshot.version
-    job = prepare(experiment, overrides, cluster, version)
+    job = prepare(experiment, request, cluster, version)
     admission = _judge(job, latest_passing(job.declared, job.profile_hash, job.smoke_flags, version), version)
     script = render_script(job.resolved, job.options, _context(job.resolved, DRY_RUN_CHAIN_ID, 1, job.profile.scheduler, {},
                                                                {"admission": admission.as_dict()},
@@ -146,13 +147,13 @@ def dry_run(experiment: str, overrides: dict[str, Any], cluster: str | None) -> 
     return DryRun(script, job, admission, verdict_if_askable(job.profile.scheduler, script))
 
 
-def submit(experiment: str, overrides: dict[str, Any], cluster: str | None,
+def submit(experiment: str, request: JobRequest, cluster: str | None,
            force_reason: str | None = None) -> Submitted:
     # The tree is read once: its digest is the gate's key, and the snapshot the job runs is made from the
     # very listing that was hashed (a file edited after this point fails the snapshot, not the job).
     snapshot = tree_for(load_spec(experiment).spec)
     version = snapshot.version
-    job = prepare(experiment, overrides, cluster, version)
+    job = prepare(experiment, request, cluster, version)
     admission = admit(job, force_reason, version)
     ask_scheduler(job)
     forced = None
@@ -177,7 +178,7 @@ CODE_CHOICES = ("chain", "current")
 """``submit --resume CHAIN --code``: the chain's own snapshot (default), or the tree as it is now."""
 
 
-def resume(experiment: str, chain_id: int, overrides: dict[str, Any], cluster: str | None, code_choice: str = "chain",
+def resume(experiment: str, chain_id: int, request: JobRequest, cluster: str | None, code_choice: str = "chain",
            force_reason: str | None = None) -> Submitted:
     """A new attempt of an ended chain: its run directory (so the trainer resumes from its checkpoints) and
     its MLflow run. It runs the chain's snapshot unless ``code_choice`` is ``current``, which moves the chain
@@ -216,7 +217,7 @@ def resume(experiment: str, chain_id: int, overrides: dict[str, Any], cluster: s
     else:
         snapshot = tree_for(load_spec(experiment).spec)
         version = snapshot.version
-    job = prepare(experiment, overrides, cluster, version)
+    job = prepare(experiment, request, cluster, version)
     if (job.declared.name, job.declared.hash) != (experiment_of, spec_hash):
         raise UserError(f"chain {chain_id} runs {experiment_of} at spec {spec_hash[:12]}, not {job.declared.name} at "
                         f"{job.declared.hash[:12]}", file="command line", field="--resume",
@@ -433,8 +434,8 @@ def _readmit(resolved: ResolvedSpec, options: JobOptions, first: dict[str, Any],
     from idmctl.core.profile import load_profile
 
     profile, profile_hash = load_profile(first.get("cluster"))
-    flags = (first.get("job") or {}).get("flags") or {}
-    job = EffectiveJob(resolved, resolved, options, flags, profile, profile_hash, list(options.exclude))
+    request = JobRequest.from_given((first.get("job") or {}).get("flags") or {})
+    job = EffectiveJob(resolved, resolved, options, request, profile, profile_hash, list(options.exclude))
     return judge(job, preflight, version, memo_only=True)
 
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
+
+from idmctl.core.job_options import JobRequest, parse_gres
 
 Qos = Annotated[str | None, typer.Option("--qos", help="QoS tier (default resources.qos).")]
 Gres = Annotated[str | None, typer.Option("--gres", help="gpu:N per node (default resources.gpus_per_node).")]
@@ -20,8 +22,9 @@ Entry = Annotated[str | None, typer.Option("--entry", help="Python module the jo
 
 def flags(qos: str | None, gres: str | None, cpus: int | None, mem: str | None, exclude: str | None,
           job_name: str | None, time_limit: str | None, retries: int | None, entry: str | None,
-          build: str | None = None, hold: bool | None = None) -> dict[str, Any]:
-    """The flags keyed as ``resolve_options`` reads them (None = not given)."""
-    return {"--qos": qos, "--gres": gres, "-c": cpus, "--mem": mem, "-J": job_name, "--time": time_limit,
-            "--retries": retries, "--entry": entry, "--build": build, "--hold": hold or None,
-            "--exclude": [n for n in exclude.split(",") if n] if exclude is not None else None}
+          build: str | None = None, hold: bool | None = None) -> JobRequest:
+    """The flags as one typed request (None = not given): ``--gres gpu:N`` becomes N, ``--exclude a,b`` a tuple.
+    A malformed ``--gres`` is bad input here, before any spec is read."""
+    return JobRequest(qos=qos, gpus_per_node=parse_gres(gres) if gres is not None else None, cpus_per_node=cpus, mem=mem,
+                      job_name=job_name, time_limit=time_limit, retries=retries, entry=entry, build=build, hold=bool(hold),
+                      exclude=tuple(n for n in exclude.split(",") if n) if exclude is not None else None)

@@ -17,6 +17,7 @@ from ground.units import format_duration
 if TYPE_CHECKING:
     from collections.abc import Collection
 
+    from idmctl.core.job_options import JobRequest
     from idmctl.plan.efficiency import EfficiencyReport, Suggestion
 
 
@@ -48,7 +49,7 @@ def submit(
     from idmctl.ops import submit as submitting
     from idmctl.ops.verdict import SchedulerRefused
 
-    overrides = job_flags.flags(qos, gres, cpus, mem, exclude, job_name, time_limit, retries, entry, build, hold)
+    request = job_flags.flags(qos, gres, cpus, mem, exclude, job_name, time_limit, retries, entry, build, hold)
     from ground.spec import load_experiments
 
     if code != "chain" and resume is None:
@@ -63,11 +64,11 @@ def submit(
                                           or experiment == variants[0].sweep):
         if force and not (reason and reason.strip()):
             raise UserError("--force needs --reason", file="command line", field="--reason", hint='e.g. --reason "smoke passed on login node"')
-        _submit_sweep(experiment, [v.name.rsplit(".", 1)[1] for v in variants], overrides, cluster, dry_run,
+        _submit_sweep(experiment, [v.name.rsplit(".", 1)[1] for v in variants], request, cluster, dry_run,
                       reason.strip() if force and reason else None, as_json)
         return
     if dry_run:
-        planned = submitting.dry_run(experiment, overrides, cluster)
+        planned = submitting.dry_run(experiment, request, cluster)
         print_checks(planned.admission.results, f"submit-time checks: {planned.job.declared.name} on "
                      f"{planned.job.profile.name}", err=True)
         verdict = (f"submit would be refused: {', '.join(planned.admission.failed)} FAIL" if planned.admission.failed
@@ -81,9 +82,9 @@ def submit(
     try:
         forced = reason.strip() if force and reason else None
         if resume is not None:
-            done = submitting.resume(experiment, resume, overrides, cluster, code, force_reason=forced)
+            done = submitting.resume(experiment, resume, request, cluster, code, force_reason=forced)
         else:
-            done = submitting.submit(experiment, overrides, cluster, force_reason=forced)
+            done = submitting.submit(experiment, request, cluster, force_reason=forced)
     except submitting.Refused as refused:
         if as_json:
             emit_json({"refused": True, **refused.admission.as_dict()})
@@ -131,7 +132,7 @@ def _print_suggestions(experiment: str, options: dict[str, object]) -> None:
         console.print(f"  suggest {suggestion.line()}", markup=False)
 
 
-def _submit_sweep(reference: str, variant_names: list[str], overrides: dict, cluster: str | None, dry_run: bool,
+def _submit_sweep(reference: str, variant_names: list[str], request: JobRequest, cluster: str | None, dry_run: bool,
                   force_reason: str | None, as_json: bool) -> None:
     """Every variant that passes its own gate, each as its own chain (own hash, run directory, MLflow run);
     a variant without a passing preflight is skipped and named, the others still go."""
@@ -141,14 +142,14 @@ def _submit_sweep(reference: str, variant_names: list[str], overrides: dict, clu
     if dry_run:
         for ref in refs:
             typer.echo(f"# ---- variant {ref} ----")
-            planned = submitting.dry_run(ref, overrides, cluster)
+            planned = submitting.dry_run(ref, request, cluster)
             err_console.print(f"{ref}: {planned.verdict.line()}", markup=False)
             typer.echo(planned.script, nl=False)
         return
     done, skipped = [], []
     for ref in refs:
         try:
-            done.append(submitting.submit(ref, overrides, cluster, force_reason=force_reason))
+            done.append(submitting.submit(ref, request, cluster, force_reason=force_reason))
         except CheckFailed as exc:
             skipped.append((ref, str(exc)))
     if as_json:

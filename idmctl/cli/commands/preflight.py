@@ -91,7 +91,7 @@ def preflight(
     if as_json:
         emit_json(report.as_dict())
     else:
-        shown = "".join(f" {job.shown(flag)}" for flag in job.flags)
+        shown = "".join(f" {job.shown(name)}" for name in job.request.given_fields())
         print_checks(report.results, f"preflight {resolved.name}{shown} on {profile.name}")
         verdict = ("FAIL: " + ", ".join(report.failed) if report.failed
                    else "PASS (submit unlocked)" if report.unlocks_submit else "PASS, static only (submit stays locked)")

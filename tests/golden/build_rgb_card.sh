@@ -1,0 +1,86 @@
+#!/bin/bash
+#SBATCH --job-name=latent_c_n4-build-rgb
+#SBATCH --qos=core-own
+#SBATCH --nodes=1
+#SBATCH --ntasks-per-node=1
+#SBATCH --cpus-per-task=112
+#SBATCH --mem=1525879M
+#SBATCH --gres=gpu:8
+#SBATCH --time=0-12:00:00
+#SBATCH --exclude=worker-5
+#SBATCH --output=/home/operator/idmctl/runs/latent_c_n4/1/slurm-%j.out
+#SBATCH --open-mode=append
+#SBATCH --requeue
+#SBATCH --signal=B:USR1@600
+#SBATCH --hold
+set -uo pipefail
+export IDMCTL_HOME=/home/operator/idmctl
+export IDMCTL_CHAIN_ID=1
+export IDMCTL_ATTEMPT=1
+export IDMCTL_SPEC_HASH=42c75ec80d588078dcc3c5b40d3dc290ec7ea48b1860cf2efb468ea6c8613408
+export PYTHONUNBUFFERED=1
+export IDMCTL_RUN_DIR=/home/operator/idmctl/runs/latent_c_n4/1
+export IDMCTL_PYTHON=/opt/idmctl/venv/bin/python
+export IDMCTL_CODE_VERSION=0123456789abcdef0123456789abcdef01234567
+export IDMCTL_SNAPSHOT=/home/operator/idmctl/code/0123456789abcdef0123456789abcdef01234567
+export IDMCTL_CODE_STORE=/home/operator/idmctl/code
+export IDMCTL_ENV_DIGEST=eeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeee
+RUN_DIR=/home/operator/idmctl/runs/latent_c_n4/1
+cd /home/operator/idmctl/code/0123456789abcdef0123456789abcdef01234567 || exit 1
+echo "idmctl: job ${SLURM_JOB_ID:-local} chain $IDMCTL_CHAIN_ID attempt $IDMCTL_ATTEMPT restart ${SLURM_RESTART_COUNT:-0} on $(hostname) at $(date -Is)"
+# code: snapshot 0123456789abcdef0123456789abcdef01234567, the code the gate admitted; every attempt of the chain runs it.
+export PYTHONPATH=/home/operator/idmctl/code/0123456789abcdef0123456789abcdef01234567"${PYTHONPATH:+:$PYTHONPATH}"
+/opt/idmctl/venv/bin/python -m ground.code_snapshot verify || exit $?
+
+# node guard: /dev/shm free vs the loader's 0 B (stale segments of dead jobs are the evidence),
+# scratch vs stage-in bytes, the 8 GPUs requested visible, the cache mounted; before stage-in and training.
+node_guard() {
+  if [ -n "${SLURM_JOB_ID:-}" ] && [ "${SLURM_JOB_NUM_NODES:-1}" -gt 1 ]; then
+    srun --nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 \
+      /opt/idmctl/venv/bin/python -m trainers.node_guard --shm-need 0 --gpus 8 --phase "$@"
+  else
+    /opt/idmctl/venv/bin/python -m trainers.node_guard --shm-need 0 --gpus 8 --phase "$@"
+  fi
+  local status=$?
+  if [ "$status" -ne 0 ]; then
+    echo "idmctl: node guard ($1) failed with exit $status at $(date -Is): ending the job before it runs"
+    exit "$status"
+  fi
+}
+node_guard stage --cache-root /nas/cache/cosmos_hidden_multi
+
+# stage-in: none (a build job writes the cache)
+node_guard train
+
+# Ranks: srun under Slurm (Fabric reads SLURM_* and needs ntasks-per-node == devices);
+# the local executor runs the same script without srun.
+if [ -n "${SLURM_JOB_ID:-}" ]; then LAUNCH=(srun --kill-on-bad-exit=1); else LAUNCH=(); fi
+"${LAUNCH[@]}" /opt/idmctl/venv/bin/python -m trainers.build_job --run-dir "$RUN_DIR" --mode rgb --processes 8 &
+TRAINER=$!
+# The hang watchdog: stacks of every rank, then kill, when the heartbeat stops (trainers/watchdog.py).
+/opt/idmctl/venv/bin/python -m trainers.watchdog --run-dir "$RUN_DIR" --trainer-pid "$TRAINER" --k 10 --floor 600 --poll 30 &
+WATCHDOG=$!
+# USR1 arrives before preemption or the time limit: pass it on so the trainer checkpoints, and
+# requeue afterwards. TERM alone is scancel (or a kill): checkpoint, but never requeue a cancel.
+REQUEUE_WANTED=0
+notice() { echo "idmctl: $1 received, asking the trainer to checkpoint"; kill -USR1 "$TRAINER" 2>/dev/null; }
+trap 'REQUEUE_WANTED=1; notice USR1' USR1
+trap 'notice TERM' TERM
+while true; do
+  wait "$TRAINER"; STATUS=$?
+  kill -0 "$TRAINER" 2>/dev/null || break  # wait was interrupted by a signal, not the exit
+done
+kill "$WATCHDOG" 2>/dev/null; wait "$WATCHDOG"; WATCHED=$?
+if [ "$WATCHED" -eq 79 ]; then STATUS=79; fi  # the watchdog killed a hung trainer
+if [ "$STATUS" -eq 75 ] && [ "$REQUEUE_WANTED" -eq 1 ]; then
+  echo "idmctl: trainer checkpointed and asked to be requeued"
+  if [ -n "${SLURM_JOB_ID:-}" ]; then
+    # A preempted job that exits by itself ends COMPLETED or FAILED, never requeued (Slurm 22.05): requeue ourselves.
+    if scontrol requeue "$SLURM_JOB_ID"; then sleep 60; else
+      # A cluster whose preemption cancels may refuse it: sync resubmits the chain (taxonomy: preempted).
+      echo "idmctl: requeue refused by the cluster: sync resubmits the chain"
+    fi
+  fi
+fi
+echo "idmctl: trainer exited $STATUS at $(date -Is)"
+exit "$STATUS"
