@@ -17,7 +17,7 @@ set -uo pipefail
 export IDMCTL_HOME=/home/operator/idmctl
 export IDMCTL_CHAIN_ID=1
 export IDMCTL_ATTEMPT=1
-export IDMCTL_SPEC_HASH=42c75ec80d588078dcc3c5b40d3dc290ec7ea48b1860cf2efb468ea6c8613408
+export IDMCTL_SPEC_HASH=959f947602b69c1da82d9d4f7908a1d6ff3d5072da729fe9ada44463aa459487
 export PYTHONUNBUFFERED=1
 export IDMCTL_RUN_DIR=/home/operator/idmctl/runs/latent_c_n4/1
 export IDMCTL_PYTHON=/opt/idmctl/venv/bin/python

@@ -12,15 +12,15 @@
 #SBATCH --open-mode=append
 #SBATCH --requeue
 #SBATCH --signal=B:USR1@102
-# idmctl: step time 34.0 s/step (estimate: data 34.0 s/step); checkpoint write unknown (no smoke or earlier run measured one)
-# idmctl: time limit = 30-00:00:00 (from resources.time_limit 30-00:00:00); derived would be: (stage-in 2.2 h + 60,000 steps × 34.0 s/step) × 1.25 margin = 29.6 d → 29-14:33:00
+# idmctl: step time 34.0 s/step (data-bound lower bound; compute unmeasured (no GPU smoke); estimate: data 34.0 s/step); checkpoint write unknown (no smoke or earlier run measured one)
+# idmctl: time limit = 30-00:00:00 (from resources.time_limit 30-00:00:00); derived would be: (stage-in 2.2 h + 60,000 steps × 34.0 s/step) × 1.25 margin = 29.6 d → 29-14:33:00 (a lower bound: the step time holds no compute)
 # idmctl: checkpoint interval = 500 steps (from train.checkpoint_every 500); derived would be: non-preemptible core-own: lose at most 4.0 h to a failure → interval ≤ 4.0 h; 4.0 h ÷ 34.0 s/step = 423 steps
 # idmctl: signal lead = 102 s (derived): (34.0 s step + unmeasured write) × 3 = 101.9 s → 102 s
 set -uo pipefail
 export IDMCTL_HOME=/home/operator/idmctl
 export IDMCTL_CHAIN_ID=1
 export IDMCTL_ATTEMPT=1
-export IDMCTL_SPEC_HASH=d6731039d9e5d944e84c8d902e22c623e0d738e6ad848200bb69b6aeec4649d8
+export IDMCTL_SPEC_HASH=9f2e7784b5ca32c1082f53434fdf59efb4c72957457114d99532f5aeb28f4503
 export PYTHONUNBUFFERED=1
 export IDMCTL_RUN_DIR=/home/operator/idmctl/runs/latent_c_n4/1
 export IDMCTL_PYTHON=/opt/idmctl/venv/bin/python

@@ -12,8 +12,8 @@
 #SBATCH --open-mode=append
 #SBATCH --requeue
 #SBATCH --signal=B:USR1@60
-# idmctl: step time 17.0 s/step (estimate: data 17.0 s/step); checkpoint write unknown (no smoke or earlier run measured one)
-# idmctl: time limit = 30-00:00:00 (from resources.time_limit 30-00:00:00); derived would be: (stage-in 4.4 h + 60,000 steps × 17.0 s/step) × 1.25 margin = 15.0 d → 14-23:25:00
+# idmctl: step time 17.0 s/step (data-bound lower bound; compute unmeasured (no GPU smoke); estimate: data 17.0 s/step); checkpoint write unknown (no smoke or earlier run measured one)
+# idmctl: time limit = 30-00:00:00 (from resources.time_limit 30-00:00:00); derived would be: (stage-in 4.4 h + 60,000 steps × 17.0 s/step) × 1.25 margin = 15.0 d → 14-23:25:00 (a lower bound: the step time holds no compute)
 # idmctl: checkpoint interval = 500 steps (from train.checkpoint_every 500); derived would be: non-preemptible core-extra: lose at most 4.0 h to a failure → interval ≤ 4.0 h; 4.0 h ÷ 17.0 s/step = 847 steps
 # idmctl: signal lead = 60 s (derived): (17.0 s step + unmeasured write) × 3 = 51.0 s, at least 60 s (Slurm's timer) → 60.0 s
 # idmctl: resources.time_limit 30-00:00:00 asks for 30.0 d, 2.0× the derived 15.0 d: a longer queue wait and a hung job found late
@@ -21,7 +21,7 @@ set -uo pipefail
 export IDMCTL_HOME=/home/operator/idmctl
 export IDMCTL_CHAIN_ID=1
 export IDMCTL_ATTEMPT=1
-export IDMCTL_SPEC_HASH=da4194d7bc71239a4da49698e6f079b74f946f5ddcf617f4f7d08bc2dcac9935
+export IDMCTL_SPEC_HASH=39bc18d7283b4b8a74236996f795257982a97f439ca2a728589f20f5beac82cf
 export PYTHONUNBUFFERED=1
 export IDMCTL_RUN_DIR=/home/operator/idmctl/runs/latent_c_n4_2node/1
 export IDMCTL_PYTHON=/opt/idmctl/venv/bin/python

@@ -12,8 +12,8 @@
 #SBATCH --open-mode=append
 #SBATCH --requeue
 #SBATCH --signal=B:USR1@102
-# idmctl: step time 34.0 s/step (estimate: data 34.0 s/step); checkpoint write unknown (no smoke or earlier run measured one)
-# idmctl: time limit = 30-00:00:00 (from resources.time_limit 30-00:00:00); derived would be: (stage-in 2.2 h + 60,000 steps × 34.0 s/step) × 1.25 margin = 29.6 d, capped at QoS sub max wall 3.0 d → 3-00:00:00
+# idmctl: step time 34.0 s/step (data-bound lower bound; compute unmeasured (no GPU smoke); estimate: data 34.0 s/step); checkpoint write unknown (no smoke or earlier run measured one)
+# idmctl: time limit = 30-00:00:00 (from resources.time_limit 30-00:00:00); derived would be: (stage-in 2.2 h + 60,000 steps × 34.0 s/step) × 1.25 margin = 29.6 d, capped at QoS sub max wall 3.0 d → 3-00:00:00 (a lower bound: the step time holds no compute)
 # idmctl: checkpoint interval = 500 steps (from train.checkpoint_every 500); derived would be: preemptible sub: expected loss interval/2 ≤ 10% of the 60.0 min cycle → interval ≤ 12.0 min; 12.0 min ÷ 34.0 s/step = 21 steps
 # idmctl: signal lead = 102 s (derived): (34.0 s step + unmeasured write) × 3 = 101.9 s → 102 s
 # idmctl: resources.time_limit 30-00:00:00 asks for 30.0 d, 10.0× the derived 3.0 d: a longer queue wait and a hung job found late
@@ -22,7 +22,7 @@ set -uo pipefail
 export IDMCTL_HOME=/home/operator/idmctl
 export IDMCTL_CHAIN_ID=7
 export IDMCTL_ATTEMPT=2
-export IDMCTL_SPEC_HASH=735f53cd1f16036ce0fb5b24e168fa50e605a3a5e8966531644bd6ebe7a87266
+export IDMCTL_SPEC_HASH=59fd6c3cb8315a38b3c96750dd2c42015545e066ab12b0d6a8894d0bb9020727
 export PYTHONUNBUFFERED=1
 export IDMCTL_RUN_DIR=/home/operator/idmctl/runs/latent_c_n4/7
 export IDMCTL_PYTHON=/opt/idmctl/venv/bin/python

@@ -12,8 +12,8 @@
 #SBATCH --open-mode=append
 #SBATCH --requeue
 #SBATCH --signal=B:USR1@102
-# idmctl: step time 34.0 s/step (estimate: data 34.0 s/step); checkpoint write unknown (no smoke or earlier run measured one)
-# idmctl: time limit = 30-00:00:00 (from resources.time_limit 30-00:00:00); derived would be: (stage-in 44.1 min + 60,000 steps × 34.0 s/step) × 1.25 margin = 29.5 d, capped at QoS sub max wall 3.0 d → 3-00:00:00
+# idmctl: step time 34.0 s/step (data-bound lower bound; compute unmeasured (no GPU smoke); estimate: data 34.0 s/step); checkpoint write unknown (no smoke or earlier run measured one)
+# idmctl: time limit = 30-00:00:00 (from resources.time_limit 30-00:00:00); derived would be: (stage-in 44.1 min + 60,000 steps × 34.0 s/step) × 1.25 margin = 29.5 d, capped at QoS sub max wall 3.0 d → 3-00:00:00 (a lower bound: the step time holds no compute)
 # idmctl: checkpoint interval = 500 steps (from train.checkpoint_every 500); derived would be: preemptible sub: expected loss interval/2 ≤ 10% of the 60.0 min cycle → interval ≤ 12.0 min; 12.0 min ÷ 34.0 s/step = 21 steps
 # idmctl: signal lead = 102 s (derived): (34.0 s step + unmeasured write) × 3 = 101.9 s → 102 s
 # idmctl: resources.time_limit 30-00:00:00 asks for 30.0 d, 10.0× the derived 3.0 d: a longer queue wait and a hung job found late
@@ -22,7 +22,7 @@ set -uo pipefail
 export IDMCTL_HOME=/home/operator/idmctl
 export IDMCTL_CHAIN_ID=1
 export IDMCTL_ATTEMPT=1
-export IDMCTL_SPEC_HASH=bd7b16892d48368e1bcd987935efb9c7d77ceccad33c797e4d8ca0d42e411e9a
+export IDMCTL_SPEC_HASH=d60d1585d10978f1b1b6901c50838c229a0300bfae37b25be4886288432ef5e1
 export PYTHONUNBUFFERED=1
 export IDMCTL_RUN_DIR=/home/operator/idmctl/runs/latent_c_n4_routed/1
 export IDMCTL_PYTHON=/opt/idmctl/venv/bin/python

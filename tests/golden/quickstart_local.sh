@@ -10,15 +10,15 @@
 #SBATCH --open-mode=append
 #SBATCH --requeue
 #SBATCH --signal=B:USR1@60
-# idmctl: step time 0.131 ms/step (estimate: data 0.131 ms/step); checkpoint write unknown (no smoke or earlier run measured one)
-# idmctl: time limit = 0-00:30:00 (from resources.time_limit 0:30:00); derived would be: (200 steps × 0.131 ms/step) × 1.25 margin = 0.0 s, at least 30.0 min for start-up and evaluation → 0-00:30:00
+# idmctl: step time 0.131 ms/step (data-bound lower bound; compute unmeasured (no CPU smoke); estimate: data 0.131 ms/step); checkpoint write unknown (no smoke or earlier run measured one)
+# idmctl: time limit = 0-00:30:00 (from resources.time_limit 0:30:00); derived would be: (200 steps × 0.131 ms/step) × 1.25 margin = 0.0 s, at least 30.0 min for start-up and evaluation → 0-00:30:00 (a lower bound: the step time holds no compute)
 # idmctl: checkpoint interval = 50 steps (from train.checkpoint_every 50); derived would be: non-preemptible core-own: lose at most 4.0 h to a failure → interval ≤ 4.0 h; 4.0 h ÷ 0.131 ms/step = 200 steps (the whole run)
 # idmctl: signal lead = 60 s (derived): (0.131 ms step + unmeasured write) × 3 = 0.393 ms, at least 60 s (Slurm's timer) → 60.0 s
 set -uo pipefail
 export IDMCTL_HOME=/home/operator/idmctl
 export IDMCTL_CHAIN_ID=1
 export IDMCTL_ATTEMPT=1
-export IDMCTL_SPEC_HASH=d1f6a1a2aa2c843228e3d2e495314eb4eef34a181d761e6bdcd55e3edf23a721
+export IDMCTL_SPEC_HASH=457ac3e2b853bb05229804ad03c4f3e3d186958d7080f43c7e2aa1757d9626d0
 export PYTHONUNBUFFERED=1
 export IDMCTL_RUN_DIR=/home/operator/idmctl/runs/quickstart/1
 export IDMCTL_PYTHON=/opt/idmctl/venv/bin/python

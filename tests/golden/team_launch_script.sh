@@ -10,15 +10,15 @@
 #SBATCH --open-mode=append
 #SBATCH --requeue
 #SBATCH --signal=B:USR1@60
-# idmctl: step time 0.0041 ms/step (estimate: data 0.0041 ms/step); checkpoint write unknown (no smoke or earlier run measured one)
-# idmctl: time limit = 0-00:10:00 (from resources.time_limit 0:10:00); derived would be: (8 steps × 0.0041 ms/step) × 1.25 margin = 0.0 s, at least 30.0 min for start-up and evaluation → 0-00:30:00
+# idmctl: step time 0.0041 ms/step (data-bound lower bound; compute unmeasured (no CPU smoke); estimate: data 0.0041 ms/step); checkpoint write unknown (no smoke or earlier run measured one)
+# idmctl: time limit = 0-00:10:00 (from resources.time_limit 0:10:00); derived would be: (8 steps × 0.0041 ms/step) × 1.25 margin = 0.0 s, at least 30.0 min for start-up and evaluation → 0-00:30:00 (a lower bound: the step time holds no compute)
 # idmctl: checkpoint interval = 4 steps (from train.checkpoint_every 4); derived would be: non-preemptible core-own: lose at most 4.0 h to a failure → interval ≤ 4.0 h; 4.0 h ÷ 0.0041 ms/step = 8 steps (the whole run)
 # idmctl: signal lead = 60 s (derived): (0.0041 ms step + unmeasured write) × 3 = 0.0123 ms, at least 60 s (Slurm's timer) → 60.0 s
 set -uo pipefail
 export IDMCTL_HOME=/home/operator/idmctl
 export IDMCTL_CHAIN_ID=1
 export IDMCTL_ATTEMPT=1
-export IDMCTL_SPEC_HASH=66b014f71f8f3c16858f871ddb6adb2c3404859d8744af3cdf6e3082286768ad
+export IDMCTL_SPEC_HASH=a9df9d3cbff9488bedcd7f17226ab6d2ca37ac500e703c8887fdba5cb63c74b1
 export PYTHONUNBUFFERED=1
 export IDMCTL_RUN_DIR=/home/operator/idmctl/runs/team_n4/1
 export IDMCTL_PYTHON=/opt/idmctl/venv/bin/python
