@@ -129,6 +129,7 @@ def test_the_build_estimate_stands_only_on_a_smoke_of_the_jobs_device_kind(idmct
                                                                            words: str) -> None:
     from cache.build_plan import plan
     from cache.latent.scenes import write_scene_episodes
+    from idmctl.core.job_options import JobRequest
     from idmctl.job.effective import build
     from idmctl.gate.build import BuildSmoke, judge_smoke
 
@@ -136,7 +137,7 @@ def test_the_build_estimate_stands_only_on_a_smoke_of_the_jobs_device_kind(idmct
     write_scene_episodes(episodes, demos=3, steps=9)
     spec = idmctl_home / "gpu_build.yaml"
     spec.write_text(f"extends: latent_rgbpt_smoke\ndata:\n  episodes: {episodes}\nlatent:\n  cache_root: {idmctl_home}\n")
-    job = build(str(spec), {"--build": "rgb", "--gres": "gpu:2", "--time": "0:05:00"}, "local")
+    job = build(str(spec), JobRequest(build="rgb", gpus_per_node=2, time_limit="0:05:00"), "local")
     smoke = BuildSmoke(ok=True, load_s=1.0, encode_s=100.0, bytes_per_file=1_000, peak_rss_bytes=1_000_000,
                        device=device)
     result = judge_smoke(job, plan(job.resolved, "rgb"), smoke)
