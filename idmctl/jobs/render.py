@@ -77,8 +77,8 @@ class JobOptions:
     hold: bool = False
     """``--hold``: submitted held (``#SBATCH --hold``) until ``scontrol release``; a resubmission is never held."""
     build: str | None = None
-    """``--build MODE``: a cache build job (``contract.BUILD_ENTRY``), one task per node launching
-    ``ranks_per_node`` builder processes with accelerate; None for training."""
+    """``--build MODE``: a cache build job (``contract.BUILD_ENTRY``) in the batch shell, starting one
+    builder rank per srun task (``ranks_per_node`` per node, over ``nodes``); None for training."""
 
     @property
     def cpus_per_task(self) -> int:
@@ -174,9 +174,6 @@ def resolve_options(resolved: ResolvedSpec, overrides: dict[str, Any]) -> JobOpt
         if overrides.get("--entry") is not None:
             raise UserError("--build runs the build entry; --entry does not go with it", file="command line",
                             field="--entry", hint="drop --entry")
-        if res.nodes != 1:
-            raise UserError(f"a build job runs on one node, the spec asks for {res.nodes}", file=spec_file,
-                            field="resources.nodes", hint="submit one build per node (e.g. RGB and PT on two nodes)")
     options = JobOptions(
         job_name=flag("-J", f"{resolved.name}-build-{build}" if build else res.job_name or resolved.name),
         qos=flag("--qos", res.qos),
@@ -275,9 +272,8 @@ def render_script(resolved: ResolvedSpec, options: JobOptions, ctx: RenderContex
         f"#SBATCH --qos={options.qos}",
         *([f"#SBATCH --partition={options.partition}"] if options.partition else []),
         f"#SBATCH --nodes={options.nodes}",
-        # A build is one task (accelerate starts ranks_per_node builder processes inside it).
-        f"#SBATCH --ntasks-per-node={1 if options.build else options.ranks_per_node}",
-        f"#SBATCH --cpus-per-task={options.cpus_per_node if options.build else options.cpus_per_task}",
+        f"#SBATCH --ntasks-per-node={options.ranks_per_node}",
+        f"#SBATCH --cpus-per-task={options.cpus_per_task}",
         f"#SBATCH --mem={options.mem_mib}M",
         *([f"#SBATCH --gres=gpu:{options.gpus_per_node}"] if options.gpus_per_node else []),
         f"#SBATCH --time={slurm_time(options.time_seconds)}",
@@ -372,8 +368,11 @@ def _entry_lines(options: JobOptions, ctx: RenderContext, env: dict[str, str]) -
     command line runs from the snapshot's copy of the first code root, its words quoted one by one."""
     q = shlex.quote
     words = entry_words(options.entry)
+    if options.build:
+        # The build job runs once, in this shell; it starts the builder ranks as one srun step itself.
+        return [f'{q(ctx.python)} -m {options.entry} --run-dir "$RUN_DIR"{_build_args(options)} &']
     if words is None:
-        return [f'"${{LAUNCH[@]}}" {q(ctx.python)} -m {options.entry} --run-dir "$RUN_DIR"{_build_args(options)} &']
+        return [f'"${{LAUNCH[@]}}" {q(ctx.python)} -m {options.entry} --run-dir "$RUN_DIR" &']
     roots = [r for r in env.get(contract.ENV_CODE_ROOTS, "").split(os.pathsep) if r]
     where = roots[0] if roots else str(ctx.repo_root)
     return [f"# entry: {_comment(options.entry)} (the entry contract: IDMCTL_RUN_DIR, one IDMCTL_STEP line per step)",
@@ -396,10 +395,10 @@ def _snapshot_lines(env: dict[str, str], ctx: RenderContext) -> list[str]:
 
 
 def _build_args(options: JobOptions) -> str:
-    """`` --mode M --processes N`` for a build job: one builder process per device (GPU, or CPU rank)."""
+    """`` --mode M --processes N`` for a build job: one builder rank per device (GPU, or CPU rank) on every node."""
     if not options.build:
         return ""
-    return f" --mode {options.build} --processes {options.ranks_per_node}"
+    return f" --mode {options.build} --processes {options.nodes * options.ranks_per_node}"
 
 
 def _guard_lines(resolved: ResolvedSpec, options: JobOptions, ctx: RenderContext) -> list[str]:

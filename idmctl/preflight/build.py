@@ -171,13 +171,13 @@ def judge_smoke(job: "EffectiveJob", plan: "BuildPlan", smoke: BuildSmoke | None
         return CheckResult(SMOKE_NAME, Status.FAIL, f"{source}the 1-file encode failed: {smoke.error}",
                            {"error": smoke.error}, "fix the error above; the build job would fail the same way")
     options = job.options
-    processes = options.ranks_per_node
+    processes = options.nodes * options.ranks_per_node  # the build's ranks, every node's
     todo = plan.todo if plan.todo is not None else 0
     per_process = math.ceil(todo / processes)
     norm_s = (smoke.norm_s_per_demo or 0.0) * (smoke.norm_demos or 0.0)
     estimate = smoke.load_s + norm_s + per_process * smoke.encode_s
     limit = options.time_seconds
-    mem_need = smoke.peak_rss_bytes * processes
+    mem_need = smoke.peak_rss_bytes * options.ranks_per_node  # --mem is per node
     mem_have = options.mem_mib * 2**20
     numbers = {"load_s": smoke.load_s, "encode_s": smoke.encode_s, "norm_s": norm_s, "todo": todo,
                "processes": processes, "estimate_s": estimate, "time_limit_s": limit,
@@ -185,7 +185,8 @@ def judge_smoke(job: "EffectiveJob", plan: "BuildPlan", smoke: BuildSmoke | None
     norm_text = f" + norm pass {norm_s:.1f} s" if norm_s else ""
     arithmetic = (f"load {smoke.load_s:.1f} s{norm_text} + ⌈{todo} files ÷ {processes} process(es)⌉ × "
                   f"{smoke.encode_s:.2f} s/file = {format_duration(estimate)} vs time limit {format_duration(limit)}; "
-                  f"peak {format_bytes(smoke.peak_rss_bytes)} × {processes} = {format_bytes(mem_need)} vs --mem "
+                  f"peak {format_bytes(smoke.peak_rss_bytes)} × {options.ranks_per_node} per node = "
+                  f"{format_bytes(mem_need)} vs --mem "
                   f"{format_bytes(mem_have)}")
     if mem_need > mem_have:
         return CheckResult(SMOKE_NAME, Status.FAIL, f"{source}out of memory (oom_host): {arithmetic}", numbers,
