@@ -40,6 +40,7 @@ import torch
 
 from cache.episodes import EpisodeFile
 from cache.hidden import cache_file, check_matches, inspect_file, write_hidden
+from cache.latent.encoder import thread_count_invariant
 from ground.errors import UserError
 from ground.paths import REPO_ROOT, expand_path, sweep_dead_temp_files
 from ground.spec.schema import DataSpec, ExperimentSpec
@@ -128,7 +129,7 @@ def build_shard(spec: ExperimentSpec, rank: BuildRank, model_dir: str | None = N
     todo = [demo for demo in mine if not is_cached(cache_file(root, demo, "safetensors"), data, built_by)]
     text = TextConditioning(spec, transformer.config.text_embed_dim, text_encoder_dir)
     for demo in tqdm(todo, desc=f"hidden cache [{index}/{world}]", disable=not show_progress):
-        with rank.autocast():
+        with rank.autocast(), thread_count_invariant(rank.device):
             hidden, stride = encode_demo(vae, transformer, text.for_demo(episodes, demo), episodes, demo, data,
                                          rank.device)
         write_hidden(cache_file(root, demo, "safetensors"), hidden, list(data.cached_layers),

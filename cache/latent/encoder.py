@@ -8,6 +8,8 @@ directory of real weights loaded with ``local_files_only=True``. Latents are the
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -20,6 +22,22 @@ TINY_CONFIG = {
     "base_dim": 8, "z_dim": 4, "dim_mult": [1, 2, 2, 2], "num_res_blocks": 1, "attn_scales": [],
     "temperal_downsample": [False, True, True], "latents_mean": [0.0] * 4, "latents_std": [1.0] * 4,
 }
+
+
+@contextlib.contextmanager
+def thread_count_invariant(device: torch.device) -> Iterator[None]:
+    """On the CPU, convolutions without oneDNN: its kernels split work by thread count, so one process on
+    2 threads and two ranks on 1 wrote files ~3e-7 apart (the tiny VAE, 2 vs 1 threads); ATen's own
+    give the same bits for any count, so a CPU build's files do not depend on its world size."""
+    if device.type != "cpu":
+        yield
+        return
+    was = torch.backends.mkldnn.enabled
+    torch.backends.mkldnn.enabled = False
+    try:
+        yield
+    finally:
+        torch.backends.mkldnn.enabled = was
 
 
 class VideoEncoder:
@@ -41,7 +59,8 @@ class VideoEncoder:
     def encode(self, clips: torch.Tensor) -> torch.Tensor:
         if clips.ndim != 5 or clips.shape[1] != 3:
             raise ValueError(f"expected (views, 3, F, H, W), got {tuple(clips.shape)}")
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.device.type == "cuda"):
+        with thread_count_invariant(self.device), torch.autocast("cuda", dtype=torch.bfloat16,
+                                                                   enabled=self.device.type == "cuda"):
             latents = self.vae.encode(clips.float().to(self.device)).latent_dist.mode()
         return latents.float().cpu().contiguous()
 
