@@ -91,7 +91,7 @@ def test_two_ranks_shard_and_match_one(quick: tuple[ExperimentSpec, list[str]], 
     spec2 = spec.model_copy(update={"data": spec.data.model_copy(update={"cache_root": str(other_root)})})
     summary = build_hidden_cache(spec2, processes=2)
     assert summary["built"] == 4
-    assert [(r["process"], r["built"], r["skipped"], r["device"]) for r in summary["per_process"]] == [
+    assert [(r["rank_of_build"], r["built"], r["skipped"], r["device"]) for r in summary["per_process"]] == [
         (0, 2, 0, "cpu"), (1, 2, 0, "cpu")]
     assert _files(spec2, names) == single
 

@@ -46,7 +46,7 @@ from ground.paths import REPO_ROOT, expand_path, sweep_dead_temp_files
 from ground.spec.schema import DataSpec, ExperimentSpec
 from trainers.cosmos_encode import (CACHE_TIMESTEP, VAE_TEMPORAL, encode_latents, hidden_states, load_models,
                                     pixel_frames, video_tensor)
-from trainers.build_ranks import BuildRank, build_rank, builder_command, start_rank
+from trainers.build_ranks import RANK_LINE_KEY, BuildRank, build_rank, builder_command, rank_line, start_rank
 from trainers.text_condition import TextConditioning
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -174,8 +174,8 @@ def build_hidden_cache(spec: ExperimentSpec, processes: int = 1, model_dir: str 
         tail = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["no output"]
         raise RuntimeError(f"{argv[2] if argv[1] == '-m' else argv[0]} exited {result.returncode}: {tail[0]}")
     cached_after = sum(is_cached(cache_file(root, d, "safetensors"), data) for d in demos)
-    per_process = sorted((json.loads(line) for line in result.stdout.splitlines() if line.startswith('{"process"')),
-                         key=lambda report: report["process"])
+    per_process = sorted((json.loads(line) for line in result.stdout.splitlines()
+                          if line.startswith(f'{{"{RANK_LINE_KEY}"')), key=lambda report: report[RANK_LINE_KEY])
     return {"built": cached_after - cached_before, "skipped": cached_before, "processes": processes,
             "demos": len(demos), "cache_root": str(root), "per_process": per_process}
 
@@ -207,8 +207,7 @@ def main(argv: list[str] | None = None) -> None:
         from trainers.build_latent_cache import disk_full_exit
 
         raise SystemExit(disk_full_exit(exc)) from None
-    print(json.dumps({"process": rank.ranks.rank, "device": str(rank.device), "threads": rank.threads, **counts}),
-          flush=True)
+    print(rank_line(rank, **counts), flush=True)
     rank.barrier()
     rank.close()
 

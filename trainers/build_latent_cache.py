@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if (args.spec is None) == (args.run_dir is None):
         parser.error("give exactly one of --spec and --run-dir")
-    from trainers.build_ranks import build_rank
+    from trainers.build_ranks import build_rank, rank_line
 
     try:
         with build_rank() as context:
@@ -175,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
                            progress=not args.no_progress, barrier=context.barrier, share=context.share,
                            device=context.device)
             report["threads"] = context.threads
+            print(rank_line(context, mode=args.mode, samples=report["my_samples"],
+                            encoded=sum(row["encoded"] for row in report["slots"].values())), flush=True)
     except UserError as exc:
         print(exc.line(), file=sys.stderr)
         return 2

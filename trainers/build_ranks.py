@@ -74,6 +74,20 @@ class BuildRank:
                 dist.destroy_process_group()
 
 
+RANK_LINE_KEY = "rank_of_build"
+"""First key of the one JSON line each builder rank prints when done (the job log's evidence per rank)."""
+
+
+def rank_line(rank: BuildRank, **counts: Any) -> str:
+    """``{"rank_of_build": R, "world", "local_rank", "launcher", "node", "device", "threads", **counts}``."""
+    import json
+
+    node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    return json.dumps({RANK_LINE_KEY: rank.ranks.rank, "world": rank.ranks.world, "local_rank": rank.ranks.local_rank,
+                       "launcher": rank.ranks.launcher, "node": node, "device": str(rank.device),
+                       "threads": rank.threads, **counts})
+
+
 def local_device(local_rank: int = 0) -> Any:
     """``cuda:local_rank`` when CUDA works here, else the CPU (the local cluster's fake GPUs are the CPU)."""
     import torch
