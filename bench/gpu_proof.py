@@ -44,6 +44,7 @@ FULL_COSMOS = {"num_attention_heads": 40, "attention_head_dim": 128, "num_layers
                "adaln_lora_dim": 256, "text_embed_dim": 1024}
 """Cosmos-Predict2-14B's transformer widths (5120 wide, 36 blocks); the rest from the builder's config."""
 SYNTHETIC_DEMOS = 2
+NO_GPU = "no GPU on this machine and no GPU run recorded (bench/gpu.sh is the prepared run for a lent device)"
 
 
 def _smoke_spec(device: str, root: Path) -> Any:
@@ -292,7 +293,7 @@ def run(fast: bool) -> list[Figure] | str:
         recorded = json.loads(RECORDED.read_text())
         if recorded.get("measured_on_gpu"):
             return figures_from(recorded, recorded=True)
-    return "not measured on a GPU: none on this machine, none lent yet (bench/gpu.sh is the prepared run)"
+    return NO_GPU
 
 
 def main(argv: list[str] | None = None) -> int:
