@@ -14,8 +14,8 @@
    (Wan 2.1) size, then a Cosmos-Predict2-14B-shaped transformer (40 heads × 128 = 5120 wide, 36
    blocks), random weights made on the device, under the builder's bf16 autocast
    (``trainers.build_ranks``), capturing ``data.cached_layers``.
-4. **nvml**: what the efficiency report reads (``torch.cuda.utilization``: NVML's GPU utilisation, the
-   mean over the smoke's steps) and the card's memory as NVML reports it.
+4. **nvml**: what the efficiency report reads (``torch.cuda.utilization``: NVML's GPU utilisation),
+   sampled every 0.2 s while the smoke runs; its mean.
 
 ``--device cpu`` runs every line at a reduced size (``bench.gpu.reduced_spec`` widths, a 3 × 4 token
 grid, a 2-block transformer, the tiny VAE), so CI keeps it alive (tests/test_gpu_bench.py); its JSON
@@ -89,28 +89,44 @@ def measure_smoke(device: str, root: Path) -> dict[str, Any]:
     from trainers.smoke import run_smoke
 
     spec = _smoke_spec(device, root)
-    utilisation: list[float] = []
-    report = run_smoke(spec, steps=3, batch_size=2, device=device, bf16=True)
-    if device == "cuda":
-        utilisation = _nvml_utilisation(torch.device("cuda", 0))
+    with NvmlSampler(torch.device("cuda", 0) if device == "cuda" else None) as nvml:
+        report = run_smoke(spec, steps=3, batch_size=2, device=device, bf16=True)
+    utilisation = nvml.samples
     params = report["params"]
     return {**report, "geometry": f"{len(spec.data.cached_layers)} layers × {spec.data.frames} frames × "
             f"{spec.data.token_grid[0]} × {spec.data.token_grid[1]} × {spec.data.channels} bf16 per demo, "
             f"{SYNTHETIC_DEMOS} demos", "params": params, "nvml_utilisation": utilisation}
 
 
-def _nvml_utilisation(device: Any, samples: int = 5) -> list[float]:
-    """NVML's GPU utilisation (percent), read as the trainer reads it at each log line; [] without NVML."""
-    import torch
+class NvmlSampler:
+    """NVML's GPU utilisation (percent) every ``period_s`` while the block runs, read as the trainer reads it
+    at each log line (``torch.cuda.utilization``); no samples without NVML (the trainer then has none either)."""
 
-    values = []
-    for _ in range(samples):
-        try:
-            values.append(float(torch.cuda.utilization(device)))
-        except Exception:  # noqa: BLE001 (pynvml missing or the driver refuses: no number, as in the trainer)
-            return []
-        time.sleep(0.05)
-    return values
+    def __init__(self, device: Any, period_s: float = 0.2):
+        import threading
+
+        self.device, self.period_s, self.samples = device, period_s, []  # type: ignore[var-annotated]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        import torch
+
+        while not self._stop.wait(self.period_s):
+            try:
+                self.samples.append(float(torch.cuda.utilization(self.device)))
+            except Exception:  # noqa: BLE001 (pynvml missing or the driver refuses: no number, as in the trainer)
+                return
+
+    def __enter__(self) -> "NvmlSampler":
+        if self.device is not None:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
 
 
 def measure_fabric(device: str) -> dict[str, Any]:
