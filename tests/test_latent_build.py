@@ -30,8 +30,13 @@ def episodes(idmctl_home: Path) -> Path:
 
 
 def _build_in_child(spec: str, mode: str, queue: multiprocessing.Queue) -> None:
+    import torch
+
     from trainers.build_latent_cache import build
 
+    # Two builders on this 2-core host: one CPU each, as their allocation would give them (an in-process
+    # build uses every CPU torch sees: two at 2 threads each oversubscribe the host).
+    torch.set_num_threads(1)
     queue.put(build(spec, mode, progress=False))
 
 
