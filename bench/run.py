@@ -32,6 +32,7 @@ MODULES = [
     ("Submit overhead", "bench.submit_overhead"),
     ("Planning: sweeps and ETAs", "bench.planning"),
     ("GPU figures", "bench.gpu"),
+    ("GPU proof: smoke, Fabric DDP, full-width build, NVML", "bench.gpu_proof"),
     ("robosuite simulator", "bench.sim"),
 ]
 

@@ -62,6 +62,21 @@ def test_gpu_module_says_why_without_a_gpu():
         assert result == "no GPU on this machine (bench/gpu.sh is the prepared script for a lent device)"
 
 
+def test_gpu_proof_says_why_without_a_gpu(monkeypatch: pytest.MonkeyPatch):
+    import torch
+
+    from bench import gpu, gpu_proof
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible: bench.gpu_proof measures instead")
+    monkeypatch.delenv(gpu.RESULTS_ENV, raising=False)
+    result = gpu_proof.run(fast=True)
+    if gpu_proof.RECORDED.exists() and json.loads(gpu_proof.RECORDED.read_text())["measured_on_gpu"]:
+        assert [f.name for f in result][0] == "latent_c_n4 smoke peak memory (B=2)"
+    else:
+        assert result == gpu_proof.NO_GPU
+
+
 @pytest.mark.slow
 def test_fast_mode_writes_every_section(tmp_path: Path):
     out = tmp_path / "B.md"

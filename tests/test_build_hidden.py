@@ -1,5 +1,5 @@
 """The hidden-state cache builder: real diffusers Wan VAE + Cosmos transformer (tiny seeded configs,
-random weights; real weights load from local folders), real accelerate."""
+random weights; real weights load from local folders), ranks as real torchrun processes over gloo."""
 
 from __future__ import annotations
 
@@ -83,7 +83,7 @@ def test_build_captures_every_cached_block_and_skips_on_rerun(quick: tuple[Exper
 
 
 @pytest.mark.slow
-def test_two_accelerate_processes_shard_and_match_one(quick: tuple[ExperimentSpec, list[str]], tmp_path: Path) -> None:
+def test_two_ranks_shard_and_match_one(quick: tuple[ExperimentSpec, list[str]], tmp_path: Path) -> None:
     spec, names = quick
     build_hidden_cache(spec)
     single = _files(spec, names)
@@ -91,7 +91,8 @@ def test_two_accelerate_processes_shard_and_match_one(quick: tuple[ExperimentSpe
     spec2 = spec.model_copy(update={"data": spec.data.model_copy(update={"cache_root": str(other_root)})})
     summary = build_hidden_cache(spec2, processes=2)
     assert summary["built"] == 4
-    assert summary["per_process"] == [{"process": 0, "built": 2, "skipped": 0}, {"process": 1, "built": 2, "skipped": 0}]
+    assert [(r["rank_of_build"], r["built"], r["skipped"], r["device"]) for r in summary["per_process"]] == [
+        (0, 2, 0, "cpu"), (1, 2, 0, "cpu")]
     assert _files(spec2, names) == single
 
 

@@ -1,7 +1,8 @@
 """Cache builds as jobs: ``idmctl preflight|submit EXP --build hidden|rgb|pt|ff``.
 
 The gate and bad input run in-process; a real full tmpfs gives a real ENOSPC; the rest runs on the
-real local Slurm cluster (scripts/slurm/up.sh): RGB ‖ PT as two jobs on n1 and n2 at once then FF,
+real local Slurm cluster (scripts/slurm/up.sh): RGB ‖ PT as two jobs of 2 ranks on n1's and n2's GPUs
+at once then FF, a 2-rank build over both nodes against the same build in one process,
 a build on `sub` preempted by a `core-own` job and resumed skipping its finished files, and a build
 with missing weights that fails with its classified cause. Every build is the real builder with the
 tiny seeded Wan VAE on CPU.
@@ -181,16 +182,31 @@ def _build_metrics(run_dir: Path) -> tuple[dict[str, str], dict[str, list[tuple[
     return dict(run.data.tags), history
 
 
+def _rank_reports(log: Path) -> list[dict]:
+    """The builder ranks' lines in a build job's log: which rank ran where, on which device."""
+    return sorted((json.loads(line) for line in log.read_text().splitlines() if line.startswith('{"rank_of_build"')),
+                  key=lambda row: row["rank_of_build"])
+
+
 @pytest.mark.slurm
 @pytest.mark.slow
-def test_rgb_and_pt_build_at_once_on_two_nodes_then_ff_reencodes_no_rgb(cli, slurm_home: Path) -> None:
+def test_rgb_and_pt_build_at_once_on_disjoint_gpu_sets_then_ff_reencodes_no_rgb(cli, slurm_home: Path) -> None:
     spec = write_spec(slurm_home, "par", demos=3, steps=13)
-    # `share` preempts nobody: other sessions' `sub` jobs on this cluster are left alone.
-    rgb = _submit(cli, spec, "--build", "rgb", "--qos", "share", "--exclude", "n2", "--mem", "1500MB")
-    pt = _submit(cli, spec, "--build", "pt", "--qos", "share", "--exclude", "n1", "--mem", "1500MB")
+    # `share` preempts nobody: other sessions' `sub` jobs on this cluster are left alone. Each build asks
+    # for a node's 2 (fake) GPUs: 2 srun tasks, one builder rank each (on the CPU: CUDA does not work here).
+    rgb = _submit(cli, spec, "--build", "rgb", "--qos", "share", "--exclude", "n2", "--mem", "3000MB", "--gres", "gpu:2")
+    pt = _submit(cli, spec, "--build", "pt", "--qos", "share", "--exclude", "n1", "--mem", "3000MB", "--gres", "gpu:2")
+    script = Path(rgb["script"]).read_text()
+    assert "#SBATCH --ntasks-per-node=2\n#SBATCH --cpus-per-task=1\n" in script and "--processes 2 &" in script
     rgb_job, pt_job = _until_final(cli, rgb["job"]), _until_final(cli, pt["job"])
     assert (rgb_job.state, pt_job.state) == ("COMPLETED", "COMPLETED"), (rgb_job.log_tail, pt_job.log_tail)
     assert (rgb_job.node_list, pt_job.node_list) == ("n1", "n2")
+    for submitted, node in ((rgb, "n1"), (pt, "n2")):
+        ranks = _rank_reports(Path(submitted["log"]))
+        # Both ranks ran, each a task of one srun step on the build's node, each its own local rank.
+        assert [(r["rank_of_build"], r["world"], r["local_rank"], r["launcher"], r["node"], r["device"])
+                for r in ranks] == [(0, 2, 0, "srun", node, "cpu"), (1, 2, 1, "srun", node, "cpu")], ranks
+        assert sum(r["encoded"] for r in ranks) == 15 and all(r["encoded"] > 0 for r in ranks)
     overlap = min(rgb_job.ended_at, pt_job.ended_at) - max(rgb_job.started_at, pt_job.started_at)
     assert overlap.total_seconds() > 0, "the two builds did not run at the same time"
     rgb_files = files_in(slot_dir(spec, "rgb"))
@@ -208,6 +224,29 @@ def test_rgb_and_pt_build_at_once_on_two_nodes_then_ff_reencodes_no_rgb(cli, slu
     assert files_in(slot_dir(spec, "rgb")) == rgb_files  # 0 RGB files re-encoded
     listed = json.loads(cli("jobs", "--json").stdout)
     assert sorted(row["build"] for row in listed) == ["ff", "pt", "rgb"]
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_two_rank_build_over_two_nodes_writes_the_one_rank_files(cli, slurm_home: Path) -> None:
+    from trainers.build_latent_cache import build
+
+    spec = write_spec(slurm_home, "wide", demos=3, steps=13, extra="resources:\n  nodes: 2\n  cpus: 1\n")
+    job = _submit(cli, spec, "--build", "rgb", "--qos", "share", "--mem", "1500MB")
+    script = Path(job["script"]).read_text()
+    assert "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\n#SBATCH --cpus-per-task=1\n" in script
+    ended = _until_final(cli, job["job"])
+    assert ended.state == "COMPLETED" and ended.node_list == "n[1-2]", ended.log_tail
+    ranks = _rank_reports(Path(job["log"]))
+    assert [(r["rank_of_build"], r["world"], r["node"], r["threads"]) for r in ranks] == [
+        (0, 2, "n1", 1), (1, 2, "n2", 1)], ranks
+    two = {name: (slot_dir(spec, "rgb") / name).read_bytes() for name in files_in(slot_dir(spec, "rgb"))}
+    assert len(two) == 15
+    # The same build in one process here, into another root: the same files, bit for bit.
+    reference = write_spec(slurm_home, "narrow", demos=3, steps=13)
+    one = build(str(reference), "rgb", progress=False)
+    assert one["slots"]["rgb"]["encoded"] == 15
+    assert {name: (slot_dir(reference, "rgb") / name).read_bytes() for name in files_in(slot_dir(reference, "rgb"))} == two
 
 
 @pytest.mark.slurm

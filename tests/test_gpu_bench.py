@@ -1,5 +1,6 @@
-"""The GPU path is not dead code: bench.gpu and the smoke run every line on the CPU (reduced size,
-bf16 autocast), and the one device call that once recursed forever is checked on its own."""
+"""The GPU path is not dead code: bench.gpu, bench.gpu_proof (through bench/gpu.sh) and the smoke run
+every line on the CPU (reduced size, bf16 autocast), and the one device call that once recursed forever
+is checked on its own."""
 
 from __future__ import annotations
 
@@ -60,3 +61,34 @@ def test_smoke_runs_the_gpu_precision_on_cpu(tiny_cache) -> None:
     fp32 = run_smoke(spec, steps=2, batch_size=2, device="cpu")
     assert fp32["precision"] == "fp32"
     assert fp32["losses"] != report["losses"]  # bf16 rounding changes the numbers: the autocast was on
+
+
+def test_gpu_sh_runs_the_whole_proof_on_cpu_and_says_it_was_not_a_gpu(tmp_path: Path) -> None:
+    out = tmp_path / "proof"
+    done = subprocess.run(["bash", str(REPO_ROOT / "bench" / "gpu.sh"), "--device", "cpu", str(out)],
+                          capture_output=True, text=True, cwd=REPO_ROOT, timeout=900,
+                          env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    proof = json.loads((out / "gpu_proof.json").read_text())
+    assert proof["measured_on_gpu"] is False and proof["nvml"]["gpu_util_mean"] is None
+    smoke, fabric, build = proof["smoke"], proof["fabric"], proof["hidden_build"]
+    # The smoke: the card's structure (12 cached layers, N=4) over a synthetic cache, bf16, finite losses.
+    assert smoke["precision"] == "bf16 autocast" and smoke["all_finite"] and len(smoke["losses"]) == 3
+    assert smoke["geometry"] == "12 layers × 6 frames × 3 × 4 × 64 bf16 per demo, 2 demos"
+    assert all(smoke[key] > 0 for key in ("dataset_s", "sample_s", "model_s", "step_s", "peak_mem_bytes"))
+    # Fabric's bf16-mixed DDP on one device: a real process group (gloo here, NCCL on a GPU).
+    assert (fabric["precision"], fabric["strategy"], fabric["world_size"], fabric["backend"]) == (
+        "bf16-mixed", "ddp", 1, "gloo") and fabric["loss_finite"]
+    # The builder's path for one window: 5 latent frames from 17 video frames, every cached layer captured.
+    assert build["latents"][2] == 5 and build["video"][2] == 17 and build["captured_layers"] == 2 and build["finite"]
+    assert build["tokens"] == 5 * 3 * 4 and build["precision"] == "fp32"
+    report = (out / "BENCHMARKS.md").read_text()
+    assert "## GPU figures" in report and "## GPU proof: smoke, Fabric DDP, full-width build, NVML" in report
+    proof_rows = [line for line in report.split("## GPU proof")[1].splitlines() if line.startswith("| ") and "|---" not in line][1:]
+    assert len(proof_rows) == 7 and all("not measured on a GPU" in row for row in proof_rows), proof_rows
+
+
+def test_gpu_sh_refuses_an_unknown_device(tmp_path: Path) -> None:
+    done = subprocess.run(["bash", str(REPO_ROOT / "bench" / "gpu.sh"), "--device", "tpu", str(tmp_path)],
+                          capture_output=True, text=True, cwd=REPO_ROOT, timeout=60)
+    assert done.returncode == 2 and done.stderr.strip() == "gpu.sh: error: --device tpu: use cuda or cpu"

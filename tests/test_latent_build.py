@@ -1,8 +1,8 @@
 """The standalone latent builder as processes: RGB ‖ PT in parallel, SIGKILL at random points,
-accelerate sharding, lazy fill vs pre-built, and the ``idmctl cache build|status`` commands.
+sharding over ranks (torchrun, gloo), lazy fill vs pre-built, and the ``idmctl cache build|status`` commands.
 
 Builders run as real OS processes: forked from this (already warm) test process where many runs
-are needed (parallel, kill loop), and through ``accelerate launch`` for sharding.
+are needed (parallel, kill loop), and through torchrun for sharding.
 """
 
 from __future__ import annotations
@@ -30,8 +30,13 @@ def episodes(idmctl_home: Path) -> Path:
 
 
 def _build_in_child(spec: str, mode: str, queue: multiprocessing.Queue) -> None:
+    import torch
+
     from trainers.build_latent_cache import build
 
+    # Two builders on this 2-core host: one CPU each, as their allocation would give them (an in-process
+    # build uses every CPU torch sees: two at 2 threads each oversubscribe the host).
+    torch.set_num_threads(1)
     queue.put(build(spec, mode, progress=False))
 
 
@@ -221,17 +226,24 @@ def test_lazy_fill_gives_the_same_tensors_and_losses_as_a_prebuilt_cache(idmctl_
 
 
 @pytest.mark.slow
-def test_accelerate_two_processes_shard_the_work(episodes: Path) -> None:
-    from trainers.build_latent_cache import launch
+def test_two_ranks_shard_the_work_and_write_the_one_rank_files_bitwise(episodes: Path) -> None:
+    from trainers.build_latent_cache import build, launch
 
+    one = build(SMOKE, "pt", progress=False)  # one process: computes the norm file, encodes all 20
+    one_dir = Path(one["slots"]["pt"]["dir"])
+    single = {p.name: p.read_bytes() for p in cached_files(one_dir)}
+    assert len(single) == 20
+    shutil.rmtree(one_dir)  # the norm file stays: the same PT hash for the 2-rank build
     reports = sorted(launch(SMOKE, "pt", processes=2), key=lambda r: r["rank"])
     assert [(r["rank"], r["world_size"], r["my_samples"]) for r in reports] == [(0, 2, 10), (1, 2, 10)]
     assert [r["slots"]["pt"]["encoded"] for r in reports] == [10, 10]
-    assert reports[0]["pt_hash"] == reports[1]["pt_hash"]  # rank 0's hash, broadcast
+    assert reports[0]["pt_hash"] == reports[1]["pt_hash"] == one["pt_hash"]  # rank 0's hash, broadcast
+    assert [r["device"] for r in reports] == ["cpu", "cpu"]
     keys = [{(e["key"], e["start"]) for e in r["events"]} for r in reports]
     assert not keys[0] & keys[1] and len(keys[0] | keys[1]) == 20
     layout = LatentLayout.from_spec(load_spec(SMOKE).spec.latent, reports[0]["pt_hash"])
     assert len(cached_files(layout.slot_dir("pt"))) == 20 and not layout.slot_dir("rgb").exists()
+    assert {p.name: p.read_bytes() for p in cached_files(layout.slot_dir("pt"))} == single
 
 
 def test_cache_status_and_build_commands(cli, episodes: Path) -> None:

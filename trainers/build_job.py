@@ -1,14 +1,16 @@
 """A cache build as a job: what ``idmctl submit EXP --build hidden|rgb|pt|ff`` runs.
 
 ``python -m trainers.build_job --run-dir RUN_DIR --mode MODE --processes N``: the job script
-(idmctl/job/render.py) starts it as one task per allocation. It
+(idmctl/job/render.py) starts it once, in the batch shell on the job's first node. It
 
 - refuses to start, with the failure marker the classifier knows, when the spec's VAE weights are
   missing (``missing_weights``) or an FF build has no PT norm file (``pt_norm_missing``): the very
   checks the build preflight runs (``cache.build_plan``);
-- launches the builder over the allocation's devices: ``accelerate launch --multi_gpu
-  --num_processes N`` (on CPU with ``ACCELERATE_USE_CPU=true``; ``--cpu --num_processes N``
-  silently runs one process), or a plain process for N = 1; the builders print ``disk_full`` on ENOSPC;
+- launches the builder as N ranks over the allocation (``trainers.build_ranks.builder_command``):
+  under Slurm one srun task per rank (``--ntasks=N``, the job's ``--ntasks-per-node`` = GPUs per node,
+  so a 2-node job's ranks span both nodes), each on ``cuda:SLURM_LOCALID`` (the CPU where CUDA does
+  not work) with the job's ``--cpus-per-task`` threads; without Slurm (the local executor) torchrun
+  with N workers, or a plain process for N = 1. The builders print ``disk_full`` on ENOSPC;
 - on the preemption or time-limit notice (USR1) or TERM stops the builders and exits 75: the job
   script requeues itself, and the next attempt skips every finished file (writes are temp + rename,
   so a killed write never leaves a file that reads as built);
@@ -25,6 +27,7 @@ import argparse
 import json
 import os
 import resource
+import shlex
 import signal
 import subprocess
 import sys
@@ -42,33 +45,24 @@ from ground.paths import REPO_ROOT
 from ground.spec.loader import ResolvedSpec
 
 
-def _has_gpu() -> bool:
-    import shutil
-
-    return shutil.which("nvidia-smi") is not None and os.environ.get("CUDA_VISIBLE_DEVICES", "x") != ""
-
-
-def builder_argv(run_dir: Path, mode: str, processes: int, port: int) -> list[str]:
-    """The builder command line for ``processes`` processes over this allocation."""
+def builder_argv(run_dir: Path, mode: str, processes: int, port: int,
+                 env: dict[str, str] | None = None) -> tuple[list[str], dict[str, str]]:
+    """The builder command line (and its environment) for ``processes`` ranks over this allocation."""
     if mode == "hidden":
-        builder = ["-m", "trainers.build_hidden_cache", "--spec-json", str(run_dir / SPEC_FILE),
+        builder = ["trainers.build_hidden_cache", "--spec-json", str(run_dir / SPEC_FILE),
                    "--expect-processes", str(processes)]
     else:
-        builder = ["-m", "trainers.build_latent_cache", "--run-dir", str(run_dir), "--mode", mode, "--no-progress"]
-    if processes == 1:
-        return [sys.executable, *builder]
-    launch = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(processes),
-              "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-              "--main_process_port", str(port)]
-    # --multi_gpu even on CPU (with ACCELERATE_USE_CPU): without it N processes each think they are rank 0 of 1.
-    return [*launch, *(["--multi_gpu"] if processes > 1 else []), *builder]
+        builder = ["trainers.build_latent_cache", "--run-dir", str(run_dir), "--mode", mode, "--no-progress"]
+    from trainers.build_ranks import builder_command
+
+    return builder_command(builder, processes, port, env)
 
 
 def _port(job_id: str | None) -> int:
     """A rendezvous port per job: two builds on one host (RGB ‖ PT on n1/n2 here) must not collide."""
     if job_id and job_id.isdigit():
         return 20000 + int(job_id) % 20000
-    from trainers.build_latent_cache import free_port
+    from trainers.build_ranks import free_port
 
     return free_port()
 
@@ -116,16 +110,14 @@ def run_job(run_dir: Path, mode: str, processes: int) -> int:
     print(f"build_job: {mode} of {resolved.name}: {before.total} files, {before.present} already built, "
           f"{processes} process(es) → {before.output_dir}", flush=True)
     logger = _logger(run_dir, resolved, mode)
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": f"{REPO_ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    if not _has_gpu():
-        env["ACCELERATE_USE_CPU"] = "true"
+    env = {**os.environ, "PYTHONPATH": f"{REPO_ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     started = time.time()
-    argv = builder_argv(run_dir, mode, processes, _port(os.environ.get("SLURM_JOB_ID")))
+    argv, env = builder_argv(run_dir, mode, processes, _port(os.environ.get("SLURM_JOB_ID")), env)
+    print(f"build_job: {processes} rank(s): {shlex.join(argv)}", flush=True)
     if stop.signal is not None:  # the notice came during set-up: nothing started, nothing to stop
         status = -signal.SIGTERM
     else:
-        # Its own session, so one killpg stops accelerate and every builder process it started.
+        # Its own session, so one killpg stops srun (which passes TERM to its tasks) or torchrun and its workers.
         stop.child = subprocess.Popen(argv, cwd=REPO_ROOT, env=env, start_new_session=True)
         if stop.signal is not None:  # a notice between the check and Popen
             stop(signal.Signals[stop.signal].value, None)

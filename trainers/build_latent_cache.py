@@ -4,16 +4,18 @@ Single process::
 
     python -m trainers.build_latent_cache --spec latent_rgbpt_smoke --mode rgb
 
-Sharded by process index under ``accelerate launch`` (on CPU: ``ACCELERATE_USE_CPU=true`` and
-``--multi_gpu --num_processes N``; without ``--multi_gpu`` accelerate silently runs one process)::
+One rank per device, each on its own (``trainers.build_ranks``: srun tasks in a build job, or
+torchrun, or ``accelerate launch``, which runs torchrun)::
 
-    accelerate launch --multi_gpu --num_processes 2 --num_machines 1 --mixed_precision no \
-        --dynamo_backend no -m trainers.build_latent_cache --spec EXP --mode pt
+    torchrun --nproc-per-node 2 -m trainers.build_latent_cache --spec EXP --mode pt
 
-Only the slot being built is touched (no empty ``_rgb/`` in a PT build). The PT norm file is
-computed by rank 0 alone when missing (or with ``--recompute-norm``, the "PT extractor re-run"),
-and rank 0's PT hash is broadcast so every rank writes into the same ``_pt__<hash>/``. Existing
-files are skipped; every write is atomic, so a killed build is finished by running it again.
+Window ``k`` of the dataset's (demo, start) list goes to rank ``k mod world``: one writer per file, and
+the files N ranks write are the files one process writes (bitwise on the CPU, where the encode is fp32;
+bf16 autocast on CUDA). Only the slot being built is touched (no empty ``_rgb/`` in a PT build). The
+one figure over all demos, the PT norm file, is computed by rank 0 alone when missing (or with
+``--recompute-norm``, the "PT extractor re-run"), over every demo whatever the world size, and rank
+0's PT hash is broadcast so every rank writes into the same ``_pt__<hash>/``. Existing files are
+skipped; every write is atomic, so a killed build is finished by running it again.
 """
 
 from __future__ import annotations
@@ -39,21 +41,18 @@ def mode_slots(mode: str, slots: tuple[str, ...]) -> tuple[str, ...]:
 
 def build(spec_name: "str | ResolvedSpec", mode: str, *, rank: int = 0, world_size: int = 1, recompute_norm: bool = False,
           progress: bool = True, barrier: Callable[[], None] = lambda: None,
-          share: Callable[[Any], Any] = lambda value: value) -> dict[str, Any]:
-    """Build this rank's share of ``mode``'s slots; returns a JSON-able report.
+          share: Callable[[Any], Any] = lambda value: value, device: Any = None) -> dict[str, Any]:
+    """Build this rank's share of ``mode``'s slots on ``device`` (the CPU when None); a JSON-able report.
 
-    ``barrier`` and ``share`` (rank 0's value to every rank) come from accelerate when sharded.
-    ``spec_name`` may be a resolved spec (a build job's run-directory ``spec.json``).
+    ``barrier`` and ``share`` (rank 0's value to every rank) come from ``trainers.build_ranks`` when
+    sharded. ``spec_name`` may be a resolved spec (a build job's run-directory ``spec.json``).
     """
-    import torch
-
     from cache.latent.dataset import LatentCacheDataset, latent_section, needs_pt_hash, prepare_pt_norm
     from cache.latent.files import remove_dead_temp_files
     from cache.latent.pt_hash import pt_meta_for
     from ground.errors import UserError
     from ground.spec import load_spec
 
-    torch.set_num_threads(1)
     if mode not in MODES:
         raise UserError(f"unknown mode {mode!r}", field="--mode", hint=f"one of {', '.join(MODES)}")
     resolved = spec_name if not isinstance(spec_name, str) else load_spec(spec_name)
@@ -65,6 +64,10 @@ def build(spec_name: "str | ResolvedSpec", mode: str, *, rank: int = 0, world_si
         raise UserError("mode ff but the spec has skip_ff: true", file=str(resolved.path), field="latent.skip_ff",
                         hint="set skip_ff: false to build first frames")
     slots = mode_slots(mode, latent.slots)
+    if device is None:
+        from trainers.build_ranks import local_device
+
+        device = local_device()
     pt_meta = None
     if needs_pt_hash(latent, slots):
         # Only PT builds run the extractor; FF waits for PT's norm file (card B: ff after pt).
@@ -72,9 +75,12 @@ def build(spec_name: "str | ResolvedSpec", mode: str, *, rank: int = 0, world_si
             prepare_pt_norm(resolved.spec, recompute=recompute_norm)
         barrier()
         pt_meta = share(pt_meta_for(latent) if rank == 0 else None)
-    dataset = LatentCacheDataset(resolved.spec, build_only_slot=None if mode == "all" else mode, pt_meta=pt_meta)
-    for slot in slots:
-        remove_dead_temp_files(dataset.layout.slot_dir(slot))
+    dataset = LatentCacheDataset(resolved.spec, build_only_slot=None if mode == "all" else mode, pt_meta=pt_meta,
+                                 device=device)
+    if rank == 0:  # alone, before anyone writes: a writer on another node has a pid this node cannot see
+        for slot in slots:
+            remove_dead_temp_files(dataset.layout.slot_dir(slot))
+    barrier()
     mine = dataset.samples[rank::world_size]
     events: list[dict[str, Any]] = []
     skipped = {slot: 0 for slot in slots}
@@ -92,7 +98,7 @@ def build(spec_name: "str | ResolvedSpec", mode: str, *, rank: int = 0, world_si
     return {
         "spec": resolved.name, "mode": mode, "rank": rank, "world_size": world_size,
         "pt_hash": pt_meta.short if pt_meta else None,
-        "samples": len(dataset.samples), "my_samples": len(mine),
+        "samples": len(dataset.samples), "my_samples": len(mine), "device": str(dataset.encoder.device),
         "slots": {slot: {"dir": str(dataset.layout.slot_dir(slot)), "encoded": dataset.encoded[slot],
                          "skipped": skipped[slot]} for slot in slots},
         "events": events,
@@ -145,29 +151,6 @@ def disk_full_exit(exc: OSError) -> int:
     return 1
 
 
-def _accelerate_context() -> tuple[int, int, Callable[[], None], Callable[[Any], Any]]:
-    """Rank, world size, barrier and broadcast under ``accelerate launch``; a plain process otherwise."""
-    expected = int(os.environ.get("WORLD_SIZE", "1"))
-    if expected == 1:
-        return 0, 1, lambda: None, lambda value: value
-    from accelerate import Accelerator
-    from accelerate.utils import broadcast_object_list
-
-    accelerator = Accelerator(cpu=os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true"))
-    # accelerate without --multi_gpu makes every process rank 0 of 1, each doing all the work.
-    if accelerator.num_processes != expected:
-        raise SystemExit(f"error: accelerate sees {accelerator.num_processes} process(es) but WORLD_SIZE is "
-                         f"{expected} (launch with --multi_gpu --num_processes {expected}; on CPU set "
-                         "ACCELERATE_USE_CPU=true)")
-
-    def share(value: Any) -> Any:
-        box = [value]
-        broadcast_object_list(box, from_process=0)
-        return box[0]
-
-    return accelerator.process_index, accelerator.num_processes, accelerator.wait_for_everyone, share
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--spec", help="experiment name or YAML path")
@@ -182,11 +165,18 @@ def main(argv: list[str] | None = None) -> int:
 
     if (args.spec is None) == (args.run_dir is None):
         parser.error("give exactly one of --spec and --run-dir")
-    rank, world_size, barrier, share = _accelerate_context()
+    from trainers.build_ranks import build_rank, rank_line
+
     try:
-        spec: Any = args.spec if args.run_dir is None else run_dir_spec(args.run_dir)
-        report = build(spec, args.mode, rank=rank, world_size=world_size, recompute_norm=args.recompute_norm,
-                       progress=not args.no_progress, barrier=barrier, share=share)
+        with build_rank() as context:
+            rank, world_size = context.ranks.rank, context.ranks.world
+            spec: Any = args.spec if args.run_dir is None else run_dir_spec(args.run_dir)
+            report = build(spec, args.mode, rank=rank, world_size=world_size, recompute_norm=args.recompute_norm,
+                           progress=not args.no_progress, barrier=context.barrier, share=context.share,
+                           device=context.device)
+            report["threads"] = context.threads
+            print(rank_line(context, mode=args.mode, samples=report["my_samples"],
+                            encoded=sum(row["encoded"] for row in report["slots"].values())), flush=True)
     except UserError as exc:
         print(exc.line(), file=sys.stderr)
         return 2
@@ -202,45 +192,24 @@ if __name__ == "__main__":
     sys.exit(main())
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def launch(spec_path: str, mode: str, *, processes: int, recompute_norm: bool = False,
            env: dict[str, str] | None = None) -> list[dict[str, Any]]:
-    """Run the builder in ``processes`` accelerate processes (1: in a plain subprocess); one report per rank."""
+    """Run the builder as ``processes`` ranks (1: a plain subprocess); one report per rank."""
     import subprocess
     import tempfile
 
     from ground.errors import CheckFailed
     from ground.paths import REPO_ROOT
+    from trainers.build_ranks import builder_command
 
-    env = dict(env or os.environ)
-    if not _has_gpu():
-        env["ACCELERATE_USE_CPU"] = "true"
     with tempfile.TemporaryDirectory(prefix="latent_build_") as tmp:
         report = Path(tmp) / "report.json"
-        builder = ["-m", "trainers.build_latent_cache", "--spec", spec_path, "--mode", mode, "--report", str(report)]
+        builder = ["trainers.build_latent_cache", "--spec", spec_path, "--mode", mode, "--report", str(report)]
         if recompute_norm:
             builder.append("--recompute-norm")
-        if processes == 1:
-            argv = [sys.executable, *builder]
-        else:
-            argv = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes",
-                    str(processes), "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-                    "--main_process_port", str(free_port()), *builder]
-        result = subprocess.run(argv, cwd=REPO_ROOT, env=env)
+        argv, run_env = builder_command(builder, processes, env=env)
+        result = subprocess.run(argv, cwd=REPO_ROOT, env=run_env)
         if result.returncode != 0:
             raise CheckFailed(f"latent cache build failed (exit {result.returncode}): {' '.join(argv)}")
         paths = [report] if processes == 1 else [report.with_name(f"report.json.rank{r}") for r in range(processes)]
         return [json.loads(p.read_text()) for p in paths]
-
-
-def _has_gpu() -> bool:
-    import shutil
-
-    return shutil.which("nvidia-smi") is not None and os.environ.get("CUDA_VISIBLE_DEVICES", "x") != ""

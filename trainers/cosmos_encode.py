@@ -179,10 +179,10 @@ def video_tensor(frames_uint8: np.ndarray, data: DataSpec) -> torch.Tensor:
 @torch.no_grad()
 def encode_latents(vae: Any, video: torch.Tensor) -> torch.Tensor:
     """The pipeline's ``prepare_latents`` for a clean video: mode of the posterior, normalised."""
-    latents = vae.encode(video.float()).latent_dist.mode()
+    latents = vae.encode(video.float()).latent_dist.mode().float()  # fp32 normalisation, under autocast too
     z_dim = vae.config.z_dim
-    mean = torch.tensor(vae.config.latents_mean, dtype=latents.dtype).view(1, z_dim, 1, 1, 1)
-    std = torch.tensor(vae.config.latents_std, dtype=latents.dtype).view(1, z_dim, 1, 1, 1)
+    mean = torch.tensor(vae.config.latents_mean, dtype=latents.dtype, device=latents.device).view(1, z_dim, 1, 1, 1)
+    std = torch.tensor(vae.config.latents_std, dtype=latents.dtype, device=latents.device).view(1, z_dim, 1, 1, 1)
     return (latents - mean) / std * SIGMA_DATA
 
 
@@ -200,7 +200,8 @@ def hidden_states(transformer: Any, latents: torch.Tensor, text: torch.Tensor, b
     if transformer.config.concat_padding_mask:
         kwargs["padding_mask"] = latents.new_zeros(1, 1, height * VAE_SPATIAL, width * VAE_SPATIAL)
     try:
-        transformer(latents, timestep=torch.tensor([CACHE_TIMESTEP]), encoder_hidden_states=text, fps=FPS,
+        transformer(latents, timestep=torch.tensor([CACHE_TIMESTEP], device=latents.device),
+                    encoder_hidden_states=text.to(latents.device), fps=FPS,
                     return_dict=False, **kwargs)
     finally:
         for hook in hooks:

@@ -42,7 +42,8 @@ class LatentCacheDataset(Dataset):
     """Samples of the three-way cache for one spec; ``build_only_slot`` defaults to the spec's."""
 
     def __init__(self, spec: ExperimentSpec, *, build_only_slot: str | None = _FROM_SPEC,
-                 encoder: VideoEncoder | None = None, pt_meta: PtMeta | None = None):
+                 encoder: VideoEncoder | None = None, pt_meta: PtMeta | None = None,
+                 device: torch.device | None = None):
         self.latent = latent_section(spec)
         slot = self.latent.build_only_slot if build_only_slot is _FROM_SPEC else build_only_slot
         if slot is not None and slot not in SLOTS:
@@ -59,6 +60,8 @@ class LatentCacheDataset(Dataset):
             (demo, start) for demo in self.episodes.demos(self.latent.split)
             for start in sample_starts(self.latent, self.episodes.num_samples(demo))]
         self._encoder = encoder
+        self._device = device
+        """Where the encoder loads when it is not given (a builder rank's device; the CPU when None)."""
         self._norm: tuple[list[float], list[float]] | None = None
         self.encoded: Counter[str] = Counter()
         """Files this process encoded per slot (the builder's report; cached loads do not count)."""
@@ -109,7 +112,7 @@ class LatentCacheDataset(Dataset):
     @property
     def encoder(self) -> VideoEncoder:
         if self._encoder is None:
-            self._encoder = load_encoder(self.latent.vae)
+            self._encoder = load_encoder(self.latent.vae, self._device)
         return self._encoder
 
     def _build(self, slot: str, key: str, start: int) -> dict[str, torch.Tensor]:
@@ -135,7 +138,7 @@ class LatentCacheDataset(Dataset):
         meta = {"slot": slot, "key": key, "start": str(start), "frames": str(self.latent.frames),
                 "height": str(self.latent.height), "width": str(self.latent.width),
                 "frame_stride": str(self.latent.frame_stride), "cameras": ",".join(self.latent.cameras),
-                "encoder": self.encoder.name}
+                "encoder": self.encoder.name, "precision": self.encoder.precision}
         if hashed and self.pt_meta is not None:
             meta["pt_meta_hash"] = self.pt_meta.digest
         return meta

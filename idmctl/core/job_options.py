@@ -161,8 +161,8 @@ class JobOptions:
     hold: bool = False
     """``--hold``: submitted held (``#SBATCH --hold``) until ``scontrol release``; a resubmission is never held."""
     build: str | None = None
-    """``--build MODE``: a cache build job (``contract.BUILD_ENTRY``), one task per node launching
-    ``ranks_per_node`` builder processes with accelerate; None for training."""
+    """``--build MODE``: a cache build job (``contract.BUILD_ENTRY``) in the batch shell, starting one
+    builder rank per srun task (``ranks_per_node`` per node, over ``nodes``); None for training."""
 
     @property
     def cpus_per_task(self) -> int:

@@ -174,13 +174,13 @@ def judge_smoke(job: "EffectiveJob", plan: "BuildPlan", smoke: BuildSmoke | None
         return CheckResult(SMOKE_NAME, Status.FAIL, f"{source}the 1-file encode failed: {smoke.error}",
                            {"error": smoke.error}, "fix the error above; the build job would fail the same way")
     options = job.options
-    processes = options.ranks_per_node
+    processes = options.nodes * options.ranks_per_node  # the build's ranks, every node's
     todo = plan.todo if plan.todo is not None else 0
     per_process = math.ceil(todo / processes)
     norm_s = (smoke.norm_s_per_demo or 0.0) * (smoke.norm_demos or 0.0)
     estimate = smoke.load_s + norm_s + per_process * smoke.encode_s
     limit = options.time_seconds
-    mem_need = smoke.peak_rss_bytes * processes
+    mem_need = smoke.peak_rss_bytes * options.ranks_per_node  # --mem is per node
     mem_have = options.mem_mib * 2**20
     job_kind, ran_on = DeviceKind.of_job(options.gpus_per_node), DeviceKind.of(smoke.device)
     provenance = (Provenance(Basis.MEASURED, f"1-file encode on {smoke.device}", ran_on) if ran_on is job_kind
@@ -199,8 +199,8 @@ def judge_smoke(job: "EffectiveJob", plan: "BuildPlan", smoke: BuildSmoke | None
                   f"on {smoke.device} ({timing} there), which does not stand for the job's "
                   f"{f'{options.gpus_per_node} GPU(s) per node' if options.gpus_per_node else 'CPUs'}; "
                   f"time limit {format_duration(limit)} not judged")
-    arithmetic = (f"{timing}; peak {format_bytes(smoke.peak_rss_bytes)} × {processes} = {format_bytes(mem_need)} "
-                  f"vs --mem {format_bytes(mem_have)}")
+    arithmetic = (f"{timing}; peak {format_bytes(smoke.peak_rss_bytes)} × {options.ranks_per_node} per node = "
+                  f"{format_bytes(mem_need)} vs --mem {format_bytes(mem_have)}")
     if mem_need > mem_have:
         return CheckResult(SMOKE_NAME, Status.FAIL, f"{source}out of memory (oom_host): {arithmetic}", numbers,
                            "raise --mem / resources.mem, or fewer processes per node")

@@ -96,9 +96,6 @@ def resolve_options(resolved: ResolvedSpec, request: JobRequest) -> JobOptions:
         if request.entry is not None:
             raise UserError("--build runs the build entry; --entry does not go with it", file="command line",
                             field=flag_of("entry"), hint="drop --entry")
-        if res.nodes != 1:
-            raise UserError(f"a build job runs on one node, the spec asks for {res.nodes}", file=spec_file,
-                            field="resources.nodes", hint="submit one build per node (e.g. RGB and PT on two nodes)")
     options = JobOptions(
         job_name=pick("job_name", f"{resolved.name}-build-{build}" if build else res.job_name or resolved.name),
         qos=pick("qos", res.qos),
@@ -251,9 +248,8 @@ def _sbatch_lines(options: JobOptions, log_path: str) -> list[str]:
         ("qos", options.qos),
         ("partition", options.partition or None),
         ("nodes", options.nodes),
-        # A build is one task (accelerate starts ranks_per_node builder processes inside it).
-        ("ntasks-per-node", 1 if options.build else options.ranks_per_node),
-        ("cpus-per-task", options.cpus_per_node if options.build else options.cpus_per_task),
+        ("ntasks-per-node", options.ranks_per_node),
+        ("cpus-per-task", options.cpus_per_task),
         ("mem", f"{options.mem_mib}M"),
         ("gres", f"gpu:{options.gpus_per_node}" if options.gpus_per_node else None),
         ("time", slurm_time(options.time_seconds)),
@@ -275,8 +271,11 @@ def _entry_lines(options: JobOptions, ctx: RenderContext, env: dict[str, str]) -
     quoted one by one."""
     q = shlex.quote
     words = entry_words(options.entry)
+    if options.build:
+        # The build job runs once, in the batch shell; it starts the builder ranks as one srun step itself.
+        return fill("launch_build", {"python": q(ctx.python), "entry": options.entry, "build_args": _build_args(options)})
     if words is None:
-        return fill("launch_module", {"python": q(ctx.python), "entry": options.entry, "build_args": _build_args(options)})
+        return fill("launch_module", {"python": q(ctx.python), "entry": options.entry})
     roots = [r for r in env.get(contract.ENV_CODE_ROOTS, "").split(os.pathsep) if r]
     where = roots[0] if roots else str(ctx.repo_root)
     return fill("launch_command", {"entry_shown": _comment(options.entry), "where": q(where),
@@ -296,10 +295,10 @@ def _snapshot_lines(env: dict[str, str], ctx: RenderContext) -> str:
 
 
 def _build_args(options: JobOptions) -> str:
-    """`` --mode M --processes N`` for a build job: one builder process per device (GPU, or CPU rank)."""
+    """`` --mode M --processes N`` for a build job: one builder rank per device (GPU, or CPU rank) on every node."""
     if not options.build:
         return ""
-    return f" --mode {options.build} --processes {options.ranks_per_node}"
+    return f" --mode {options.build} --processes {options.nodes * options.ranks_per_node}"
 
 
 def _guard_lines(resolved: ResolvedSpec, options: JobOptions, ctx: RenderContext) -> str:

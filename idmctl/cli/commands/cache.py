@@ -130,7 +130,7 @@ def inspect_cmd(experiment: options.Experiment, as_json: options.Json = False) -
 @app.command("build-hidden")
 def build_hidden_cmd(
     experiment: options.Experiment,
-    processes: Annotated[int, typer.Option("--processes", **options.PROCESSES, help="accelerate processes (work is sharded).")] = 1,
+    processes: Annotated[int, typer.Option("--processes", **options.PROCESSES, help="builder ranks (torchrun; work is sharded).")] = 1,
     model_dir: Annotated[str | None, typer.Option("--model-dir", help="Local folder with vae/ and transformer/ "
                                                   "(from_pretrained); default: the spec's data.models.")] = None,
     text_encoder_dir: Annotated[str | None, typer.Option("--text-encoder-dir", help="Local T5 (text_encoder/ + "

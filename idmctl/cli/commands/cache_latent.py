@@ -22,7 +22,7 @@ MODES = ("rgb", "pt", "ff", "all")
 def build_cmd(
     experiment: options.Experiment,
     mode: Annotated[str, typer.Option("--mode", help="Slot to build: rgb, pt, ff, or all (the lazy-fill flow).")] = "all",
-    processes: Annotated[int, typer.Option("--processes", **options.PROCESSES, help="accelerate processes; work is sharded "
+    processes: Annotated[int, typer.Option("--processes", **options.PROCESSES, help="builder ranks (torchrun); work is sharded "
                                            "by process index.")] = 1,
     recompute_norm: Annotated[bool, typer.Option("--recompute-norm", help="Re-run the PT statistics pass (new "
                                                  "norm file → new _pt__<hash>/ dir).")] = False,

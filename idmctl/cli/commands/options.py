@@ -26,7 +26,7 @@ SECONDS_MAX = 7 * 86400.0
 INTERVAL = {"max": SECONDS_MAX}  # 0 and below: `watch` says "must be positive" itself
 SMOKE_TIMEOUT = {"min": 1.0, "max": SECONDS_MAX}
 PROCESSES = {"min": 1, "max": 1_024}
-"""``--processes``: accelerate processes on one machine; 1,024 is past any node's GPUs or cores."""
+"""``--processes``: builder ranks on one machine (torchrun); 1,024 is past any node's GPUs or cores."""
 SEED = {"min": 0, "max": 2**32 - 1}
 """``--seed``: numpy's and robosuite's seeds are 32-bit unsigned."""
 COUNT = {"min": 0, "max": 1_000_000}
