@@ -2,8 +2,8 @@
 #SBATCH --job-name=latent_c_n4-build-rgb
 #SBATCH --qos=core-own
 #SBATCH --nodes=1
-#SBATCH --ntasks-per-node=1
-#SBATCH --cpus-per-task=112
+#SBATCH --ntasks-per-node=8
+#SBATCH --cpus-per-task=14
 #SBATCH --mem=1525879M
 #SBATCH --gres=gpu:8
 #SBATCH --time=0-12:00:00
@@ -55,7 +55,8 @@ node_guard train
 # Ranks: srun under Slurm (Fabric reads SLURM_* and needs ntasks-per-node == devices);
 # the local executor runs the same script without srun.
 if [ -n "${SLURM_JOB_ID:-}" ]; then LAUNCH=(srun --kill-on-bad-exit=1); else LAUNCH=(); fi
-"${LAUNCH[@]}" /opt/idmctl/venv/bin/python -m trainers.build_job --run-dir "$RUN_DIR" --mode rgb --processes 8 &
+# A cache build: the builder runs once, in this shell, and starts its ranks as one srun step itself.
+/opt/idmctl/venv/bin/python -m trainers.build_job --run-dir "$RUN_DIR" --mode rgb --processes 8 &
 TRAINER=$!
 # The hang watchdog: stacks of every rank, then kill, when the heartbeat stops (trainers/watchdog.py).
 /opt/idmctl/venv/bin/python -m trainers.watchdog --run-dir "$RUN_DIR" --trainer-pid "$TRAINER" --k 10 --floor 600 --poll 30 &
