@@ -1,15 +1,60 @@
-"""Shared fixtures: every test gets its own ``$IDMCTL_HOME``; CLI tests drive typer's CliRunner."""
+"""Shared fixtures: every test gets its own ``$IDMCTL_HOME``; CLI tests drive typer's CliRunner; tests on
+the shared local Slurm cluster take ``local_slurm`` (or ``slurm_home``) and run one at a time.
+
+scripts/test.sh runs the suite on two pytest-xdist workers (``--dist loadgroup``). Each worker is its
+own process with its own temporary directory, so environment variables, the working directory and
+module-level caches never cross workers; what the workers do share is the machine: the local Slurm
+cluster, PostgreSQL (each test gets a database of its own: tests/pg_support.py), ports (always
+picked free, never fixed) and /dev/shm. Every ``slurm``-marked test joins one ``xdist_group``
+(slurm_support.SLURM_GROUP), so a test that stops slurmdbd, changes a QoS or fills the queue never
+overlaps another test on the cluster.
+"""
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from ground.contract import ENV_CLUSTER, ENV_EXPERIMENTS, ENV_HOME
+from slurm_support import SLURM_GROUP
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+# xdist's workers start with COLUMNS=80 and LINES=24 in their environment where the main process has
+# neither: the CLI's console would wrap at 80 columns instead of the 200 it uses when piped
+# (idmctl/output.py), and a test reading a long line (`cache inspect` on a deep tmp path) failed only
+# on two workers. Each worker gets the main process's values back before any test module imports idmctl.
+TERMINAL_SIZE = ("COLUMNS", "LINES")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:
+    node.workerinput["terminal_size"] = {name: os.environ.get(name) for name in TERMINAL_SIZE}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    sizes = getattr(config, "workerinput", {}).get("terminal_size")
+    for name, value in (sizes or {}).items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups and `-m` deselects by marker
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if "local_slurm" in getattr(item, "fixturenames", ()) and item.get_closest_marker("slurm") is None:
+            item.add_marker(pytest.mark.slurm)
+        if item.get_closest_marker("slurm") is not None and item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(SLURM_GROUP))
 
 
 @pytest.fixture(autouse=True)
@@ -83,3 +128,27 @@ def tiny_cache(tmp_path_factory: pytest.TempPathFactory):
     from trainers.tiny_data import TinyCache
 
     return TinyCache.create(tmp_path_factory.mktemp("tiny_cache"))
+
+
+@pytest.fixture
+def local_slurm(monkeypatch: pytest.MonkeyPatch) -> str:
+    """The shared local Slurm cluster (scripts/slurm/up.sh) for this test: ``SLURM_CONF`` and
+    ``IDMCTL_CLUSTER=local-slurm`` set; returns the conf's path. Without the cluster the test is skipped,
+    in CI (``$CI`` set) it fails. A test taking this fixture is a ``slurm`` test (marked at collection)."""
+    from slurm_support import slurm_conf
+
+    conf = slurm_conf()
+    monkeypatch.setenv("SLURM_CONF", conf)
+    monkeypatch.setenv(ENV_CLUSTER, "local-slurm")
+    return conf
+
+
+@pytest.fixture
+def slurm_home(local_slurm: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """``local_slurm`` with an ``$IDMCTL_HOME`` of this test's own outside pytest's temporary tree,
+    removed afterwards: jobs outlive a test's assertions by seconds, and other pytest sessions on a
+    shared host prune old pytest-of-<user> directories under a running job's feet."""
+    home = Path(tempfile.mkdtemp(prefix="idmctl-slurm-test-"))
+    monkeypatch.setenv(ENV_HOME, str(home))
+    yield home
+    shutil.rmtree(home, ignore_errors=True)

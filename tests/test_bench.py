@@ -13,6 +13,7 @@ import pytest
 
 from bench.common import Figure
 from bench.run import MODULES, _section
+from slurm_support import SLURM_GROUP
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -63,6 +64,7 @@ def test_gpu_module_says_why_without_a_gpu():
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group(SLURM_GROUP)  # its submit figures are real sbatch jobs on the shared cluster
 def test_fast_mode_writes_every_section(tmp_path: Path):
     out = tmp_path / "B.md"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
