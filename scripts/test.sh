@@ -44,16 +44,20 @@ stop_ours() {
 trap stop_ours EXIT
 # Two xdist workers; every test on the shared Slurm cluster runs in one group, one at a time
 # (tests/conftest.py). A run that picks tests by name (`-k EXPR`, `FILE::TEST`) runs in this process
-# instead: no workers to start, and breakpoints and -s work as usual. `-n N` or `-p no:xdist` given
-# here wins.
-workers=(-n 2 --dist loadgroup)
+# instead: no workers to start, and breakpoints and -s work as usual. `-n N` given here wins (still
+# grouped: `--dist loadgroup` unless --dist is given too); `-p no:xdist` turns the workers off.
+workers=(-n 2)
+dist=(--dist loadgroup)
 previous=""
+chosen=""
 for arg in "$@"; do
   case $arg in
-    -n|-n[0-9]*|--numprocesses|--numprocesses=*|-pno:xdist) workers=(); break ;;
-    no:xdist) [[ $previous == -p ]] && { workers=(); break; } ;;
-    -k|-k?*|*::*) workers=(-n 0) ;;
+    -n|-n[0-9]*|--numprocesses|--numprocesses=*) workers=(); chosen=1 ;;
+    --dist|--dist=*) dist=() ;;
+    -pno:xdist) workers=(); dist=(); chosen=1 ;;
+    no:xdist) [[ $previous == -p ]] && { workers=(); dist=(); chosen=1; } ;;
+    -k|-k?*|*::*) [[ -z $chosen ]] && workers=(-n 0) ;;
   esac
   previous=$arg
 done
-.venv/bin/python -m pytest "${workers[@]}" "$@"
+.venv/bin/python -m pytest "${workers[@]}" "${dist[@]}" "$@"
