@@ -48,13 +48,37 @@ def pytest_configure(config: pytest.Config) -> None:
             os.environ[name] = value
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups and `-m` deselects by marker
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+@pytest.hookimpl(wrapper=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]):
+    # Before every other implementation: `-m` deselects by these marks, xdist reads the groups.
     for item in items:
         if "local_slurm" in getattr(item, "fixturenames", ()) and item.get_closest_marker("slurm") is None:
             item.add_marker(pytest.mark.slurm)
         if item.get_closest_marker("slurm") is not None and item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(SLURM_GROUP))
+    yield
+    if config.getoption("loadgroup", default=False):
+        for item in items:
+            _group_in_node_id(item)
+
+
+def _group_in_node_id(item: pytest.Item) -> None:
+    """xdist's loadgroup scheduler reads a test's group from its node id (``…::test@local_slurm``), which
+    xdist 3.8 writes into ``item._nodeid``; pytest 9.2's structured node ids no longer read that field
+    (pytest-xdist issue 1386), so every group was silently ignored and two cluster tests ran at once on
+    the two workers (seen: test_build_jobs' preempted and parallel builds side by side). Write the
+    suffix where pytest reads the id, as the upstream fix does; a no-op where xdist already did."""
+    names = sorted({str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+                    for mark in item.iter_markers("xdist_group")})
+    suffix = "@" + "_".join(names)
+    if not names or item.nodeid.endswith(suffix):
+        return
+    if hasattr(item, "_id"):
+        from _pytest.nodeid import NodeId
+
+        item._id = NodeId.parse(item.nodeid + suffix)
+    else:
+        item._nodeid = item.nodeid + suffix
 
 
 @pytest.fixture(autouse=True)
