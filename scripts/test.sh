@@ -3,8 +3,27 @@
 # fresh Debian machine, then run the whole test suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
-scripts/system_deps.sh test
+# The Debian packages and the pip set-up are independent (apt writes the system, pip writes .venv): they
+# run side by side, each with its own log, and the suite waits for both. Only a Python that needs Debian's
+# venv package to create .venv at all (system_deps.sh lists it then) has apt go first.
+if [[ ! -x .venv/bin/python ]] && scripts/system_deps.sh --list test | grep -q -- '-venv$'; then
+  scripts/system_deps.sh test
+  scripts/setup.sh
+else
+  setup_logs=$(mktemp -d "${TMPDIR:-/tmp}/idmctl-test-setup.XXXXXX")
+  echo "test: scripts/setup.sh and scripts/system_deps.sh test side by side (logs in $setup_logs)" >&2
+  scripts/system_deps.sh test >"$setup_logs/system_deps.log" 2>&1 &
+  deps_pid=$!
+  setup_rc=0
+  scripts/setup.sh >"$setup_logs/setup.log" 2>&1 || setup_rc=$?
+  deps_rc=0
+  wait "$deps_pid" || deps_rc=$?
+  cat "$setup_logs/setup.log" "$setup_logs/system_deps.log"
+  [[ $setup_rc == 0 ]] || echo "test: scripts/setup.sh failed with exit $setup_rc (its log: $setup_logs/setup.log)" >&2
+  [[ $deps_rc == 0 ]] || echo "test: scripts/system_deps.sh test failed with exit $deps_rc (its log: $setup_logs/system_deps.log)" >&2
+  [[ $setup_rc == 0 && $deps_rc == 0 ]] || exit 1
+  rm -rf "$setup_logs"
+fi
 # The local Slurm cluster for the `slurm`-marked tests: up once, stopped on exit (only if this run
 # started it). In CI its absence fails those tests instead of skipping them.
 SLURM_ROOT="${IDMCTL_SLURM_ROOT:-/tmp/idmctl-slurm}"
@@ -23,4 +42,22 @@ stop_ours() {
   if [[ "$pg_already_up" == 0 ]]; then scripts/postgres/down.sh; fi
 }
 trap stop_ours EXIT
-.venv/bin/python -m pytest "$@"
+# Two xdist workers; every test on the shared Slurm cluster runs in one group, one at a time
+# (tests/conftest.py). A run that picks tests by name (`-k EXPR`, `FILE::TEST`) runs in this process
+# instead: no workers to start, and breakpoints and -s work as usual. `-n N` given here wins (still
+# grouped: `--dist loadgroup` unless --dist is given too); `-p no:xdist` turns the workers off.
+workers=(-n 2)
+dist=(--dist loadgroup)
+previous=""
+chosen=""
+for arg in "$@"; do
+  case $arg in
+    -n|-n[0-9]*|--numprocesses|--numprocesses=*) workers=(); chosen=1 ;;
+    --dist|--dist=*) dist=() ;;
+    -pno:xdist) workers=(); dist=(); chosen=1 ;;
+    no:xdist) [[ $previous == -p ]] && { workers=(); dist=(); chosen=1; } ;;
+    -k|-k?*|*::*) [[ -z $chosen ]] && workers=(-n 0) ;;
+  esac
+  previous=$arg
+done
+.venv/bin/python -m pytest "${workers[@]}" "${dist[@]}" "$@"

@@ -1,15 +1,84 @@
-"""Shared fixtures: every test gets its own ``$IDMCTL_HOME``; CLI tests drive typer's CliRunner."""
+"""Shared fixtures: every test gets its own ``$IDMCTL_HOME``; CLI tests drive typer's CliRunner; tests on
+the shared local Slurm cluster take ``local_slurm`` (or ``slurm_home``) and run one at a time.
+
+scripts/test.sh runs the suite on two pytest-xdist workers (``--dist loadgroup``). Each worker is its
+own process with its own temporary directory, so environment variables, the working directory and
+module-level caches never cross workers; what the workers do share is the machine: the local Slurm
+cluster, PostgreSQL (each test gets a database of its own: tests/pg_support.py), ports (always
+picked free, never fixed) and /dev/shm. Every ``slurm``-marked test joins one ``xdist_group``
+(slurm_support.SLURM_GROUP), so a test that stops slurmdbd, changes a QoS or fills the queue never
+overlaps another test on the cluster.
+"""
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from ground.contract import ENV_CLUSTER, ENV_EXPERIMENTS, ENV_HOME
+from slurm_support import SLURM_GROUP
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+# xdist's workers start with COLUMNS=80 and LINES=24 in their environment where the main process has
+# neither: the CLI's console would wrap at 80 columns instead of the 200 it uses when piped
+# (idmctl/cli/output.py), and a test reading a long line (`cache inspect` on a deep tmp path) failed only
+# on two workers. Each worker gets the main process's values back before any test module imports idmctl.
+TERMINAL_SIZE = ("COLUMNS", "LINES")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:
+    node.workerinput["terminal_size"] = {name: os.environ.get(name) for name in TERMINAL_SIZE}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    sizes = getattr(config, "workerinput", {}).get("terminal_size")
+    for name, value in (sizes or {}).items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]):
+    # Before every other implementation: `-m` deselects by these marks, xdist reads the groups.
+    for item in items:
+        if "local_slurm" in getattr(item, "fixturenames", ()) and item.get_closest_marker("slurm") is None:
+            item.add_marker(pytest.mark.slurm)
+        if item.get_closest_marker("slurm") is not None and item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(SLURM_GROUP))
+    yield
+    if config.getoption("loadgroup", default=False):
+        for item in items:
+            _group_in_node_id(item)
+
+
+def _group_in_node_id(item: pytest.Item) -> None:
+    """xdist's loadgroup scheduler reads a test's group from its node id (``…::test@local_slurm``), which
+    xdist 3.8 writes into ``item._nodeid``; pytest 9.2's structured node ids no longer read that field
+    (pytest-xdist issue 1386), so every group was silently ignored and two cluster tests ran at once on
+    the two workers (seen: test_build_jobs' preempted and parallel builds side by side). Write the
+    suffix where pytest reads the id, as the upstream fix does; a no-op where xdist already did."""
+    names = sorted({str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+                    for mark in item.iter_markers("xdist_group")})
+    suffix = "@" + "_".join(names)
+    if not names or item.nodeid.endswith(suffix):
+        return
+    if hasattr(item, "_id"):
+        from _pytest.nodeid import NodeId
+
+        item._id = NodeId.parse(item.nodeid + suffix)
+    else:
+        item._nodeid = item.nodeid + suffix
 
 
 @pytest.fixture(autouse=True)
@@ -83,3 +152,27 @@ def tiny_cache(tmp_path_factory: pytest.TempPathFactory):
     from trainers.tiny_data import TinyCache
 
     return TinyCache.create(tmp_path_factory.mktemp("tiny_cache"))
+
+
+@pytest.fixture
+def local_slurm(monkeypatch: pytest.MonkeyPatch) -> str:
+    """The shared local Slurm cluster (scripts/slurm/up.sh) for this test: ``SLURM_CONF`` and
+    ``IDMCTL_CLUSTER=local-slurm`` set; returns the conf's path. Without the cluster the test is skipped,
+    in CI (``$CI`` set) it fails. A test taking this fixture is a ``slurm`` test (marked at collection)."""
+    from slurm_support import slurm_conf
+
+    conf = slurm_conf()
+    monkeypatch.setenv("SLURM_CONF", conf)
+    monkeypatch.setenv(ENV_CLUSTER, "local-slurm")
+    return conf
+
+
+@pytest.fixture
+def slurm_home(local_slurm: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """``local_slurm`` with an ``$IDMCTL_HOME`` of this test's own outside pytest's temporary tree,
+    removed afterwards: jobs outlive a test's assertions by seconds, and other pytest sessions on a
+    shared host prune old pytest-of-<user> directories under a running job's feet."""
+    home = Path(tempfile.mkdtemp(prefix="idmctl-slurm-test-"))
+    monkeypatch.setenv(ENV_HOME, str(home))
+    yield home
+    shutil.rmtree(home, ignore_errors=True)

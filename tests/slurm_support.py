@@ -8,7 +8,6 @@ from __future__ import annotations
 import fcntl
 import os
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -17,7 +16,14 @@ from pathlib import Path
 
 import pytest
 
+from net_support import free_port
+
 ENV_FILE = Path(os.environ.get("IDMCTL_SLURM_ROOT", "/tmp/idmctl-slurm")) / "env"
+# The pytest-xdist group of every test that uses the shared cluster (tests/conftest.py puts each
+# ``slurm``-marked test in it): one worker runs them one after another, so a test that stops slurmdbd,
+# changes a QoS or fills both nodes never overlaps another one's jobs. A test that reaches the cluster
+# without needing it (the benchmarks measure sbatch when it is there) joins it by name.
+SLURM_GROUP = "local_slurm"
 
 
 def slurm_conf() -> str:
@@ -142,7 +148,7 @@ def conf_with_unreachable(tmp: Path, *, controller: bool = False, accounting: bo
     stopping a controller that other engineers' jobs and submissions are using at that moment."""
     real = Path(slurm_conf())
     tmp.mkdir(parents=True, exist_ok=True)
-    dead_port = _unused_port()
+    dead_port = free_port()
     lines = []
     for line in real.read_text().splitlines():
         if controller and line.startswith("SlurmctldPort="):
@@ -156,9 +162,3 @@ def conf_with_unreachable(tmp: Path, *, controller: bool = False, accounting: bo
         if extra.name not in ("slurm.conf", "slurmdbd.conf") and extra.is_file():
             (tmp / extra.name).write_text(extra.read_text())
     return conf
-
-
-def _unused_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]

@@ -13,6 +13,7 @@ import pytest
 
 from bench.common import Figure
 from bench.run import MODULES, _section
+from slurm_support import SLURM_GROUP
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -77,20 +78,35 @@ def test_gpu_proof_says_why_without_a_gpu(monkeypatch: pytest.MonkeyPatch):
         assert result == gpu_proof.NO_GPU
 
 
+# The modules that time real sbatch/sacct calls on the shared cluster (the others never reach it): their
+# runs join the cluster tests' xdist group, the others spread over the workers.
+ON_THE_SHARED_CLUSTER = {"bench.build_jobs", "bench.sync_jobs", "bench.submit_overhead"}
+
+
+def test_the_modules_on_the_shared_cluster_are_the_ones_that_read_slurm_conf() -> None:
+    reads = {name for _, name in MODULES if "SLURM_CONF" in (REPO / (name.replace(".", "/") + ".py")).read_text()}
+    assert reads == ON_THE_SHARED_CLUSTER
+
+
 @pytest.mark.slow
-def test_fast_mode_writes_every_section(tmp_path: Path):
+@pytest.mark.parametrize(("title", "module"), [
+    pytest.param(title, module, id=module.removeprefix("bench."),
+                 marks=[pytest.mark.xdist_group(SLURM_GROUP)] if module in ON_THE_SHARED_CLUSTER else [])
+    for title, module in MODULES])
+def test_fast_mode_writes_each_section(title: str, module: str, tmp_path: Path) -> None:
+    """`bench.run --fast --only` per module: the same loop as the whole run, one module a test, so
+    the eleven modules (519 s as one test on 2 cores at load 5) spread over the suite's workers."""
     out = tmp_path / "B.md"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-m", "bench.run", "--fast", "--out", str(out)], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=900)
+    done = subprocess.run([sys.executable, "-m", "bench.run", "--fast", "--only", module.removeprefix("bench."),
+                           "--out", str(out)], cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     text = out.read_text()
     assert text.startswith("# Benchmarks\n") and "- command: `python -m bench.run --fast`" in text
     sections = text.split("\n## ")[1:]
-    assert [s.splitlines()[0] for s in sections] == [title for title, _ in MODULES]
-    for section in sections:
-        body = section.split("\n", 1)[1]
-        assert "| figure | median |" in body or "\nnot measured: " in "\n" + body.strip(), section
-        assert "not measured: `bench." not in body, f"a bench module failed to import:\n{section}"
+    assert [s.splitlines()[0] for s in sections] == [title]
+    body = sections[0].split("\n", 1)[1]
+    assert "| figure | median |" in body or "\nnot measured: " in "\n" + body.strip(), sections[0]
+    assert "not measured: `bench." not in body, f"a bench module failed to import:\n{sections[0]}"
     results = json.loads(out.with_suffix(".json").read_text())
     assert not [name for name, value in results.items() if isinstance(value, dict) and "error" in value], results

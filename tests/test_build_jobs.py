@@ -16,13 +16,10 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from ground.contract import ENV_CLUSTER, ENV_HOME
 from ground.tracking import TAG_BUILD
 
 REPO = Path(__file__).resolve().parent.parent
@@ -132,19 +129,6 @@ def test_real_enospc_prints_the_disk_full_marker_and_classifies(idmctl_home: Pat
 
 
 # -- on the real local Slurm cluster --------------------------------------------------------------
-
-@pytest.fixture
-def slurm_home(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    from slurm_support import slurm_conf
-
-    monkeypatch.setenv("SLURM_CONF", slurm_conf())
-    monkeypatch.setenv(ENV_CLUSTER, "local-slurm")
-    # Jobs outlive a test's assertions by seconds: a directory of this test's own (see test_slurm_jobs.py).
-    home = Path(tempfile.mkdtemp(prefix="idmctl-build-test-"))
-    monkeypatch.setenv(ENV_HOME, str(home))
-    yield home
-    shutil.rmtree(home, ignore_errors=True)
-
 
 def _submit(cli, spec: Path, *args: str) -> dict:
     result = cli("submit", str(spec), "--force", "--reason", "build job test", "--json", *args)

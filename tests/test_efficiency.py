@@ -13,7 +13,7 @@ from ground import contract, tracking
 from ground.trainer_stats import RunStats
 from idmctl.ops.executors.slurm import parse_sacct
 from idmctl.plan.efficiency import report, slurm_bytes, slurm_seconds
-from slurm_support import slurm_conf, wait_until
+from slurm_support import wait_until
 
 # Job 117 of the local cluster (a 2-rank CPU trainer): the allocation line, its batch step and step 0.
 SACCT_117 = "\n".join([
@@ -57,14 +57,12 @@ def test_report_from_sacct_and_the_trainer() -> None:
 @pytest.mark.slow
 @pytest.mark.slurm
 def test_a_real_job_gets_its_report_and_the_next_submit_its_suggestions(
-        cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        cli, tmp_path: Path, local_slurm: str) -> None:
     from mlflow.tracking import MlflowClient
 
     from ground.paths import mlflow_tracking_uri
     from test_failure_replay import replay_spec, submit
 
-    monkeypatch.setenv("SLURM_CONF", slurm_conf())
-    monkeypatch.setenv(contract.ENV_CLUSTER, "local-slurm")
     spec = replay_spec(tmp_path, "shm_overflow", loader={"num_workers": 0}, train={"steps": 6, "log_every": 2},
                        resources={"mem": "1500MB", "time_limit": "0:10:00"})
     job = submit(cli, spec)

@@ -3,7 +3,7 @@ job on the local Slurm cluster."""
 
 from __future__ import annotations
 
-from ground.contract import ENV_CLUSTER, ENV_EXPERIMENTS, ENV_HOME, PROGRESS_FILE  # noqa: F401
+from ground.contract import PROGRESS_FILE
 
 import json
 import time
@@ -98,18 +98,12 @@ def test_jobs_and_watch_show_step_rate_eta_and_warn_past_the_limit(cli, idmctl_h
 
 @pytest.mark.slow
 @pytest.mark.slurm
-def test_real_training_job_on_slurm_reports_its_eta_and_the_limit_warning(cli, tiny_cache, monkeypatch) -> None:
+def test_real_training_job_on_slurm_reports_its_eta_and_the_limit_warning(cli, tiny_cache, slurm_home: Path) -> None:
     """The real trainer under Slurm writes progress.json; `idmctl jobs` turns it into an ETA that passes
     the 1-minute limit (tens of thousands of steps), so it WARNs; then the job is cancelled."""
-    import shutil
-    import tempfile
+    from slurm_support import text_so_far, wait_until
 
-    from slurm_support import slurm_conf, text_so_far, wait_until
-
-    monkeypatch.setenv("SLURM_CONF", slurm_conf())
-    monkeypatch.setenv(ENV_CLUSTER, "local-slurm")
-    home = Path(tempfile.mkdtemp(prefix="idmctl-eta-test-"))
-    monkeypatch.setenv(ENV_HOME, str(home))
+    home = slurm_home
     try:
         spec = tiny_cache.spec_file(home / "specs", "tiny_eta", resources={"cpus": 1, "mem": "1500MB",
                                                                           "time_limit": "0:01:00"},
@@ -134,7 +128,6 @@ def test_real_training_job_on_slurm_reports_its_eta_and_the_limit_warning(cli, t
         assert eta["limit_at"] is not None and eta["finish_at"] > eta["limit_at"]
     finally:
         cli("cancel", str(json.loads(cli("jobs", "--json").stdout)[0]["job"])) if (home / "idmctl.sqlite").exists() else None
-        shutil.rmtree(home, ignore_errors=True)
 
 
 def test_plain_sqlite_listing_equals_the_orm_listing(cli, idmctl_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:

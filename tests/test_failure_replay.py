@@ -24,10 +24,9 @@ from sqlmodel import select
 
 from idmctl.record.db import session
 from idmctl.record.models import Job
-from slurm_support import release_requeued, sh, slurm_conf, squeue_state, text_so_far, wait_until
-from ground.contract import ENV_CLUSTER
+from slurm_support import release_requeued, sh, squeue_state, text_so_far, wait_until
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("local_slurm")]
 REPO = Path(__file__).resolve().parent.parent
 MISTAKES = REPO / "experiments" / "mistakes"
 TINY = {
@@ -41,12 +40,6 @@ TINY = {
     "eval": {"metric": "eef_mm_2ep", "episodes": [2]},
     "goal": None,
 }
-
-
-@pytest.fixture(autouse=True)
-def slurm_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("SLURM_CONF", slurm_conf())
-    monkeypatch.setenv(ENV_CLUSTER, "local-slurm")
 
 
 def replay_spec(tmp_path: Path, mistake: str, *, grid: tuple[int, int] = (2, 2), channels: int = 16,

@@ -20,7 +20,7 @@ from ground.heartbeat import Heartbeat, threshold_s
 from idmctl.core.profile import load_profile
 from idmctl.record.db import session
 from idmctl.record.models import Failure, Job, NodeExclusion
-from slurm_support import slurm_conf, text_so_far, wait_until
+from slurm_support import text_so_far, wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 STEP_S = 0.3
@@ -68,12 +68,11 @@ def test_the_watchdog_dumps_and_kills_a_local_deadlock(tmp_path: Path, capsys: p
 @pytest.mark.slow
 @pytest.mark.slurm
 def test_a_deadlocked_job_is_dumped_killed_classified_and_resumed(
-        cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, local_slurm: str) -> None:
     from test_failure_replay import replay_spec, submit
 
     import yaml
 
-    monkeypatch.setenv("SLURM_CONF", slurm_conf())
     # local-slurm with a 10 s floor and a 1 s poll (the shipped one waits 2 min: tiny jobs on shared cores
     # stall that long in start-up); a profile given by path is used as the named ones are.
     profile = yaml.safe_load((REPO / "clusters" / "local-slurm.yaml").read_text())

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from ground.spec import load_spec
@@ -9,7 +11,7 @@ from ground.spec.loader import ResolvedSpec
 from idmctl.gate import disk, io, qos
 from idmctl.core.checks import PreflightContext, Status
 from idmctl.core.profile import load_profile
-from ground.contract import ENV_HOME, ENV_RANK_DIGESTS
+from ground.contract import ENV_RANK_DIGESTS
 
 SAMPLE_BYTES = 4 * 5 * 27 * 48 * 5120 * 2  # latent_c_n4: N=4 layers × 5 frames × 27×48 tokens × 5120 ch × bf16
 CACHE_BYTES = 7_151_073_361_920  # 1,871 files × 3,822,059,520 B (data.cache_files)
@@ -64,61 +66,54 @@ def test_disk_holds_one_copy_per_node_and_qos_counts_every_node(card) -> None:
 
 @pytest.mark.slow
 @pytest.mark.slurm
-def test_two_node_fabric_job_completes_with_identical_parameters(cli, tiny_cache, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_two_node_fabric_job_completes_with_identical_parameters(cli, tiny_cache, slurm_home: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     import json
     import re
-    import shutil
     import subprocess
-    import tempfile
-    from pathlib import Path
 
     from idmctl.core.job_state import is_terminal
     from idmctl.record.db import session
     from idmctl.record.models import Job
-    from slurm_support import slurm_conf, text_so_far, wait_until
+    from slurm_support import text_so_far, wait_until
 
-    monkeypatch.setenv("SLURM_CONF", slurm_conf())
-    home = Path(tempfile.mkdtemp(prefix="idmctl-2node-"))  # outlives pytest's pruning while the job runs
-    monkeypatch.setenv(ENV_HOME, str(home))
+    home = slurm_home
     monkeypatch.setenv(ENV_RANK_DIGESTS, "1")
-    try:
-        spec = tiny_cache.spec_file(home / "specs", "two_node", stage={"enabled": True, "dest": str(home / "scratch")},
-                                    resources={"nodes": 2, "cpu_ranks": 1, "cpus": 1, "mem": "1500MB"},
-                                    train={"steps": 4, "checkpoint_every": 2, "log_every": 2, "effective_batch": 4})
-        dry = cli("submit", str(spec), "--cluster", "local-slurm", "--dry-run")
-        assert dry.exit_code == 0 and "submit-time checks pass" in dry.stderr, dry.stderr
-        script = dry.stdout
-        assert "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\n#SBATCH --cpus-per-task=1\n" in script
-        assert 'export MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"' in script
-        assert 'srun --nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1' in script
-        assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
+    spec = tiny_cache.spec_file(home / "specs", "two_node", stage={"enabled": True, "dest": str(home / "scratch")},
+                                resources={"nodes": 2, "cpu_ranks": 1, "cpus": 1, "mem": "1500MB"},
+                                train={"steps": 4, "checkpoint_every": 2, "log_every": 2, "effective_batch": 4})
+    dry = cli("submit", str(spec), "--cluster", "local-slurm", "--dry-run")
+    assert dry.exit_code == 0 and "submit-time checks pass" in dry.stderr, dry.stderr
+    script = dry.stdout
+    assert "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\n#SBATCH --cpus-per-task=1\n" in script
+    assert 'export MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"' in script
+    assert 'srun --nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1' in script
+    assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
 
-        result = cli("submit", str(spec), "--cluster", "local-slurm", "--force", "--reason", "2-node test", "--json")
-        assert result.exit_code == 0, result.output
-        submitted = json.loads(result.stdout)
-        log = Path(submitted["log"])
+    result = cli("submit", str(spec), "--cluster", "local-slurm", "--force", "--reason", "2-node test", "--json")
+    assert result.exit_code == 0, result.output
+    submitted = json.loads(result.stdout)
+    log = Path(submitted["log"])
 
-        def ended() -> Job | None:
-            assert cli("sync", "--no-retry").exit_code == 0
-            with session() as db:
-                job = db.get(Job, submitted["job"])
-            return job if job is not None and is_terminal(job.state) else None
+    def ended() -> Job | None:
+        assert cli("sync", "--no-retry").exit_code == 0
+        with session() as db:
+            job = db.get(Job, submitted["job"])
+        return job if job is not None and is_terminal(job.state) else None
 
-        job = wait_until(ended, 300, f"2-node job {submitted['scheduler_id']} to end (log {log})", poll_s=1.0)
-        text = text_so_far(log)
-        assert (job.state, job.exit_code) == ("COMPLETED", "0:0"), text
-        assert job.node_list == "n[1-2]", job.node_list
-        assert re.search(r"idmctl: 2 nodes \(n\[1-2\]\), rendezvous n1:\d+", text), text
-        # Stage-in ran on each node: one copied, the other found the copy (n1 and n2 share this host's /tmp).
-        staged = sorted(re.findall(r"idmctl: stage-in (?:done|skipped) on (n\d)", text))
-        assert staged == ["n1", "n2"], text
-        # The node guard ran on each node, before stage-in and before training (trainers/node_guard.py).
-        for phase in ("stage", "train"):
-            guarded = sorted(set(re.findall(rf"idmctl: node guard \({phase}\) on (n\d): ok shm", text)))
-            assert guarded == ["n1", "n2"], text
-        assert "world 2" in text and "done: step 4" in text, text
-        digests = {p.name: p.read_text() for p in (log.parent / "rank_digests").glob("rank-*.sha256")}
-        assert sorted(digests) == ["rank-0.sha256", "rank-1.sha256"]
-        assert len(set(digests.values())) == 1, digests  # DDP kept both ranks' parameters identical
-    finally:
-        shutil.rmtree(home, ignore_errors=True)
+    job = wait_until(ended, 300, f"2-node job {submitted['scheduler_id']} to end (log {log})", poll_s=1.0)
+    text = text_so_far(log)
+    assert (job.state, job.exit_code) == ("COMPLETED", "0:0"), text
+    assert job.node_list == "n[1-2]", job.node_list
+    assert re.search(r"idmctl: 2 nodes \(n\[1-2\]\), rendezvous n1:\d+", text), text
+    # Stage-in ran on each node: one copied, the other found the copy (n1 and n2 share this host's /tmp).
+    staged = sorted(re.findall(r"idmctl: stage-in (?:done|skipped) on (n\d)", text))
+    assert staged == ["n1", "n2"], text
+    # The node guard ran on each node, before stage-in and before training (trainers/node_guard.py).
+    for phase in ("stage", "train"):
+        guarded = sorted(set(re.findall(rf"idmctl: node guard \({phase}\) on (n\d): ok shm", text)))
+        assert guarded == ["n1", "n2"], text
+    assert "world 2" in text and "done: step 4" in text, text
+    digests = {p.name: p.read_text() for p in (log.parent / "rank_digests").glob("rank-*.sha256")}
+    assert sorted(digests) == ["rank-0.sha256", "rank-1.sha256"]
+    assert len(set(digests.values())) == 1, digests  # DDP kept both ranks' parameters identical

@@ -18,7 +18,7 @@ from ground import contract
 from idmctl.ops.failures.classify import classify
 from idmctl.record.db import session
 from idmctl.record.models import Chain, Job, NodeExclusion
-from slurm_support import slurm_conf, text_so_far, wait_until
+from slurm_support import text_so_far, wait_until
 from trainers import node_guard
 
 REPO = Path(__file__).resolve().parent.parent
@@ -97,15 +97,13 @@ def _exclusions() -> list[NodeExclusion]:
 @pytest.mark.slow
 @pytest.mark.slurm
 def test_stale_shm_makes_the_node_unfit_and_the_chain_completes_on_another(
-        cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, local_slurm: str) -> None:
     """Each node's /dev/shm stands as its own 1 MiB tmpfs holding 3 stale segments of a dead job (768 KiB)
     and one live segment (64 KiB, held open here): 192 KiB free, the loader needs 512 KiB. The first
     attempt ends node_unfit on the node it got; once the other node is cleaned, sync excludes the
     first node and resubmits, and the chain completes there."""
     from test_failure_replay import replay_spec, submit
 
-    monkeypatch.setenv("SLURM_CONF", slurm_conf())
-    monkeypatch.setenv(contract.ENV_CLUSTER, "local-slurm")
     # 2 layers × 2 frames × 8×8 tokens × 128 ch × 4 B = 131,072 B/sample; 1 rank × 1 worker × prefetch 2
     # × batch 2 → 524,288 B of /dev/shm.
     spec = replay_spec(tmp_path, "shm_overflow", grid=(8, 8), channels=128,
@@ -154,14 +152,12 @@ def test_stale_shm_makes_the_node_unfit_and_the_chain_completes_on_another(
 @pytest.mark.slow
 @pytest.mark.slurm
 def test_nearly_full_scratch_makes_the_node_unfit_before_stage_in(
-        cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, local_slurm: str) -> None:
     """stage.dest on a 1 MiB tmpfs with 8 KiB left; the stage-in copies the tiny cache (tens of KiB).
     The submit host is the node here, so preflight's disk check sees the same full tmpfs and FAILs:
     --force stands for a submit host that cannot see the node's scratch."""
     from test_failure_replay import replay_spec, submit
 
-    monkeypatch.setenv("SLURM_CONF", slurm_conf())
-    monkeypatch.setenv(contract.ENV_CLUSTER, "local-slurm")
     with tmpfs(tmp_path / "scratch") as scratch:
         plant(scratch, "other_job_copy", 1024 * KIB - 8 * KIB)
         spec = replay_spec(tmp_path, "shm_overflow", stage={"enabled": True, "dest": str(scratch / "stage")},

@@ -5,7 +5,6 @@ URL: the error of every command that opens the store, ``--json``, ``doctor`` (ta
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 
@@ -13,18 +12,13 @@ import pytest
 
 from ground.contract import ENV_DB_URL
 from ground.redact import redacted, scrub_environment
+from net_support import free_port
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _unused_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-PORT = _unused_port()
+PORT = free_port()
 SECRET = "Zq7Secr3t"
 URLS = {
     "slash": f"postgresql://team:{SECRET}/x@127.0.0.1:{PORT}/idmctl",

@@ -169,21 +169,17 @@ def test_trainer_logs_to_a_shared_mlflow_server_backed_by_postgresql(tiny_cache,
     """`idmctl ui`'s server on a PostgreSQL backend (the team's `mlflow` database: MLflow keeps its own
     alembic_version, so never the store's database), the real trainer logging to it over HTTP, and
     compare reading the run straight from PostgreSQL."""
-    import socket
-
     from ground.spec.loader import load_spec
     from ground.run_dir import write_run_spec
     from idmctl.track.compare import load_runs
     from idmctl.track.mlflow_server import backend_store_uri, start_server
+    from net_support import free_port
     from pg_support import fresh_database
 
     with fresh_database() as mlflow_db:
         monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_db)
         assert backend_store_uri() == mlflow_db
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        server = start_server("127.0.0.1", port, ready_timeout_s=120)
+        server = start_server("127.0.0.1", free_port(), ready_timeout_s=120)
         try:
             run_dir = tmp_path / "shared_run"
             write_run_spec(run_dir, load_spec(str(tiny_cache.spec_file(tmp_path / "specs", "shared_run",

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -16,22 +14,11 @@ from pathlib import Path
 import pytest
 from sqlmodel import select
 
-from ground.contract import ENV_CLUSTER, ENV_HOME
 from idmctl.record.db import session
 from idmctl.record.models import Chain, Job
-from slurm_support import sacct_state, sh, slurm_conf, squeue_state, text_so_far, wait_until
+from slurm_support import sacct_state, sh, squeue_state, text_so_far, wait_until
 
-pytestmark = pytest.mark.slurm
-
-
-@pytest.fixture(autouse=True)
-def slurm_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    monkeypatch.setenv("SLURM_CONF", slurm_conf())
-    monkeypatch.setenv(ENV_CLUSTER, "local-slurm")
-    home = Path(tempfile.mkdtemp(prefix="idmctl-slurm-test-"))
-    monkeypatch.setenv(ENV_HOME, str(home))
-    yield home
-    shutil.rmtree(home, ignore_errors=True)
+pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_home")]
 
 
 def _qos(qos: str) -> dict[str, str]:

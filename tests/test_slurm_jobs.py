@@ -5,11 +5,8 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,23 +14,11 @@ from sqlmodel import select
 
 from idmctl.record.db import session
 from idmctl.record.models import Chain, Job
-from slurm_support import release_requeued, sh, slurm_conf, squeue_state, text_so_far, wait_until
-from ground.contract import ENV_CLUSTER, ENV_HOME, MLFLOW_RUN_ID_FILE
+from slurm_support import release_requeued, sh, squeue_state, text_so_far, wait_until
+from ground.contract import MLFLOW_RUN_ID_FILE
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_home")]
 REPO = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture(autouse=True)
-def slurm_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    monkeypatch.setenv("SLURM_CONF", slurm_conf())
-    monkeypatch.setenv(ENV_CLUSTER, "local-slurm")
-    # Jobs outlive a test's assertions by seconds; other pytest sessions on a shared host prune old
-    # pytest-of-<user> directories, so run directories live in a directory of this test's own.
-    home = Path(tempfile.mkdtemp(prefix="idmctl-slurm-test-"))
-    monkeypatch.setenv(ENV_HOME, str(home))
-    yield home
-    shutil.rmtree(home, ignore_errors=True)
 
 
 def _submit(cli, experiment: str, *args: str) -> dict:
@@ -79,7 +64,7 @@ def test_dry_run_script_is_accepted_by_sbatch_test_only(cli, tmp_path: Path) -> 
 
 
 def test_a_qos_the_cluster_does_not_grant_is_refused_by_sbatch_test_only_and_nothing_is_recorded(
-        cli, slurm_env: Path) -> None:
+        cli, slurm_home: Path) -> None:
     """The profile lists core-reserved; the cluster has it but never granted it (scripts/slurm/up.sh).
     Only the scheduler knows that: submit asks it before writing a row, and --force cannot get past it."""
     from idmctl.ops.verdict import scheduler_verdict
@@ -94,7 +79,7 @@ def test_a_qos_the_cluster_does_not_grant_is_refused_by_sbatch_test_only_and_not
     with session() as db:
         assert db.exec(select(Chain)).all() == []
         assert db.exec(select(Job)).all() == []
-    assert not (slurm_env / "runs").exists()
+    assert not (slurm_home / "runs").exists()
     assert not any(line.split("|")[0] == "quickstart" for line in
                    sh("squeue", "-h", "-t", "all", "-o", "%j|%q").splitlines() if line.endswith("|core-reserved"))
 
@@ -110,7 +95,7 @@ def test_a_qos_the_cluster_does_not_grant_is_refused_by_sbatch_test_only_and_not
     assert not refused.accepted and "Invalid qos specification" in refused.words
 
 
-def test_submit_asks_the_scheduler_before_the_real_sbatch(cli, slurm_env: Path) -> None:
+def test_submit_asks_the_scheduler_before_the_real_sbatch(cli, slurm_home: Path) -> None:
     """An accepted job goes on as before: one chain, one job row, the job known to Slurm."""
     submitted = _submit(cli, "quickstart", "--entry", "tests.jobs_entry", "--qos", "core-own")
     job = _job(submitted["job"])
@@ -120,9 +105,9 @@ def test_submit_asks_the_scheduler_before_the_real_sbatch(cli, slurm_env: Path) 
 
 
 @pytest.mark.slow
-def test_two_task_fabric_job_completes_and_sync_records_times(cli, tiny_cache, slurm_env: Path) -> None:
+def test_two_task_fabric_job_completes_and_sync_records_times(cli, tiny_cache, slurm_home: Path) -> None:
     """The real trainer (trainers.train, Fabric DDP over gloo) as 2 Slurm tasks under srun on one node."""
-    spec = tiny_cache.spec_file(slurm_env / "specs", "tiny_slurm",
+    spec = tiny_cache.spec_file(slurm_home / "specs", "tiny_slurm",
                                 resources={"cpu_ranks": 2, "cpus": 2, "mem": "1500MB"},
                                 train={"steps": 4, "checkpoint_every": 2, "log_every": 2, "effective_batch": 4})
     submitted = _submit(cli, str(spec))
@@ -221,11 +206,11 @@ def test_sub_job_preempted_by_core_own_requeues_and_resumes_from_checkpoint(cli,
 
 
 @pytest.mark.slow
-def test_preempted_real_trainer_resumes_from_its_checkpoint_with_exact_step_count(cli, tiny_cache, slurm_env: Path,
+def test_preempted_real_trainer_resumes_from_its_checkpoint_with_exact_step_count(cli, tiny_cache, slurm_home: Path,
                                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """trainers.train on `sub`: USR1 at preemption → checkpoint + exit 75 → self-requeue → resume → all steps."""
     total = 300
-    spec = tiny_cache.spec_file(slurm_env / "specs", "tiny_preempt", resources={"cpus": 2, "mem": "1500MB"},
+    spec = tiny_cache.spec_file(slurm_home / "specs", "tiny_preempt", resources={"cpus": 2, "mem": "1500MB"},
                                 train={"steps": total, "checkpoint_every": 150, "log_every": 10})
     low = _submit(cli, str(spec), "--qos", "sub", "--exclude", "n2")
     log_path = Path(low["log"])

@@ -12,15 +12,11 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
-from ground.contract import ENV_HOME, ENV_CLUSTER
 
 import pytest
 import torch
@@ -29,20 +25,10 @@ from sqlmodel import select
 from ground.paths import REPO_ROOT, temp_files
 from idmctl.record.db import session
 from idmctl.record.models import Job
-from slurm_support import sacct_state, sh, slurm_conf, text_so_far, wait_until
+from slurm_support import sacct_state, sh, text_so_far, wait_until
 from trainers.checkpoint import checkpoint_dir, complete_checkpoints
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow]
-
-
-@pytest.fixture(autouse=True)
-def slurm_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    monkeypatch.setenv("SLURM_CONF", slurm_conf())
-    monkeypatch.setenv(ENV_CLUSTER, "local-slurm")
-    home = Path(tempfile.mkdtemp(prefix="idmctl-kill-test-"))
-    monkeypatch.setenv(ENV_HOME, str(home))
-    yield home
-    shutil.rmtree(home, ignore_errors=True)
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.usefixtures("slurm_home")]
 
 
 def _trainer_pid(run_dir: Path) -> int | None:
@@ -61,9 +47,9 @@ def _trainer_pid(run_dir: Path) -> int | None:
 
 
 def test_trainer_sigkilled_on_the_cluster_leaves_only_whole_checkpoints_and_the_rerun_finishes(
-        cli, tiny_cache, slurm_env: Path) -> None:
+        cli, tiny_cache, slurm_home: Path) -> None:
     total = 200
-    spec = tiny_cache.spec_file(slurm_env / "specs", "tiny_killed", resources={"cpus": 2, "mem": "1500MB"},
+    spec = tiny_cache.spec_file(slurm_home / "specs", "tiny_killed", resources={"cpus": 2, "mem": "1500MB"},
                                 train={"steps": total, "checkpoint_every": 5, "log_every": 10})
     result = cli("submit", str(spec), "--force", "--reason", "kill test", "--json")
     assert result.exit_code == 0, result.output
@@ -114,7 +100,7 @@ sys.exit("timed out waiting for " + repr(mine))
 """
 
 
-def test_four_processes_submit_and_sync_one_store_while_jobs_run(slurm_env: Path) -> None:
+def test_four_processes_submit_and_sync_one_store_while_jobs_run(slurm_home: Path) -> None:
     env = {**os.environ, "IDMCTL_TEST_BEHAVIOR": "steps:2:0.1", "PYTHONPATH": str(REPO_ROOT)}
     workers = [subprocess.Popen([sys.executable, "-c", WORKER], env=env, cwd=REPO_ROOT, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True) for _ in range(4)]

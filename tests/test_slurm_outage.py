@@ -17,12 +17,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from datetime import datetime, timezone
-from collections.abc import Iterator
 from pathlib import Path
 
-from ground.contract import ENV_HOME, ENV_CLUSTER
 from typing import Any
 
 import pytest
@@ -30,20 +27,10 @@ import pytest
 from idmctl.core.job_state import is_terminal
 from idmctl.record.db import session
 from idmctl.record.models import Job
-from slurm_support import (conf_with_unreachable, release_requeued, sh, slurm_conf, slurmdbd_stopped, squeue_state,
+from slurm_support import (conf_with_unreachable, release_requeued, sh, slurmdbd_stopped, squeue_state,
                            text_so_far, wait_until)
 
-pytestmark = pytest.mark.slurm
-
-
-@pytest.fixture(autouse=True)
-def slurm_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    monkeypatch.setenv("SLURM_CONF", slurm_conf())
-    monkeypatch.setenv(ENV_CLUSTER, "local-slurm")
-    home = Path(tempfile.mkdtemp(prefix="idmctl-outage-test-"))
-    monkeypatch.setenv(ENV_HOME, str(home))
-    yield home
-    shutil.rmtree(home, ignore_errors=True)
+pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_home")]
 
 
 def _submit(cli, *args: str) -> dict[str, Any]:

@@ -11,13 +11,12 @@ from sqlmodel import select
 from bench.sync_jobs import count_calls, known_job_ids, make_counting_shim, populate
 from idmctl.record.db import session
 from idmctl.record.models import Job
-from slurm_support import slurm_conf
 
 pytestmark = pytest.mark.slurm
 
 
-def test_sync_of_1000_jobs_makes_at_most_two_slurm_calls(cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("SLURM_CONF", slurm_conf())
+def test_sync_of_1000_jobs_makes_at_most_two_slurm_calls(cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          local_slurm: str) -> None:
     real_ids = known_job_ids(50)
     assert real_ids, "the cluster's accounting holds no job yet"
     populate(1000, real_ids)

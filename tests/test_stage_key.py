@@ -83,9 +83,7 @@ def cluster(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
     by other sessions on this shared host (as in test_slurm_jobs)."""
     own = Path(tempfile.mkdtemp(prefix="idmctl-stage-key-"))
     if request.param == "local-slurm":
-        from slurm_support import slurm_conf
-
-        monkeypatch.setenv("SLURM_CONF", slurm_conf())
+        request.getfixturevalue("local_slurm")
         monkeypatch.setenv(ENV_HOME, str(own / "home"))
     try:
         yield request.param, own

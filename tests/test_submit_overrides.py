@@ -9,9 +9,6 @@ node. The same flags within bounds are accepted and the job runs.
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,21 +17,11 @@ from sqlmodel import select
 
 from idmctl.record.db import session
 from idmctl.record.models import Chain, Job
-from slurm_support import slurm_conf, text_so_far, wait_until
-from ground.contract import ENV_HOME, SPEC_FILE
+from slurm_support import text_so_far, wait_until
+from ground.contract import SPEC_FILE
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 REPO = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture
-def home(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    monkeypatch.setenv("SLURM_CONF", slurm_conf())
-    # Jobs outlive assertions by seconds and other sessions prune pytest's directories: a directory of our own.
-    path = Path(tempfile.mkdtemp(prefix="idmctl-overrides-"))
-    monkeypatch.setenv(ENV_HOME, str(path))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def _slow_nas_profile(directory: Path) -> Path:
@@ -86,9 +73,9 @@ def _sync_until_final(cli, job_id: int, timeout_s: float) -> Job:
     return wait_until(ended, timeout_s, f"job {job_id} to end")
 
 
-def test_flags_are_checked_on_the_job_as_submitted(cli, tiny_cache, home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    profile = _slow_nas_profile(home)
-    spec = tiny_cache.spec_file(home / "specs", "staged_tiny", stage={"enabled": True, "dest": str(home / "scratch")},
+def test_flags_are_checked_on_the_job_as_submitted(cli, tiny_cache, slurm_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    profile = _slow_nas_profile(slurm_home)
+    spec = tiny_cache.spec_file(slurm_home / "specs", "staged_tiny", stage={"enabled": True, "dest": str(slurm_home / "scratch")},
                                 resources={"qos": "core-own", "time_limit": "0:30:00", "mem": "2GB", "cpus": 1},
                                 train={"effective_batch": 12})  # a multiple of batch 2 × any world size 1-3
     passed = cli("preflight", str(spec), "--cluster", str(profile), "--json")
@@ -114,7 +101,7 @@ def test_flags_are_checked_on_the_job_as_submitted(cli, tiny_cache, home: Path, 
     row = _row(_refused(cli, spec, profile, "--mem", "8GB"), "spec")
     assert "resources.mem 8GB > 4096MiB on a local-slurm-slow-nas node (from --mem 8GB)" in row, row
     assert _rows() == (0, 0), "a refused submit writes no rows"
-    assert not (home / "runs").exists()
+    assert not (slurm_home / "runs").exists()
 
     # Flags within bounds: accepted, and the real trainer runs to the end with them.
     accepted = cli("submit", str(spec), "--cluster", str(profile), "--qos", "share", "--time", "0:20:00",

@@ -3,7 +3,7 @@ compare grouped by sweep with the swept axes as columns; bad axes are one-line e
 
 from __future__ import annotations
 
-from ground.contract import ENV_CLUSTER, ENV_EXPERIMENTS, ENV_HOME  # noqa: F401
+from ground.contract import ENV_EXPERIMENTS
 
 import json
 from pathlib import Path
@@ -93,18 +93,12 @@ def test_submit_skips_variants_without_a_passing_preflight(cli) -> None:
 
 @pytest.mark.slow
 @pytest.mark.slurm
-def test_three_variant_sweep_end_to_end_on_slurm(cli, tiny_cache, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_three_variant_sweep_end_to_end_on_slurm(cli, tiny_cache, slurm_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Preflight (with smokes) → submit → train on the local cluster → compare grouped by sweep."""
-    import shutil
-    import tempfile
-
     from idmctl.core.job_state import is_terminal
-    from slurm_support import slurm_conf, wait_until
+    from slurm_support import wait_until
 
-    monkeypatch.setenv("SLURM_CONF", slurm_conf())
-    monkeypatch.setenv(ENV_CLUSTER, "local-slurm")
-    home = Path(tempfile.mkdtemp(prefix="idmctl-sweep-test-"))
-    monkeypatch.setenv(ENV_HOME, str(home))
+    home = slurm_home
     specs = home / "specs"
     specs.mkdir()
     monkeypatch.setenv(ENV_EXPERIMENTS, str(specs))
@@ -112,27 +106,24 @@ def test_three_variant_sweep_end_to_end_on_slurm(cli, tiny_cache, monkeypatch: p
                          train={"steps": 4, "checkpoint_every": 4, "log_every": 2})
     document["sweep"] = {"zip": {"data.selected_layer_indices": [[0], [0, 2], [1, 3]]}, "names": ["n1", "n2", "n2b"]}
     (specs / "tiny_sweep.yaml").write_text(yaml.safe_dump(document, sort_keys=False))
-    try:
-        checked = cli("preflight", "tiny_sweep")
-        assert checked.exit_code == 0, checked.output + checked.stderr
-        assert checked.stdout.count("PASS (submit unlocked)") == 3
-        submitted = json.loads(cli("submit", "tiny_sweep", "--json").stdout)
-        assert [s["experiment"] for s in submitted["submitted"]] == ["tiny_sweep.n1", "tiny_sweep.n2", "tiny_sweep.n2b"]
-        assert len({s["chain"] for s in submitted["submitted"]}) == 3 and submitted["skipped"] == []
+    checked = cli("preflight", "tiny_sweep")
+    assert checked.exit_code == 0, checked.output + checked.stderr
+    assert checked.stdout.count("PASS (submit unlocked)") == 3
+    submitted = json.loads(cli("submit", "tiny_sweep", "--json").stdout)
+    assert [s["experiment"] for s in submitted["submitted"]] == ["tiny_sweep.n1", "tiny_sweep.n2", "tiny_sweep.n2b"]
+    assert len({s["chain"] for s in submitted["submitted"]}) == 3 and submitted["skipped"] == []
 
-        def all_ended() -> list | None:
-            assert cli("sync").exit_code == 0
-            rows = json.loads(cli("jobs", "--json").stdout)
-            return rows if len(rows) == 3 and all(is_terminal(r["state"]) for r in rows) else None
+    def all_ended() -> list | None:
+        assert cli("sync").exit_code == 0
+        rows = json.loads(cli("jobs", "--json").stdout)
+        return rows if len(rows) == 3 and all(is_terminal(r["state"]) for r in rows) else None
 
-        rows = wait_until(all_ended, 600, "the three sweep jobs to end", poll_s=2.0)
-        assert {r["state"] for r in rows} == {"COMPLETED"}, rows
-        report = json.loads(cli("compare", "tiny_sweep", "--json").stdout)
-        (group,) = report["sweeps"]
-        assert group["sweep"] == "tiny_sweep" and group["axes"] == ["data.selected_layer_indices"]
-        assert [(v["variant"], v["axes"]["data.selected_layer_indices"], v["status"]) for v in group["variants"]] == [
-            ("n1", [0], "finished"), ("n2", [0, 2], "finished"), ("n2b", [1, 3], "finished")]
-        table = cli("compare", "tiny_sweep").stdout
-        assert "sweep tiny_sweep" in table and "│ n2b " in table
-    finally:
-        shutil.rmtree(home, ignore_errors=True)
+    rows = wait_until(all_ended, 600, "the three sweep jobs to end", poll_s=2.0)
+    assert {r["state"] for r in rows} == {"COMPLETED"}, rows
+    report = json.loads(cli("compare", "tiny_sweep", "--json").stdout)
+    (group,) = report["sweeps"]
+    assert group["sweep"] == "tiny_sweep" and group["axes"] == ["data.selected_layer_indices"]
+    assert [(v["variant"], v["axes"]["data.selected_layer_indices"], v["status"]) for v in group["variants"]] == [
+        ("n1", [0], "finished"), ("n2", [0, 2], "finished"), ("n2b", [1, 3], "finished")]
+    table = cli("compare", "tiny_sweep").stdout
+    assert "sweep tiny_sweep" in table and "│ n2b " in table

@@ -9,7 +9,6 @@ import itertools
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +17,7 @@ import pytest
 import torch
 
 from ground.paths import REPO_ROOT
+from net_support import free_port
 from ground.spec.loader import load_spec
 from trainers.checkpoint import complete_checkpoints, state_file
 from ground.run_dir import write_run_spec
@@ -26,12 +26,6 @@ from ground.contract import (CAUSE_NAN_LOSS, ENV_ATTEMPT, ENV_INJECT_NAN_AT_STEP
                              EXIT_NAN, EXIT_REQUEUE, FAILURE_FILE, FAILURE_MARKER, MLFLOW_RUN_ID_FILE, EVENTS_FILE)
 
 torch.set_num_threads(1)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def trainer_env(**extra: str) -> dict[str, str]:

@@ -8,7 +8,6 @@ import base64
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import urllib.error
@@ -20,12 +19,7 @@ from ground.contract import ENV_HOME
 import pytest
 
 from ground.paths import REPO_ROOT
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+from net_support import free_port
 
 
 def _idmctl(*args: str) -> list[str]:
@@ -37,7 +31,7 @@ def _env(home: Path) -> dict[str, str]:
 
 
 def test_binding_beyond_loopback_without_auth_is_refused_and_starts_nothing(idmctl_home: Path) -> None:
-    port = _free_port()
+    port = free_port()
     result = subprocess.run(_idmctl("ui", "--host", "0.0.0.0", "--port", str(port)), capture_output=True, text=True,
                             env=_env(idmctl_home), timeout=120)
     assert result.returncode == 2, result.stdout + result.stderr
@@ -65,7 +59,7 @@ def _post(url: str, body: dict, auth: tuple[str, str] | None = None) -> int:
 def test_auth_server_refuses_anonymous_writes_and_accepts_the_admin(idmctl_home: Path) -> None:
     from idmctl.track.mlflow_server import admin_password_file, start_server
 
-    server = start_server("127.0.0.1", _free_port(), auth=True)
+    server = start_server("127.0.0.1", free_port(), auth=True)
     try:
         create = f"{server.local_url}/api/2.0/mlflow/experiments/create"
         assert _post(create, {"name": "anonymous"}) == 401
@@ -80,7 +74,7 @@ def test_auth_server_refuses_anonymous_writes_and_accepts_the_admin(idmctl_home:
 
 @pytest.mark.slow
 def test_insecure_opt_out_warns_loudly_before_serving(idmctl_home: Path) -> None:
-    port = _free_port()
+    port = free_port()
     process = subprocess.Popen(_idmctl("ui", "--host", "0.0.0.0", "--port", str(port), "--insecure-no-auth"),
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(idmctl_home))
     try:

@@ -14,7 +14,6 @@ import re
 import select
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,18 +25,13 @@ from ground import tracking
 from idmctl.track.compare import compare_url
 from ground.paths import mlflow_artifacts_dir, mlflow_tracking_uri
 from ground.contract import ENV_HOME
+from net_support import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 CHROMIUM = "/usr/bin/chromium"
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow,
               pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="needs Debian chromium (scripts/system_deps.sh)")]
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def _log_run(experiment: str, chain: int, eef_mm: list[tuple[int, float]]) -> tuple[str, str]:
@@ -118,7 +112,7 @@ def _chart_cards(dom: str) -> list[tuple[str, str]]:
 def test_compare_page_shows_both_runs(idmctl_home: Path, tmp_path: Path):
     idmctl_home.mkdir(parents=True, exist_ok=True)
     experiment_id, first = _log_run("latent_c_n4", 1, [(20000, 130.0), (60000, 121.25)])
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, ENV_HOME: str(idmctl_home), "PYTHONUNBUFFERED": "1"}
     # Ctrl-C is what a user stops `idmctl ui` with. A suite started in the background (scripts/cpu_hog.sh
     # runs its command with `&`) inherits SIGINT ignored, and Python then keeps ignoring it: give the UI
