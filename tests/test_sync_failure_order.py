@@ -67,6 +67,19 @@ def _nan_chain_at_its_second_attempt(cli, monkeypatch: pytest.MonkeyPatch, tmp_p
     return jobs
 
 
+def _count_classifications(monkeypatch: pytest.MonkeyPatch) -> Counter[int]:
+    """Job id → how many times the real classifier was asked about it from now on."""
+    classified: Counter[int] = Counter()
+    real_classify_job = postmortem.classify_job
+
+    def counting_classify_job(job, failed=None):
+        classified[job.id] += 1
+        return real_classify_job(job, failed)
+
+    monkeypatch.setattr(postmortem, "classify_job", counting_classify_job)
+    return classified
+
+
 def test_one_sync_classifies_each_ended_job_once_and_decides_from_its_row(
         cli, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Four jobs end before one sync: a chain's second NaN (its first already recorded), an exception, a
@@ -80,13 +93,9 @@ def test_one_sync_classifies_each_ended_job_once_and_decides_from_its_row(
         executor.wait(job["scheduler_id"], timeout_s=120)
     monkeypatch.setenv("IDMCTL_TEST_BEHAVIOR", "steps:1:0.01")  # what the preempted chain's resubmission does
 
-    classified: Counter[int] = Counter()
+    classified = _count_classifications(monkeypatch)
     plain_classify_calls: list[str] = []
-    real_classify_job, real_classify = postmortem.classify_job, postmortem.classify
-
-    def counting_classify_job(job, failed=None):
-        classified[job.id] += 1
-        return real_classify_job(job, failed)
+    real_classify = postmortem.classify
 
     def counting_classify(state, **facts):
         plain_classify_calls.append(state)
@@ -99,7 +108,6 @@ def test_one_sync_classifies_each_ended_job_once_and_decides_from_its_row(
         seen_at_decision[job.id] = postmortem.recorded_causes(db, [job])
         return real_decide(db, job, chain, retry_allowed)
 
-    monkeypatch.setattr(postmortem, "classify_job", counting_classify_job)
     monkeypatch.setattr(postmortem, "classify", counting_classify)
     monkeypatch.setattr(retry, "decide_for_job", looking_decide)
     report = _sync(cli)
@@ -157,14 +165,7 @@ def test_an_earlier_attempt_never_recorded_is_recorded_before_the_decision(
     with session() as db:
         for row in db.exec(select(Failure).where(Failure.job_id == first.id)):
             db.delete(row)
-    classified: Counter[int] = Counter()
-    real_classify_job = postmortem.classify_job
-
-    def counting_classify_job(job, failed=None):
-        classified[job.id] += 1
-        return real_classify_job(job, failed)
-
-    monkeypatch.setattr(postmortem, "classify_job", counting_classify_job)
+    classified = _count_classifications(monkeypatch)
     report = _sync(cli)
     assert dict(classified) == {first.id: 1, second.id: 1}
     assert [job_id for job_id, _ in report["stopped"]] == [second.id] and report["resubmitted"] == []
