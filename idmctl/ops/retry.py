@@ -2,8 +2,9 @@
 
 The policy is data: each cause's ``action`` (resume, exclude_node_and_resume, rollback, stop), its
 ``max_per_chain`` and ``exclude_node_for`` live in ``idmctl/ops/failures/taxonomy.yaml`` beside the
-patterns that recognise it. This module only carries the policy out; it names no cause. The cause
-comes from the same classifier ``idmctl failures`` uses, so the table and the retry always agree.
+patterns that recognise it. This module only carries the policy out; it names no cause. It decides
+from the record: the Failure rows sync has just written (classified once, as ``idmctl failures`` shows
+them), so the table and the retry always agree.
 """
 
 from __future__ import annotations
@@ -76,19 +77,28 @@ def decide(cause: str | None, node_list: str | None, retries_left: int, earlier_
 
 
 def decide_for_job(db: Session, job: Job, chain: Chain, retry: bool = True) -> Decision:
-    """:func:`decide` for a stored job that reached a final state, classified like ``idmctl failures`` does."""
+    """:func:`decide` for a stored job that reached a final state, from the record: its cause and its chain's
+    earlier attempts' causes are the Failure rows ``record_failures`` wrote (what ``idmctl failures``
+    shows, a cause corrected in the store included), never classified again from the logs here. An
+    attempt not yet recorded is classified and recorded first."""
     from sqlmodel import select
 
     from idmctl.core.job_state import JobState, is_failed
-    from idmctl.ops.failures.postmortem import classify_job
+    from idmctl.ops.failures.postmortem import recorded_causes, record_failures  # here: decide() stays pure and light
     from idmctl.record.models import Job as JobRow
 
     if job.state == JobState.COMPLETED:
         return decide(None, job.node_list, 0)
-    cause = classify_job(job).cause
     earlier = [other for other in db.exec(select(JobRow).where(JobRow.chain_id == chain.id))
                if other.id != job.id and other.attempt < job.attempt and is_failed(other.state)]
-    same = sum(1 for other in earlier if classify_job(other).cause == cause)
+    causes = recorded_causes(db, [job, *earlier])
+    unrecorded = [other for other in (job, *earlier) if other.id not in causes]
+    if unrecorded:  # sync records every job that ends before deciding; this is for a chain recorded before it did
+        # The chain's MLflow run is marked by the attempt that ended now, not by an older one.
+        record_failures(db, unrecorded, mark_mlflow=False)
+        causes = recorded_causes(db, [job, *earlier])
+    cause = causes[job.id or 0]
+    same = sum(1 for other in earlier if causes.get(other.id or 0) == cause)
     retries_left = chain.retries_budget - chain.retries_used if retry else 0
     cancels = retry and get_cause(cause).scheduler_requeues and job.executor == "slurm" and _cluster_cancels(job)
     return decide(cause, job.node_list, retries_left, same, cluster_cancels=cancels)

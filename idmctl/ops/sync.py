@@ -2,7 +2,9 @@
 
 Job.state, reason, exit_code, node_list and restarts are stored exactly as the scheduler reports
 them (sacct's words, e.g. ``CANCELLED by 0``); the failure classifier builds on them. A job that
-reaches a final state is handed to the retry policy, which may resubmit into the same chain.
+reaches a final state goes the failure path in its natural order: classified once and its Failure rows
+written in the same transaction as its final state, then the retry policy decides from those rows (the
+chain's earlier attempts from theirs), then it may resubmit into the same chain.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from sqlmodel import Session, select
 from idmctl.ops.executors import executor_for
 from idmctl.core.executor import UNCONFIRMED, JobStatus
 from idmctl.core.job_state import JobState, is_terminal
+from idmctl.ops.failures.postmortem import record_failures
 from idmctl.ops.listing import aware as _aware, queue_wait_seconds  # noqa: F401  (re-exported; one home)
 from idmctl.record.db import session
 from idmctl.record.models import Chain, Job, NodeExclusion
@@ -131,7 +134,8 @@ def unfinished_jobs() -> list[Job]:
 
 
 def sync(retry: bool = True) -> SyncReport:
-    """One status call per executor for all unfinished jobs, then retries for the ones that ended."""
+    """One status call per executor for all unfinished jobs; the ones that ended are classified and
+    recorded, then retried as their recorded cause says."""
     from idmctl.ops.retry import decide_for_job
     from idmctl.ops.submit import ResubmitRefused, resubmit
 
@@ -146,6 +150,7 @@ def sync(retry: bool = True) -> SyncReport:
                for name, group in by_executor.items()]
     ended: list[int] = []
     for group, statuses in answers:
+        ended_rows: list[Job] = []
         with session() as db:
             for job in group:
                 status = statuses.get(job.scheduler_id or "")
@@ -162,11 +167,16 @@ def sync(retry: bool = True) -> SyncReport:
                     report.hung.append(row.id or 0)
                 if is_terminal(row.state):
                     ended.append(row.id or 0)
+                    ended_rows.append(row)
                     _record_efficiency(row)
                 elif row.state == UNCONFIRMED:
                     report.unconfirmed.append(row.id or 0)
                 db.add(row)
                 _note_mlflow_run(db, row)
+            # Classified once, here: Failure rows with evidence (and the chain's MLflow run marked
+            # FAILED/KILLED) committed with the final state, so a sync that fails from here on leaves
+            # nothing half-recorded and the decision below reads the record.
+            record_failures(db, ended_rows)
     report.finished = ended
     for job_id in ended:
         with session() as db:
@@ -174,7 +184,8 @@ def sync(retry: bool = True) -> SyncReport:
             chain = db.get(Chain, job.chain_id) if job and job.chain_id else None
             if job is None or chain is None or chain.status != "ACTIVE":
                 continue
-            decision = decide_for_job(db, job, chain, retry)  # the policy is taxonomy.yaml's `action`
+            # From the Failure rows recorded above; the policy is taxonomy.yaml's `action`.
+            decision = decide_for_job(db, job, chain, retry)
             now = datetime.now(timezone.utc)
             for node in decision.exclude_nodes:
                 db.add(NodeExclusion(node=node, until=now + (decision.exclude_for or timedelta(0)),
@@ -195,11 +206,6 @@ def sync(retry: bool = True) -> SyncReport:
             report.resubmitted.append((job_id, new_job.id or 0))
     if ended:
         _log_efficiency(ended)
-    if ended:  # classify now: Failure rows with evidence, and the chain's MLflow run marked FAILED/KILLED
-        from idmctl.ops.failures.postmortem import record_failures
-
-        with session() as db:
-            record_failures(db, [job for job in (db.get(Job, job_id) for job_id in ended) if job is not None])
     return report
 
 

@@ -142,6 +142,20 @@ def record_failures(db: Session, jobs: list[Job] | None = None, mark_mlflow: boo
     return written
 
 
+def recorded_causes(db: Session, jobs: list[Job]) -> dict[int, str]:
+    """Each job's recorded cause of how it ended: the Failure row of its final run (the latest run that
+    ``record_failures`` wrote as ``final``). A job with no such row is absent: it has not been classified."""
+    ids = [job.id for job in jobs if job.id is not None]
+    found: dict[int, tuple[int, str]] = {}
+    for start in range(0, len(ids), 500):  # SQLite caps bound parameters per statement
+        for failure in db.exec(select(Failure).where(Failure.job_id.in_(ids[start:start + 500]))):
+            detail = json.loads(failure.detail_json or "{}")
+            run = int(detail.get("run", 1))
+            if detail.get("final") and run >= found.get(failure.job_id, (0, ""))[0]:
+                found[failure.job_id] = (run, failure.cause)
+    return {job_id: cause for job_id, (_, cause) in found.items()}
+
+
 def _mark_chain_run(db: Session, job: Job, cause: str) -> None:
     chain = db.get(Chain, job.chain_id) if job.chain_id is not None else None
     if chain is None or not chain.mlflow_run_id:
