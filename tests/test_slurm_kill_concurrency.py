@@ -26,7 +26,7 @@ from ground.paths import REPO_ROOT, temp_files
 from idmctl.record.db import session
 from idmctl.record.models import Job
 from slurm_support import sacct_state, sh, text_so_far, wait_until
-from trainers.checkpoint import checkpoint_dir, complete_checkpoints
+from trainers.checkpoint import checkpoint_dir, complete_checkpoints, state_file, verify
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.usefixtures("slurm_home")]
 
@@ -63,7 +63,8 @@ def test_trainer_sigkilled_on_the_cluster_leaves_only_whole_checkpoints_and_the_
     survivors = complete_checkpoints(run_dir)
     assert survivors, "the kill came after two checkpoints"
     for step, path in survivors:  # a name is a promise: every checkpoint under its name is whole
-        assert torch.load(path, weights_only=True)["step"] == step
+        assert verify(path, step) is None, verify(path, step)  # the manifest's sizes and sha256 hold
+        assert torch.load(state_file(path), weights_only=True)["step"] == step
     rerun = sh("sbatch", "--parsable", job["script"]).strip().split(";")[0]
     wait_until(lambda: sacct_state(rerun) not in ("", "RUNNING", "PENDING", "COMPLETING"), 300,
                f"the resubmitted script (job {rerun}) to end")
