@@ -82,6 +82,10 @@ ENV_CLUSTER = "IDMCTL_CLUSTER"
 ENV_EXPERIMENTS = "IDMCTL_EXPERIMENTS"
 ENV_DB_URL = "IDMCTL_DB_URL"
 """``postgresql://user:password@host:port/db``: a store shared by the team instead of SQLite in ``$IDMCTL_HOME``."""
+ENV_NOTIFY = "IDMCTL_NOTIFY"
+"""Where chain and verdict notifications go: apprise URLs separated by spaces or commas (``json://host/hook``,
+``slack://…``, ``mailto://…``, ``ntfy://…``). Set, it replaces the cluster profile's ``notify`` list; set
+and empty, nothing is sent."""
 # Test hooks, read by the trainer only when set:
 ENV_INJECT_NAN_AT_STEP = "IDMCTL_INJECT_NAN_AT_STEP"
 ENV_RANK_DIGESTS = "IDMCTL_TEST_RANK_DIGESTS"

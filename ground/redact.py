@@ -11,6 +11,8 @@ import os
 import re
 from urllib.parse import unquote
 
+from ground.contract import ENV_NOTIFY
+
 _SECRET_PARAM = re.compile(r"(pass|secret|token|key|auth|cred)", re.IGNORECASE)
 """Query parameters whose value is a credential (libpq's ``password``, ``sslpassword``, ``passfile``...)."""
 HIDDEN = "***"
@@ -81,13 +83,66 @@ def scrubbed(text: str, url: str | None) -> str:
     return text
 
 
+WEBHOOK_SCHEMES = ("json", "jsons", "form", "forms", "xml", "xmls")
+"""Notification URL schemes whose host is a server's name (apprise's generic webhooks). In the others the
+host itself may be the credential (``slack://TokenA/TokenB/TokenC``, ``tgram://bot-token/chat``,
+``ntfy://private-topic``), so it is never shown."""
+
+
+def notify_urls(text: str) -> list[str]:
+    """The URLs of a notification list as apprise reads one: separated by spaces or commas."""
+    return [url for url in re.split(r"[\s,]+", text) if url]
+
+
+def _notify_parts(url: str) -> tuple[str, str | None, str, list[str], str]:
+    """(scheme, user info, host, path segments, query and fragment) of a notification URL, on the text."""
+    scheme, _, rest = url.partition("://")
+    userinfo = _userinfo(url)
+    if userinfo is not None:
+        rest = rest[len(userinfo) + 1:]
+    cut = min((i for i in (rest.find("?"), rest.find("#")) if i >= 0), default=len(rest))
+    rest, tail = rest[:cut], rest[cut:]
+    host, *path = rest.split("/")
+    return scheme.lower(), userinfo, host, [segment for segment in path if segment], tail
+
+
+def redacted_notify_url(url: str) -> str:
+    """A notification URL as it may be printed: its scheme, and its host where that is a server's name
+    (:data:`WEBHOOK_SCHEMES`); every other part (user info, tokens in the host or the path, a webhook's
+    key in its path, the query) is ``***``. Done on the text, so a malformed URL is masked the same way."""
+    if "://" not in url:
+        return HIDDEN
+    scheme, userinfo, host, path, tail = _notify_parts(url)
+    shown = f"{scheme}://" + (f"{HIDDEN}@" if userinfo is not None else "")
+    shown += host if scheme in WEBHOOK_SCHEMES else HIDDEN
+    return shown + (f"/{HIDDEN}" if path else "") + (f"?{HIDDEN}" if tail else "")
+
+
+def notify_secrets(url: str) -> list[str]:
+    """Every part of a notification URL that :func:`redacted_notify_url` hides, for scrubbing it from text
+    that did not come from there (a notification library's error message)."""
+    if "://" not in url:
+        return [url] if len(url) >= 3 else []
+    scheme, userinfo, host, path, tail = _notify_parts(url)
+    found = [*path, *secrets_in(url)]
+    if userinfo:
+        found += [userinfo, *userinfo.split(":", 1)]
+    if scheme not in WEBHOOK_SCHEMES:
+        found.append(host)
+    found += [value for part in re.split(r"[?&;#]", tail) for value in part.split("=", 1)[1:]]
+    return sorted({s for s in found if len(s) >= 3} | {unquote(s) for s in found if len(s) >= 3}, key=len, reverse=True)
+
+
 def environment_secrets() -> list[str]:
     """The credentials in this process's environment: those of every variable whose value is a URL with
-    user info or a secret query parameter (``IDMCTL_DB_URL``, ``MLFLOW_TRACKING_URI``, a test server's URL)."""
+    user info or a secret query parameter (``IDMCTL_DB_URL``, ``MLFLOW_TRACKING_URI``, a test server's URL),
+    and every hidden part of the notification URLs in ``IDMCTL_NOTIFY`` (tokens in a path, no ``@`` needed)."""
     found: set[str] = set()
     for value in os.environ.values():
         if "://" in value and ("@" in value or "=" in value):
             found.update(s for s in secrets_in(value) if len(s) >= MIN_SCRUBBED)
+    for url in notify_urls(os.environ.get(ENV_NOTIFY, "")):
+        found.update(s for s in notify_secrets(url) if len(s) >= MIN_SCRUBBED)
     return sorted(found, key=len, reverse=True)
 
 

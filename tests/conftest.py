@@ -114,6 +114,8 @@ def _no_shared_store(monkeypatch: pytest.MonkeyPatch) -> None:
     from ground.contract import ENV_DB_URL
 
     monkeypatch.delenv(ENV_DB_URL, raising=False)
+    # Nor a developer's own notification URLs (IDMCTL_NOTIFY) any test message.
+    monkeypatch.delenv("IDMCTL_NOTIFY", raising=False)
 
 
 @pytest.fixture(autouse=True)

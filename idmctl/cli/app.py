@@ -118,6 +118,7 @@ _COMMANDS: dict[str, Callable[[typer.Typer], None]] = {
     "preflight": _command("preflight"),
     "submit": _jobs("submit"), "sync": _jobs("sync"), "watch": _jobs("watch"), "cancel": _jobs("cancel"),
     "train": _train, "ledger": _command("ledger"), "doctor": _command("doctor"), "gc": _command("gc"),
+    "notify": _command("notify"),
     "exp": _group("exp"), "failures": _group("failures"), "jobs": _jobs("jobs"), "cache": _cache, "model": _train,
     "data": _group("data"),
 }

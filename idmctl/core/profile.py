@@ -150,6 +150,11 @@ class ClusterProfile(_Strict):
     code_store: str | None = None
     """Where submit keeps the code snapshots jobs run (``ground.code_snapshot``): a folder every node mounts.
     None: ``$IDMCTL_HOME/code`` (the local executor and a single-host cluster)."""
+    notify: list[str] = []
+    """Where sync and decide tell the team what happened (a failure and what was done, a chain stopped or
+    completed, a goal's verdict): apprise URLs (``json://host/hook``, ``slack://…``, ``mailto://…``).
+    ``$IDMCTL_NOTIFY``, when set, replaces this list. Checked by ``idmctl notify --test``, never here: a bad
+    URL is a warning when a message is sent, never a failed load (sync must not stop over it)."""
 
     @field_validator("queue_wait_warn")
     @classmethod
@@ -196,5 +201,6 @@ def load_profile(name_or_path: str | None = None) -> tuple[ClusterProfile, str]:
         first = exc.errors()[0]
         dotted = ".".join(str(p) for p in first["loc"])
         raise UserError(first["msg"], file=str(path), field=dotted, hint="fix the cluster profile") from exc
-    digest = hashlib.sha256(profile.model_dump_json().encode()).hexdigest()
+    # Where messages go changes nothing a job does: not part of a preflight's identity.
+    digest = hashlib.sha256(profile.model_dump_json(exclude={"notify"}).encode()).hexdigest()
     return profile, digest

@@ -21,6 +21,7 @@ from idmctl.ops.executors import executor_for
 from idmctl.core.executor import UNCONFIRMED, JobStatus
 from idmctl.core.job_state import JobState, is_terminal
 from idmctl.ops.failures.postmortem import record_failures
+from idmctl.ops.notify import announce_decision
 from idmctl.ops.listing import aware as _aware, queue_wait_seconds  # noqa: F401  (re-exported; one home)
 from idmctl.record.db import session
 from idmctl.record.models import Chain, Job, NodeExclusion
@@ -202,8 +203,9 @@ def sync(retry: bool = True) -> SyncReport:
                                    spends_retry=decision.spends_retry)
             except ResubmitRefused as exc:  # the chain is FAILED and the refused attempt recorded
                 report.stopped.append((job_id, str(exc)))
-                continue
-            report.resubmitted.append((job_id, new_job.id or 0))
+            else:
+                report.resubmitted.append((job_id, new_job.id or 0))
+        announce_decision(job_id, decision, report)  # what was done, from the report: once per event
     if ended:
         _log_efficiency(ended)
     return report

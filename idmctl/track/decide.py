@@ -22,6 +22,7 @@ from ground.errors import UserError
 from ground.protocols import OWN, Protocol
 from ground.paths import mlflow_tracking_uri
 from ground.spec.schema import Goal
+from idmctl.ops.notify import announce_verdicts
 from idmctl.track.compare import _select_runs, _spec_goal, expand_sweeps, load_baselines, load_runs, surviving_history
 from idmctl.track.compare_plot import save_png
 from idmctl.track.decision import DRAWS, METHOD, decide, estimate, paired, sd_that_decides, t_quantile
@@ -312,6 +313,7 @@ def write_tags(reports: list[DecisionReport], tracking_uri: str | None = None) -
     for run_id, report in runs:
         for key, value in decision_tags(report).items():
             client.set_tag(run_id, key, value)
+    announce_verdicts(client, reports)
     return len(runs)
 
 
