@@ -125,10 +125,10 @@ def notify_secrets(url: str) -> list[str]:
         return [url] if len(url) >= 3 else []
     scheme, userinfo, host, path, tail = _notify_parts(url)
     found = [*path, *secrets_in(url)]
-    if userinfo:
-        found += [userinfo, *userinfo.split(":", 1)]
-    if scheme not in WEBHOOK_SCHEMES:
-        found.append(host)
+    if userinfo:  # every piece: an '@' in the query makes the user info run on past the password
+        found += [userinfo, *re.split(r"[:@?&=#/]", userinfo)]
+    if scheme not in WEBHOOK_SCHEMES:  # the host is a token here, and so is each side of a ':' in it (tgram's bot id)
+        found += [host, *host.split(":")]
     found += [value for part in re.split(r"[?&;#]", tail) for value in part.split("=", 1)[1:]]
     return sorted({s for s in found if len(s) >= 3} | {unquote(s) for s in found if len(s) >= 3}, key=len, reverse=True)
 
