@@ -31,7 +31,6 @@ from idmctl.record.stored_json import job_options
 
 if TYPE_CHECKING:
     from idmctl.ops.retry import Decision
-    from idmctl.ops.sync import SyncReport
     from idmctl.record.models import Chain, Job
 
 TIMEOUT_S = 3.0
@@ -199,10 +198,11 @@ def _job_line(job: Job, chain: Chain | None) -> str:
     return f"job: {where} attempt {job.attempt}, {job.executor} job {job.scheduler_id} (idmctl job {job.id})"
 
 
-def decision_message(job: Job, chain: Chain | None, decision: Decision, report: SyncReport,
+def decision_message(job: Job, chain: Chain | None, decision: Decision, report: Any,
                      failure: Any | None) -> Message:
     """The message for what sync decided about a job that ended: its cause, evidence and fix from the
-    Failure row the decision read, and what was done (as the sync report records it)."""
+    Failure row the decision read, and what was done: as ``report`` (sync's ``SyncReport``, not imported:
+    sync imports this module) lists it in ``resubmitted`` and ``stopped``."""
     job_id = job.id or 0
     if decision.action == "done":
         return Message(COMPLETED, f"idmctl: {job.experiment} chain {job.chain_id} completed",
@@ -217,7 +217,7 @@ def decision_message(job: Job, chain: Chain | None, decision: Decision, report: 
     stopped = dict(report.stopped).get(job_id)
     if resubmitted is not None:
         from idmctl.record.db import session  # SQLAlchemy: decide's fast path imports this module, never the store
-        from idmctl.record.models import Job
+        from idmctl.record.models import Job  # SQLAlchemy, as above
 
         with session() as db:
             new = db.get(Job, resubmitted)
@@ -235,12 +235,12 @@ def decision_message(job: Job, chain: Chain | None, decision: Decision, report: 
     return Message(event, title, [f"event: {event}", *lines], level)
 
 
-def announce_decision(job_id: int, decision: Decision, report: SyncReport) -> None:
+def announce_decision(job_id: int, decision: Decision, report: Any) -> None:
     """Tell the team what sync decided about job ``job_id`` (once per job and event). Never raises: a
     notification that cannot be built or sent is a warning line and sync's result stays as it is."""
     from idmctl.record.db import session  # SQLAlchemy: decide's fast path imports this module, never the store
-    from idmctl.record.models import Chain, Job
-    from idmctl.record.notices import claim_notice, final_failure
+    from idmctl.record.models import Chain, Job  # SQLAlchemy, as above
+    from idmctl.record.notices import claim_notice, final_failure  # SQLAlchemy, as above
 
     try:
         targets = _targets_or_warn()

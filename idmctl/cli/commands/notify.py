@@ -17,7 +17,7 @@ def notify(
 ) -> None:
     """The URLs sync and decide notify ($IDMCTL_NOTIFY, else the cluster profile's `notify`), masked. Exit 2
     for a URL apprise cannot use (naming where it is set), 1 when one does not take the test message."""
-    from idmctl.ops.notify import send_test
+    from idmctl.ops.notify import send_test  # start-up: the profile and store modules only for this command
 
     sent = send_test(cluster, deliver=test)
     if sent.empty_reason:
