@@ -218,7 +218,7 @@ def test_a_malformed_url_is_one_warning_for_sync_and_exit_2_for_the_check(
     checked = cli("notify", "--test")
     assert checked.exit_code == 2
     assert checked.output.strip().splitlines() == [
-        f"error: notify: {profile} notify[0]: not a notification URL apprise can use (nosuchscheme://***/***) "
+        f"error: {profile} notify[0]: not a notification URL apprise can use (nosuchscheme://***/***) "
         "(use an apprise URL such as json://HOST:PORT/PATH, slack://TOKEN_A/TOKEN_B/TOKEN_C, mailto://USER:PASS@HOST)"]
     assert TOKEN not in checked.output + caplog.text
     assert len(webhook.received) == 1  # the check sent nothing, since one URL is bad

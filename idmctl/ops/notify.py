@@ -96,7 +96,7 @@ def check_targets(cluster: str | None = None) -> list[Target]:
     targets = configured_targets(cluster)
     bad = malformed(targets)
     if bad:
-        raise UserError(bad[0], field="notify", hint=FIX_URL)
+        raise UserError(bad[0], hint=FIX_URL)  # bad[0] starts with where it is set: the file and entry, or the variable
     return targets
 
 
