@@ -265,3 +265,22 @@ def test_the_secret_parts_of_notification_urls_are_masked_and_scrubbed(monkeypat
     # The net under every printed line knows IDMCTL_NOTIFY's secrets too, without an '@' in the URL.
     monkeypatch.setenv(ENV_NOTIFY, f"json://127.0.0.1:9/x {url}")
     assert TOKEN not in scrub_environment(f"error from {url}")
+
+
+def test_a_server_that_never_answers_costs_one_timeout_and_a_warning(caplog) -> None:
+    """A listening socket that never reads nor answers (the kernel completes the connection): the send
+    gives up after the read timeout instead of holding sync, and says so in one line."""
+    import socket
+
+    from idmctl.ops.notify import TIMEOUT_S, Message, Target, send
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(4)
+        port = silent.getsockname()[1]
+        target = Target(f"json://127.0.0.1:{port}/hooks/{TOKEN}", f"{ENV_NOTIFY} entry 1")
+        failed = send(Message("failure", "t", ["event: failure"]), [target])
+    assert len(failed) == 1 and failed[0].startswith(
+        f"warning: notification (failure) not sent to json://127.0.0.1:{port}/*** ({ENV_NOTIFY} entry 1): ")
+    assert [r.getMessage() for r in caplog.records if r.name == "idmctl"] == failed
+    assert TOKEN not in caplog.text and TIMEOUT_S <= 5
