@@ -26,11 +26,9 @@ from idmctl.ops.failures.classify import get_cause
 from idmctl.record.db import session
 from idmctl.record.models import Job
 from net_support import free_port
+from test_sync_failure_order import EXCEPTION, PREEMPTED, _submit as submit_local, _sync
 
 REPO = Path(__file__).resolve().parent.parent
-EXCEPTION = ("Traceback (most recent call last):\n  File \"/work/main/cache/dataset.py\", line 568, in __init__\n"
-             "TypeError: __init__() got an unexpected keyword argument 'selected_layer_indices'", 1)
-PREEMPTED = (f"entry: checkpointed at step 3 on signal, exiting {contract.EXIT_REQUEUE}", contract.EXIT_REQUEUE)
 TOKEN = "Wk7hookKeyZq93"
 PASSWORD = "pw-Zq7Secr3t"
 
@@ -80,25 +78,10 @@ def webhook():
 
 
 def _submit(cli, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, name: str, sample: tuple[str, int] | None) -> dict:
-    """One local job: it prints ``sample``'s log and exits with its status (None: it completes)."""
-    if sample is None:
-        monkeypatch.setenv("IDMCTL_TEST_BEHAVIOR", "steps:1:0.01")
-    else:
-        path = tmp_path / f"{name}.json"
-        path.write_text(json.dumps({"log": sample[0], "exit": sample[1]}))
-        monkeypatch.setenv("IDMCTL_TEST_BEHAVIOR", f"emit:{path}")
-    result = cli("submit", "quickstart", "--entry", "tests.jobs_entry", "--force", "--reason", f"notify {name}",
-                 "--retries", "5", "--json")
-    assert result.exit_code == 0, result.output + result.stderr
-    submitted = json.loads(result.stdout)
+    """One local job that prints ``sample``'s log and exits with its status (None: it completes), ended."""
+    submitted = submit_local(cli, monkeypatch, tmp_path, name, sample)
     LocalExecutor().wait(submitted["scheduler_id"], timeout_s=120)
     return submitted
-
-
-def _sync(cli) -> dict:
-    result = cli("sync", "--json")
-    assert result.exit_code == 0, result.output + result.stderr
-    return json.loads(result.stdout)
 
 
 def _job(job_id: int) -> Job:
@@ -185,7 +168,7 @@ def test_a_server_down_or_answering_500_leaves_sync_as_it_was_with_one_line_each
     assert report["finished"] == [stops["job"]] and report["resubmitted"] == []
     lines = result.stderr.splitlines()
     assert len(lines) == 2, result.stderr
-    assert lines[0].startswith(f"warning: notification (chain_stopped) not sent to json://***@127.0.0.1:"), lines
+    assert lines[0].startswith("warning: notification (chain_stopped) not sent to json://***@127.0.0.1:"), lines
     assert f"({ENV_NOTIFY} entry 1)" in lines[0]
     assert lines[1].startswith(f"warning: notification (chain_stopped) not sent to json://127.0.0.1:{webhook.port}/*** "
                                f"({ENV_NOTIFY} entry 2): "), lines
