@@ -83,6 +83,8 @@ def configured_targets(cluster: str | None = None) -> list[Target]:
 
 def malformed(targets: list[Target]) -> list[str]:
     """One line per URL apprise cannot use (an unknown scheme, a missing token), naming where it was set."""
+    if not targets:
+        return []
     import apprise  # heavy (~0.5 s): only where there is somewhere to send
 
     with _apprise_quiet():
@@ -101,22 +103,22 @@ def check_targets(cluster: str | None = None) -> list[Target]:
 
 
 @dataclass
-class TestSend:
+class TrialSend:
     targets: list[Target]
     failed_where: list[str] = field(default_factory=list)
     empty_reason: str = ""
     """Why no URL is configured, when none is."""
 
 
-def send_test(cluster: str | None = None, deliver: bool = True) -> TestSend:
+def send_test(cluster: str | None = None, deliver: bool = True) -> TrialSend:
     """``idmctl notify --test``: the configured targets checked (UserError on a malformed one: nothing is
     sent then), and with ``deliver`` one test message to each; the targets that did not take it are warned."""
     targets = check_targets(cluster)
     if not targets:
         where = (f"{ENV_NOTIFY} is set and empty: nothing is sent" if ENV_NOTIFY in os.environ
                  else f"set {ENV_NOTIFY} or the cluster profile's notify list ({profile_path(cluster)})")
-        return TestSend([], empty_reason=where)
-    found = TestSend(targets)
+        return TrialSend([], empty_reason=where)
+    found = TrialSend(targets)
     if deliver:
         for target in targets:
             message = Message("test", "idmctl: test notification",
@@ -159,7 +161,8 @@ def send(message: Message, targets: list[Target]) -> list[str]:
         return []
     import apprise  # heavy (~0.5 s): only when there is a message and somewhere to send it
 
-    secrets = [secret for target in targets for secret in notify_secrets(target.url)]
+    # Longest first: a password replaced before the user info holding it would leave the rest of that behind.
+    secrets = sorted({secret for target in targets for secret in notify_secrets(target.url)}, key=len, reverse=True)
     failed = []
     for target in targets:
         with _apprise_quiet() as records:
