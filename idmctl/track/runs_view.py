@@ -54,7 +54,10 @@ def goal_view_lines(base_url: str) -> list[str]:
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=mlflow_tracking_uri())
-    experiment = client.get_experiment_by_name(tracking.MLFLOW_EXPERIMENT)
+    try:
+        experiment = client.get_experiment_by_name(tracking.MLFLOW_EXPERIMENT)
+    except Exception as exc:  # a locked or unreadable store must not stop the UI it only adds links to
+        return [f"goal views: not available ({type(exc).__name__})"]
     if experiment is None:
         return []
     return [f"{name}: {runs_chart_url(base_url, experiment.experiment_id, key)}"
