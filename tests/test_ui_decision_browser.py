@@ -99,6 +99,7 @@ def test_the_ui_opens_on_training_runs_with_the_goal_metric_first_and_the_verdic
 
     from ground.paths import mlflow_tracking_uri
     from idmctl.track.mlflow_server import start_server
+    from idmctl.track.runs_view import goal_view_lines
 
     specs = tmp_path / "experiments"
     specs.mkdir()
@@ -111,6 +112,10 @@ def test_the_ui_opens_on_training_runs_with_the_goal_metric_first_and_the_verdic
     experiment_id = client.get_run(run_id).info.experiment_id
     goal_view = client.get_experiment(experiment_id).tags[mlflow_view.TAG_PREFIX + "idmctl-goal-quidecide"]
     assert mlflow_view.charted_keys(goal_view)[0] == GOAL_METRIC  # the trainer wrote it on creating the run
+    # What `idmctl ui` prints for it.
+    assert goal_view_lines("http://127.0.0.1:5000") == [
+        f"quidecide: goal sim_eef_mm_4ep <= 60 first (idmctl): http://127.0.0.1:5000/#/experiments/{experiment_id}"
+        "/runs?workflowType=machine_learning&viewStateShareKey=idmctl-goal-quidecide&compareRunsMode=CHART"]
 
     (REPO / "test-artifacts").mkdir(exist_ok=True)
     server = start_server("127.0.0.1", free_port())
