@@ -25,7 +25,7 @@ def decide(
         "--no-tags", help="Do not write the verdict to the MLflow runs as idmctl.decision.* tags.")] = False,
     against: Annotated[str | None, typer.Option(
         "--against", help="Another run or experiment to compare with, paired when both share their episodes.")] = None,
-    ui_url: Annotated[str, typer.Option("--ui-url", help="Where `idmctl ui` serves, for the links.")] = "http://127.0.0.1:5000",
+    ui_url: options.UiUrl = options.UI_URL,
 ) -> None:
     """PASS / FAIL / UNDECIDED for the goal: estimate, 95 % interval (bootstrap-t over episodes), P(goal)."""
     from idmctl.track.decide import build_decisions, paired_lines, plot_decisions, write_tags
