@@ -114,8 +114,15 @@ def test_an_experiment_pools_its_repeats_and_tags_both_runs(cli, tracked):
     assert lines[0] == "decide qdecide (2 runs of one spec): goal sim_eef_mm_4ep <= 60"
     assert "  per episode (qdecide#2): 40.0, 47.0, 39.5, 36.0 mm" in lines
     assert "  estimate: mean 40.2 mm = 321.5 mm / (2 × 4)" in lines
-    assert lines[-2].startswith("  verdict: PASS")
-    assert lines[-1] == "MLflow: 2 run(s) tagged idmctl.decision.* (verdict, interval, P(goal))"
+    assert lines[-5].startswith("  verdict: PASS")
+    assert lines[-4] == "MLflow: 2 run(s) tagged idmctl.decision.* (verdict, interval, P(goal))"
+    # Where the UI shows it: the spec's runs with the goal metric first, and each decided run's page.
+    assert lines[-3].startswith("MLflow qdecide runs, goal sim_eef_mm_4ep first: http://127.0.0.1:5000/#/experiments/")
+    assert lines[-3].endswith("/runs?workflowType=machine_learning&viewStateShareKey=idmctl-goal-qdecide"
+                              "&compareRunsMode=CHART")
+    for line, key in zip(lines[-2:], ("pass", "repeat")):
+        assert line.startswith("MLflow run qdecide#") and line.endswith(f"/runs/{tracked['ids'][key]}"
+                                                                        "?workflowType=machine_learning"), line
     client = MlflowClient(tracking_uri=mlflow_tracking_uri())
     for key in ("pass", "repeat"):
         tags = client.get_run(tracked["ids"][key]).data.tags

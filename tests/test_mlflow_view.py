@@ -46,9 +46,44 @@ def test_updating_keeps_what_the_view_charts_and_writes_only_on_change() -> None
     assert mlflow_view.charted_keys("not json") == [] and mlflow_view.updated_tag("not json", []) is not None
 
 
+def test_the_goal_metric_comes_first_whatever_it_is() -> None:
+    keys = ["loss", "eef_mm_4ep", "sim_eef_mm_4ep", "data_wait_frac"]
+    assert mlflow_view.chart_order(keys, ["sim_eef_mm_4ep"]) == ["sim_eef_mm_4ep", "eef_mm_4ep", "data_wait_frac", "loss"]
+    assert mlflow_view.chart_order(["loss"], ["eef_mm_24ep"]) == ["eef_mm_24ep", "loss"]  # charted before it is logged
+
+
+def test_a_goal_view_shows_the_specs_runs_goal_first_with_the_decision_columns() -> None:
+    value = mlflow_view.updated_goal_tag(None, "latent_c_n4", "eef_mm_24ep <= 125 under mg30_heldout_24",
+                                         "eef_mm_24ep", ["eef_mm_5ep", "loss"])
+    envelope = json.loads(value)
+    assert envelope["name"] == "latent_c_n4: goal eef_mm_24ep <= 125 under mg30_heldout_24 first (idmctl)"
+    state = json.loads(zlib.decompress(base64.b64decode(envelope["state"][len("deflate;"):])))
+    assert [c["metricKey"] for c in state["compareRunCharts"]] == ["eef_mm_24ep", "eef_mm_5ep", "loss"]
+    assert state["searchFilter"] == "tags.`idmctl.experiment` = 'latent_c_n4'"
+    assert state["selectedColumns"][-4:] == ["metrics.`eef_mm_24ep`", "tags.`idmctl.decision.verdict`",
+                                             "tags.`idmctl.decision.interval_mm`", "tags.`idmctl.decision.p_goal`"]
+    same = mlflow_view.updated_goal_tag(value, "latent_c_n4", "eef_mm_24ep <= 125 under mg30_heldout_24",
+                                        "eef_mm_24ep", ["loss"])
+    assert same is None  # nothing new: no write
+    edited = mlflow_view.updated_goal_tag(value, "latent_c_n4", "eef_mm_5ep <= 120", "eef_mm_5ep", [])
+    assert mlflow_view.charted_keys(edited) == ["eef_mm_5ep", "eef_mm_24ep", "loss"]  # an edited goal: its metric first
+    assert json.loads(edited)["createdAt"] == envelope["createdAt"]
+    assert mlflow_view.goal_views({mlflow_view.TAG_PREFIX + mlflow_view.goal_view_key("latent_c_n4"): edited,
+                                   mlflow_view.TAG_KEY: mlflow_view.tag_value([])}) == [
+        ("idmctl-goal-latent_c_n4", "latent_c_n4: goal eef_mm_5ep <= 120 first (idmctl)")]
+
+
+def test_links_open_the_model_training_view() -> None:
+    assert mlflow_view.runs_chart_url("http://h:5000", "3", mlflow_view.goal_view_key("q n")) == (
+        "http://h:5000/#/experiments/3/runs?workflowType=machine_learning&viewStateShareKey=idmctl-goal-q-n"
+        "&compareRunsMode=CHART")
+    assert mlflow_view.run_page_url("http://h:5000/", "3", "abc") == (
+        "http://h:5000/#/experiments/3/runs/abc?workflowType=machine_learning")
+
+
 def test_runs_chart_url_opens_the_chart_mode_through_the_view() -> None:
     assert mlflow_view.runs_chart_url("http://127.0.0.1:5000/", "7") == (
-        "http://127.0.0.1:5000/#/experiments/7/runs?viewStateShareKey=idmctl-eef-first&compareRunsMode=CHART")
+        "http://127.0.0.1:5000/#/experiments/7/runs?workflowType=machine_learning&viewStateShareKey=idmctl-eef-first&compareRunsMode=CHART")
 
 
 def test_ensure_experiment_creates_marks_and_repairs_an_old_experiment(idmctl_home: Path) -> None:
@@ -91,7 +126,7 @@ def test_compare_prints_the_runs_chart_link_and_the_view_charts_the_runs_metrics
     result = cli("compare", "quickstart", "--metric", "sim_eef_mm_4ep", "--ui-url", "http://127.0.0.1:5001")
     assert result.exit_code == 0, result.output
     assert (f"MLflow runs, EEF mm charts first (idmctl ui): http://127.0.0.1:5001/#/experiments/{experiment_id}/runs"
-            "?viewStateShareKey=idmctl-eef-first&compareRunsMode=CHART") in result.output
+            "?workflowType=machine_learning&viewStateShareKey=idmctl-eef-first&compareRunsMode=CHART") in result.output
     tags = client.get_experiment(experiment_id).tags
     assert tags[tracking.EXPERIMENT_KIND_TAG] == tracking.EXPERIMENT_KIND
     assert mlflow_view.charted_keys(tags[mlflow_view.TAG_KEY]) == ["eef_mm_4ep", "sim_eef_mm_4ep"]

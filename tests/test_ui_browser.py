@@ -126,7 +126,7 @@ def test_compare_page_shows_both_runs(idmctl_home: Path, tmp_path: Path):
         chart_link = re.search(r"runs, EEF mm charts first: (\S+)", banner)
         assert chart_link, banner
         assert chart_link.group(1) == (f"http://127.0.0.1:{port}/#/experiments/{experiment_id}/runs"
-                                       "?viewStateShareKey=idmctl-eef-first&compareRunsMode=CHART")
+                                       "?workflowType=machine_learning&viewStateShareKey=idmctl-eef-first&compareRunsMode=CHART")
         server_pids = _children(ui.pid)
         assert len(server_pids) == 1 and _session_members(server_pids[0])
         _, second = _log_run("latent_c_n6_d12", 2, [(20000, 127.5)])
@@ -139,10 +139,12 @@ def test_compare_page_shows_both_runs(idmctl_home: Path, tmp_path: Path):
         assert "eef_mm_24ep" in dom
         assert "Comparing 2 Runs" in dom
 
-        # The runs chart view: the runs page (not the GenAI overview), idmctl's view applied, and the
-        # first chart an EEF mm chart that draws every run of the experiment.
+        # The runs chart view: the runs page in the model-training view (MLflow's GenAI side nav would
+        # call it "Training runs" and list an Overview), idmctl's view applied, and the first chart an
+        # EEF mm chart that draws every run of the experiment.
         dom = _chromium(chart_link.group(1), artifacts / "ui_runs_charts.png", tmp_path / "chromium-profile-2", 60000)
-        assert "Training runs" in dom, dom[-2000:]
+        assert "<title>Runs - " in dom and "Training runs" not in dom, dom[-2000:]
+        assert f"#/experiments/{experiment_id}/overview" not in dom
         assert "EEF mm first (idmctl)" in dom
         cards = _chart_cards(dom)
         assert [title for title, _ in cards[:2]] == ["eef_mm_24ep", "data_wait_frac"], [t for t, _ in cards]

@@ -13,7 +13,9 @@ from typing import Any
 
 from ground import tracking as names
 from ground.contract import ENV_ATTEMPT, ENV_CHAIN_ID, MLFLOW_RUN_ID_FILE
+from ground.mlflow_view import ensure_experiment, ensure_goal_view
 from ground.paths import atomic_write_text, mlflow_artifacts_dir, mlflow_tracking_uri
+from ground.spec.schema import Goal
 
 _MAX_PARAM_CHARS = 6000
 """MLflow's limit on one param value."""
@@ -54,7 +56,7 @@ class RunLogger:
             self.client.update_run(self.run_id, status="RUNNING")
             self.resumed = True
         else:
-            experiment_id = self._experiment_id(canonical)
+            experiment_id = self._experiment_id(name, canonical)
             spec = canonical
             tags = {
                 names.TAG_EXPERIMENT: name, names.TAG_SPEC_HASH: spec_hash,
@@ -72,10 +74,9 @@ class RunLogger:
         for key, value in {names.TAG_CODE_VERSION: code_version, **attempt_tags()}.items():
             self.client.set_tag(self.run_id, key, value)
 
-    def _experiment_id(self, canonical: dict[str, Any]) -> str:
-        """The ``idmctl`` experiment (created when missing) with idmctl's chart view charting this spec's metrics."""
-        from ground.mlflow_view import ensure_experiment
-
+    def _experiment_id(self, name: str, canonical: dict[str, Any]) -> str:
+        """The ``idmctl`` experiment (created when missing) with idmctl's chart view charting this spec's
+        metrics, and the spec's goal view (its goal's metric first) when it has a goal."""
         artifacts = mlflow_artifacts_dir()
         artifacts.mkdir(parents=True, exist_ok=True)
         evaluation = canonical.get("eval") or {}
@@ -83,7 +84,11 @@ class RunLogger:
         keys = [names.eef_metric(n) for n in episodes] + [names.M_LOSS]
         if evaluation.get("simulator"):
             keys += [names.eef_metric(n, simulator=True) for n in episodes]
-        return ensure_experiment(self.client, artifacts.as_uri(), keys)
+        experiment_id = ensure_experiment(self.client, artifacts.as_uri(), keys)
+        if canonical.get("goal"):
+            goal = Goal.parse(str(canonical["goal"]))
+            ensure_goal_view(self.client, experiment_id, name, str(goal), goal.metric, keys)
+        return experiment_id
 
     def _log_params(self, flat: dict[str, Any]) -> None:
         from mlflow.entities import Param

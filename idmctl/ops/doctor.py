@@ -282,7 +282,10 @@ def _experiment_note(path: Path) -> str:
         return ""
     finally:
         connection.close()
-    view = "opens on its runs" if kind and kind[0] == EXPERIMENT_KIND else "opens on MLflow's GenAI overview"
+    # MLflow 3.17 opens the page the browser's workflow switch says (GenAI until flipped); the kind tag
+    # only stops it guessing the kind. idmctl's links ask for model training themselves.
+    view = ("marked model training; idmctl's links open its runs" if kind and kind[0] == EXPERIMENT_KIND
+            else "not marked model training (`idmctl ui` marks it)")
     return f"; experiment {MLFLOW_EXPERIMENT!r} (id {row[0]}): {runs} runs, {view}"
 
 

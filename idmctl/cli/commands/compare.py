@@ -20,7 +20,7 @@ def compare(
     as_json: options.Json = False,
     as_markdown: Annotated[bool, typer.Option("--markdown", help="A Markdown table (for notes and cards).")] = False,
     plot: Annotated[Path | None, typer.Option("--plot", help="Also draw loss and EEF-mm curves to this PNG.")] = None,
-    ui_url: Annotated[str, typer.Option("--ui-url", help="Where `idmctl ui` serves, for the links.")] = "http://127.0.0.1:5000",
+    ui_url: options.UiUrl = options.UI_URL,
 ) -> None:
     """EEF mm of baselines and runs (best and last of each metric), with PASS/FAIL against each goal."""
     from idmctl.track.compare import build_report, compare_url, run_url

@@ -25,6 +25,7 @@ def decide(
         "--no-tags", help="Do not write the verdict to the MLflow runs as idmctl.decision.* tags.")] = False,
     against: Annotated[str | None, typer.Option(
         "--against", help="Another run or experiment to compare with, paired when both share their episodes.")] = None,
+    ui_url: options.UiUrl = options.UI_URL,
 ) -> None:
     """PASS / FAIL / UNDECIDED for the goal: estimate, 95 % interval (bootstrap-t over episodes), P(goal)."""
     from idmctl.track.decide import build_decisions, paired_lines, plot_decisions, write_tags
@@ -50,5 +51,10 @@ def decide(
         console.print(line, markup=False, soft_wrap=True)
     if tagged:
         console.print(f"MLflow: {tagged} run(s) tagged idmctl.decision.* (verdict, interval, P(goal))", markup=False)
+        from idmctl.track.runs_view import decision_lines  # start-up: the track floor loads only for this command
+
+        decided = [(run.run_id, str(r.goal), r.goal.metric) for r in reports for run in r.runs]
+        for line in decision_lines(decided, ui_url):
+            console.print(line, markup=False, soft_wrap=True)
     if plot is not None:
         console.print(f"plot: {plot} ({plot.stat().st_size:,} B)", markup=False)

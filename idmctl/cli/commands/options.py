@@ -10,6 +10,9 @@ import typer
 Experiment = Annotated[str, typer.Argument(help="Experiment name or YAML path.")]
 Json = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
 Cluster = Annotated[str | None, typer.Option("--cluster", help="Cluster profile (default $IDMCTL_CLUSTER or local).")]
+UiUrl = Annotated[str, typer.Option("--ui-url", help="Where `idmctl ui` serves, for the links.")]
+UI_URL = "http://127.0.0.1:5000"
+"""`idmctl ui`'s default address (its --port default is 5000)."""
 
 # Numeric domains of the flags: a value outside is Click's one-line usage error naming the flag, exit 2
 # (a 20-digit id or port raised OverflowError from SQLite or bind()).

@@ -44,9 +44,11 @@ def ui(
         console.print(f"MLflow UI: {server.url}  (ready in {time.monotonic() - started:.1f} s; Ctrl-C stops it)",
                       markup=False)
         console.print(f"store: {redacted(backend_store_uri())}  log: {server.log_path}", markup=False)
-        from idmctl.track.runs_view import runs_chart_line
+        from idmctl.track.runs_view import goal_view_lines, runs_chart_line
 
         console.print(runs_chart_line("runs, EEF mm charts first", server.url), markup=False, soft_wrap=True)
+        for line in goal_view_lines(server.url):
+            console.print(line, markup=False, soft_wrap=True)
         if auth:
             console.print(f"login: admin, password in {admin_password_file()} (add users through MLflow's "
                           "/signup page or its users API)", markup=False)
