@@ -57,7 +57,7 @@ class FioResult:
 def unavailable() -> str | None:
     """Why fio cannot run here (a figure's "not measured" line), or None."""
     if shutil.which(FIO) is None:
-        return "fio is not installed (`scripts/system_deps.sh bench` installs it; Debian package fio)"
+        return "fio is not installed (`scripts/system_deps.sh test` installs it; Debian package fio)"
     return None
 
 
