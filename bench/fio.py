@@ -12,8 +12,9 @@ ranges of one "wave" (e.g. one sample's N layers) run at once; ``stonewall`` sta
 after the last, as a reader reads one sample after another. Seconds are the sum over waves of the
 slowest job's runtime from ``--output-format=json`` (milliseconds: fio's own resolution, so a wave of
 under ~50 ms is coarse, one under 1 ms counts as 1 ms). O_DIRECT needs 4 KiB-aligned offsets and lengths: each range is widened to the
-4 KiB blocks that hold it (at most 8 KiB more per range; ``FioResult.bytes`` counts what fio read), and a
-range that ends at an unaligned end of file is read buffered from the evicted file instead.
+4 KiB blocks that hold it (at most 8 KiB more per range; ``FioResult.bytes`` counts what fio read), and the
+last partial block of a range that ends at an unaligned end of file (a whole small file) is read
+buffered from the evicted file by a job of its own, beside the O_DIRECT one.
 
 fio's iolog replay would take the ranges as one list, but fio 3.33 reports 0 bytes and no runtime for
 a replayed job (tried: io_uring, libaio, psync), so the job-file form is the one used.
@@ -72,17 +73,18 @@ def evict(paths: Sequence[Path]) -> None:
             os.close(fd)
 
 
-def _aligned(path: Path, offset: int, length: int, sizes: dict[Path, int]) -> tuple[int, int, bool]:
-    """(offset, length, direct) of the 4 KiB blocks that hold the range, clipped to the file."""
+def _aligned(path: Path, offset: int, length: int, sizes: dict[Path, int]) -> tuple[int, int, int]:
+    """(start, direct end, end) of the 4 KiB blocks that hold the range, clipped to the file: bytes up to
+    ``direct end`` are whole blocks (O_DIRECT), the rest (an unaligned end of file) is read buffered."""
     size = sizes.setdefault(path, path.stat().st_size)
     if length <= 0 or offset < 0 or offset + length > size:
         raise ValueError(f"range {offset:,}+{length:,} B is outside {path} ({size:,} B)")
     start = offset - offset % BLOCK
     end = min(-(-(offset + length) // BLOCK) * BLOCK, size)
-    return start, end - start, end % BLOCK == 0
+    return start, end - end % BLOCK, end
 
 
-def _jobs(path: Path, start: int, span: int, block_size: int) -> list[tuple[int, int, int]]:
+def _jobs(start: int, span: int, block_size: int) -> list[tuple[int, int, int]]:
     """(offset, size, bs) of the jobs that read exactly ``span`` bytes: fio rounds a job's last request
     up to a whole ``bs`` (3 MiB + 8 KiB at bs=1M read 4 MiB), so a remainder gets its own job."""
     whole = span - span % block_size
@@ -103,11 +105,14 @@ def job_file(waves: Sequence[Sequence[Range]], iodepth: int, block_size: int = B
         for path, offset, length in wave:
             if "\n" in str(path) or ":" in str(path):  # fio splits filename= on ':'
                 raise ValueError(f"fio cannot name {str(path)!r} (':' or newline in the path)")
-            start, span, direct = _aligned(Path(path), offset, length, sizes)
-            expected += span
-            for job_offset, size, bs in _jobs(Path(path), start, span, block_size):
+            start, direct_end, end = _aligned(Path(path), offset, length, sizes)
+            expected += end - start
+            parts = [(job, 1) for job in _jobs(start, direct_end - start, block_size)]
+            if end > direct_end:
+                parts.append(((direct_end, end - direct_end, end - direct_end), 0))
+            for (job_offset, size, bs), direct in parts:
                 lines += [f"[w{number}j{section}]", f"filename={path}", f"offset={job_offset}", f"size={size}",
-                          f"bs={bs}", f"direct={int(direct)}"]
+                          f"bs={bs}", f"direct={direct}"]
                 if section == 0 and number > 0:
                     lines.append("stonewall")
                 lines.append("")

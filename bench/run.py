@@ -30,6 +30,7 @@ MODULES = [
     ("Hidden-cache reads", "bench.hidden_reads"),
     ("DataLoader steady state against fio", "bench.loader_steady"),
     ("Three-way latent cache", "bench.latent_parallel"),
+    ("Latent-cache reads against fio", "bench.latent_reads"),
     ("Cache build jobs on Slurm", "bench.build_jobs"),
     ("Trainer overhead", "bench.trainer_overhead"),
     ("Sync of many jobs", "bench.sync_jobs"),

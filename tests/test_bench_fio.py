@@ -45,9 +45,13 @@ def test_job_file_widens_ranges_to_blocks_and_splits_a_remainder(data_file: Path
         ("0", str(MIB), str(MIB), "1", "False"),
         # 300,010 B from an unaligned start: the 4 KiB blocks holding them, under one request of that size
         (str(second_start), str(second_end - second_start), str(second_end - second_start), "1", "False"),
-        # ends at the file's unaligned end: O_DIRECT cannot read it, so buffered; a new wave waits (stonewall)
+        # inside the file's last, partial block: O_DIRECT cannot read it, so buffered; a new wave (stonewall)
         (str(tail_start), str(size - tail_start), str(size - tail_start), "0", "True"),
     ]
+    whole_file, whole_expected = fio.job_file([[(data_file, 0, size)]], iodepth=4, block_size=MIB)
+    assert [(j["offset"], j["size"], j["bs"], j["direct"]) for j in _sections(whole_file)] == [
+        ("0", str(4 * MIB), str(MIB), "1"), (str(4 * MIB), "100", "100", "0")]  # the aligned part stays O_DIRECT
+    assert whole_expected == size
     assert expected == MIB + (second_end - second_start) + (size - tail_start)
     assert {j["filename"] for j in jobs} == {str(data_file)}
 
