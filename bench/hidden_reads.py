@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import tempfile
 import time
 from collections.abc import Callable
@@ -88,16 +89,36 @@ def slice_ranges(info: "CacheFileInfo", positions: list[int], frame_start: int, 
             for p in positions]
 
 
+def scheduler_seconds() -> tuple[float, float]:
+    """(CPU seconds, seconds runnable but waiting for a CPU) summed over this process's threads
+    (``/proc/self/task/*/schedstat``): how much of a read's wall time went to the machine's other load."""
+    cpu = queued = 0
+    for stat in Path("/proc/self/task").glob("*/schedstat"):
+        try:
+            ran, waited, _ = stat.read_text().split()
+        except (FileNotFoundError, ValueError):  # a thread that ended meanwhile
+            continue
+        cpu, queued = cpu + int(ran), queued + int(waited)
+    return cpu / 1e9, queued / 1e9
+
+
 def _against_fio(path: Path, read: Callable[[], Any], ranges: list[tuple[Path, int, int]], depth: int,
-                 repeats: int) -> tuple[list[float], list[float], list[float]]:
-    """(reader seconds, reader bytes from disk, fio MB/s) with reader and fio interleaved, each cold."""
-    seconds, disk, fio_rates = [], [], []
+                 repeats: int) -> tuple[list[float], list[float], list[float], str]:
+    """(reader seconds, reader bytes from disk, fio MB/s, where the reader's time went) with reader and
+    fio interleaved, each cold."""
+    seconds, disk, fio_rates, cpu, queued = [], [], [], [], []
     for _ in range(repeats):
+        cpu_before, queued_before = scheduler_seconds()
         reader_seconds, reader_disk = _cold(path, read, 1)
+        cpu_after, queued_after = scheduler_seconds()
+        cpu.append(cpu_after - cpu_before)
+        queued.append(queued_after - queued_before)
         seconds += reader_seconds
         disk += reader_disk
         fio_rates.append(fio.read_ranges([ranges], depth).mb_per_s)
-    return seconds, disk, fio_rates
+    spent = (f"reader's threads per read (medians): CPU {statistics.median(cpu) * 1e3:,.0f} ms, waiting for a CPU "
+             f"{statistics.median(queued) * 1e3:,.0f} ms")
+    return seconds, disk, fio_rates, spent
 
 
 def _load_note() -> str:
@@ -154,7 +175,7 @@ def run(fast: bool) -> list[Figure] | str:
             note=f"depth → MB/s, one cold run each: {tried}; depth {depth} is every reader's reference below "
                  f"(1 MiB requests, the 4 ranges at once)")]
         for name, (path, read) in methods.items():
-            seconds, disk, fio_rates = _against_fio(path, read, ranges[path], depth, repeats)
+            seconds, disk, fio_rates, spent = _against_fio(path, read, ranges[path], depth, repeats)
             exact = "preadv" in name
             figures.append(Figure(f"{name}: bytes from disk", "B", disk, "slice bytes", [float(slice_bytes)],
                                   target="≤ 1.1× slice" if exact else "",
@@ -163,7 +184,7 @@ def run(fast: bool) -> list[Figure] | str:
                 f"{name}: useful throughput", "MB/s", [slice_bytes / s / 1e6 for s in seconds], fio_name, fio_rates,
                 higher_is_better=True, target="≥ 0.9× fio on the same ranges" if exact else "",
                 note=f"slice {slice_bytes:,} B in median {sorted(seconds)[len(seconds) // 2] * 1e3:.1f} ms; reader and "
-                     f"fio interleaved, each from a cold page cache; {_load_note()}"))
+                     f"fio interleaved, each from a cold page cache; {spent}; {_load_note()}"))
         figures.append(Figure(
             "whole-file sequential read (context only, not the reference)", "MB/s", seq_throughput, fio_name,
             figures[2].reference_samples, higher_is_better=True,
@@ -201,7 +222,7 @@ def _full_torch_load_figures(fast: bool) -> list[Figure]:
         write_legacy(legacy, _random_bf16(12, 24, *grid, channels), list(range(12)))
         ranges = slice_ranges(inspect_file(legacy), SELECTION, FRAME_START, WINDOW)
         depth, _ = fio.best_depth([ranges], depths=(16,) if fast else fio.DEPTHS)
-        seconds, disk, fio_rates = _against_fio(
+        seconds, disk, fio_rates, spent = _against_fio(
             legacy, lambda: read_hidden(legacy, SELECTION, FRAME_START, WINDOW, mmap=False), ranges, depth, repeats)
         file_bytes = legacy.stat().st_size
     return [
@@ -209,7 +230,7 @@ def _full_torch_load_figures(fast: bool) -> list[Figure]:
                note=f"file {file_bytes:,} B"),
         Figure("legacy .pt: full torch.load + slice: useful throughput", "MB/s", [slice_bytes / s / 1e6 for s in seconds],
                f"fio io_uring O_DIRECT depth {depth}, same ranges", fio_rates, higher_is_better=True,
-               note=f"the whole file is read for the slice; reader and fio interleaved, cold; {_load_note()}"),
+               note=f"the whole file is read for the slice; reader and fio interleaved, cold; {spent}; {_load_note()}"),
     ]
 
 

@@ -30,7 +30,7 @@ import numpy as np
 
 from bench import fio
 from bench.common import Figure, print_figures
-from bench.hidden_reads import _cold, _read_bytes, slice_ranges
+from bench.hidden_reads import _cold, _read_bytes, scheduler_seconds, slice_ranges
 
 SPEC = "latent_c_n4"
 LAYERS = 12
@@ -68,18 +68,21 @@ def _write_cache(root: Path, files: int, frames: int, grid: tuple[int, int], cha
             "data.cache_files": files, "loader.batch_size": BATCH_SIZE}
 
 
-def _loader_pass(loader: Any, batches: int, files: list[Path]) -> tuple[float, float]:
-    """(seconds inside ``next()``, bytes from disk) for ``batches`` batches, each from a cold cache."""
-    seconds = disk = 0.0
+def _loader_pass(loader: Any, batches: int, files: list[Path]) -> tuple[float, float, float, float]:
+    """(seconds inside ``next()``, bytes from disk, CPU seconds, seconds waiting for a CPU) for
+    ``batches`` batches, each from a cold cache."""
+    seconds = disk = cpu = queued = 0.0
     iterator = iter(loader)
     for _ in range(batches):
         fio.evict(files)
-        before, start = _read_bytes(), time.perf_counter()
+        (cpu_before, queued_before), before, start = scheduler_seconds(), _read_bytes(), time.perf_counter()
         next(iterator)
         seconds += time.perf_counter() - start
         disk += _read_bytes() - before
+        cpu_after, queued_after = scheduler_seconds()
+        cpu, queued = cpu + cpu_after - cpu_before, queued + queued_after - queued_before
     del iterator
-    return seconds, disk
+    return seconds, disk, cpu, queued
 
 
 def _bounds(dataset: Any, drawn: list[int], files: list[Path]) -> dict[str, float]:
@@ -144,14 +147,16 @@ def run(fast: bool) -> list[Figure] | str:
         files = sorted({path for wave in waves for path, _, _ in wave})
         all_files = sorted((root / "hidden").glob("*.safetensors"))
         depth, rates = fio.best_depth(waves[:4], depths=(16,) if fast else fio.DEPTHS)
-        loader_rates, fio_rates, disk = [], [], []
+        loader_rates, fio_rates, disk, spent = [], [], [], []
         for _ in range(repeats):
-            seconds, read = _loader_pass(loader, geometry["batches"], all_files)
+            seconds, read, cpu, queued = _loader_pass(loader, geometry["batches"], all_files)
+            spent.append((seconds, cpu, queued))
             loader_rates.append(useful / seconds / 1e6)
             disk.append(read)
             fio_rates.append(fio.read_ranges(waves, depth).mb_per_s)
         parts = _bounds(dataset, drawn, all_files)
     per_sample = sum(parts.values())
+    wall, cpu, queued = (statistics.median(values) for values in zip(*spent))
     range_bytes = waves[0][0][2]
     load = f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs, shared with other helpers' work"
     workers = spec.loader.num_workers
@@ -166,7 +171,8 @@ def run(fast: bool) -> list[Figure] | str:
                      f"+ HDF5 targets {parts['targets'] * 1e3:.1f} ms + collate {parts['collate_per_sample'] * 1e3:.0f} ms "
                      f"= {per_sample * 1e3:.0f} ms; the read alone is {parts['read'] / per_sample:.0%} of it "
                      f"({len(waves[0]) * range_bytes / parts['read'] / 1e6:,.0f} MB/s), the rest is CPU in the one "
-                     f"loading process; {load}")),
+                     f"loading process; a pass (medians): {wall:.1f} s wall, CPU {cpu:.1f} s and {queued:.1f} s waiting "
+                     f"for a CPU over the loader's threads; {load}")),
         Figure(f"{SPEC} DataLoader, steady state: bytes from disk per pass", "B", disk, "the ranges' bytes",
                [float(useful)], target="≤ 1.1× the ranges",
                note=f"read_bytes of this process (0 workers: the loader reads here); fio depths tried (MB/s): "
