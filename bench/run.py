@@ -2,7 +2,10 @@
 
 Each module in ``MODULES`` exposes ``run(fast: bool) -> list[Figure]``. A module that cannot run here
 (no GPU, no Slurm) contributes a "not measured: why" line instead of a guess. ``--fast`` runs in CI
-to keep the benchmarks from rotting; it asserts no timings.
+to keep the benchmarks from rotting; it asserts no timings. ``--only NAME… --update`` regenerates
+just those sections inside the existing ``--out`` file (and their keys of its JSON), leaving every
+other section as it was measured, with a line under each new section saying when and at which
+commit it was measured.
 """
 
 from __future__ import annotations
@@ -25,7 +28,9 @@ MODULES = [
     ("CLI latency", "bench.cli_latency"),
     ("Preflight static checks", "bench.preflight_static"),
     ("Hidden-cache reads", "bench.hidden_reads"),
+    ("DataLoader steady state against fio", "bench.loader_steady"),
     ("Three-way latent cache", "bench.latent_parallel"),
+    ("Latent-cache reads against fio", "bench.latent_reads"),
     ("Cache build jobs on Slurm", "bench.build_jobs"),
     ("Trainer overhead", "bench.trainer_overhead"),
     ("Sync of many jobs", "bench.sync_jobs"),
@@ -80,10 +85,17 @@ def main() -> int:
     parser.add_argument("--fast", action="store_true", help="small sizes, few repeats (CI)")
     parser.add_argument("--out", default="BENCHMARKS.md")
     parser.add_argument("--only", nargs="*", help="module names to run")
+    parser.add_argument("--update", action="store_true",
+                        help="with --only: replace those sections of the existing --out file, keep the rest")
     args = parser.parse_args()
+    if args.update and not (args.only and Path(args.out).exists()):
+        print(f"bench.run: --update needs --only and an existing {args.out}", file=sys.stderr)
+        return 2
     common.FAST_MODE = args.fast
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     command = "python -m bench.run" + (" --fast" if args.fast else "")
+    if args.update:
+        command += " --only " + " ".join(args.only) + " --update"
     out = ["# Benchmarks", "", f"- machine: {_machine()}", f"- commit: {commit or 'unknown'}",
            f"- command: `{command}`", f"- date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
            "- every figure: median of n runs with min and max, and the ratio to a reference measured in the same run",
@@ -116,12 +128,53 @@ def main() -> int:
         out += _section(title, figures)
         results[module_name] = [f.as_dict() if isinstance(f, Figure) else {"not_measured": f} for f in figures]
         print(f"{title}: {len(figures)} figures in {time.perf_counter() - started:.1f} s", file=sys.stderr)
-    out += [f"_total wall time of this run: {time.perf_counter() - run_started:.0f} s_", ""]
     from ground.paths import atomic_write_text
 
+    if args.update:
+        stamp = (f"_this section alone: `{command}`, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, commit "
+                 f"{commit or 'unknown'}, load average {os.getloadavg()[0]:.1f} at the end_")
+        text = update_sections(Path(args.out).read_text(), _sections(out), stamp)
+        json_path = Path(args.out).with_suffix(".json")
+        previous = json.loads(json_path.read_text()) if json_path.exists() else {}
+        atomic_write_text(Path(args.out), text)
+        atomic_write_text(json_path, json.dumps({**previous, **results}, indent=2, default=str))
+        return 0
+    out += [f"_total wall time of this run: {time.perf_counter() - run_started:.0f} s_", ""]
     atomic_write_text(Path(args.out), "\n".join(out) + "\n")
     atomic_write_text(Path(args.out).with_suffix(".json"), json.dumps(results, indent=2, default=str))
     return 0
+
+
+def _sections(lines: list[str]) -> dict[str, list[str]]:
+    """Title → the section's lines (from ``## title`` to before the next ``## ``)."""
+    sections: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in lines:
+        if line.startswith("## "):
+            current = sections.setdefault(line[3:], [line])
+        elif current is not None:
+            current.append(line)
+    return sections
+
+
+def update_sections(text: str, fresh: dict[str, list[str]], stamp: str) -> str:
+    """``text`` with each section in ``fresh`` replaced (a new one goes where ``MODULES`` orders it),
+    ``stamp`` under its table; the header, the other sections and the closing line stay as they were."""
+    lines = text.rstrip("\n").split("\n")
+    head_end = next((i for i, line in enumerate(lines) if line.startswith("## ")), len(lines))
+    tail_start = next((i for i in range(len(lines) - 1, head_end - 1, -1) if lines[i].startswith("_total wall")),
+                      len(lines))
+    old = _sections(lines[head_end:tail_start])
+    order = [title for title, _ in MODULES]
+    merged = {title: body for title, body in old.items()}
+    for title, body in fresh.items():
+        body = body[:]
+        while body and not body[-1]:
+            body.pop()
+        merged[title] = body + ["", stamp, ""]
+    titles = sorted(merged, key=lambda t: order.index(t) if t in order else len(order))
+    body_lines = [line for title in titles for line in merged[title]]
+    return "\n".join(lines[:head_end] + body_lines + lines[tail_start:]) + "\n"
 
 
 if __name__ == "__main__":

@@ -12,10 +12,11 @@
 #   PyOpenGL and MuJoCo load); plus python3.11-venv when the Python that builds .venv is Debian's and
 #   lacks venv/ensurepip.
 # test: munge, slurmctld, slurmd, slurm-client, slurmdbd, mariadb-server, chromium, postgresql (the shared
-#   store tests: scripts/postgres/up.sh).
+#   store tests: scripts/postgres/up.sh), fio (the benchmarks' disk reference: bench/fio.py reads the same
+#   byte ranges as each cache reader; tests/test_bench_fio.py and `python -m bench.run`).
 set -euo pipefail
 QUICKSTART=(libegl1 libegl-mesa0 libgl1-mesa-dri libopengl0)
-TEST=("${QUICKSTART[@]}" munge slurmctld slurmd slurm-client slurmdbd mariadb-server chromium postgresql)
+TEST=("${QUICKSTART[@]}" munge slurmctld slurmd slurm-client slurmdbd mariadb-server chromium postgresql fio)
 
 list=0
 [[ ${1:-} == --list ]] && { list=1; shift; }
