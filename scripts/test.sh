@@ -60,4 +60,5 @@ for arg in "$@"; do
   esac
   previous=$arg
 done
-.venv/bin/python -m pytest "${workers[@]}" "${dist[@]}" "$@"
+# --durations=25: every run ends with where its time went (a later --durations in "$@" wins).
+.venv/bin/python -m pytest "${workers[@]}" "${dist[@]}" --durations=25 "$@"

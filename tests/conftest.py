@@ -5,9 +5,13 @@ scripts/test.sh runs the suite on two pytest-xdist workers (``--dist loadgroup``
 own process with its own temporary directory, so environment variables, the working directory and
 module-level caches never cross workers; what the workers do share is the machine: the local Slurm
 cluster, PostgreSQL (each test gets a database of its own: tests/pg_support.py), ports (always
-picked free, never fixed) and /dev/shm. Every ``slurm``-marked test joins one ``xdist_group``
-(slurm_support.SLURM_GROUP), so a test that stops slurmdbd, changes a QoS or fills the queue never
-overlaps another test on the cluster.
+picked free, never fixed) and /dev/shm. Every ``slurm``-marked test that runs jobs joins one
+``xdist_group`` (slurm_support.SLURM_GROUP), so a test that stops slurmdbd, changes a QoS or fills the
+queue never overlaps another job test on the cluster. A test that only reads the cluster is marked
+``cluster_reader`` instead: it stays out of the group and runs on either worker, beside the job
+tests, holding the cluster's state lock shared so that it never runs during a change
+(slurm_support.cluster_changing). xdist's loadgroup puts the largest work unit first, so the group's
+worker starts on the cluster at once and the other worker takes everything else.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ground.contract import ENV_CLUSTER, ENV_EXPERIMENTS, ENV_HOME
-from slurm_support import SLURM_GROUP
+from slurm_support import SLURM_GROUP, cluster_reading
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -54,7 +58,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "local_slurm" in getattr(item, "fixturenames", ()) and item.get_closest_marker("slurm") is None:
             item.add_marker(pytest.mark.slurm)
-        if item.get_closest_marker("slurm") is not None and item.get_closest_marker("xdist_group") is None:
+        if (item.get_closest_marker("slurm") is not None and item.get_closest_marker("xdist_group") is None
+                and item.get_closest_marker("cluster_reader") is None):
             item.add_marker(pytest.mark.xdist_group(SLURM_GROUP))
     yield
     if config.getoption("loadgroup", default=False):
@@ -167,6 +172,19 @@ def local_slurm(monkeypatch: pytest.MonkeyPatch) -> str:
     monkeypatch.setenv("SLURM_CONF", conf)
     monkeypatch.setenv(ENV_CLUSTER, "local-slurm")
     return conf
+
+
+@pytest.fixture(autouse=True)
+def cluster_reader(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test marked ``cluster_reader`` only reads the shared cluster (squeue/sacct/sacctmgr queries,
+    ``sbatch --test-only``, a copy of slurm.conf with dead ports): it runs outside the job tests' xdist
+    group, on either worker, and holds the cluster's state lock shared for its run, so that no test stops
+    a daemon, edits a QoS or takes a node down while it reads. Every other test passes straight through."""
+    if request.node.get_closest_marker("cluster_reader") is None:
+        yield
+        return
+    with cluster_reading():
+        yield
 
 
 @pytest.fixture

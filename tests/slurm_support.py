@@ -97,6 +97,12 @@ def release_requeued(job_id: str) -> None:
 
 
 SLURM_ROOT = Path(os.environ.get("IDMCTL_SLURM_ROOT", "/tmp/idmctl-slurm"))
+# The cluster's state lock, one file for every session on this cluster. A test that changes what other
+# tests read (stops slurmdbd, edits a QoS, takes a node down) holds it exclusively while it changes it
+# (cluster_changing); a test that only reads the cluster (queries, `sbatch --test-only`, a copy of
+# slurm.conf with dead ports) is marked ``cluster_reader`` and holds it shared for its whole run
+# (cluster_reading, from conftest's fixture of that name). Readers leave the xdist group of the job tests and run beside them: they take no
+# node, and a job test neither changes the cluster nor needs it idle for a reader's sake.
 OUTAGE_LOCK = SLURM_ROOT / "run" / "test-outage.lock"
 SLURMDBD_BACK_S = 60
 
@@ -115,17 +121,46 @@ def sacct_answers() -> bool:
 
 
 @contextmanager
+def _state_lock(mode: int) -> Iterator[None]:
+    OUTAGE_LOCK.parent.mkdir(parents=True, exist_ok=True)
+    with open(OUTAGE_LOCK, "a") as lock:
+        fcntl.flock(lock, mode)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+@contextmanager
+def cluster_changing() -> Iterator[None]:
+    """The block changes the shared cluster for everyone (a daemon stopped, a QoS edited, a node down):
+    it waits for the readers running now and keeps new ones (and other changes) out until it is done."""
+    with _state_lock(fcntl.LOCK_EX):
+        yield
+
+
+@contextmanager
+def cluster_reading() -> Iterator[None]:
+    """The block reads the shared cluster as scripts/slurm/up.sh set it up: never during a change.
+    Without a cluster (no run folder) there is nothing to keep out."""
+    if not OUTAGE_LOCK.parent.is_dir():
+        yield
+        return
+    with _state_lock(fcntl.LOCK_SH):
+        yield
+
+
+@contextmanager
 def slurmdbd_stopped() -> Iterator[None]:
     """Stop the shared cluster's slurmdbd for the body of the ``with``, then start it the way
     scripts/slurm/up.sh does and wait until sacct answers again, whatever happened in the body.
 
-    Other engineers share the cluster: keep the body to a few seconds. A file lock keeps two outage
-    tests (from any session) from overlapping, so one never restarts what another expects stopped.
+    Other engineers share the cluster: keep the body to a few seconds. The cluster's state lock keeps
+    two outage tests (from any session) from overlapping, so one never restarts what another expects
+    stopped, and keeps the readers out while sacct cannot answer.
     """
     slurm_conf()
-    OUTAGE_LOCK.parent.mkdir(parents=True, exist_ok=True)
-    with open(OUTAGE_LOCK, "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with cluster_changing():
         pid_file = SLURM_ROOT / "run" / "slurmdbd.pid"
         pid = int(pid_file.read_text().strip())
         assert _alive(pid, "slurmdbd"), f"slurmdbd (pid {pid}) is not running before the outage"
@@ -139,7 +174,6 @@ def slurmdbd_stopped() -> Iterator[None]:
             if not (current.isdigit() and _alive(int(current), "slurmdbd")):
                 subprocess.run(["/usr/sbin/slurmdbd"], check=True, timeout=60)
             wait_until(sacct_answers, SLURMDBD_BACK_S, "sacct to answer again after restarting slurmdbd")
-            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def conf_with_unreachable(tmp: Path, *, controller: bool = False, accounting: bool = False) -> Path:

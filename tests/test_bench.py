@@ -78,20 +78,29 @@ def test_gpu_proof_says_why_without_a_gpu(monkeypatch: pytest.MonkeyPatch):
         assert result == gpu_proof.NO_GPU
 
 
-# The modules that time real sbatch/sacct calls on the shared cluster (the others never reach it): their
-# runs join the cluster tests' xdist group, the others spread over the workers.
+# The modules that time real sbatch/sacct calls on the shared cluster (the others never reach it). Those
+# that put jobs on it join the cluster tests' xdist group (submit_overhead's real submissions ask for
+# core-own, which may preempt a job test's sub job); one that only reads the cluster (sync_jobs: one sacct
+# and one scontrol per sync of recorded jobs, nothing submitted) holds the cluster's state lock shared
+# and runs on either worker, like the other modules.
 ON_THE_SHARED_CLUSTER = {"bench.build_jobs", "bench.sync_jobs", "bench.submit_overhead"}
+READS_THE_SHARED_CLUSTER = {"bench.sync_jobs"}
+
+
+def _cluster_marks(module: str) -> list[pytest.MarkDecorator]:
+    if module in READS_THE_SHARED_CLUSTER:
+        return [pytest.mark.cluster_reader]
+    return [pytest.mark.xdist_group(SLURM_GROUP)] if module in ON_THE_SHARED_CLUSTER else []
 
 
 def test_the_modules_on_the_shared_cluster_are_the_ones_that_read_slurm_conf() -> None:
     reads = {name for _, name in MODULES if "SLURM_CONF" in (REPO / (name.replace(".", "/") + ".py")).read_text()}
-    assert reads == ON_THE_SHARED_CLUSTER
+    assert reads == ON_THE_SHARED_CLUSTER and READS_THE_SHARED_CLUSTER <= ON_THE_SHARED_CLUSTER
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("title", "module"), [
-    pytest.param(title, module, id=module.removeprefix("bench."),
-                 marks=[pytest.mark.xdist_group(SLURM_GROUP)] if module in ON_THE_SHARED_CLUSTER else [])
+    pytest.param(title, module, id=module.removeprefix("bench."), marks=_cluster_marks(module))
     for title, module in MODULES])
 def test_fast_mode_writes_each_section(title: str, module: str, tmp_path: Path) -> None:
     """`bench.run --fast --only` per module: the same loop as the whole run, one module a test, so

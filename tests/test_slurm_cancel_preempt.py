@@ -16,7 +16,7 @@ from sqlmodel import select
 
 from idmctl.record.db import session
 from idmctl.record.models import Chain, Job
-from slurm_support import sacct_state, sh, squeue_state, text_so_far, wait_until
+from slurm_support import cluster_changing, sacct_state, sh, squeue_state, text_so_far, wait_until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_home")]
 
@@ -32,15 +32,17 @@ def _qos(qos: str) -> dict[str, str]:
 
 @contextmanager
 def qos_settings(qos: str, **settings: str) -> Iterator[None]:
-    """The QoS's settings changed for the block; the old ones restored (and checked) whatever happens."""
-    before = _qos(qos)
-    try:
-        sh("sacctmgr", "-i", "modify", "qos", qos, "set", *(f"{k}={v}" for k, v in settings.items()))
-        wait_until(lambda: all(_qos(qos)[k] == v for k, v in settings.items()), 30, f"QoS {qos} {settings}")
-        yield
-    finally:
-        sh("sacctmgr", "-i", "modify", "qos", qos, "set", *(f"{k}={before[k]}" for k in settings))
-        wait_until(lambda: _qos(qos) == before, 30, f"QoS {qos} restored to {before}")
+    """The QoS's settings changed for the block; the old ones restored (and checked) whatever happens.
+    A change of the shared cluster: no reader test reads the QoS meanwhile."""
+    with cluster_changing():
+        before = _qos(qos)
+        try:
+            sh("sacctmgr", "-i", "modify", "qos", qos, "set", *(f"{k}={v}" for k, v in settings.items()))
+            wait_until(lambda: all(_qos(qos)[k] == v for k, v in settings.items()), 30, f"QoS {qos} {settings}")
+            yield
+        finally:
+            sh("sacctmgr", "-i", "modify", "qos", qos, "set", *(f"{k}={before[k]}" for k in settings))
+            wait_until(lambda: _qos(qos) == before, 30, f"QoS {qos} restored to {before}")
 
 
 def _submit(cli, experiment: str, *args: str) -> dict:
@@ -63,6 +65,7 @@ def _sync_until(cli, what: str, predicate, timeout_s: float = 120):
     return wait_until(synced, timeout_s, what, poll_s=1.0)
 
 
+@pytest.mark.cluster_reader
 def test_the_cluster_reports_its_preemption_mode_per_qos() -> None:
     from idmctl.ops.executors.preempt_mode import REQUEUE, preempt_mode
 

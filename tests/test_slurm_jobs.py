@@ -14,7 +14,7 @@ from sqlmodel import select
 
 from idmctl.record.db import session
 from idmctl.record.models import Chain, Job
-from slurm_support import release_requeued, sh, squeue_state, text_so_far, wait_until
+from slurm_support import cluster_changing, release_requeued, sh, squeue_state, text_so_far, wait_until
 from ground.contract import MLFLOW_RUN_ID_FILE
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_home")]
@@ -50,6 +50,7 @@ def _chain_jobs(chain_id: int) -> list[Job]:
         return list(db.exec(select(Job).where(Job.chain_id == chain_id).order_by(Job.id)).all())
 
 
+@pytest.mark.cluster_reader
 def test_dry_run_script_is_accepted_by_sbatch_test_only(cli, tmp_path: Path) -> None:
     result = cli("submit", "quickstart", "--dry-run", "--qos", "sub", "--gres", "gpu:2", "--exclude", "n2")
     assert result.exit_code == 0, result.stderr
@@ -63,6 +64,7 @@ def test_dry_run_script_is_accepted_by_sbatch_test_only(cli, tmp_path: Path) -> 
     assert subprocess.run(["sbatch", "--test-only", str(script)], capture_output=True).returncode != 0
 
 
+@pytest.mark.cluster_reader
 def test_a_qos_the_cluster_does_not_grant_is_refused_by_sbatch_test_only_and_nothing_is_recorded(
         cli, slurm_home: Path) -> None:
     """The profile lists core-reserved; the cluster has it but never granted it (scripts/slurm/up.sh).
@@ -246,26 +248,28 @@ def test_node_failure_requeues_resumes_and_excludes_the_node(cli, monkeypatch: p
     wait_until(lambda: ckpt.exists() and json.loads(ckpt.read_text())["step"] >= 3, 60, "3 steps")
     failed = sh("squeue", "-h", "-j", job["scheduler_id"], "-o", "%N").strip()
     survivor = {"n1": "n2", "n2": "n1"}[failed]
-    # DRAIN first: with ReturnToService=2 a DOWN node whose slurmd still answers rejoins at once and
-    # would take the requeued job back; a drained one stays out, like a dead machine.
-    sh("scontrol", "update", f"NodeName={failed}", "State=DRAIN", "Reason=idmctl-test-node-fail")
-    sh("scontrol", "update", f"NodeName={failed}", "State=DOWN", "Reason=idmctl-test-node-fail")
-    try:
-        def release_and_check() -> bool:
-            release_requeued(job["scheduler_id"])
-            return "restart 1" in text_so_far(Path(job["log"]))
+    # A node down is a change of the shared cluster: no reader test runs until it is back in service.
+    with cluster_changing():
+        # DRAIN first: with ReturnToService=2 a DOWN node whose slurmd still answers rejoins at once and
+        # would take the requeued job back; a drained one stays out, like a dead machine.
+        sh("scontrol", "update", f"NodeName={failed}", "State=DRAIN", "Reason=idmctl-test-node-fail")
+        sh("scontrol", "update", f"NodeName={failed}", "State=DOWN", "Reason=idmctl-test-node-fail")
+        try:
+            def release_and_check() -> bool:
+                release_requeued(job["scheduler_id"])
+                return "restart 1" in text_so_far(Path(job["log"]))
 
-        wait_until(release_and_check, 120, f"the job to restart on {survivor}", poll_s=1.0)
-        assert cli("sync").exit_code == 0
-        # The node that failed is left out of the next submission's script.
-        dry = cli("submit", "quickstart", "--dry-run")
-        assert dry.exit_code == 0 and re.search(rf"#SBATCH --exclude=\S*{failed}", dry.stdout), dry.stdout
-        final = _sync_until_final(cli, job["job"], timeout_s=120)
-    finally:
-        sh("scontrol", "update", f"NodeName={failed}", "State=RESUME", check=False)
-        # Back in service and responding before other tests schedule onto it.
-        wait_until(lambda: sh("sinfo", "-h", "-n", failed, "-o", "%T", check=False).strip() in ("idle", "mixed", "allocated"),
-                   60, f"{failed} to return to service")
+            wait_until(release_and_check, 120, f"the job to restart on {survivor}", poll_s=1.0)
+            assert cli("sync").exit_code == 0
+            # The node that failed is left out of the next submission's script.
+            dry = cli("submit", "quickstart", "--dry-run")
+            assert dry.exit_code == 0 and re.search(rf"#SBATCH --exclude=\S*{failed}", dry.stdout), dry.stdout
+            final = _sync_until_final(cli, job["job"], timeout_s=120)
+        finally:
+            sh("scontrol", "update", f"NodeName={failed}", "State=RESUME", check=False)
+            # Back in service and responding before other tests schedule onto it.
+            wait_until(lambda: sh("sinfo", "-h", "-n", failed, "-o", "%T", check=False).strip() in ("idle", "mixed", "allocated"),
+                       60, f"{failed} to return to service")
     assert final.state == "COMPLETED", final.log_tail
     runs = json.loads(final.options_json)["runs"]
     assert runs[0]["state"] == "NODE_FAIL" and runs[-1]["state"] == "COMPLETED", runs

@@ -107,6 +107,7 @@ def test_slurmdbd_outage_during_a_requeued_job_changes_no_row_and_sync_confirms_
     assert final["submitted_at"].replace(tzinfo=timezone.utc) <= first
 
 
+@pytest.mark.cluster_reader
 def test_unreachable_controller_is_named_exit_1_and_no_row_changes(cli, tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("IDMCTL_TEST_BEHAVIOR", "steps:2:0.1")
     sub = _submit(cli)
@@ -121,6 +122,7 @@ def test_unreachable_controller_is_named_exit_1_and_no_row_changes(cli, tmp_path
     assert _row(sub["job"]) == before
 
 
+@pytest.mark.cluster_reader
 def test_both_daemons_unreachable_names_slurmdbd_first_and_changes_nothing(cli, tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("IDMCTL_TEST_BEHAVIOR", "steps:2:0.1")
     sub = _submit(cli)

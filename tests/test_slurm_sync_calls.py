@@ -15,6 +15,7 @@ from idmctl.record.models import Job
 pytestmark = pytest.mark.slurm
 
 
+@pytest.mark.cluster_reader
 def test_sync_of_1000_jobs_makes_at_most_two_slurm_calls(cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                           local_slurm: str) -> None:
     real_ids = known_job_ids(50)
