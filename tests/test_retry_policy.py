@@ -70,7 +70,8 @@ NODE = "n2"
 
 
 def test_every_cause_has_an_action_and_a_sample() -> None:
-    causes = load_taxonomy()
+    # A cause named from the chain (crash_loop) has no rules: tests/test_crash_loop.py walks it.
+    causes = [cause for cause in load_taxonomy() if not cause.from_chain]
     assert [cause.name for cause in causes] == list(SAMPLES)  # the yaml's order, no cause untested
     for cause in causes:
         assert cause.action in ACTIONS, cause.name
