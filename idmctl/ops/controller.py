@@ -1,0 +1,183 @@
+"""The controller inside Slurm: every attempt of a chain is followed by a small job
+(``--dependency=afterany:<attempt>``, one CPU, the profile's ``controller`` QoS/partition) that runs
+``idmctl sync --chain <id>``: it classifies, records, excludes and resubmits within seconds of the
+attempt's end, and the resubmitted attempt gets a controller of its own. Nothing of idmctl keeps running
+anywhere else. A controller is not an attempt: it has no Job row (its id is a fact on the attempt it
+follows, ``record.job_facts``), spends no retry and is never a failure.
+
+A controller that cannot reach the store exits non-zero with one line and writes nothing: the scheduler
+kept every state it would have read, so the next controller or a manual ``idmctl sync`` catches up from
+sacct. A chain that ends cancels the controllers still waiting on it; ``--kill-on-invalid-dep`` removes
+one whose attempt vanished.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from ground.errors import CheckFailed, UserError
+from ground.paths import atomic_write_text, home
+from idmctl.core.job_state import UNCONFIRMED, is_terminal
+from idmctl.core.notice import warn
+from idmctl.core.profile import ClusterProfile, load_profile
+from idmctl.job.controller_script import ControllerContext, controller_request, render_controller_script
+from idmctl.ops.executors import executor_for
+from idmctl.record.job_facts import CONTROLLER, fact, record_fact
+from idmctl.record.stored_json import job_options
+
+CONTROLLER_LOG = "controller-%j.out"
+REARM_BEGIN_S = 20
+"""A controller re-armed after an attempt that squeue says ended but sacct has not recorded yet starts no
+sooner than this (its dependency already holds): one sacct flush later, not in a tight loop."""
+
+
+class ControllerFailed(CheckFailed):
+    """The controller's sync could not run (the store or the scheduler did not answer): nothing was written."""
+
+
+def submit_controller(job_id: int, chain_id: int, attempt: int, after: str, run_dir: Path, cluster: str | None,
+                      begin_s: int | None = None) -> str | None:
+    """Submit the controller that follows attempt ``after`` (scheduler id) of ``chain_id``; returns its id,
+    or None where the profile has none (a local executor, ``controller.enabled: false``). A controller that
+    sbatch refuses is a warning, never a failed submit: the attempt runs, a manual sync still serves it."""
+    profile = load_profile(cluster)[0]
+    if not wanted(profile):
+        return None
+    settings = profile.controller
+    ctx = ControllerContext(chain_id=chain_id, attempt=attempt, after=after, log_path=str(run_dir / CONTROLLER_LOG),
+                            idmctl_home=home(), cluster=cluster, partition=settings.partition,
+                            begin=f"now+{begin_s}" if begin_s else None)
+    script = render_controller_script(controller_request(ctx, settings.qos, settings.time_limit, settings.mem), ctx)
+    path = run_dir / f"controller-{attempt}.sbatch"
+    atomic_write_text(path, script)
+    submitted_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    try:
+        scheduler_id = executor_for("slurm").submit(path, ctx.log_path)
+    except CheckFailed as exc:
+        warn(f"warning: no controller for job {after} (chain {chain_id}): {exc}; run `idmctl sync` for this chain")
+        record_fact(job_id, CONTROLLER, {"error": str(exc)[:300], "submitted_at": submitted_at})
+        return None
+    record_fact(job_id, CONTROLLER, {"scheduler_id": scheduler_id, "after": after, "submitted_at": submitted_at,
+                                     "script": str(path)})
+    return scheduler_id
+
+
+def wanted(profile: ClusterProfile) -> bool:
+    return profile.scheduler == "slurm" and profile.controller.enabled
+
+
+@dataclass(frozen=True)
+class ControllerRun:
+    chain_id: int
+    after: str
+    result: str
+    """One line: what the sync did for the chain."""
+    rearmed: str | None = None
+    """A new controller's id, when the attempt had not ended for good (requeued, or sacct lagging)."""
+    cancelled: tuple[str, ...] = ()
+    """Controllers of the chain cancelled because the chain ended."""
+
+
+def run_controller(chain_id: int, after: str) -> ControllerRun:
+    """What a controller job runs: sync the chain, record the run on the attempt it followed, then either
+    re-arm (the attempt goes on), leave it to the next attempt's own controller, or, the chain ended,
+    cancel the controllers still waiting."""
+    from idmctl.core.executor import SchedulerUnreachable  # the executor protocol's error, with sync's
+    from idmctl.ops.sync import sync  # the ORM and the classifier: not on the submit path, which imports this module
+
+    me = os.environ.get("SLURM_JOB_ID", "")
+    try:
+        report = sync(chain_id=chain_id)
+    except (UserError, SchedulerUnreachable) as exc:
+        raise ControllerFailed(f"controller for chain {chain_id} (after job {after}): {_one_line(exc)}; nothing was "
+                               "recorded: the next controller or `idmctl sync` catches up from sacct") from exc
+    except Exception as exc:  # SQLAlchemy's OperationalError and kin: the store went away mid-sync
+        if type(exc).__module__.split(".")[0] != "sqlalchemy":
+            raise
+        raise ControllerFailed(f"controller for chain {chain_id} (after job {after}): the store did not answer "
+                               f"({type(exc).__name__}); nothing was recorded: the next controller or `idmctl sync` "
+                               "catches up from sacct") from exc
+    result = _summary(report)
+    status, attempts = _chain_state(chain_id)
+    attempted = next((a for a in attempts if a["scheduler_id"] == after), None)
+    if attempted is not None:
+        record_fact(attempted["id"], CONTROLLER, {"last_run": {
+            "at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "result": result, "ok": True,
+            "scheduler_id": me or None}})
+    if status != "ACTIVE":
+        return ControllerRun(chain_id, after, result, cancelled=tuple(cancel_controllers(chain_id, keep=me)))
+    latest = attempts[-1] if attempts else None
+    if latest is None or is_terminal(latest["state"]) or not latest["scheduler_id"]:
+        return ControllerRun(chain_id, after, result)
+    follower = (latest["controller"] or {}).get("scheduler_id")
+    if follower and follower != me:
+        return ControllerRun(chain_id, after, result)  # the attempt's own controller waits on it
+    begin = REARM_BEGIN_S if latest["state"] == UNCONFIRMED else None
+    rearmed = submit_controller(latest["id"], chain_id, latest["attempt"], latest["scheduler_id"],
+                                Path(latest["script_path"]).parent, latest["cluster"], begin_s=begin)
+    return ControllerRun(chain_id, after, result, rearmed=rearmed)
+
+
+def cancel_controllers(chain_id: int, keep: str = "") -> list[str]:
+    """Cancel every recorded controller of the chain's attempts except ``keep`` (the one running now);
+    returns the ids cancelled. One that already ran is no error (scancel of an ended job)."""
+    _, attempts = _chain_state(chain_id)
+    ids = [c["scheduler_id"] for a in attempts if (c := a["controller"] or {}).get("scheduler_id")
+           and c["scheduler_id"] != keep]
+    cancelled = []
+    for scheduler_id in ids:
+        try:
+            executor_for("slurm").cancel(scheduler_id)
+        except CheckFailed:
+            continue  # it ran and ended already
+        cancelled.append(scheduler_id)
+    return cancelled
+
+
+def _chain_state(chain_id: int) -> tuple[str | None, list[dict]]:
+    """The chain's status and its attempts (id, attempt, scheduler id, state, controller fact), oldest first."""
+    from sqlmodel import select  # the ORM: not on the submit path, which imports this module
+
+    from idmctl.record.db import session  # the ORM, as above
+    from idmctl.record.models import Chain, Job  # the ORM, as above
+
+    with session() as db:
+        chain = db.get(Chain, chain_id)
+        rows = db.exec(select(Job).where(Job.chain_id == chain_id).order_by(Job.attempt, Job.id)).all()
+        attempts = [{"id": job.id, "attempt": job.attempt, "scheduler_id": job.scheduler_id, "state": job.state,
+                     "script_path": job.script_path, "controller": fact(job.options_json, CONTROLLER, job.id),
+                     "cluster": _cluster_of(job.options_json, job.id)}
+                    for job in rows]
+        return (chain.status if chain else None), attempts
+
+
+def _cluster_of(options_json: str | None, job: object) -> str | None:
+    admitted = job_options(options_json, job).get("admitted") or {}
+    return admitted.get("cluster") if isinstance(admitted, dict) else None
+
+
+def _summary(report: object) -> str:
+    resubmitted = getattr(report, "resubmitted", [])
+    stopped = getattr(report, "stopped", [])
+    finished = getattr(report, "finished", [])
+    if resubmitted:
+        return "; ".join(f"job {old} ended, resubmitted as job {new}" for old, new in resubmitted)
+    if stopped:
+        return "; ".join(f"job {job_id}: chain stopped — {why}" for job_id, why in stopped)[:500]
+    if finished:
+        return f"{len(finished)} ended, nothing to resubmit"
+    return f"{getattr(report, 'checked', 0)} checked, none ended"
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def controller_of(options_json: str | None, job: object = "?") -> dict | None:
+    """The controller fact of an attempt (for ``idmctl jobs``): id, when submitted, its last run."""
+    value = fact(options_json, CONTROLLER, job)
+    return value if isinstance(value, dict) else None
