@@ -20,7 +20,8 @@ from pathlib import Path
 
 from ground.errors import CheckFailed, UserError
 from ground.paths import atomic_write_text, home
-from idmctl.core.job_state import UNCONFIRMED, is_terminal
+from idmctl.core.executor import UNCONFIRMED
+from idmctl.core.job_state import is_terminal
 from idmctl.core.notice import warn
 from idmctl.core.profile import ClusterProfile, load_profile
 from idmctl.job.controller_script import ControllerContext, controller_request, render_controller_script
@@ -92,12 +93,12 @@ def run_controller(chain_id: int, after: str) -> ControllerRun:
     try:
         report = sync(chain_id=chain_id)
     except (UserError, SchedulerUnreachable) as exc:
-        raise ControllerFailed(f"controller for chain {chain_id} (after job {after}): {_one_line(exc)}; nothing was "
+        raise ControllerFailed(f"error: controller for chain {chain_id} (after job {after}): {_one_line(exc)}; nothing was "
                                "recorded: the next controller or `idmctl sync` catches up from sacct") from exc
     except Exception as exc:  # SQLAlchemy's OperationalError and kin: the store went away mid-sync
         if type(exc).__module__.split(".")[0] != "sqlalchemy":
             raise
-        raise ControllerFailed(f"controller for chain {chain_id} (after job {after}): the store did not answer "
+        raise ControllerFailed(f"error: controller for chain {chain_id} (after job {after}): the store did not answer "
                                f"({type(exc).__name__}); nothing was recorded: the next controller or `idmctl sync` "
                                "catches up from sacct") from exc
     result = _summary(report)
@@ -181,3 +182,14 @@ def controller_of(options_json: str | None, job: object = "?") -> dict | None:
     """The controller fact of an attempt (for ``idmctl jobs``): id, when submitted, its last run."""
     value = fact(options_json, CONTROLLER, job)
     return value if isinstance(value, dict) else None
+
+
+def controller_line(followed: dict) -> str:
+    """One line for ``idmctl jobs``: the controller that follows an attempt, and its last run (when, result)."""
+    if followed.get("error") and not followed.get("scheduler_id"):
+        return f"no controller: sbatch refused it at {followed.get('submitted_at')}: {followed['error']}"
+    text = f"controller job {followed.get('scheduler_id')} (submitted {followed.get('submitted_at')})"
+    last = followed.get("last_run")
+    if not isinstance(last, dict):
+        return text + ": waiting for the attempt to end"
+    return text + f", last ran {last.get('at')}: {last.get('result')}"

@@ -261,6 +261,7 @@ def jobs(
         "run_url": run_url(run_of_chain[j.chain_id], ui_url) if run_of_chain.get(j.chain_id) else None,
         "build": job_options(j.options_json, j.id).get("build"),
         "eta": etas[j.id].as_dict() if etas.get(j.id) else None,
+        "controller": job_options(j.options_json, j.id).get("controller"),
     } for j in rows]
     if as_json:
         emit_json(records)
@@ -276,6 +277,13 @@ def jobs(
                       eta.progress_text if eta else "—", _rate(eta), eta.finish_text(now) if eta else "—",
                       r["run_url"] or "—")
     console.print(table)
+    followed = [r for r in records if isinstance(r["controller"], dict)]
+    if followed:
+        from idmctl.ops.controller import controller_line  # only a store whose chains have controller jobs
+
+        for r in followed:
+            console.print(f"job {r['job']} (chain {r['chain']}/{r['attempt']}): {controller_line(r['controller'])}",
+                          markup=False)
 
 
 def _rate(eta: object) -> str:
