@@ -178,7 +178,7 @@ def sync(
     from idmctl.ops.sync import sync as run_sync
 
     if controller_for is not None:
-        from idmctl.ops.controller import run_controller  # only inside a controller job
+        from idmctl.ops.controller_run import run_controller  # only inside a controller job
 
         if chain is None:
             raise UserError("--controller-for needs --chain", file="command line", field="--chain",
