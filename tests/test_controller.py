@@ -58,3 +58,22 @@ def test_a_controller_that_cannot_reach_the_store_fails_loudly_and_never_prints_
     assert "s3cr3t-pw" not in result.output
     assert lines[0].startswith("error: controller for chain 4 (after job 2318): "), lines[0]
     assert "nothing was recorded: the next controller or `idmctl sync` catches up from sacct" in lines[0]
+
+
+def test_the_controller_script_runs_its_sync_for_the_chain(tmp_path: Path) -> None:
+    """The rendered controller script, run by bash as slurmd would (outside Slurm here): it syncs the chain
+    (none in this empty store) and exits 0; its own id comes through, the allocation's variables do not."""
+    import os
+
+    from idmctl.job.controller_script import ControllerContext, controller_request, render_controller_script
+
+    ctx = ControllerContext(chain_id=1, attempt=1, after="123", log_path=str(tmp_path / "controller-%j.out"),
+                            idmctl_home=tmp_path)
+    script = tmp_path / "controller-1.sbatch"
+    script.write_text(render_controller_script(controller_request(ctx, "share", "0:03:00", "400MiB"), ctx))
+    env = {**os.environ, "SLURM_JOB_ID": "4242", "SLURM_CPUS_PER_TASK": "1"}
+    result = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "idmctl: controller 4242 for chain 1 after job 123" in result.stdout
+    assert "controller for chain 1 after job 123: 0 checked, none ended" in result.stdout
+    assert "idmctl: controller exited 0" in result.stdout

@@ -18,6 +18,8 @@ from idmctl.core.job_options import JobRequest
 from idmctl.job.render import check_name, check_sbatch_path, check_shell_path
 from idmctl.job.template import fill
 
+ENV_CONTROLLER_JOB = "IDMCTL_CONTROLLER_JOB_ID"
+"""The controller job's own Slurm id, kept under this name once its script drops the ``SLURM_*`` variables."""
 _DEPENDENCY = re.compile(r"^(after|afterany|afterok|afternotok):\d+(_\d+)?(:\d+(_\d+)?)*$")
 _BEGIN = re.compile(r"^now\+\d{1,6}$")
 
@@ -84,6 +86,7 @@ def render_controller_script(request: JobRequest, ctx: ControllerContext) -> str
     env = {contract.ENV_HOME: str(ctx.idmctl_home), **({contract.ENV_CLUSTER: ctx.cluster} if ctx.cluster else {}),
            "PYTHONUNBUFFERED": "1"}
     return fill("controller", {
+        "ENV_CONTROLLER_JOB": ENV_CONTROLLER_JOB,
         "sbatch_header": "\n".join(header),
         "exports": "\n".join(f"export {key}={q(value)}" for key, value in env.items()),
         "repo_root": q(str(ctx.repo_root)),

@@ -12,6 +12,7 @@ from pathlib import Path
 from ground.errors import CheckFailed, UserError
 from idmctl.core.executor import UNCONFIRMED, SchedulerUnreachable
 from idmctl.core.job_state import is_terminal
+from idmctl.job.controller_script import ENV_CONTROLLER_JOB
 from idmctl.ops.controller import cancel_controllers, chain_state, submit_controller
 from idmctl.ops.sync import sync
 from idmctl.record.job_facts import CONTROLLER, record_fact
@@ -41,7 +42,7 @@ def run_controller(chain_id: int, after: str) -> ControllerRun:
     """What a controller job runs: sync the chain, record the run on the attempt it followed, then either
     re-arm (the attempt goes on), leave it to the next attempt's own controller, or, the chain ended,
     cancel the controllers still waiting."""
-    me = os.environ.get("SLURM_JOB_ID", "")
+    me = os.environ.get(ENV_CONTROLLER_JOB) or os.environ.get("SLURM_JOB_ID", "")
     try:
         report = sync(chain_id=chain_id)
     except (UserError, SchedulerUnreachable) as exc:

@@ -21,6 +21,10 @@ export IDMCTL_CLUSTER=/opt/idmctl/src/clusters/card.yaml
 export PYTHONUNBUFFERED=1
 cd /opt/idmctl/src || exit 1
 echo "idmctl: controller ${SLURM_JOB_ID:-local} for chain 7 after job 6108 on $(hostname) at $(date -Is)"
+# An sbatch from inside a job hands the job's own allocation (SLURM_CPUS_PER_TASK=1, SLURM_MEM_PER_NODE, …)
+# to the attempt it resubmits: keep only the cluster's config, and this job's id under our own name.
+export IDMCTL_CONTROLLER_JOB_ID="${SLURM_JOB_ID:-}"
+for name in $(compgen -e | grep '^SLURM_' | grep -vx 'SLURM_CONF'); do unset "$name"; done
 /opt/idmctl/venv/bin/python -m idmctl sync --chain 7 --controller-for 6108
 STATUS=$?
 echo "idmctl: controller exited $STATUS at $(date -Is)"
