@@ -119,6 +119,7 @@ def test_the_card_causes_keep_their_documented_actions() -> None:
     ("action: stop, max_per_chain: 1", "causes[0].max_per_chain: max_per_chain 1 needs a retrying action"),
     ("action: exclude_node_and_resume", "causes[0].exclude_node_for: exclude_node_for goes with, and only with"),
     ("action: exclude_node_and_resume, exclude_node_for: soon", "causes[0].exclude_node_for: not a duration: 'soon'"),
+    ("action: stop, from_chain: sometimes", "causes[0].from_chain: from_chain 'sometimes' needs true/false and no rules"),
 ])
 def test_a_bad_policy_is_a_user_error(tmp_path: Path, entry: str, error: str) -> None:
     bad = tmp_path / "taxonomy.yaml"
