@@ -86,6 +86,10 @@ def test_a_crash_loop_stops_after_two_attempts_with_no_sync_from_the_test(cli, c
         causes = {f.job_id: f.cause for f in db.exec(select(Failure))}
     assert [causes[j.id] for j in jobs] == ["hang", "crash_loop"]
     _assert_controlled(jobs)
+    listing = cli("jobs").output
+    for job in jobs:  # `idmctl jobs` shows each attempt's controller and its last run
+        assert re.search(rf"^job {job.id} \(chain {job.chain_id}/{job.attempt}\): controller job \d+ \(submitted .+\), "
+                         r"last ran \S+: ", listing, re.M), listing
     result = cli("failures", "--cause", "crash_loop", "--json")
     assert result.exit_code == 0, result.output
     (row,) = json.loads(result.stdout)
