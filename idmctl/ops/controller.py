@@ -77,14 +77,13 @@ def cancel_controllers(chain_id: int, keep: str = "") -> list[str]:
 
 def chain_state(chain_id: int) -> tuple[str | None, list[dict]]:
     """The chain's status and its attempts (id, attempt, scheduler id, state, controller fact), oldest first."""
-    from sqlmodel import select  # the ORM: not on the submit path, which imports this module
-
+    from idmctl.record.chain_attempts import attempts_of  # the ORM: not on the submit path, which imports this module
     from idmctl.record.db import session  # the ORM, as above
-    from idmctl.record.models import Chain, Job  # the ORM, as above
+    from idmctl.record.models import Chain  # the ORM, as above
 
     with session() as db:
         chain = db.get(Chain, chain_id)
-        rows = db.exec(select(Job).where(Job.chain_id == chain_id).order_by(Job.attempt, Job.id)).all()
+        rows = attempts_of(db, chain_id)
         attempts = [{"id": job.id, "attempt": job.attempt, "scheduler_id": job.scheduler_id, "state": job.state,
                      "script_path": job.script_path, "controller": fact(job.options_json, CONTROLLER, job.id),
                      "cluster": _cluster_of(job.options_json, job.id)}

@@ -15,12 +15,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
-from sqlmodel import Session, select
+from sqlmodel import Session
 
 from ground.contract import EVENTS_FILE, STEP_MARKER
 from ground.run_events import CHECKPOINT, parse_event_line
 from idmctl.core.job_state import is_failed
 from idmctl.ops.failures.classify import MAX_LINE_CHARS, Classification, get_cause
+from idmctl.record.chain_attempts import attempts_of
 from idmctl.record.job_facts import COMMITTED_STEP, fact, with_fact
 from idmctl.record.models import Job
 from trainers.checkpoint import complete_checkpoints
@@ -113,7 +114,7 @@ def crash_loop(db: Session, job: Job, found: Classification,
     (``postmortem.recorded_causes``), for the earlier attempt."""
     if not _loops(found.cause) or job.chain_id is None or job.attempt < 2:
         return found
-    earlier = list(db.exec(select(Job).where(Job.chain_id == job.chain_id, Job.attempt < job.attempt)))
+    earlier = attempts_of(db, job.chain_id, before=job.attempt)
     attempts = {other.attempt: other for other in earlier}
     previous = attempts.get(job.attempt - 1)
     cause_of = recorded_causes(db, earlier)
