@@ -11,6 +11,10 @@ on SIGUSR1/SIGTERM and exit 75, resume from the checkpoint. ``IDMCTL_TEST_BEHAVI
 - ``hang:N:TOTAL[:SECONDS]``: like ``steps:TOTAL:SECONDS`` with the trainer's heartbeat (progress.json),
   but the chain's first attempt deadlocks after step N (a lock taken twice in the main thread, while a
   second thread waits on it: two stacks for the watchdog's dump); later attempts resume and finish
+- ``stuck:TOTAL[:SECONDS]``: every attempt resumes, beats once and deadlocks before its first step, so no
+  attempt commits a newer checkpoint (a crash loop: the watchdog kills each one as ``hang``)
+
+Every checkpoint is also a ``checkpoint`` event of ``events.jsonl`` (ground.run_events), as the trainer writes.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import sys
 import time
 from pathlib import Path
 
+from ground.run_events import CHECKPOINT, append_event
 from ground.contract import ENV_ATTEMPT, ENV_SMOKE_STEPS, EXIT_REQUEUE, SPEC_FILE, STACKS_SIGNAL, STEP_MARKER
 
 
@@ -55,6 +60,9 @@ def main() -> int:
         _, hang_at, total, *rest = behavior.split(":")
         first = os.environ.get(ENV_ATTEMPT, "1") == "1"
         return _steps(run_dir, int(total), float(rest[0]) if rest else 0.2, hang_at=int(hang_at) if first else None)
+    if behavior.startswith("stuck:"):
+        _, total, *rest = behavior.split(":")
+        return _steps(run_dir, int(total), float(rest[0]) if rest else 0.2, stuck=True)
     _, total, *rest = behavior.split(":")
     smoke = os.environ.get(ENV_SMOKE_STEPS)  # the preflight's smoke of this entry (the entry contract)
     return _steps(run_dir, int(smoke or total), float(rest[0]) if rest else 0.2)
@@ -81,14 +89,18 @@ def _deadlock(step: int) -> None:
     lock.acquire()  # never returns: the main thread waits on a lock it holds
 
 
-def _steps(run_dir: Path, total: int, seconds: float, hang_at: int | None = None) -> int:
+def _steps(run_dir: Path, total: int, seconds: float, hang_at: int | None = None, stuck: bool = False) -> int:
     ckpt = run_dir / "ckpt.json"
+    rank = int(os.environ.get("SLURM_PROCID", "0"))
     step = json.loads(ckpt.read_text())["step"] if ckpt.exists() else 0
     print(f"entry: resumed from step {step}" if step else "entry: starting at step 0", flush=True)
     notice = {"got": False}
     started = time.time()
     signal.signal(signal.SIGUSR1, lambda *_: notice.update(got=True))
     signal.signal(signal.SIGTERM, lambda *_: notice.update(got=True))
+    if stuck:
+        _heartbeat(run_dir, step, total, seconds, started)
+        _deadlock(step)
     while step < total:
         if notice["got"]:
             print(f"entry: checkpointed at step {step} on signal, exiting {EXIT_REQUEUE}", flush=True)
@@ -100,6 +112,8 @@ def _steps(run_dir: Path, total: int, seconds: float, hang_at: int | None = None
         tmp = ckpt.with_suffix(f".tmp{os.getpid()}")
         tmp.write_text(json.dumps({"step": step}))
         os.replace(tmp, ckpt)
+        if rank == 0:
+            append_event(run_dir, CHECKPOINT, step=step)
         print(f"entry: step {step}", flush=True)
         print(f"{STEP_MARKER} step={step} loss={1.0 / step:.4f} seconds={seconds:.3f}", flush=True)
         if hang_at is not None:

@@ -39,7 +39,8 @@ def test_rows_keep_the_flags_in_their_old_form_and_old_rows_read_back() -> None:
 
 def test_every_option_names_its_flag_and_each_resource_field_exists_where_it_lands() -> None:
     assert [flag_of(f.name) for f in fields(JobRequest)] == ["--qos", "--time", "--mem", "-c", "--gres", "-J",
-                                                             "--exclude", "--retries", "--entry", "--build", "--hold"]
+                                                             "--exclude", "--retries", "--entry", "--build", "--hold",
+                                                             "--dependency", "--kill-on-invalid-dep"]
     options, resources = JobOptions.__dataclass_fields__, ResourcesSpec.model_fields
     assert RESOURCE_FIELDS == ("qos", "time_limit", "mem", "cpus_per_node", "gpus_per_node")
     assert all(name in options and resource_of(name) in resources for name in RESOURCE_FIELDS)

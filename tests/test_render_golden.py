@@ -136,3 +136,21 @@ def test_every_part_of_the_template_is_rendered_by_some_golden_job() -> None:
     unseen = [name for name, body in parts().items()
               if body.split("\n")[0].split("{{")[0].strip() not in goldens]
     assert not unseen, f"template parts no golden job renders: {unseen} (add a case to CASES)"
+
+
+def test_controller_script_matches_its_golden_file() -> None:
+    """The controller job after attempt 2 (Slurm job 6108) of card A's chain 7, under the card's profile."""
+    from idmctl.core.profile import load_profile
+    from idmctl.job.controller_script import ControllerContext, controller_request, render_controller_script
+
+    settings = load_profile("card")[0].controller
+    run_dir = HOME / "runs" / "latent_c_n4" / "7"
+    ctx = ControllerContext(chain_id=7, attempt=2, after="6108", log_path=str(run_dir / "controller-%j.out"),
+                            idmctl_home=HOME, cluster="/opt/idmctl/src/clusters/card.yaml", partition=settings.partition,
+                            python=PYTHON, repo_root=Path("/opt/idmctl/src"))
+    script = render_controller_script(controller_request(ctx, "share", settings.time_limit, settings.mem), ctx)
+    path = GOLDEN / "controller_card_a.sh"
+    if UPDATE:
+        path.write_text(script)
+    diff = golden_diff(path.read_text(), script, "controller_card_a")
+    assert not diff, f"the controller script differs from its golden file:\n{diff}"

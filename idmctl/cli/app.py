@@ -120,7 +120,7 @@ _COMMANDS: dict[str, Callable[[typer.Typer], None]] = {
     "train": _train, "ledger": _command("ledger"), "doctor": _command("doctor"), "gc": _command("gc"),
     "notify": _command("notify"),
     "exp": _group("exp"), "failures": _group("failures"), "jobs": _jobs("jobs"), "cache": _cache, "model": _train,
-    "data": _group("data"),
+    "data": _group("data"), "controller": _group("controller"),
 }
 """Each command and the function that registers it (and its siblings from the same module)."""
 

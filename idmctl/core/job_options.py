@@ -53,6 +53,10 @@ class JobRequest:
     """A cache build job of this mode (``contract.BUILD_MODES``) instead of training."""
     hold: bool = field(default=False, metadata={"flag": "--hold", "resource": None})
     """Submitted held (``#SBATCH --hold``) until ``scontrol release``."""
+    dependency: str | None = _flag("--dependency")
+    """Slurm's ``--dependency`` (e.g. ``afterany:123``): the job starts only after that condition holds."""
+    kill_on_invalid_dep: bool = field(default=False, metadata={"flag": "--kill-on-invalid-dep", "resource": None})
+    """``--kill-on-invalid-dep=yes``: a job whose dependency can never be satisfied is cancelled, never left pending."""
 
     def is_given(self, name: str) -> bool:
         value = getattr(self, name)
@@ -79,7 +83,7 @@ class JobRequest:
                 value = parse_gres(value)
             elif name == "exclude":
                 value = tuple(value)
-            values[name] = bool(value) if name == "hold" else value
+            values[name] = bool(value) if name in ("hold", "kill_on_invalid_dep") else value
         return cls(**values)
 
 

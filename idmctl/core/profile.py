@@ -133,6 +133,46 @@ class HangWatch(_Strict):
         return parse_duration(self.poll)
 
 
+class ControllerJob(_Strict):
+    """The small job that follows every attempt of a chain on a Slurm cluster (``--dependency=afterany``)
+    and runs ``idmctl sync --chain`` for it: classify, record, exclude, resubmit, with no idmctl process
+    left running anywhere else. It asks for one CPU for a few seconds; put it where that is cheapest."""
+
+    enabled: bool = True
+    """False: no controller jobs; someone (or the login-node cron, or ``idmctl controller install``) runs sync."""
+    qos: str | None = None
+    """The QoS it runs under (a cheap, non-preemptible one: a preempted controller is requeued, not lost,
+    but late); None: the cluster's default QoS."""
+    partition: str | None = None
+    """The partition it runs on (a CPU or debug partition); None: the cluster's default."""
+    time_limit: str = "0:05:00"
+    """Its wall-clock limit: a sync of one chain takes seconds; the limit bounds a store that hangs."""
+    mem: str = "512MiB"
+    """Its memory (the sync process, SQLAlchemy and sacct's answer)."""
+    schedule: str = "*/10 * * * *"
+    """How often ``idmctl controller install``'s scrontab entry syncs every chain (cron fields): a hang the
+    job's own watchdog could not report is still found."""
+
+    @field_validator("time_limit")
+    @classmethod
+    def _duration(cls, value: str) -> str:
+        parse_duration(value)
+        return value
+
+    @field_validator("mem")
+    @classmethod
+    def _size(cls, value: str) -> str:
+        parse_bytes(value)
+        return value
+
+    @field_validator("schedule")
+    @classmethod
+    def _cron(cls, value: str) -> str:
+        if len(value.split()) != 5 or any(c in value for c in "\n;`$"):
+            raise ValueError("five cron fields, e.g. '*/10 * * * *'")
+        return value
+
+
 class ClusterProfile(_Strict):
     """A cluster: scheduler kind, QoS tiers, node and storage facts."""
 
@@ -147,6 +187,8 @@ class ClusterProfile(_Strict):
     """Expected queue waits longer than this WARN in preflight (card job 5961 sat 6 days)."""
     hang: HangWatch = HangWatch()
     """When the watchdog calls a silent trainer hung."""
+    controller: ControllerJob = ControllerJob()
+    """The controller job after each attempt (Slurm only): where it runs, and whether at all."""
     code_store: str | None = None
     """Where submit keeps the code snapshots jobs run (``ground.code_snapshot``): a folder every node mounts.
     None: ``$IDMCTL_HOME/code`` (the local executor and a single-host cluster)."""

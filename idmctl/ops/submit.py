@@ -21,6 +21,7 @@ from ground.code_snapshot import SnapshotError
 from ground.contract import SPEC_FILE
 from ground.errors import CheckFailed, UserError
 from idmctl.core.job_state import JobState
+from idmctl.ops.controller import submit_controller
 from idmctl.ops.executors import executor_for
 from idmctl.job.code import JobCode, freeze, planned, require_present, tree_for
 from idmctl.job.effective import EffectiveJob, active_exclusions, build as build_effective
@@ -286,6 +287,8 @@ def _submit_attempt(resolved: ResolvedSpec, scheduler: str, options: JobOptions,
     row, chain = _update(job_id, {"scheduler_id": scheduler_id, "state": JobState.PENDING.value,
                                   "log_path": ctx.log_path.replace("%j", scheduler_id),
                                   "submitted_at": datetime.now(timezone.utc)}, chain_id, {})
+    if executor.name == "slurm":  # the chain's controller: sync runs inside Slurm once this attempt ends
+        submit_controller(job_id, chain_id, attempt, scheduler_id, ctx.run_dir, (admitted or {}).get("cluster"))
     return Submitted(job=row, chain=chain, script=script)
 
 

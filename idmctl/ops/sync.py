@@ -20,7 +20,8 @@ from sqlmodel import Session, select
 from idmctl.ops.executors import executor_for
 from idmctl.core.executor import UNCONFIRMED, JobStatus
 from idmctl.core.job_state import JobState, is_terminal
-from idmctl.ops.failures.postmortem import record_failures
+from idmctl.ops.failures.postmortem import read_log_tail, record_failures
+from idmctl.ops.failures.progress import note_attempt_end
 from idmctl.ops.notify import announce_decision
 from idmctl.ops.listing import aware as _aware, queue_wait_seconds  # noqa: F401  (re-exported; one home)
 from idmctl.record.db import session
@@ -128,20 +129,23 @@ def _note_mlflow_run(db: object, job: Job) -> None:
     db.add(chain)  # type: ignore[attr-defined]
 
 
-def unfinished_jobs() -> list[Job]:
+def unfinished_jobs(chain_id: int | None = None) -> list[Job]:
     with session() as db:
-        rows = db.exec(select(Job).where(Job.scheduler_id.is_not(None))).all()  # type: ignore[union-attr]
-        return [job for job in rows if not is_terminal(job.state)]
+        query = select(Job).where(Job.scheduler_id.is_not(None))  # type: ignore[union-attr]
+        if chain_id is not None:
+            query = query.where(Job.chain_id == chain_id)
+        return [job for job in db.exec(query).all() if not is_terminal(job.state)]
 
 
-def sync(retry: bool = True) -> SyncReport:
-    """One status call per executor for all unfinished jobs; the ones that ended are classified and
-    recorded, then retried as their recorded cause says."""
+def sync(retry: bool = True, chain_id: int | None = None) -> SyncReport:
+    """One status call per executor for all unfinished jobs (of chain ``chain_id`` only, when given: what a
+    chain's controller job runs); the ones that ended are classified and recorded, then retried as their
+    recorded cause says."""
     from idmctl.ops.retry import decide_for_job
     from idmctl.ops.submit import ResubmitRefused, resubmit
 
     report = SyncReport()
-    jobs = unfinished_jobs()
+    jobs = unfinished_jobs(chain_id)
     by_executor: dict[str, list[Job]] = defaultdict(list)
     for job in jobs:
         by_executor[job.executor].append(job)
@@ -170,6 +174,7 @@ def sync(retry: bool = True) -> SyncReport:
                     ended.append(row.id or 0)
                     ended_rows.append(row)
                     _record_efficiency(row)
+                    note_attempt_end(row, read_log_tail(row.log_path))  # before classifying: the crash-loop rule reads it
                 elif row.state == UNCONFIRMED:
                     report.unconfirmed.append(row.id or 0)
                 db.add(row)

@@ -169,12 +169,26 @@ def _submit_sweep(reference: str, variant_names: list[str], request: JobRequest,
 
 def sync(
     no_retry: Annotated[bool, typer.Option("--no-retry", help="Update records only; resubmit nothing.")] = False,
+    chain: Annotated[int | None, typer.Option("--chain", min=1, help="Only this chain's jobs (what its controller job runs).")] = None,
+    controller_for: Annotated[str | None, typer.Option("--controller-for", hidden=True,
+                                                       help="Run as the controller job that followed this attempt.")] = None,
     as_json: options.Json = False,
 ) -> None:
     """Update every unfinished job with one scheduler call; retry ended ones by cause."""
     from idmctl.ops.sync import sync as run_sync
 
-    report = _sync_or_say_who_did_not_answer(run_sync, retry=not no_retry)
+    if controller_for is not None:
+        from idmctl.ops.controller_run import run_controller  # only inside a controller job
+
+        if chain is None:
+            raise UserError("--controller-for needs --chain", file="command line", field="--chain",
+                            hint="the controller job's script passes both")
+        ran = run_controller(chain, controller_for)
+        console.print(f"controller for chain {ran.chain_id} after job {ran.after}: {ran.result}"
+                      + (f"; re-armed as job {ran.rearmed}" if ran.rearmed else "")
+                      + (f"; cancelled controllers {', '.join(ran.cancelled)}" if ran.cancelled else ""), markup=False)
+        return
+    report = _sync_or_say_who_did_not_answer(run_sync, retry=not no_retry, chain_id=chain)
     if as_json:
         emit_json({"checked": report.checked, "changed": report.changed, "finished": report.finished,
                    "resubmitted": report.resubmitted, "stopped": report.stopped, "unconfirmed": report.unconfirmed,
@@ -247,6 +261,7 @@ def jobs(
         "run_url": run_url(run_of_chain[j.chain_id], ui_url) if run_of_chain.get(j.chain_id) else None,
         "build": job_options(j.options_json, j.id).get("build"),
         "eta": etas[j.id].as_dict() if etas.get(j.id) else None,
+        "controller": job_options(j.options_json, j.id).get("controller"),
     } for j in rows]
     if as_json:
         emit_json(records)
@@ -262,6 +277,13 @@ def jobs(
                       eta.progress_text if eta else "—", _rate(eta), eta.finish_text(now) if eta else "—",
                       r["run_url"] or "—")
     console.print(table)
+    followed = [r for r in records if isinstance(r["controller"], dict)]
+    if followed:
+        from idmctl.ops.controller import controller_line  # only a store whose chains have controller jobs
+
+        for r in followed:
+            console.print(f"job {r['job']} (chain {r['chain']}/{r['attempt']}): {controller_line(r['controller'])}",
+                          markup=False)
 
 
 def _rate(eta: object) -> str:

@@ -50,6 +50,8 @@ class Cause:
     scheduler_requeues: bool = False
     """Slurm requeues such a job itself (free); where the cluster's preemption cancels instead, sync
     resubmits in its place, also without spending the chain's retries."""
+    from_chain: bool = False
+    """Named from the chain's attempts (the crash loop), never matched on one job's record: it has no rules."""
 
 
 @dataclass(frozen=True)
@@ -130,6 +132,12 @@ def _policy(entry: dict[str, Any], path: str, where: str) -> dict[str, Any]:
                         field=f"{where}.scheduler_requeues", hint="e.g. `action: resume` with `scheduler_requeues: true`")
     if requeues:
         policy["scheduler_requeues"] = True
+    from_chain = entry.get("from_chain", False)
+    if not isinstance(from_chain, bool) or (from_chain and entry.get("rules")):
+        raise UserError(f"from_chain {from_chain!r} needs true/false and no rules", file=path,
+                        field=f"{where}.from_chain", hint="a cause named from the chain's attempts has `rules: []`")
+    if from_chain:
+        policy["from_chain"] = True
     exclude = entry.get("exclude_node_for")
     if (exclude is None) != (action != "exclude_node_and_resume"):
         raise UserError("exclude_node_for goes with, and only with, action exclude_node_and_resume", file=path,

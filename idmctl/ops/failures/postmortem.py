@@ -18,6 +18,7 @@ from sqlmodel import Session, select
 from ground.errors import UserError
 from idmctl.core.job_state import JobState, is_failed
 from idmctl.ops.failures.classify import Classification, classify, get_cause
+from idmctl.ops.failures.progress import crash_loop, with_resume_events
 from idmctl.ops.failures.rows import (PostmortemRow, _naive_utc, build_row, is_since, parse_since,  # noqa: F401 (re-exported)
                                   setting_of)
 from idmctl.core.notice import warn
@@ -129,6 +130,8 @@ def record_failures(db: Session, jobs: list[Job] | None = None, mark_mlflow: boo
             continue
         for run in runs:
             found = classify_job(job, run)
+            if run.final:  # what resume noticed, and the chain's verdict on a loop, belong to the attempt's end
+                found = crash_loop(db, job, with_resume_events(found, read_log_tail(job.log_path)), recorded_causes)
             failure = existing.get(run.run) or Failure(job_id=job.id, cause=found.cause)
             failure.cause = found.cause
             failure.evidence = "\n".join(found.evidence)

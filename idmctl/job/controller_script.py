@@ -1,0 +1,97 @@
+"""The controller job's script: part ``controller`` of ``templates/job.sh.tmpl``, its ``#SBATCH`` header
+from a :class:`JobRequest` (one CPU, the profile's QoS/partition, ``--dependency=afterany:<attempt>``,
+``--kill-on-invalid-dep=yes``). Every value is validated or shell-quoted here, as in ``render.py``."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from ground import contract
+from ground.errors import UserError
+from ground.paths import REPO_ROOT
+from ground.units import parse_bytes, parse_duration, slurm_time
+from idmctl.core.job_options import JobRequest
+from idmctl.job.render import check_name, check_sbatch_path, check_shell_path
+from idmctl.job.template import fill
+
+ENV_CONTROLLER_JOB = "IDMCTL_CONTROLLER_JOB_ID"
+"""The controller job's own Slurm id, kept under this name once its script drops the ``SLURM_*`` variables."""
+_DEPENDENCY = re.compile(r"^(after|afterany|afterok|afternotok):\d+(_\d+)?(:\d+(_\d+)?)*$")
+_BEGIN = re.compile(r"^now\+\d{1,6}$")
+
+
+@dataclass(frozen=True)
+class ControllerContext:
+    """What one controller job is for and where it writes."""
+
+    chain_id: int
+    attempt: int
+    after: str
+    """The attempt's scheduler id (the dependency)."""
+    log_path: str
+    """Absolute; may contain ``%j``."""
+    idmctl_home: Path
+    cluster: str | None = None
+    """The profile file the chain was admitted under (``IDMCTL_CLUSTER`` of the controller's sync)."""
+    partition: str | None = None
+    begin: str | None = None
+    """``now+SECONDS``: start no sooner (a controller re-armed while sacct has not recorded the end yet)."""
+    python: str = sys.executable
+    repo_root: Path = REPO_ROOT
+
+
+def controller_request(ctx: ControllerContext, qos: str | None, time_limit: str, mem: str) -> JobRequest:
+    """The controller's request: one CPU, after the attempt, killed if that dependency can never hold."""
+    return JobRequest(qos=qos, time_limit=time_limit, mem=mem, cpus_per_node=1, job_name=f"idmctl-controller-{ctx.chain_id}",
+                      dependency=f"afterany:{ctx.after}", kill_on_invalid_dep=True)
+
+
+def render_controller_script(request: JobRequest, ctx: ControllerContext) -> str:
+    where = "cluster profile"
+    if request.qos is not None:
+        check_name(request.qos, "controller.qos", where)
+    if ctx.partition is not None:
+        check_name(ctx.partition, "controller.partition", where)
+    check_name(request.job_name or "", "controller job name", where)
+    if not _DEPENDENCY.fullmatch(request.dependency or ""):
+        raise UserError(f"{request.dependency!r} is not a job dependency", field="controller.dependency",
+                        hint="afterany:<job id>")
+    if ctx.begin is not None and not _BEGIN.fullmatch(ctx.begin):
+        raise UserError(f"{ctx.begin!r} is not now+SECONDS", field="controller.begin", hint="e.g. now+30")
+    log_path = check_sbatch_path(Path(ctx.log_path), "controller log path", contract.ENV_HOME)
+    for name, value in ((contract.ENV_HOME, ctx.idmctl_home), ("python", Path(ctx.python)), ("repository", ctx.repo_root)):
+        check_shell_path(str(value), name, "environment")
+    directives: list[tuple[str, object]] = [
+        ("job-name", request.job_name),
+        ("qos", request.qos),
+        ("partition", ctx.partition),
+        ("nodes", 1),
+        ("ntasks", 1),
+        ("cpus-per-task", request.cpus_per_node or 1),
+        ("mem", f"{-(-parse_bytes(request.mem or '512MiB') // 2**20)}M"),
+        ("time", slurm_time(parse_duration(request.time_limit or "0:05:00"))),
+        ("dependency", request.dependency),
+        ("kill-on-invalid-dep", "yes" if request.kill_on_invalid_dep else None),
+        ("begin", ctx.begin),
+        ("output", log_path),
+        ("open-mode", "append"),
+        ("no-requeue", True),
+    ]
+    header = ["#SBATCH --" + name + ("" if value is True else f"={value}") for name, value in directives if value is not None]
+    q = shlex.quote
+    env = {contract.ENV_HOME: str(ctx.idmctl_home), **({contract.ENV_CLUSTER: ctx.cluster} if ctx.cluster else {}),
+           "PYTHONUNBUFFERED": "1"}
+    return fill("controller", {
+        "ENV_CONTROLLER_JOB": ENV_CONTROLLER_JOB,
+        "sbatch_header": "\n".join(header),
+        "exports": "\n".join(f"export {key}={q(value)}" for key, value in env.items()),
+        "repo_root": q(str(ctx.repo_root)),
+        "python": q(ctx.python),
+        "chain_id": int(ctx.chain_id),
+        "attempt": int(ctx.attempt),
+        "after": int(ctx.after) if ctx.after.isdigit() else q(ctx.after),
+    }) + "\n"
