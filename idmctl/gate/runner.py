@@ -18,6 +18,7 @@ from idmctl.gate import cache, introspection, smoke, spec
 from idmctl.gate.blame import name_flags
 from idmctl.gate.check_list import STATIC_CHECKS, run_check
 from idmctl.record import memo
+from idmctl.record.jobs import submitted_with_gpus
 from idmctl.core.checks import (CHECK_NAMES, CacheInspection, CheckResult, Measurements, PreflightContext,
                                      QueueWait, RecordedRun, SmokeMeasurement, Status)
 from idmctl.core.profile import ClusterProfile
@@ -65,24 +66,7 @@ def queue_history(gpus: int) -> list[QueueWait]:
     Wait = started_at − submitted_at; a job cancelled while pending (card job 5961) counts with
     ended_at − submitted_at, a lower bound on what it would have waited.
     """
-    from idmctl.record.fast import connect, from_db_time, rows as fast_rows
-
-    with connect() as fast:
-        if fast is not None:  # plain sqlite3: submit re-runs this check without importing the ORM
-            rows = fast_rows(fast, "SELECT id, scheduler_id, qos, state, submitted_at, started_at, ended_at FROM job "
-                                   "WHERE gpus = ? AND submitted_at IS NOT NULL", (gpus,))
-            for row in rows:
-                row.submitted_at, row.started_at, row.ended_at = (from_db_time(row.submitted_at), from_db_time(row.started_at),
-                                                                  from_db_time(row.ended_at))
-            return _waits(rows, gpus)
-    from sqlmodel import select
-
-    from idmctl.record import session
-    from idmctl.record.models import Job
-
-    with session() as db:
-        orm_rows = db.exec(select(Job).where(Job.gpus == gpus, Job.submitted_at != None)).all()  # noqa: E711
-    return _waits(orm_rows, gpus)
+    return _waits(submitted_with_gpus(gpus), gpus)
 
 
 def _waits(rows: list, gpus: int) -> list[QueueWait]:

@@ -18,6 +18,7 @@ from ground.code_snapshot import (OBJECTS_DIR, SNAPSHOTS_DIR, SnapshotError, Tre
 from ground.contract import spec_roots
 from ground.errors import UserError
 from ground.paths import expand_path
+from idmctl.record.jobs import unfinished_job_options
 
 if TYPE_CHECKING:
     from ground.spec.schema import ExperimentSpec
@@ -132,26 +133,14 @@ class Collected:
 
 def snapshots_in_use() -> set[str]:
     """Snapshot folders of every job not final and of the last attempt of every ACTIVE chain."""
-    import json
-
-    from sqlmodel import select
-
-    from idmctl.core.job_state import is_terminal
-    from idmctl.record.db import session
-    from idmctl.record.models import Chain, Job
-
     used: set[str] = set()
-    with session() as db:
-        active = {c.id for c in db.exec(select(Chain).where(Chain.status == "ACTIVE")).all()}
-        for job in db.exec(select(Job)).all():
-            if is_terminal(job.state) and job.chain_id not in active:
-                continue
-            try:
-                code = JobCode.from_record(json.loads(job.options_json or "{}"))
-            except ValueError:
-                continue
-            if code is not None:
-                used.add(str(Path(code.directory).resolve()))
+    for stored in unfinished_job_options():
+        try:
+            code = JobCode.from_record(stored)
+        except ValueError:
+            continue
+        if code is not None:
+            used.add(str(Path(code.directory).resolve()))
     return used
 
 

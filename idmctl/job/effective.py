@@ -24,6 +24,7 @@ from ground.spec.schema import ExperimentSpec
 from idmctl.core.job_options import RESOURCE_FIELDS, SMOKE_FIELDS, JobOptions, JobRequest, flag_of, resource_of
 from idmctl.job.render import DEFAULT_ENTRY
 from idmctl.core.profile import ClusterProfile
+from idmctl.record.exclusions import active_exclusions  # re-exported: submit merges them into a resubmission
 
 
 def apply_flags(declared: ResolvedSpec, options: JobOptions, names: list[str]) -> ResolvedSpec:
@@ -142,30 +143,6 @@ def check_entry_exists(entry: str, declared: ResolvedSpec, from_flag: bool) -> N
     if program in INTERPRETERS and len(words) > 1 and not words[1].startswith("-") and not (cwd / words[1]).is_file():
         raise UserError(f"{words[1]!r} does not exist in {cwd} (a command-line entry runs from the first code root)",
                         file=where, field=field_name, hint="give the script's path relative to that root")
-
-
-def active_exclusions() -> list[str]:
-    """Nodes excluded by ``sync`` (node failures) whose exclusion has not expired."""
-    from datetime import datetime, timezone
-
-    from ground.paths import db_path
-    from idmctl.record.fast import connect, from_db_time, rows
-
-    if not db_path().exists():  # no store, no exclusions; and a dry run or a refused submit creates none
-        return []
-    now = datetime.now(timezone.utc)
-    with connect() as fast:
-        if fast is not None:  # the store is at head: no ORM import on the submit path
-            found = rows(fast, "SELECT node, until FROM node_exclusion")
-            return sorted({row.node for row in found if (from_db_time(row.until) or now) > now})
-    from sqlmodel import select
-
-    from idmctl.record.db import session
-    from idmctl.record.models import NodeExclusion
-
-    with session() as db:
-        rows = db.exec(select(NodeExclusion)).all()
-    return sorted({row.node for row in rows if (row.until if row.until.tzinfo else row.until.replace(tzinfo=timezone.utc)) > now})
 
 
 def build(experiment: str, request: JobRequest, cluster: str | None, version: str | None = None) -> EffectiveJob:
