@@ -250,25 +250,9 @@ def latest_smoke(spec_hash: str) -> "SmokeMeasurement | None":
     import json
 
     from idmctl.core.checks import SmokeMeasurement
-    from idmctl.record.fast import connect, rows
+    from idmctl.record.preflights import latest_smoke_numbers
 
-    query = ("SELECT c.numbers_json, r.id AS run_id FROM preflight_check c JOIN preflight_run r ON c.run_id = r.id "
-             "WHERE r.spec_hash = ? AND c.name = 'smoke' AND c.status != 'SKIP' ORDER BY r.id DESC LIMIT 1")
-    text, run_id = None, None
-    for attempt in range(2):
-        with connect() as fast:
-            if fast is not None:
-                found = rows(fast, query, (spec_hash,))
-                text, run_id = (found[0].numbers_json, found[0].run_id) if found else (None, None)
-                break
-        if attempt == 0:
-            from ground.paths import db_path
-
-            if not db_path().exists():
-                return None  # no store, no smoke recorded; a read never creates one (a dry-run writes nothing)
-            from idmctl.record.db import open_store  # only now: SQLAlchemy's import is ~0.3 s of a cold preflight
-
-            open_store()  # an older revision: the ORM migrates it, once
+    text, run_id = latest_smoke_numbers(spec_hash)
     if not text:
         return None
     numbers = {**json.loads(text), "preflight_run": run_id}

@@ -190,3 +190,26 @@ def latest_passing(resolved: "ResolvedSpec", profile_hash: str, smoke_flags: dic
         return require_pass(resolved, SimpleNamespace(name="?"), profile_hash, smoke_flags, version)  # type: ignore[arg-type]
     except CheckFailed:
         return None
+
+
+def latest_smoke_numbers(spec_hash: str) -> tuple[str | None, int | None]:
+    """(numbers_json, preflight run id) of the newest smoke check of this spec that ran (any cluster), or
+    (None, None). Plain sqlite3 when the store is at head (submit imports no ORM); an older store is
+    migrated once by the ORM, then read the same way. A read never creates a store."""
+    from ground.paths import db_path
+    from idmctl.record.fast import connect, rows
+
+    query = ("SELECT c.numbers_json, r.id AS run_id FROM preflight_check c JOIN preflight_run r ON c.run_id = r.id "
+             "WHERE r.spec_hash = ? AND c.name = 'smoke' AND c.status != 'SKIP' ORDER BY r.id DESC LIMIT 1")
+    for attempt in range(2):
+        with connect() as fast:
+            if fast is not None:
+                found = rows(fast, query, (spec_hash,))
+                return (found[0].numbers_json, found[0].run_id) if found else (None, None)
+        if attempt == 0:
+            if not db_path().exists():
+                return None, None  # no store, no smoke recorded (a dry-run writes nothing)
+            from idmctl.record.db import open_store  # start-up: SQLAlchemy's import is ~0.3 s of a cold preflight
+
+            open_store()  # an older revision: the ORM migrates it, once
+    return None, None
