@@ -1,7 +1,7 @@
 """``idmctl doctor``: is this machine ready? One row per thing idmctl needs, each failing row with its fix.
 
 Light by design: the standard library and ``ground`` only. Versions come from package metadata
-(nothing imported), migration heads from the migration files, the stores are read with ``sqlite3``,
+(nothing imported), migration heads from the migration files, the stores are read with ``sqlite3`` (``idmctl.record.peek``),
 and the one-frame render runs in a child process (it imports robosuite and MuJoCo, and a broken GL
 stack must not take this process down).
 
@@ -17,7 +17,6 @@ import json
 import os
 import re
 import shutil
-import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -29,6 +28,7 @@ from pathlib import Path
 from ground.contract import ENV_CLUSTER, ENV_HOME
 from ground.paths import REPO_ROOT, clusters_dir, db_path, home, mlflow_tracking_uri, nearest_existing
 from ground.units import format_bytes
+from idmctl.record.peek import UnreadableStore, mlflow_experiment, shared_revision, sqlite_state
 
 OK, WARN, FAIL, SKIP = "OK", "WARN", "FAIL", "SKIP"
 PYTHON = (3, 11)
@@ -164,26 +164,12 @@ def migration_head(versions_dir: Path) -> str | None:
     return heads[0] if len(heads) == 1 else None
 
 
-def _sqlite_state(path: Path) -> tuple[str | None, str]:
-    """(stored Alembic revision, PRAGMA quick_check result) of a SQLite file, read-only."""
-    connection = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
-    try:
-        check = connection.execute("PRAGMA quick_check").fetchone()[0]
-        try:
-            row = connection.execute("SELECT version_num FROM alembic_version").fetchone()
-        except sqlite3.OperationalError:
-            row = None
-        return (row[0] if row else None), check
-    finally:
-        connection.close()
-
-
 def _store_row(name: str, path: Path, head: str | None, what_migrates: str) -> Row:
     if not path.exists():
         return Row(name, OK, f"{path} not created yet (created at {head or 'head'} on first use)")
     try:
-        revision, check = _sqlite_state(path)
-    except sqlite3.DatabaseError as exc:
+        revision, check = sqlite_state(path)
+    except UnreadableStore as exc:
         return Row(name, FAIL, f"{path} is not a readable SQLite database ({exc})",
                    f"move it aside; {what_migrates} creates a new one")
     if check != "ok":
@@ -223,15 +209,11 @@ def _shared_store_row(url: str, head: str | None) -> Row:
     from idmctl.record.url import redacted, scrubbed
 
     shown = redacted(url)
-    try:
-        import psycopg
-    except ImportError:
-        return Row("store", FAIL, f"{shown}: the PostgreSQL driver is missing", "pip install 'psycopg[binary]'")
     conninfo = "postgresql://" + url.split("://", 1)[1]  # libpq knows no SQLAlchemy "+driver" suffix
     try:
-        with psycopg.connect(conninfo, connect_timeout=5) as connection:
-            exists = connection.execute("SELECT to_regclass('alembic_version')").fetchone()[0]
-            revision = connection.execute("SELECT version_num FROM alembic_version").fetchone()[0] if exists else None
+        revision = shared_revision(conninfo)
+    except ImportError:
+        return Row("store", FAIL, f"{shown}: the PostgreSQL driver is missing", "pip install 'psycopg[binary]'")
     except Exception as exc:  # psycopg.Error, or a conninfo libpq cannot parse: the row says what it said
         reason = scrubbed((str(exc).strip().splitlines() or [type(exc).__name__])[0], url)
         return Row("store", FAIL, f"{shown} does not answer: {reason}",
@@ -270,20 +252,14 @@ def check_mlflow() -> Row:
 def _experiment_note(path: Path) -> str:
     from ground.tracking import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, MLFLOW_EXPERIMENT
 
-    connection = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
-    try:
-        row = connection.execute("SELECT experiment_id FROM experiments WHERE name = ?", (MLFLOW_EXPERIMENT,)).fetchone()
-        if row is None:
-            return f"; no {MLFLOW_EXPERIMENT!r} experiment yet"
-        runs = connection.execute("SELECT COUNT(*) FROM runs WHERE experiment_id = ?", (row[0],)).fetchone()[0]
-        kind = connection.execute("SELECT value FROM experiment_tags WHERE experiment_id = ? AND key = ?",
-                                  (row[0], EXPERIMENT_KIND_TAG)).fetchone()
-    except sqlite3.OperationalError:
+    found = mlflow_experiment(path, MLFLOW_EXPERIMENT, EXPERIMENT_KIND_TAG)
+    if found is None:
         return ""
-    finally:
-        connection.close()
-    view = "opens on its runs" if kind and kind[0] == EXPERIMENT_KIND else "opens on MLflow's GenAI overview"
-    return f"; experiment {MLFLOW_EXPERIMENT!r} (id {row[0]}): {runs} runs, {view}"
+    experiment_id, runs, kind = found
+    if experiment_id is None:
+        return f"; no {MLFLOW_EXPERIMENT!r} experiment yet"
+    view = "opens on its runs" if kind == EXPERIMENT_KIND else "opens on MLflow's GenAI overview"
+    return f"; experiment {MLFLOW_EXPERIMENT!r} (id {experiment_id}): {runs} runs, {view}"
 
 
 def _cluster() -> tuple[str, str, str]:

@@ -65,6 +65,20 @@ def newest_jobs(db: Path, limit: int, user: str | None = None) -> tuple[list[Any
     return list(jobs), chains
 
 
+def job_by_id(job_id: int) -> Any:
+    """The job row with this store id, or None. Read with sqlite3 when the store is at head (its datetimes
+    then stay text, as ``jobs show`` prints them), else through the ORM (no store yet, or one to migrate)."""
+    with connect() as fast:
+        if fast is not None:
+            found = rows(fast, "SELECT * FROM job WHERE id = ?", (job_id,))
+            return found[0] if found else None
+    from idmctl.record.db import session  # start-up: SQLAlchemy only for a store not at head or the shared one
+    from idmctl.record.models import Job  # start-up: SQLAlchemy, as above
+
+    with session() as orm:
+        return orm.get(Job, job_id)
+
+
 def running_jobs() -> tuple[list[Any], dict[int, Any]]:
     """The jobs recorded RUNNING and their chains by id."""
     from sqlmodel import select  # start-up: SQLAlchemy; only `watch` asks, after a sync loaded it anyway
