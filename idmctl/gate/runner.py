@@ -23,6 +23,10 @@ from idmctl.core.checks import (CHECK_NAMES, CacheInspection, CheckResult, Measu
                                      QueueWait, RecordedRun, SmokeMeasurement, Status)
 from idmctl.core.profile import ClusterProfile
 from ground.spec.loader import ResolvedSpec
+from ground.stage import staged_here
+from idmctl.gate import background
+from idmctl.plan.limits import recorded_runs as scan
+from idmctl.record.preflights import record_run, version_for
 
 if TYPE_CHECKING:
     from idmctl.job.effective import EffectiveJob
@@ -135,7 +139,6 @@ def introspect(ctx: PreflightContext, code_version: str | None, memo_only: bool 
         return stored
     if memo_only:
         return CheckResult(introspection.NAME, Status.SKIP, NOT_RERUN, {}, "")
-    from idmctl.gate import background
 
     result = background.collect(started, lambda: run_check(introspection, ctx))
     if not result.summary.startswith(("check crashed", "cannot import")):  # environment trouble: try again next time
@@ -171,7 +174,6 @@ def gather(resolved: ResolvedSpec, profile: ClusterProfile, code_version: str | 
 def staged_copy(resolved: ResolvedSpec, profile: ClusterProfile) -> dict[str, Any] | None:
     """``ground.stage.staged_here`` at this spec's ``stage.dest``, on profiles whose nodes are this
     machine; None elsewhere (and without stage-in)."""
-    from ground.stage import staged_here
 
     spec = resolved.spec
     if not spec.stage.enabled or not PreflightContext(resolved, profile).is_this_machine:
@@ -180,8 +182,7 @@ def staged_copy(resolved: ResolvedSpec, profile: ClusterProfile) -> dict[str, An
 
 
 def recorded_runs() -> list[RecordedRun]:
-    from ground.paths import home
-    from idmctl.plan.limits import recorded_runs as scan
+    from ground.paths import home  # here: the name home means something else at the top of this module
 
     return scan(home() / "runs")
 
@@ -201,7 +202,6 @@ def run_preflight(resolved: ResolvedSpec, profile: ClusterProfile, profile_hash:
     With ``job`` (preflight given submit's flags) the checks and the smoke judge the effective job,
     and the run is recorded under the spec's own hash with the job's smoke flags in its key.
     """
-    from idmctl.record.preflights import record_run, version_for
 
     started = time.perf_counter()
     declared = resolved
@@ -225,7 +225,6 @@ def run_preflight(resolved: ResolvedSpec, profile: ClusterProfile, profile_hash:
         early = {spec.NAME: spec_result, introspection.NAME: introspect(ctx, version, started=started_introspection)}
     finally:
         if started_introspection is not None:
-            from idmctl.gate import background
 
             background.cancel(started_introspection)  # a no-op once collected; else (an error above) no orphan child
     smoke_result: SmokeMeasurement | None = None

@@ -19,6 +19,9 @@ from ground.contract import spec_roots
 from ground.errors import UserError
 from ground.paths import expand_path
 from idmctl.record.jobs import unfinished_job_options
+from ground.code_snapshot import MANIFEST
+from ground.code_snapshot import _remove_tree
+from ground.code_snapshot import environment, environment_digest, known_environment
 
 if TYPE_CHECKING:
     from ground.spec.schema import ExperimentSpec
@@ -86,7 +89,6 @@ def freeze(snapshot: Tree, profile: "ClusterProfile", spec: "ExperimentSpec") ->
 
 def planned(snapshot: Tree, profile: "ClusterProfile", spec: "ExperimentSpec") -> JobCode:
     """What :func:`freeze` would give, writing nothing (``submit --dry-run``)."""
-    from ground.code_snapshot import environment, environment_digest, known_environment
 
     store = store_for(profile)
     directory = snapshot_dir(snapshot.version, store)
@@ -97,7 +99,6 @@ def planned(snapshot: Tree, profile: "ClusterProfile", spec: "ExperimentSpec") -
 
 def require_present(code: JobCode) -> None:
     """A resubmission needs its chain's snapshot still there (gc keeps it while the chain is unfinished)."""
-    from ground.code_snapshot import MANIFEST
 
     if not (Path(code.directory) / MANIFEST).exists():
         raise SnapshotError(f"the chain's code snapshot {code.directory} is gone")
@@ -146,7 +147,6 @@ def snapshots_in_use() -> set[str]:
 
 def collect(store: Path, dry_run: bool = False) -> Collected:
     """Remove the snapshots nothing unfinished uses, then every object no snapshot links to any more."""
-    from ground.code_snapshot import _remove_tree
 
     used = snapshots_in_use()
     kept, removed = [], []

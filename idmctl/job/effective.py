@@ -25,6 +25,11 @@ from idmctl.core.job_options import RESOURCE_FIELDS, SMOKE_FIELDS, JobOptions, J
 from idmctl.job.render import DEFAULT_ENTRY
 from idmctl.core.profile import ClusterProfile
 from idmctl.record.exclusions import active_exclusions  # re-exported: submit merges them into a resubmission
+from ground.class_path import code_roots, ensure_importable, inside
+from ground.spec.loader import load_spec
+from idmctl.core.profile import load_profile
+from idmctl.job.render import entry_words
+from idmctl.job.render import resolve_options, with_exclusions
 
 
 def apply_flags(declared: ResolvedSpec, options: JobOptions, names: list[str]) -> ResolvedSpec:
@@ -115,9 +120,6 @@ def check_entry_exists(entry: str, declared: ResolvedSpec, from_flag: bool) -> N
     import importlib.util
     import shutil
 
-    from ground.class_path import code_roots, ensure_importable, inside
-    from idmctl.job.render import entry_words
-
     where, field_name = ("command line", "--entry") if from_flag else (str(declared.path), "code.entry")
     roots = code_roots(declared.spec)
     words = entry_words(entry)
@@ -149,9 +151,6 @@ def build(experiment: str, request: JobRequest, cluster: str | None, version: st
     """Load the spec and the profile, resolve the flags, merge active exclusions: the effective job.
     Bad flag values are UserErrors naming the flag (exit 2). ``version``: the code version, when the
     caller has it already (else the limits derivation asks git)."""
-    from ground.spec.loader import load_spec
-    from idmctl.job.render import resolve_options, with_exclusions
-    from idmctl.core.profile import load_profile
 
     declared = load_spec(experiment)
     profile, profile_hash = load_profile(cluster)

@@ -29,6 +29,14 @@ from ground.contract import ENV_CLUSTER, ENV_HOME
 from ground.paths import REPO_ROOT, clusters_dir, db_path, home, mlflow_tracking_uri, nearest_existing
 from ground.units import format_bytes
 from idmctl.record.peek import UnreadableStore, mlflow_experiment, shared_revision, sqlite_state
+from ground.code_snapshot import default_store
+from ground.contract import ENV_DB_URL
+from ground.errors import UserError
+from ground.redact import redacted
+from ground.tracking import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, MLFLOW_EXPERIMENT
+from idmctl.record.migrate import MIGRATIONS_DIR
+from idmctl.record.url import scrubbed
+from idmctl.record.url import shared_url
 
 OK, WARN, FAIL, SKIP = "OK", "WARN", "FAIL", "SKIP"
 PYTHON = (3, 11)
@@ -189,9 +197,6 @@ def _store_row(name: str, path: Path, head: str | None, what_migrates: str) -> R
 def check_store() -> Row:
     """The store the commands will use: the team's PostgreSQL when ``IDMCTL_DB_URL`` names one (a doctor
     that read the local SQLite file said "ready" while the shared server did not answer), else SQLite."""
-    from ground.errors import UserError
-    from idmctl.record.migrate import MIGRATIONS_DIR
-    from idmctl.record.url import shared_url
 
     head = migration_head(MIGRATIONS_DIR / "versions")
     try:
@@ -205,8 +210,6 @@ def check_store() -> Row:
 
 def _shared_store_row(url: str, head: str | None) -> Row:
     """Connect (read-only, 5 s timeout) and compare the schema level with the head; migrates nothing."""
-    from ground.contract import ENV_DB_URL
-    from idmctl.record.url import redacted, scrubbed
 
     shown = redacted(url)
     conninfo = "postgresql://" + url.split("://", 1)[1]  # libpq knows no SQLAlchemy "+driver" suffix
@@ -235,7 +238,6 @@ def _mlflow_versions_dir() -> Path | None:
 def check_mlflow() -> Row:
     uri = mlflow_tracking_uri()
     if not uri.startswith("sqlite:///"):
-        from ground.redact import redacted
 
         return Row("mlflow store", WARN, f"{redacted(uri)} (a server or another backend: not checked here)",
                    "unset MLFLOW_TRACKING_URI to use the SQLite store beside idmctl's")
@@ -250,7 +252,6 @@ def check_mlflow() -> Row:
 
 
 def _experiment_note(path: Path) -> str:
-    from ground.tracking import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, MLFLOW_EXPERIMENT
 
     found = mlflow_experiment(path, MLFLOW_EXPERIMENT, EXPERIMENT_KIND_TAG)
     if found is None:
@@ -292,7 +293,6 @@ def check_slurm() -> Row:
     if scheduler == "?":
         return Row("slurm", FAIL, f"{cluster}: no such profile", f"set {ENV_CLUSTER} to one of "
                    f"{', '.join(sorted(p.stem for p in clusters_dir().glob('*.yaml')))} or a profile's path")
-    from ground.errors import UserError
     from idmctl.core.profile import load_profile  # pydantic only; a profile every command would refuse is a FAIL here
 
     try:
@@ -363,7 +363,7 @@ def check_shm() -> Row:
 
 
 def check_scratch() -> Row:
-    from ground.spec.schema import StageSpec
+    from ground.spec.schema import StageSpec  # start-up: pulls pydantic and yaml
 
     dest = Path(StageSpec.model_fields["dest"].default)
     return _space_row("scratch", dest, SCRATCH_WARN_BYTES,
@@ -372,13 +372,12 @@ def check_scratch() -> Row:
 
 def check_code_store() -> Row:
     """What the code snapshots cost: distinct file contents (their hard links cost nothing more)."""
-    from idmctl.job.code import store_for, usage
-    from idmctl.core.profile import load_profile
+    from idmctl.job.code import store_for, usage  # start-up: 12 more project modules only this path needs
+    from idmctl.core.profile import load_profile  # start-up: pulls pydantic
 
     try:
         store = store_for(load_profile(None)[0])
     except Exception:  # an unreadable profile is the slurm row's finding; count the default store
-        from ground.code_snapshot import default_store
 
         store = default_store()
     target = nearest_existing(store)

@@ -22,6 +22,7 @@ from typing import Any
 from ground.units import format_bytes, format_duration, slurm_time
 from idmctl.core.job_state import JobState
 from idmctl.record.stored_json import newest_of_experiment
+from ground.units import parse_bytes, parse_duration
 
 HEADROOM = 1.25
 """Suggested memory and CPUs: the measured peak plus a quarter (a later batch, another node)."""
@@ -206,7 +207,6 @@ def last_report(experiment: str) -> EfficiencyReport | None:
 
 def still_apply(found: EfficiencyReport, options: dict[str, Any]) -> list[Suggestion]:
     """The report's suggestions the job being submitted has not taken already."""
-    from ground.units import parse_bytes, parse_duration
 
     current = {"--mem": parse_bytes(options.get("mem") or "0"), "-c": int(options.get("cpus_per_node") or 0),
                "--time": parse_duration(options.get("time_limit") or "0")}

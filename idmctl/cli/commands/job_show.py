@@ -16,13 +16,13 @@ def show(
     as_json: options.Json = False,
 ) -> None:
     """A job's record (state, nodes, times) and, once it ended, its efficiency report with suggestions."""
-    from idmctl.plan.efficiency import EfficiencyReport
-    from idmctl.record.jobs import job_by_id
+    from idmctl.plan.efficiency import EfficiencyReport  # start-up: only this command needs it (13 more project modules)
+    from idmctl.record.jobs import job_by_id  # start-up: only this command needs it (11 more project modules)
 
     row = job_by_id(job)
     if row is None:
         raise UserError(f"no job {job}", field="JOB", hint="see `idmctl jobs`")
-    from idmctl.record.stored_json import job_options
+    from idmctl.record.stored_json import job_options  # start-up: only this command needs it (8 more project modules)
 
     options = job_options(row.options_json, row.id)
     efficiency = options.get("efficiency")

@@ -24,6 +24,7 @@ from idmctl.record.failures import (attach_fix, chain_of, count_failures, failur
                                     find_jobs, jobs_to_classify, new_failure)  # (count_failures, find_jobs: re-exported)
 from idmctl.record.models import Failure, Fix, Job
 from idmctl.record.stored_json import job_options
+from idmctl.ops.failures.mlflow_status import mark_run_failed
 
 LOG_TAIL_BYTES = 64_000
 """How much of a job log's end is read when the store has no tail: a traceback fits easily."""
@@ -154,8 +155,6 @@ def _mark_chain_run(db: Session, job: Job, cause: str) -> None:
     if chain is None or not chain.mlflow_run_id:
         return
     from mlflow.exceptions import MlflowException
-
-    from idmctl.ops.failures.mlflow_status import mark_run_failed
 
     try:
         mark_run_failed(chain.mlflow_run_id, cause=cause, slurm_state=job.state)
