@@ -134,11 +134,11 @@ def test_plain_sqlite_listing_equals_the_orm_listing(cli, idmctl_home: Path, mon
     """`idmctl jobs` reads with sqlite3 (no ORM import); the rows must be exactly what the ORM path lists."""
     job_id, chain_id = _running_job(idmctl_home, "fast", "1:00:00", 1, 60)
     write_progress(idmctl_home / "runs" / "fast" / str(chain_id), _progress(5, 10, 0.5, updated_at=time.time()))
-    from idmctl.ops import listing
+    from idmctl.record import jobs as job_rows
 
     fast = json.loads(cli("jobs", "--json").stdout)
-    assert listing.read_jobs(idmctl_home / "idmctl.sqlite", 30) is not None
-    monkeypatch.setattr(listing, "read_jobs", lambda *args: None)  # the ORM path, as on a store without one
+    assert job_rows.read_jobs_fast(idmctl_home / "idmctl.sqlite", 30) is not None
+    monkeypatch.setattr(job_rows, "read_jobs_fast", lambda *args: None)  # the ORM path, as on a store without one
     orm = json.loads(cli("jobs", "--json").stdout)
     for rows in (fast, orm):  # ETAs depend on the moment of the call
         for row in rows:

@@ -210,7 +210,8 @@ def test_table_shows_the_most_recent_rows_and_says_how_many_are_left(cli):
 
 def test_fast_table_read_matches_the_orm_rows_and_steps_aside_for_unclassified_jobs(cli, idmctl_home):
     from idmctl.ops.failures.postmortem import count_failures, postmortem_rows
-    from idmctl.ops.failures.rows import HEAD_REVISION, read_table_rows
+    from idmctl.ops.failures.rows import read_table_rows
+    from idmctl.record.failures import HEAD_REVISION
     from ground.paths import db_path
     from idmctl.record.db import HEAD_REVISION as STORE_HEAD
 

@@ -9,6 +9,6 @@ from __future__ import annotations
 
 
 def main() -> None:
-    from idmctl.cli.app import main as run_app
+    from idmctl.cli.app import main as run_app  # start-up: pulls typer
 
     run_app()

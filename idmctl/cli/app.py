@@ -88,7 +88,7 @@ def _jobs(name: str) -> Callable[[typer.Typer], None]:
     """The registrar of one of submit, sync, watch, cancel and jobs (one module registers all five)."""
 
     def register(target: typer.Typer) -> None:
-        from idmctl.cli.commands import jobs
+        from idmctl.cli.commands import jobs  # start-up: only the command that runs loads its module
 
         jobs.register(target, [name])
 
@@ -96,7 +96,7 @@ def _jobs(name: str) -> Callable[[typer.Typer], None]:
 
 
 def _cache(target: typer.Typer) -> None:
-    from idmctl.cli.commands import cache
+    from idmctl.cli.commands import cache  # start-up: only the command that runs loads its module
     from idmctl.cli.commands import cache_latent  # noqa: F401  (adds `cache build` and `cache status`)
 
     target.add_typer(cache.app, name="cache")
@@ -104,7 +104,7 @@ def _cache(target: typer.Typer) -> None:
 
 def _train(target: typer.Typer) -> None:
     """`train` and `model` live in one module and are registered together."""
-    from idmctl.cli.commands import train
+    from idmctl.cli.commands import train  # start-up: only the command that runs loads its module
 
     target.command("train")(train.train)
     target.add_typer(train.model_app, name="model")

@@ -6,6 +6,7 @@ import json
 import os
 import sys
 from typing import TYPE_CHECKING, Any
+from ground.redact import scrub_environment
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -33,7 +34,6 @@ class _LazyConsole:
         """Rich's print; on stderr, text is first scrubbed of the environment's credentials (warnings quote
         exceptions from MLflow and drivers, which may hold a tracking or store URL with its password)."""
         if self._scrub:
-            from ground.redact import scrub_environment
 
             objects = tuple(scrub_environment(o) if isinstance(o, str) else o for o in objects)
         self.__getattr__("print")(*objects, **kwargs)

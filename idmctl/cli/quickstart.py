@@ -21,6 +21,8 @@ from idmctl.core.job_state import JobState
 from idmctl.cli.output import console
 from ground.paths import expand_path, home
 from ground.spec.loader import ResolvedSpec
+from ground.spec import list_experiments, load_experiments
+from idmctl.core.job_state import is_terminal
 
 EXPERIMENT = "quickstart"
 DEMOS = 12
@@ -64,8 +66,7 @@ def detail(text: str) -> None:
 
 
 def register_specs_stage(result: QuickstartResult) -> ResolvedSpec:
-    from ground.spec import list_experiments, load_experiments
-    from idmctl.record.specs import register_specs
+    from idmctl.record.specs import register_specs  # start-up: pulls sqlalchemy and pydantic
 
     specs = [variant for path in list_experiments() for variant in load_experiments(str(path))]
     new = register_specs(specs)
@@ -78,7 +79,7 @@ def register_specs_stage(result: QuickstartResult) -> ResolvedSpec:
 
 def _demos_present(path: Path) -> bool:
     """A complete demo file from an earlier run (writes are atomic, so existing means complete)."""
-    from cache.episodes import list_demos
+    from cache.episodes import list_demos  # start-up: pulls h5py and numpy
 
     if not path.exists():
         return False
@@ -94,8 +95,8 @@ def demos_stage(resolved: ResolvedSpec, result: QuickstartResult) -> Path:
         stage(2, "demos", f"reusing {DEMOS} demos in {path}")
         result.stages["demos"] = {"reused": True, "path": str(path)}
         return path
-    from idmctl.cli.commands.data import demos_progress, describe
-    from trainers.sim.demos import make_demos
+    from idmctl.cli.commands.data import demos_progress, describe  # start-up: pulls typer
+    from trainers.sim.demos import make_demos  # start-up: pulls numpy
 
     detail(f"robosuite Lift, Panda + OSC pose controller, scripted policy, seed {DEMO_SEED}: "
            f"{DEMOS} demos × {DEMO_STEPS} steps with {CAMERA_PX}×{CAMERA_PX} frames")
@@ -107,8 +108,8 @@ def demos_stage(resolved: ResolvedSpec, result: QuickstartResult) -> Path:
 
 
 def cache_stage(resolved: ResolvedSpec, result: QuickstartResult) -> None:
-    from ground.geometry import HiddenGeometry, sample_io
-    from trainers.build_hidden_cache import build_hidden_cache
+    from ground.geometry import HiddenGeometry, sample_io  # start-up: only this command needs it (1 more project modules)
+    from trainers.build_hidden_cache import build_hidden_cache  # start-up: pulls torch and h5py
 
     data = resolved.spec.data
     started = time.perf_counter()
@@ -124,8 +125,8 @@ def cache_stage(resolved: ResolvedSpec, result: QuickstartResult) -> None:
 
 
 def preflight_stage(resolved: ResolvedSpec, result: QuickstartResult) -> None:
-    from idmctl.gate.runner import run_preflight
-    from idmctl.core.profile import load_profile
+    from idmctl.gate.runner import run_preflight  # start-up: only this command needs it (35 more project modules)
+    from idmctl.core.profile import load_profile  # start-up: only this command needs it (1 more project modules)
 
     profile, profile_hash = load_profile(None)
     report = run_preflight(resolved, profile, profile_hash, with_smoke=True)
@@ -141,8 +142,8 @@ def preflight_stage(resolved: ResolvedSpec, result: QuickstartResult) -> None:
 
 
 def submit_stage(result: QuickstartResult) -> Any:
-    from idmctl.core.job_options import JobRequest
-    from idmctl.ops.submit import submit
+    from idmctl.core.job_options import JobRequest  # start-up: only this command needs it (1 more project modules)
+    from idmctl.ops.submit import submit  # start-up: only this command needs it (23 more project modules)
 
     submitted = submit(EXPERIMENT, JobRequest(), None)
     job = submitted.job
@@ -171,11 +172,10 @@ def _follow(log_path: Path, offset: int, echo: Callable[[str], None]) -> int:
 
 def train_stage(job: Any, result: QuickstartResult, poll_s: float = 1.0) -> Path:
     """Wait for the job through ``idmctl sync`` (the same path for the local executor and Slurm)."""
-    from idmctl.core.job_state import is_terminal
-    from idmctl.ops.submit import runs_dir
-    from idmctl.ops.sync import sync
-    from idmctl.record.db import session
-    from idmctl.record.models import Job
+    from idmctl.ops.submit import runs_dir  # start-up: only this command needs it (23 more project modules)
+    from idmctl.ops.sync import sync  # start-up: pulls sqlalchemy and pydantic
+    from idmctl.record.db import session  # start-up: pulls sqlalchemy and pydantic
+    from idmctl.record.models import Job  # start-up: pulls sqlalchemy and pydantic
 
     started = time.perf_counter()
     log_path, offset, state = Path(job.log_path), 0, job.state
@@ -202,7 +202,7 @@ def train_stage(job: Any, result: QuickstartResult, poll_s: float = 1.0) -> Path
 
 
 def evaluation_stage(resolved: ResolvedSpec, run_dir: Path, result: QuickstartResult) -> dict[str, float]:
-    from trainers.sim.scoring import score_trained_and_untrained
+    from trainers.sim.scoring import score_trained_and_untrained  # start-up: pulls torch and numpy
 
     started = time.perf_counter()
     scores = score_trained_and_untrained(resolved.spec, run_dir)
@@ -218,10 +218,10 @@ def evaluation_stage(resolved: ResolvedSpec, run_dir: Path, result: QuickstartRe
 
 
 def compare_stage(resolved: ResolvedSpec, result: QuickstartResult) -> None:
-    from idmctl.cli.commands.compare import compare
-    from idmctl.track.compare import build_report
+    from idmctl.cli.commands.compare import compare  # start-up: pulls typer and rich
+    from idmctl.track.compare import build_report  # start-up: only this command needs it (4 more project modules)
 
-    from ground.tracking import eef_metric
+    from ground.tracking import eef_metric  # start-up: only this command needs it (1 more project modules)
 
     metric = eef_metric(max(resolved.spec.eval.episodes), simulator=resolved.spec.eval.simulator)
     stage(8, "compare", f"card A's baselines and the {EXPERIMENT} runs, ranked by {metric} (lower is better)")
@@ -230,7 +230,7 @@ def compare_stage(resolved: ResolvedSpec, result: QuickstartResult) -> None:
     result.stages["compare"] = report.to_json()
     # The goal decided from the per-episode results the trainer logged, with its interval.
     from idmctl.cli.commands.decide import decide
-    from idmctl.track.decide import build_decisions
+    from idmctl.track.decide import build_decisions  # start-up: pulls numpy
 
     decide(EXPERIMENT, goal=None, checkpoint="last", as_json=False, plot=None, no_tags=False)
     result.stages["decide"] = [d.to_json() for d in build_decisions(EXPERIMENT)]
@@ -238,7 +238,7 @@ def compare_stage(resolved: ResolvedSpec, result: QuickstartResult) -> None:
 
 def doctor_stage(result: QuickstartResult) -> None:
     """``idmctl doctor`` first: quiet when every row is OK; otherwise the rows that are not, with their fixes."""
-    from idmctl.ops.doctor import FAIL, OK, run_doctor
+    from idmctl.ops.doctor import FAIL, OK, run_doctor  # start-up: only this command needs it (4 more project modules)
 
     report = run_doctor()
     result.stages["doctor"] = report.as_dict()

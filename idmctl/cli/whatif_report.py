@@ -40,7 +40,7 @@ BOUNDED_BY_STEP = ("step_s", "train_s", "wall_s", "derived_time_limit_s", "check
 
 
 def _shown(key: str, value: Any, numbers: dict[str, Any]) -> str:
-    from idmctl.plan.whatif import at_least
+    from idmctl.plan.whatif import at_least  # start-up: only this command needs it (4 more project modules)
 
     text = format_number(key, value)
     return f"{at_least(numbers)}{text}" if key in BOUNDED_BY_STEP and value is not None else text
@@ -70,13 +70,13 @@ class RowChange:
 
 def run_what_if(resolved: ResolvedSpec, profile: ClusterProfile, profile_hash: str, texts: list[str], *,
                 as_json: bool = False) -> None:
-    from idmctl.cli.output import console, emit_json, make_table
-    from idmctl.gate.runner import run_preflight
-    from idmctl.plan.whatif import apply_overrides, parse_override
+    from idmctl.cli.output import console, emit_json, make_table  # start-up: only this command needs it (1 more project modules)
+    from idmctl.gate.runner import run_preflight  # start-up: only this command needs it (29 more project modules)
+    from idmctl.plan.whatif import apply_overrides, parse_override  # start-up: only this command needs it (4 more project modules)
 
     overrides = dict(parse_override(text) for text in texts)  # every bad override exits 2 before any work
     altered = apply_overrides(resolved, overrides)
-    from idmctl.record.preflights import version_for
+    from idmctl.record.preflights import version_for  # start-up: only this command needs it (2 more project modules)
 
     version = version_for(resolved.spec)
     before = run_preflight(resolved, profile, profile_hash, with_smoke=False, record=False, version=version)

@@ -7,6 +7,7 @@ and database drivers, which may hold a tracking or store URL with its password.
 """
 
 from __future__ import annotations
+from ground.redact import scrub_environment
 
 LOGGER = "idmctl"
 
@@ -14,7 +15,5 @@ LOGGER = "idmctl"
 def warn(message: str) -> None:
     """Say ``message`` (``warning: …``, one line) without stopping the command."""
     import logging  # only when there is something to say: importing logging costs every command start-up
-
-    from ground.redact import scrub_environment
 
     logging.getLogger(LOGGER).warning(scrub_environment(message))

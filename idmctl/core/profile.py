@@ -234,7 +234,7 @@ def profile_path(name_or_path: str | None = None) -> Path:
 def load_profile(name_or_path: str | None = None) -> tuple[ClusterProfile, str]:
     """The profile and its content hash (part of a preflight's identity)."""
     path = profile_path(name_or_path)
-    from ground.spec.loader import load_yaml_file
+    from ground.spec.loader import load_yaml_file  # start-up: pulls yaml
 
     data = load_yaml_file(path, what="cluster profile")
     try:

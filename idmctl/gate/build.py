@@ -35,6 +35,12 @@ from ground.paths import REPO_ROOT, atomic_write_text
 from ground.provenance import Basis, DeviceKind, Provenance
 from ground.units import format_bytes, format_duration
 from idmctl.core.checks import CheckResult, Status
+from cache.build_plan import norm_problem
+from cache.build_plan import plan
+from cache.build_plan import weights_problem
+from ground.paths import free_bytes
+from idmctl.gate.tracebacks import last_frame_and_exception
+from idmctl.record.preflights import record_run, version_for
 
 if TYPE_CHECKING:
     from cache.build_plan import BuildPlan
@@ -75,7 +81,6 @@ class BuildSmoke:
 
 
 def run_smoke(job: "EffectiveJob", timeout_s: float = DEFAULT_TIMEOUT_S) -> BuildSmoke:
-    from idmctl.gate.tracebacks import last_frame_and_exception
 
     started = time.perf_counter()
     resolved = job.resolved
@@ -101,7 +106,6 @@ def run_smoke(job: "EffectiveJob", timeout_s: float = DEFAULT_TIMEOUT_S) -> Buil
 
 
 def _weights(job: "EffectiveJob") -> CheckResult:
-    from cache.build_plan import weights_problem
 
     mode = str(job.options.build)
     problem = weights_problem(job.resolved, mode)
@@ -121,7 +125,6 @@ def _weights(job: "EffectiveJob") -> CheckResult:
 
 
 def _norm(job: "EffectiveJob") -> CheckResult:
-    from cache.build_plan import norm_problem
 
     mode = str(job.options.build)
     problem = norm_problem(job.resolved, mode)
@@ -136,13 +139,11 @@ def _norm(job: "EffectiveJob") -> CheckResult:
 
 
 def _plan(job: "EffectiveJob") -> "BuildPlan":
-    from cache.build_plan import plan
 
     return plan(job.resolved, str(job.options.build))
 
 
 def _disk(job: "EffectiveJob", plan: "BuildPlan", smoke: BuildSmoke | None) -> CheckResult:
-    from ground.paths import free_bytes
 
     free = free_bytes(plan.output_dir)
     numbers: dict[str, Any] = {"output_dir": str(plan.output_dir), "todo": plan.todo, "present": plan.present,
@@ -230,8 +231,7 @@ def run_build_preflight(job: "EffectiveJob", *, with_smoke: bool = True, timeout
     """Weights, norm and disk first; the smoke only when they pass (it would fail the same way)."""
     from dataclasses import replace
 
-    from idmctl.record.preflights import record_run, version_for
-    from idmctl.gate.runner import PreflightReport
+    from idmctl.gate.runner import PreflightReport  # start-up: 32 more project modules only this path needs
 
     started = time.perf_counter()
     version = version_for(job.declared.spec)
@@ -272,7 +272,7 @@ def stored_smoke(run: "PreflightRun | None") -> BuildSmoke | None:
 def judge(job: "EffectiveJob", preflight: "PreflightRun | None") -> "Admission":
     """Submit-time: the static build checks again on the effective job, and the stored smoke re-judged
     against its ``--time``/``--mem`` (files built since the preflight shrink the estimate)."""
-    from idmctl.gate.admission import Admission
+    from idmctl.gate.admission import Admission  # start-up: 33 more project modules only this path needs
 
     started = time.perf_counter()
     smoke = stored_smoke(preflight)

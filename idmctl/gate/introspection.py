@@ -15,6 +15,7 @@ from ground.errors import UserError
 from ground.paths import REPO_ROOT
 from ground.spec.schema import ClassRef, class_label
 from idmctl.core.checks import CheckResult, PreflightContext, Status
+from trainers import registry as model_registry
 
 NAME = "introspection"
 
@@ -121,8 +122,7 @@ def _resolve(ctx: PreflightContext) -> tuple[list[tuple[str, Any, dict[str, Any]
     targets: list[tuple[str, Any, dict[str, Any]]] = []
     fails: list[str] = []
     fixes: list[str] = []
-    from cache import registry as data_registry
-    from trainers import registry as model_registry
+    from cache import registry as data_registry  # start-up: pulls torch and h5py
 
     try:
         # One class serves both splits and only ``split`` differs, so binding the train kwargs covers eval.
@@ -186,7 +186,7 @@ def check(ctx: PreflightContext) -> CheckResult:
             bound.append(f"{role} {_qualified(target)} binds {len(kwargs)} kwarg{'s' if len(kwargs) != 1 else ''} ({', '.join(sorted(kwargs))})")
             continue
         fails.append(f"{role}: {_qualified(target)} rejects the spec's kwargs → TypeError: {error}")
-        from cache import registry as data_registry
+        from cache import registry as data_registry  # start-up: pulls torch and h5py
 
         chosen = ctx.spec.data.dataset if role == "dataset" else ctx.spec.model.name
         if isinstance(chosen, ClassRef):

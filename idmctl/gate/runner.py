@@ -18,10 +18,15 @@ from idmctl.gate import cache, introspection, smoke, spec
 from idmctl.gate.blame import name_flags
 from idmctl.gate.check_list import STATIC_CHECKS, run_check
 from idmctl.record import memo
+from idmctl.record.jobs import submitted_with_gpus
 from idmctl.core.checks import (CHECK_NAMES, CacheInspection, CheckResult, Measurements, PreflightContext,
                                      QueueWait, RecordedRun, SmokeMeasurement, Status)
 from idmctl.core.profile import ClusterProfile
 from ground.spec.loader import ResolvedSpec
+from ground.stage import staged_here
+from idmctl.gate import background
+from idmctl.plan.limits import recorded_runs as scan
+from idmctl.record.preflights import record_run, version_for
 
 if TYPE_CHECKING:
     from idmctl.job.effective import EffectiveJob
@@ -65,24 +70,7 @@ def queue_history(gpus: int) -> list[QueueWait]:
     Wait = started_at − submitted_at; a job cancelled while pending (card job 5961) counts with
     ended_at − submitted_at, a lower bound on what it would have waited.
     """
-    from idmctl.record.fast import connect, from_db_time, rows as fast_rows
-
-    with connect() as fast:
-        if fast is not None:  # plain sqlite3: submit re-runs this check without importing the ORM
-            rows = fast_rows(fast, "SELECT id, scheduler_id, qos, state, submitted_at, started_at, ended_at FROM job "
-                                   "WHERE gpus = ? AND submitted_at IS NOT NULL", (gpus,))
-            for row in rows:
-                row.submitted_at, row.started_at, row.ended_at = (from_db_time(row.submitted_at), from_db_time(row.started_at),
-                                                                  from_db_time(row.ended_at))
-            return _waits(rows, gpus)
-    from sqlmodel import select
-
-    from idmctl.record import session
-    from idmctl.record.models import Job
-
-    with session() as db:
-        orm_rows = db.exec(select(Job).where(Job.gpus == gpus, Job.submitted_at != None)).all()  # noqa: E711
-    return _waits(orm_rows, gpus)
+    return _waits(submitted_with_gpus(gpus), gpus)
 
 
 def _waits(rows: list, gpus: int) -> list[QueueWait]:
@@ -151,7 +139,6 @@ def introspect(ctx: PreflightContext, code_version: str | None, memo_only: bool 
         return stored
     if memo_only:
         return CheckResult(introspection.NAME, Status.SKIP, NOT_RERUN, {}, "")
-    from idmctl.gate import background
 
     result = background.collect(started, lambda: run_check(introspection, ctx))
     if not result.summary.startswith(("check crashed", "cannot import")):  # environment trouble: try again next time
@@ -187,7 +174,6 @@ def gather(resolved: ResolvedSpec, profile: ClusterProfile, code_version: str | 
 def staged_copy(resolved: ResolvedSpec, profile: ClusterProfile) -> dict[str, Any] | None:
     """``ground.stage.staged_here`` at this spec's ``stage.dest``, on profiles whose nodes are this
     machine; None elsewhere (and without stage-in)."""
-    from ground.stage import staged_here
 
     spec = resolved.spec
     if not spec.stage.enabled or not PreflightContext(resolved, profile).is_this_machine:
@@ -196,8 +182,7 @@ def staged_copy(resolved: ResolvedSpec, profile: ClusterProfile) -> dict[str, An
 
 
 def recorded_runs() -> list[RecordedRun]:
-    from ground.paths import home
-    from idmctl.plan.limits import recorded_runs as scan
+    from ground.paths import home  # here: the name home means something else at the top of this module
 
     return scan(home() / "runs")
 
@@ -217,7 +202,6 @@ def run_preflight(resolved: ResolvedSpec, profile: ClusterProfile, profile_hash:
     With ``job`` (preflight given submit's flags) the checks and the smoke judge the effective job,
     and the run is recorded under the spec's own hash with the job's smoke flags in its key.
     """
-    from idmctl.record.preflights import record_run, version_for
 
     started = time.perf_counter()
     declared = resolved
@@ -241,7 +225,6 @@ def run_preflight(resolved: ResolvedSpec, profile: ClusterProfile, profile_hash:
         early = {spec.NAME: spec_result, introspection.NAME: introspect(ctx, version, started=started_introspection)}
     finally:
         if started_introspection is not None:
-            from idmctl.gate import background
 
             background.cancel(started_introspection)  # a no-op once collected; else (an error above) no orphan child
     smoke_result: SmokeMeasurement | None = None

@@ -22,6 +22,8 @@ from idmctl.core.checks import CheckResult, PreflightContext, SmokeMeasurement, 
 from idmctl.gate.tracebacks import last_frame_and_exception
 from ground.spec.loader import ResolvedSpec
 from ground.units import format_bytes
+from ground.code_snapshot import default_store, materialize
+from idmctl.gate.entry_smoke import run_entry_smoke
 
 NAME = "smoke"
 DEFAULT_TIMEOUT_S = 300.0
@@ -46,11 +48,8 @@ def run_smoke(resolved: ResolvedSpec, timeout_s: float = DEFAULT_TIMEOUT_S, entr
     if entry != DEFAULT_ENTRY:
         from dataclasses import replace
 
-        from idmctl.gate.entry_smoke import run_entry_smoke
-
         return replace(run_entry_smoke(resolved, entry, timeout_s), entry=entry)
-    from ground.code_snapshot import default_store, materialize
-    from idmctl.job.code import tree_for
+    from idmctl.job.code import tree_for  # start-up: 11 more project modules only this path needs
 
     started = time.perf_counter()
     directory = materialize(tree_for(resolved.spec), default_store())

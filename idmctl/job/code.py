@@ -18,6 +18,10 @@ from ground.code_snapshot import (OBJECTS_DIR, SNAPSHOTS_DIR, SnapshotError, Tre
 from ground.contract import spec_roots
 from ground.errors import UserError
 from ground.paths import expand_path
+from idmctl.record.jobs import unfinished_job_options
+from ground.code_snapshot import MANIFEST
+from ground.code_snapshot import _remove_tree
+from ground.code_snapshot import environment, environment_digest, known_environment
 
 if TYPE_CHECKING:
     from ground.spec.schema import ExperimentSpec
@@ -85,7 +89,6 @@ def freeze(snapshot: Tree, profile: "ClusterProfile", spec: "ExperimentSpec") ->
 
 def planned(snapshot: Tree, profile: "ClusterProfile", spec: "ExperimentSpec") -> JobCode:
     """What :func:`freeze` would give, writing nothing (``submit --dry-run``)."""
-    from ground.code_snapshot import environment, environment_digest, known_environment
 
     store = store_for(profile)
     directory = snapshot_dir(snapshot.version, store)
@@ -96,7 +99,6 @@ def planned(snapshot: Tree, profile: "ClusterProfile", spec: "ExperimentSpec") -
 
 def require_present(code: JobCode) -> None:
     """A resubmission needs its chain's snapshot still there (gc keeps it while the chain is unfinished)."""
-    from ground.code_snapshot import MANIFEST
 
     if not (Path(code.directory) / MANIFEST).exists():
         raise SnapshotError(f"the chain's code snapshot {code.directory} is gone")
@@ -132,32 +134,19 @@ class Collected:
 
 def snapshots_in_use() -> set[str]:
     """Snapshot folders of every job not final and of the last attempt of every ACTIVE chain."""
-    import json
-
-    from sqlmodel import select
-
-    from idmctl.core.job_state import is_terminal
-    from idmctl.record.db import session
-    from idmctl.record.models import Chain, Job
-
     used: set[str] = set()
-    with session() as db:
-        active = {c.id for c in db.exec(select(Chain).where(Chain.status == "ACTIVE")).all()}
-        for job in db.exec(select(Job)).all():
-            if is_terminal(job.state) and job.chain_id not in active:
-                continue
-            try:
-                code = JobCode.from_record(json.loads(job.options_json or "{}"))
-            except ValueError:
-                continue
-            if code is not None:
-                used.add(str(Path(code.directory).resolve()))
+    for stored in unfinished_job_options():
+        try:
+            code = JobCode.from_record(stored)
+        except ValueError:
+            continue
+        if code is not None:
+            used.add(str(Path(code.directory).resolve()))
     return used
 
 
 def collect(store: Path, dry_run: bool = False) -> Collected:
     """Remove the snapshots nothing unfinished uses, then every object no snapshot links to any more."""
-    from ground.code_snapshot import _remove_tree
 
     used = snapshots_in_use()
     kept, removed = [], []

@@ -24,6 +24,12 @@ from ground.spec.schema import ExperimentSpec
 from idmctl.core.job_options import RESOURCE_FIELDS, SMOKE_FIELDS, JobOptions, JobRequest, flag_of, resource_of
 from idmctl.job.render import DEFAULT_ENTRY
 from idmctl.core.profile import ClusterProfile
+from idmctl.record.exclusions import active_exclusions  # re-exported: submit merges them into a resubmission
+from ground.class_path import code_roots, ensure_importable, inside
+from ground.spec.loader import load_spec
+from idmctl.core.profile import load_profile
+from idmctl.job.render import entry_words
+from idmctl.job.render import resolve_options, with_exclusions
 
 
 def apply_flags(declared: ResolvedSpec, options: JobOptions, names: list[str]) -> ResolvedSpec:
@@ -114,9 +120,6 @@ def check_entry_exists(entry: str, declared: ResolvedSpec, from_flag: bool) -> N
     import importlib.util
     import shutil
 
-    from ground.class_path import code_roots, ensure_importable, inside
-    from idmctl.job.render import entry_words
-
     where, field_name = ("command line", "--entry") if from_flag else (str(declared.path), "code.entry")
     roots = code_roots(declared.spec)
     words = entry_words(entry)
@@ -144,37 +147,10 @@ def check_entry_exists(entry: str, declared: ResolvedSpec, from_flag: bool) -> N
                         file=where, field=field_name, hint="give the script's path relative to that root")
 
 
-def active_exclusions() -> list[str]:
-    """Nodes excluded by ``sync`` (node failures) whose exclusion has not expired."""
-    from datetime import datetime, timezone
-
-    from ground.paths import db_path
-    from idmctl.record.fast import connect, from_db_time, rows
-
-    if not db_path().exists():  # no store, no exclusions; and a dry run or a refused submit creates none
-        return []
-    now = datetime.now(timezone.utc)
-    with connect() as fast:
-        if fast is not None:  # the store is at head: no ORM import on the submit path
-            found = rows(fast, "SELECT node, until FROM node_exclusion")
-            return sorted({row.node for row in found if (from_db_time(row.until) or now) > now})
-    from sqlmodel import select
-
-    from idmctl.record.db import session
-    from idmctl.record.models import NodeExclusion
-
-    with session() as db:
-        rows = db.exec(select(NodeExclusion)).all()
-    return sorted({row.node for row in rows if (row.until if row.until.tzinfo else row.until.replace(tzinfo=timezone.utc)) > now})
-
-
 def build(experiment: str, request: JobRequest, cluster: str | None, version: str | None = None) -> EffectiveJob:
     """Load the spec and the profile, resolve the flags, merge active exclusions: the effective job.
     Bad flag values are UserErrors naming the flag (exit 2). ``version``: the code version, when the
     caller has it already (else the limits derivation asks git)."""
-    from ground.spec.loader import load_spec
-    from idmctl.job.render import resolve_options, with_exclusions
-    from idmctl.core.profile import load_profile
 
     declared = load_spec(experiment)
     profile, profile_hash = load_profile(cluster)

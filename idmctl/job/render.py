@@ -25,6 +25,7 @@ from ground.spec.schema import MAX_COUNT, NODE_LIST, SLURM_NAME, check_job_mem, 
 from ground.units import slurm_time
 from idmctl.core.job_options import JobOptions, JobRequest, flag_of
 from idmctl.job.template import fill
+from idmctl.plan.shm import need_bytes
 
 
 _NAME = re.compile(SLURM_NAME)
@@ -305,7 +306,6 @@ def _guard_lines(resolved: ResolvedSpec, options: JobOptions, ctx: RenderContext
     """``node_guard PHASE [ARGS]``: trainers.node_guard on every node with the needs computed here
     (shm from the preflight's arithmetic, GPUs from the request); an unfit node ends the job with
     ``EXIT_NODE_UNFIT`` and the marker line the classifier reads as ``node_unfit``."""
-    from idmctl.plan.shm import need_bytes
 
     shm_need = need_bytes(resolved.spec)
     return fill("node_guard", {"python": shlex.quote(ctx.python), "shm_need": shm_need, "shm_need_shown": f"{shm_need:,}",

@@ -1,7 +1,7 @@
 """``idmctl doctor``: is this machine ready? One row per thing idmctl needs, each failing row with its fix.
 
 Light by design: the standard library and ``ground`` only. Versions come from package metadata
-(nothing imported), migration heads from the migration files, the stores are read with ``sqlite3``,
+(nothing imported), migration heads from the migration files, the stores are read with ``sqlite3`` (``idmctl.record.peek``),
 and the one-frame render runs in a child process (it imports robosuite and MuJoCo, and a broken GL
 stack must not take this process down).
 
@@ -17,7 +17,6 @@ import json
 import os
 import re
 import shutil
-import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -29,6 +28,15 @@ from pathlib import Path
 from ground.contract import ENV_CLUSTER, ENV_HOME
 from ground.paths import REPO_ROOT, clusters_dir, db_path, home, mlflow_tracking_uri, nearest_existing
 from ground.units import format_bytes
+from idmctl.record.peek import UnreadableStore, mlflow_experiment, shared_revision, sqlite_state
+from ground.code_snapshot import default_store
+from ground.contract import ENV_DB_URL
+from ground.errors import UserError
+from ground.redact import redacted
+from ground.tracking import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, MLFLOW_EXPERIMENT
+from idmctl.record.migrate import MIGRATIONS_DIR
+from idmctl.record.url import scrubbed
+from idmctl.record.url import shared_url
 
 OK, WARN, FAIL, SKIP = "OK", "WARN", "FAIL", "SKIP"
 PYTHON = (3, 11)
@@ -164,26 +172,12 @@ def migration_head(versions_dir: Path) -> str | None:
     return heads[0] if len(heads) == 1 else None
 
 
-def _sqlite_state(path: Path) -> tuple[str | None, str]:
-    """(stored Alembic revision, PRAGMA quick_check result) of a SQLite file, read-only."""
-    connection = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
-    try:
-        check = connection.execute("PRAGMA quick_check").fetchone()[0]
-        try:
-            row = connection.execute("SELECT version_num FROM alembic_version").fetchone()
-        except sqlite3.OperationalError:
-            row = None
-        return (row[0] if row else None), check
-    finally:
-        connection.close()
-
-
 def _store_row(name: str, path: Path, head: str | None, what_migrates: str) -> Row:
     if not path.exists():
         return Row(name, OK, f"{path} not created yet (created at {head or 'head'} on first use)")
     try:
-        revision, check = _sqlite_state(path)
-    except sqlite3.DatabaseError as exc:
+        revision, check = sqlite_state(path)
+    except UnreadableStore as exc:
         return Row(name, FAIL, f"{path} is not a readable SQLite database ({exc})",
                    f"move it aside; {what_migrates} creates a new one")
     if check != "ok":
@@ -203,9 +197,6 @@ def _store_row(name: str, path: Path, head: str | None, what_migrates: str) -> R
 def check_store() -> Row:
     """The store the commands will use: the team's PostgreSQL when ``IDMCTL_DB_URL`` names one (a doctor
     that read the local SQLite file said "ready" while the shared server did not answer), else SQLite."""
-    from ground.errors import UserError
-    from idmctl.record.migrate import MIGRATIONS_DIR
-    from idmctl.record.url import shared_url
 
     head = migration_head(MIGRATIONS_DIR / "versions")
     try:
@@ -219,19 +210,13 @@ def check_store() -> Row:
 
 def _shared_store_row(url: str, head: str | None) -> Row:
     """Connect (read-only, 5 s timeout) and compare the schema level with the head; migrates nothing."""
-    from ground.contract import ENV_DB_URL
-    from idmctl.record.url import redacted, scrubbed
 
     shown = redacted(url)
-    try:
-        import psycopg
-    except ImportError:
-        return Row("store", FAIL, f"{shown}: the PostgreSQL driver is missing", "pip install 'psycopg[binary]'")
     conninfo = "postgresql://" + url.split("://", 1)[1]  # libpq knows no SQLAlchemy "+driver" suffix
     try:
-        with psycopg.connect(conninfo, connect_timeout=5) as connection:
-            exists = connection.execute("SELECT to_regclass('alembic_version')").fetchone()[0]
-            revision = connection.execute("SELECT version_num FROM alembic_version").fetchone()[0] if exists else None
+        revision = shared_revision(conninfo)
+    except ImportError:
+        return Row("store", FAIL, f"{shown}: the PostgreSQL driver is missing", "pip install 'psycopg[binary]'")
     except Exception as exc:  # psycopg.Error, or a conninfo libpq cannot parse: the row says what it said
         reason = scrubbed((str(exc).strip().splitlines() or [type(exc).__name__])[0], url)
         return Row("store", FAIL, f"{shown} does not answer: {reason}",
@@ -253,7 +238,6 @@ def _mlflow_versions_dir() -> Path | None:
 def check_mlflow() -> Row:
     uri = mlflow_tracking_uri()
     if not uri.startswith("sqlite:///"):
-        from ground.redact import redacted
 
         return Row("mlflow store", WARN, f"{redacted(uri)} (a server or another backend: not checked here)",
                    "unset MLFLOW_TRACKING_URI to use the SQLite store beside idmctl's")
@@ -268,25 +252,18 @@ def check_mlflow() -> Row:
 
 
 def _experiment_note(path: Path) -> str:
-    from ground.tracking import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, MLFLOW_EXPERIMENT
 
-    connection = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
-    try:
-        row = connection.execute("SELECT experiment_id FROM experiments WHERE name = ?", (MLFLOW_EXPERIMENT,)).fetchone()
-        if row is None:
-            return f"; no {MLFLOW_EXPERIMENT!r} experiment yet"
-        runs = connection.execute("SELECT COUNT(*) FROM runs WHERE experiment_id = ?", (row[0],)).fetchone()[0]
-        kind = connection.execute("SELECT value FROM experiment_tags WHERE experiment_id = ? AND key = ?",
-                                  (row[0], EXPERIMENT_KIND_TAG)).fetchone()
-    except sqlite3.OperationalError:
+    found = mlflow_experiment(path, MLFLOW_EXPERIMENT, EXPERIMENT_KIND_TAG)
+    if found is None:
         return ""
-    finally:
-        connection.close()
+    experiment_id, runs, kind = found
+    if experiment_id is None:
+        return f"; no {MLFLOW_EXPERIMENT!r} experiment yet"
     # MLflow 3.17 opens the page the browser's workflow switch says (GenAI until flipped); the kind tag
     # only stops it guessing the kind. idmctl's links ask for model training themselves.
-    view = ("marked model training; idmctl's links open its runs" if kind and kind[0] == EXPERIMENT_KIND
+    view = ("marked model training; idmctl's links open its runs" if kind == EXPERIMENT_KIND
             else "not marked model training (`idmctl ui` marks it)")
-    return f"; experiment {MLFLOW_EXPERIMENT!r} (id {row[0]}): {runs} runs, {view}"
+    return f"; experiment {MLFLOW_EXPERIMENT!r} (id {experiment_id}): {runs} runs, {view}"
 
 
 def _cluster() -> tuple[str, str, str]:
@@ -319,7 +296,6 @@ def check_slurm() -> Row:
     if scheduler == "?":
         return Row("slurm", FAIL, f"{cluster}: no such profile", f"set {ENV_CLUSTER} to one of "
                    f"{', '.join(sorted(p.stem for p in clusters_dir().glob('*.yaml')))} or a profile's path")
-    from ground.errors import UserError
     from idmctl.core.profile import load_profile  # pydantic only; a profile every command would refuse is a FAIL here
 
     try:
@@ -390,7 +366,7 @@ def check_shm() -> Row:
 
 
 def check_scratch() -> Row:
-    from ground.spec.schema import StageSpec
+    from ground.spec.schema import StageSpec  # start-up: pulls pydantic and yaml
 
     dest = Path(StageSpec.model_fields["dest"].default)
     return _space_row("scratch", dest, SCRATCH_WARN_BYTES,
@@ -399,13 +375,12 @@ def check_scratch() -> Row:
 
 def check_code_store() -> Row:
     """What the code snapshots cost: distinct file contents (their hard links cost nothing more)."""
-    from idmctl.job.code import store_for, usage
-    from idmctl.core.profile import load_profile
+    from idmctl.job.code import store_for, usage  # start-up: 12 more project modules only this path needs
+    from idmctl.core.profile import load_profile  # start-up: pulls pydantic
 
     try:
         store = store_for(load_profile(None)[0])
     except Exception:  # an unreadable profile is the slurm row's finding; count the default store
-        from ground.code_snapshot import default_store
 
         store = default_store()
     target = nearest_existing(store)

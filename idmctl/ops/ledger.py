@@ -24,7 +24,6 @@ under the 0.5 s target, with no ORM import.
 from __future__ import annotations
 
 import json
-import sqlite3
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -34,7 +33,8 @@ from ground.contract import EXIT_REQUEUE
 from ground.errors import UserError
 from ground.run_events import CHECKPOINT, START, read_events
 from idmctl.core.job_state import JobState
-from idmctl.ops.failures.rows import _naive_utc, _when, is_since, open_classified
+from idmctl.ops.failures.rows import _naive_utc, _when, is_since
+from idmctl.record.failures import ledger_inputs, ledger_inputs_fast
 
 GROUPINGS = ("experiment", "qos", "cause")
 PREEMPTED = "preempted"
@@ -110,47 +110,13 @@ def run_costs(db: Path, user: str | None = None) -> list[RunCost] | None:
     """Every ended run's cost (of ``user``'s jobs only, when given); None when the store is missing, of
     another revision, the team's PostgreSQL store, or has failed runs that still need classifying (the
     caller classifies them first and reads with :func:`run_costs_orm`)."""
-    connection = open_classified(db)
-    if connection is None:
-        return None
-    try:
-        # Run times come from SQLite (julianday) for the usual one-run job; only jobs sync saw requeued
-        # carry a run list in options_json, and only those are parsed here.
-        jobs = connection.execute(
-            "SELECT id, chain_id, attempt, experiment, qos, gpus, state, exit_code, ended_at, script_path, "
-            "round((julianday(ended_at) - julianday(started_at)) * 86400.0, 3) AS seconds, "
-            "CASE WHEN instr(options_json, '\"runs\"') THEN options_json END AS options "
-            "FROM job WHERE started_at IS NOT NULL" + (' AND "user" = ?' if user else ""),
-            (user,) if user else ()).fetchall()
-        causes: dict[tuple[int, int], str] = {}
-        for job_id, cause, detail in connection.execute("SELECT job_id, cause, detail_json FROM failure"):
-            causes[(job_id, json.loads(detail).get("run", 1) if detail else 1)] = cause
-    except sqlite3.Error:
-        return None
-    finally:
-        connection.close()
-    return _costs([tuple(job) for job in jobs], causes)
+    found = ledger_inputs_fast(db, user)
+    return None if found is None else _costs(*found)
 
 
 def run_costs_orm(db: Any, user: str | None = None) -> list[RunCost]:
     """:func:`run_costs` through the ORM session ``db``: any backend (the PostgreSQL store's only path)."""
-    from sqlmodel import select
-
-    from idmctl.record.models import Failure, Job
-
-    query = select(Job.id, Job.chain_id, Job.attempt, Job.experiment, Job.qos, Job.gpus, Job.state, Job.exit_code,
-                   Job.ended_at, Job.script_path, Job.started_at, Job.options_json).where(Job.started_at.is_not(None))  # type: ignore[union-attr]
-    if user:
-        query = query.where(Job.user == user)
-    jobs = []
-    for *head, ended_at, script, started_at, options in db.exec(query).all():
-        seconds = None if ended_at is None else round(max(0.0, (ended_at - started_at).total_seconds()), 3)
-        jobs.append((*head, None if ended_at is None else str(ended_at), script, seconds,
-                     options if '"runs"' in (options or "") else None))
-    causes: dict[tuple[int, int], str] = {}
-    for job_id, cause, detail in db.exec(select(Failure.job_id, Failure.cause, Failure.detail_json)).all():
-        causes[(job_id, json.loads(detail).get("run", 1) if detail else 1)] = cause
-    return _costs(jobs, causes)
+    return _costs(*ledger_inputs(db, user))
 
 
 def _costs(jobs: list[tuple[Any, ...]], causes: dict[tuple[int, int], str]) -> list[RunCost]:

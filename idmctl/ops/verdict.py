@@ -14,6 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ground.errors import CheckFailed
+from ground.errors import UserError
+from idmctl.core.executor import SchedulerRefusal
+from idmctl.ops.executors import executor_for
 
 
 @dataclass(frozen=True)
@@ -49,8 +52,6 @@ def scheduler_verdict(scheduler: str, script: str) -> Verdict:
     """Ask the scheduler of a cluster profile (``slurm``/``local``) about ``script``, the batch script's
     text; never raises on a refusal (the verdict says it). The script is written to a private temporary
     file: nothing under ``$IDMCTL_HOME`` exists for a job the scheduler has not accepted."""
-    from idmctl.ops.executors import executor_for
-    from idmctl.core.executor import SchedulerRefusal
 
     executor = executor_for(scheduler)
     command = "sbatch --test-only" if executor.name == "slurm" else "bash -n"
@@ -68,7 +69,6 @@ def scheduler_verdict(scheduler: str, script: str) -> Verdict:
 def verdict_if_askable(scheduler: str, script: str) -> Verdict:
     """:func:`scheduler_verdict` for showing (``--dry-run``): a scheduler whose tools are not on this
     machine gives a verdict that says so instead of an error (a dry-run for the card from a laptop)."""
-    from ground.errors import UserError
 
     try:
         return scheduler_verdict(scheduler, script)

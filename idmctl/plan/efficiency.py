@@ -21,6 +21,8 @@ from typing import Any
 
 from ground.units import format_bytes, format_duration, slurm_time
 from idmctl.core.job_state import JobState
+from idmctl.record.stored_json import newest_of_experiment
+from ground.units import parse_bytes, parse_duration
 
 HEADROOM = 1.25
 """Suggested memory and CPUs: the measured peak plus a quarter (a later batch, another node)."""
@@ -199,26 +201,12 @@ def suggest(found: EfficiencyReport, options: dict[str, Any]) -> list[Suggestion
 
 def last_report(experiment: str) -> EfficiencyReport | None:
     """The newest efficiency report of ``experiment``'s jobs (plain sqlite3: submit imports no ORM)."""
-    import json
-
-    from idmctl.record.fast import connect
-
-    with connect() as db:
-        if db is None:
-            return None
-        row = db.execute("SELECT options_json FROM job WHERE experiment = ? AND options_json LIKE ? "
-                         "ORDER BY id DESC LIMIT 1", (experiment, '%"efficiency"%')).fetchone()
-    if row is None:
-        return None
-    from idmctl.record.stored_json import job_options
-
-    data = job_options(row["options_json"], f"of {experiment}").get("efficiency")
+    data = newest_of_experiment(experiment, "efficiency")
     return EfficiencyReport.from_dict(data) if data else None
 
 
 def still_apply(found: EfficiencyReport, options: dict[str, Any]) -> list[Suggestion]:
     """The report's suggestions the job being submitted has not taken already."""
-    from ground.units import parse_bytes, parse_duration
 
     current = {"--mem": parse_bytes(options.get("mem") or "0"), "-c": int(options.get("cpus_per_node") or 0),
                "--time": parse_duration(options.get("time_limit") or "0")}

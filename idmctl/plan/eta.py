@@ -4,7 +4,6 @@ limit and the chain's remaining retry budget. Needs neither MLflow nor the clust
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
@@ -12,7 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from ground.progress import Progress, read_progress
+from ground.errors import UserError
 from ground.units import format_duration, parse_duration
+from idmctl.record.stored_json import job_options
 
 
 @dataclass(frozen=True)
@@ -87,9 +88,9 @@ def eta_for_job(job: Any, chain: Any | None, now: float) -> Eta | None:
     if progress is None:
         return None
     try:
-        limit = json.loads(job.options_json or "{}").get("time_limit")
+        limit = job_options(job.options_json, job.id).get("time_limit")
         limit_s = parse_duration(limit) if limit else None
-    except (ValueError, TypeError):
+    except (UserError, ValueError, TypeError):  # a damaged row shows no ETA against the limit, not an error
         limit_s = None
     retries_left = chain.retries_budget - chain.retries_used if chain is not None else None
     # A requeued job keeps its first start in the store, but each run gets a fresh limit: after a

@@ -21,10 +21,16 @@ from ground.provenance import Basis, DeviceKind, Provenance
 from ground.units import format_duration, slurm_time
 from idmctl.plan.budget import fmt_seconds, fmt_span, step_estimate
 from idmctl.core.checks import PreflightContext, RecordedRun
+from ground.paths import expand_path
+from ground.units import parse_duration
+from idmctl.core.checks import Measurements
+from idmctl.core.checks import SmokeMeasurement
+from idmctl.record.memo import tree_fingerprint
+from idmctl.record.preflights import latest_smoke_numbers
+from idmctl.record.preflights import version_for
 
 if TYPE_CHECKING:
     from ground.spec.loader import ResolvedSpec
-    from idmctl.core.checks import SmokeMeasurement
     from idmctl.core.profile import ClusterProfile
 
 TIME_MARGIN = 1.25
@@ -216,7 +222,6 @@ def derive(ctx: PreflightContext, version: str | None = None, *, time_override: 
 
 
 def _seconds(text: str) -> float:
-    from ground.units import parse_duration
 
     return parse_duration(text)
 
@@ -249,26 +254,7 @@ def latest_smoke(spec_hash: str) -> "SmokeMeasurement | None":
     Plain sqlite3 when the store is at head (submit imports no ORM), else the ORM."""
     import json
 
-    from idmctl.core.checks import SmokeMeasurement
-    from idmctl.record.fast import connect, rows
-
-    query = ("SELECT c.numbers_json, r.id AS run_id FROM preflight_check c JOIN preflight_run r ON c.run_id = r.id "
-             "WHERE r.spec_hash = ? AND c.name = 'smoke' AND c.status != 'SKIP' ORDER BY r.id DESC LIMIT 1")
-    text, run_id = None, None
-    for attempt in range(2):
-        with connect() as fast:
-            if fast is not None:
-                found = rows(fast, query, (spec_hash,))
-                text, run_id = (found[0].numbers_json, found[0].run_id) if found else (None, None)
-                break
-        if attempt == 0:
-            from ground.paths import db_path
-
-            if not db_path().exists():
-                return None  # no store, no smoke recorded; a read never creates one (a dry-run writes nothing)
-            from idmctl.record.db import open_store  # only now: SQLAlchemy's import is ~0.3 s of a cold preflight
-
-            open_store()  # an older revision: the ORM migrates it, once
+    text, run_id = latest_smoke_numbers(spec_hash)
     if not text:
         return None
     numbers = {**json.loads(text), "preflight_run": run_id}
@@ -283,10 +269,6 @@ def limits_for(resolved: "ResolvedSpec", profile: "ClusterProfile", *, qos: str 
                time_override: float | None = None, version: str | None = None) -> Limits:
     """Derive outside a preflight (exp show, submit): this machine's measurements, the latest recorded
     smoke of this spec, and earlier runs of this code. ``qos`` is a ``--qos`` flag (its preempt cycle counts)."""
-    from ground.paths import expand_path
-    from idmctl.record.preflights import version_for
-    from idmctl.core.checks import Measurements
-    from idmctl.record.memo import tree_fingerprint
 
     if qos is not None and qos != resolved.spec.resources.qos:
         spec = resolved.spec.model_copy(update={"resources": resolved.spec.resources.model_copy(update={"qos": qos})})

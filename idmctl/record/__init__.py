@@ -26,7 +26,7 @@ def close_open_stores() -> None:
 
 def __getattr__(name: str) -> Any:
     if name in __all__:
-        from idmctl.record import db
+        from idmctl.record import db  # start-up: pulls sqlalchemy and pydantic
 
         return getattr(db, name)
     raise AttributeError(f"module 'idmctl.record' has no attribute {name!r}")

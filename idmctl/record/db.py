@@ -27,6 +27,8 @@ from idmctl.record.migrate import known_revisions, upgrade
 from idmctl.record.url import shared_url
 
 from idmctl.record.head import HEAD_REVISION  # noqa: E402  (re-exported: store_db.HEAD_REVISION)
+from idmctl.record.fast import unusable_store
+from idmctl.record.shared import open_shared
 BUSY_TIMEOUT_MS = 10_000
 
 
@@ -136,7 +138,6 @@ def _engine_for(path: str) -> Engine:
 
 @lru_cache(maxsize=8)
 def _shared_engine(url: str) -> Engine:
-    from idmctl.record.shared import open_shared
 
     engine = open_shared(url)
     _ENGINES.add(engine)
@@ -162,7 +163,6 @@ def session(path: Path | None = None) -> Iterator[Session]:
             db.commit()
         except SQLAlchemyDatabaseError as exc:
             db.rollback()
-            from idmctl.record.fast import unusable_store
 
             unusable = unusable_store(path or db_path(), str(exc.orig) if exc.orig is not None else str(exc))
             if unusable is not None:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from ground.errors import CheckFailed
 from ground.contract import code_version
 from idmctl.core.checks import CheckResult, Status
+from ground.paths import db_path
 
 if TYPE_CHECKING:
     from idmctl.core.profile import ClusterProfile
@@ -31,7 +32,7 @@ def record_run(resolved: "ResolvedSpec", profile_name: str, profile_hash: str, v
     ``job`` is :meth:`EffectiveJob.record` when preflight was given submit's flags; its ``smoke_flags``
     join (spec hash, code version, profile hash) in the key :func:`require_pass` looks up.
     """
-    from idmctl.record.fast import connect, db_time, insert, rows
+    from idmctl.record.fast import connect, db_time, insert, rows  # start-up: 4 more project modules only this path needs
 
     failed = [r.name for r in results if r.status is Status.FAIL]
     document = {"checks": [r.as_dict() for r in results], "failed": failed,
@@ -50,8 +51,8 @@ def record_run(resolved: "ResolvedSpec", profile_name: str, profile_hash: str, v
             (run,) = rows(fast, "SELECT * FROM preflight_run WHERE id = ?", (run_id,))
             run.with_smoke, run.passed = bool(run.with_smoke), bool(run.passed)
             return run  # type: ignore[no-any-return]
-    from idmctl.record import session
-    from idmctl.record.models import PreflightCheck, PreflightRun
+    from idmctl.record import session  # start-up: record's session loads SQLAlchemy on first use
+    from idmctl.record.models import PreflightCheck, PreflightRun  # start-up: pulls sqlalchemy and pydantic
 
     with session() as db:
         run = PreflightRun(**values)
@@ -72,7 +73,7 @@ def latest_run(spec_hash: str, code_version: str, profile_hash: str,
     """The newest preflight of exactly this key (optionally only full / only static ones).
 
     Read with plain sqlite3 when the store is at head (submit never imports the ORM), else the ORM."""
-    from idmctl.record.fast import connect, rows
+    from idmctl.record.fast import connect, rows  # start-up: 4 more project modules only this path needs
 
     wanted = smoke_flags or {}
     with connect() as db:
@@ -88,8 +89,8 @@ def latest_run(spec_hash: str, code_version: str, profile_hash: str,
             return next((run for run in runs if smoke_flags_of(run) == wanted), None)  # type: ignore[return-value]
     from sqlmodel import col, select
 
-    from idmctl.record import session
-    from idmctl.record.models import PreflightRun
+    from idmctl.record import session  # start-up: record's session loads SQLAlchemy on first use
+    from idmctl.record.models import PreflightRun  # start-up: pulls sqlalchemy and pydantic
 
     query = select(PreflightRun).where(PreflightRun.spec_hash == spec_hash, PreflightRun.code_version == code_version,
                                        PreflightRun.profile_hash == profile_hash)
@@ -103,8 +104,8 @@ def latest_run(spec_hash: str, code_version: str, profile_hash: str,
 def run_checks(run_id: int) -> list["PreflightCheck"]:
     from sqlmodel import col, select
 
-    from idmctl.record import session
-    from idmctl.record.models import PreflightCheck
+    from idmctl.record import session  # start-up: record's session loads SQLAlchemy on first use
+    from idmctl.record.models import PreflightCheck  # start-up: pulls sqlalchemy and pydantic
 
     with session() as db:
         return list(db.exec(select(PreflightCheck).where(PreflightCheck.run_id == run_id)
@@ -125,8 +126,8 @@ def _why_no_match(resolved: "ResolvedSpec", profile_name: str, profile_hash: str
     """Say what changed since this experiment's newest preflight on this cluster profile."""
     from sqlmodel import col, select
 
-    from idmctl.record import session
-    from idmctl.record.models import PreflightRun
+    from idmctl.record import session  # start-up: record's session loads SQLAlchemy on first use
+    from idmctl.record.models import PreflightRun  # start-up: pulls sqlalchemy and pydantic
 
     with session() as db:
         newest = db.exec(select(PreflightRun).where(PreflightRun.experiment == resolved.name)
@@ -190,3 +191,25 @@ def latest_passing(resolved: "ResolvedSpec", profile_hash: str, smoke_flags: dic
         return require_pass(resolved, SimpleNamespace(name="?"), profile_hash, smoke_flags, version)  # type: ignore[arg-type]
     except CheckFailed:
         return None
+
+
+def latest_smoke_numbers(spec_hash: str) -> tuple[str | None, int | None]:
+    """(numbers_json, preflight run id) of the newest smoke check of this spec that ran (any cluster), or
+    (None, None). Plain sqlite3 when the store is at head (submit imports no ORM); an older store is
+    migrated once by the ORM, then read the same way. A read never creates a store."""
+    from idmctl.record.fast import connect, rows  # start-up: 4 more project modules only this path needs
+
+    query = ("SELECT c.numbers_json, r.id AS run_id FROM preflight_check c JOIN preflight_run r ON c.run_id = r.id "
+             "WHERE r.spec_hash = ? AND c.name = 'smoke' AND c.status != 'SKIP' ORDER BY r.id DESC LIMIT 1")
+    for attempt in range(2):
+        with connect() as fast:
+            if fast is not None:
+                found = rows(fast, query, (spec_hash,))
+                return (found[0].numbers_json, found[0].run_id) if found else (None, None)
+        if attempt == 0:
+            if not db_path().exists():
+                return None, None  # no store, no smoke recorded (a dry-run writes nothing)
+            from idmctl.record.db import open_store  # start-up: SQLAlchemy's import is ~0.3 s of a cold preflight
+
+            open_store()  # an older revision: the ORM migrates it, once
+    return None, None

@@ -7,6 +7,9 @@ from typing import Any
 from ground.spec.loader import ResolvedSpec
 from ground.spec.schema import ExperimentSpec
 from idmctl.record.models import utcnow
+from idmctl.record import session
+from idmctl.record.models import SpecVersion
+from idmctl.record.url import writer
 
 
 def derived_values(spec: ExperimentSpec) -> dict[str, Any]:
@@ -29,10 +32,6 @@ def register_specs(specs: list[ResolvedSpec]) -> set[str]:
     ``INSERT OR IGNORE`` rather than look-then-insert: two submits of one spec at the same moment both
     saw it missing and the second died on the primary key (found by the concurrency test)."""
     from sqlalchemy.dialects import postgresql, sqlite
-
-    from idmctl.record import session
-    from idmctl.record.models import SpecVersion
-    from idmctl.record.url import writer
 
     user, host = writer()  # a Core insert skips the models' default factories
     new: set[str] = set()

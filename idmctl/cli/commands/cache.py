@@ -11,6 +11,8 @@ from idmctl.cli.commands import options
 from idmctl.cli.output import console, emit_json
 from ground.paths import expand_path
 from ground.units import format_bytes
+from ground.errors import UserError
+from ground.paths import why_not_a_directory
 
 if TYPE_CHECKING:
     from ground.geometry import HiddenGeometry
@@ -32,7 +34,6 @@ def _on_disk(spec: ExperimentSpec) -> dict[str, Any]:
     data = spec.data
     root = expand_path(data.cache_root)
     if not root.is_dir():
-        from ground.paths import why_not_a_directory
 
         return {"present": False, "why": why_not_a_directory(root)}
     files = sorted(root.glob(f"*{SUFFIX[data.cache_format]}"))
@@ -54,7 +55,7 @@ def _on_disk(spec: ExperimentSpec) -> dict[str, Any]:
 
 def cache_report(spec: ExperimentSpec) -> dict[str, Any]:
     """Geometry, bytes per sample for the selection, and the reductions; pure arithmetic plus a disk look."""
-    from ground.geometry import HiddenGeometry, sample_io
+    from ground.geometry import HiddenGeometry, sample_io  # start-up: pulls pydantic and yaml
 
     data = spec.data
     geometry = HiddenGeometry.from_spec(data)
@@ -170,8 +171,7 @@ def convert_cmd(
     """Convert the cache to our per-layer safetensors: exact reads, verified, resumable, kill-safe."""
     from cache.convert import SUFFIXES, convert_dir  # imports torch only when converting
 
-    from ground.errors import UserError
-    from ground.spec import load_spec
+    from ground.spec import load_spec  # start-up: pulls pydantic and yaml
 
     if layers not in ("all", "routed"):
         raise UserError(f"--layers {layers!r} is not routed|all", field="--layers", hint="use --layers routed or all")

@@ -42,7 +42,7 @@ def build_cmd(
 
         reports = [build(str(resolved.path), mode, recompute_norm=recompute_norm, progress=not as_json)]
     else:
-        from trainers.build_latent_cache import launch
+        from trainers.build_latent_cache import launch  # start-up: only this command needs it (2 more project modules)
 
         reports = launch(str(resolved.path), mode, processes=processes, recompute_norm=recompute_norm)
     summary = _merge(reports)
@@ -74,7 +74,7 @@ def _merge(reports: list[dict[str, Any]]) -> dict[str, Any]:
 @app.command("status")
 def status_cmd(experiment: options.Experiment, as_json: options.Json = False) -> None:
     """Per latent slot: directory, hash, files present / expected; and stale PT directories."""
-    from cache.latent.status import latent_status
+    from cache.latent.status import latent_status  # start-up: pulls pydantic and yaml
 
     from ground.spec import load_spec  # pydantic loads only when the command runs
 

@@ -23,12 +23,12 @@ def compare(
     ui_url: options.UiUrl = options.UI_URL,
 ) -> None:
     """EEF mm of baselines and runs (best and last of each metric), with PASS/FAIL against each goal."""
-    from idmctl.track.compare import build_report, compare_url, run_url
-    from idmctl.track.compare_render import cells, footnotes, headers, markdown
+    from idmctl.track.compare import build_report, compare_url, run_url  # start-up: pulls pydantic and yaml
+    from idmctl.track.compare_render import cells, footnotes, headers, markdown  # start-up: pulls pydantic and yaml
 
     report = build_report(experiments or [], metric=metric)
     if plot is not None:
-        from idmctl.track.compare_plot import plot_report
+        from idmctl.track.compare_plot import plot_report  # start-up: pulls pydantic and yaml
 
         plot_report(report, plot)
     if as_json:
@@ -41,7 +41,7 @@ def compare(
         typer.echo(markdown(report), nl=False)
         return
     if not report.rows:
-        from idmctl.track.compare import baselines_path, default_store_note
+        from idmctl.track.compare import baselines_path, default_store_note  # start-up: pulls pydantic and yaml
 
         console.print(f"nothing to compare: no baselines in {baselines_path()} and no tracked runs "
                       f"({default_store_note()})", markup=False)
@@ -54,7 +54,7 @@ def compare(
     for note in footnotes(report):
         console.print(note, markup=False)
     for group in report.sweeps:
-        from idmctl.cli.sweep_report import axis_text
+        from idmctl.cli.sweep_report import axis_text  # start-up: pulls pydantic and yaml
 
         sweep_table = make_table("variant", *group.axes, "run", "status", "steps", f"{report.metric} best / last",
                                  "verdict", title=f"sweep {group.sweep}")
@@ -69,7 +69,7 @@ def compare(
     if runs:
         link = compare_url([row.run_id or "" for row in runs], [row.experiment_id or "" for row in runs], ui_url)
         console.print(f"MLflow compare page (idmctl ui): {link}", markup=False, soft_wrap=True)
-        from idmctl.track.runs_view import runs_chart_line
+        from idmctl.track.runs_view import runs_chart_line  # start-up: only this command needs it (5 more project modules)
 
         keys = sorted({key for row in runs for key in row.metrics if key != "loss"})
         console.print(runs_chart_line("MLflow runs, EEF mm charts first (idmctl ui)", ui_url, keys),

@@ -71,7 +71,7 @@ def demos(
 ) -> None:
     """Scripted robosuite demos (Panda, OSC pose controller, agentview camera), deterministic per seed."""
     validate_demo_args(env, n, out, camera_size, steps, valid)
-    from trainers.sim.demos import make_demos
+    from trainers.sim.demos import make_demos  # start-up: pulls numpy
 
     if not as_json:
         console.print(f"robosuite {env}: {n} demos × {steps} steps, camera {camera_size}×{camera_size}, seed {seed}")
@@ -107,7 +107,7 @@ def scenes(
         raise UserError("output must be an .hdf5 file", file=str(out), field="--out", hint="e.g. scenes.hdf5")
     if out.exists() and out.is_dir():
         raise UserError("output is a directory", file=str(out), field="--out", hint="name a file")
-    from cache.latent.scenes import write_scene_episodes
+    from cache.latent.scenes import write_scene_episodes  # start-up: pulls h5py and numpy
 
     started = time.perf_counter()
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -28,7 +28,7 @@ def decide(
     ui_url: options.UiUrl = options.UI_URL,
 ) -> None:
     """PASS / FAIL / UNDECIDED for the goal: estimate, 95 % interval (bootstrap-t over episodes), P(goal)."""
-    from idmctl.track.decide import build_decisions, paired_lines, plot_decisions, write_tags
+    from idmctl.track.decide import build_decisions, paired_lines, plot_decisions, write_tags  # start-up: pulls numpy and pydantic
 
     reports = build_decisions(experiment, goal, checkpoint)
     if against is not None:

@@ -16,8 +16,8 @@ def doctor(
 ) -> None:
     """Python and packages, $IDMCTL_HOME, both stores, Slurm and the cluster profile, rendering, /dev/shm and
     scratch. Exit 1 when something required is missing (a FAIL row); WARN rows do not fail."""
-    from idmctl.cli.app import debug_on
-    from idmctl.ops.doctor import run_doctor
+    from idmctl.cli.app import debug_on  # start-up: only this command needs it (3 more project modules)
+    from idmctl.ops.doctor import run_doctor  # start-up: only this command needs it (7 more project modules)
 
     report = run_doctor(render=not no_render, debug=debug_on())
     if as_json:

@@ -40,7 +40,7 @@ def _summary(resolved: ResolvedSpec) -> dict[str, Any]:
 @app.command("list")
 def list_cmd(as_json: options.Json = False) -> None:
     """Every runnable experiment in experiments/ (bases excluded), validated."""
-    from ground.spec import list_experiments, load_experiments
+    from ground.spec import list_experiments, load_experiments  # start-up: pulls pydantic and yaml
 
     rows = [_summary(variant) for path in list_experiments() for variant in load_experiments(str(path))]
     if as_json:
@@ -60,10 +60,10 @@ def show_cmd(experiment: options.Experiment, as_json: options.Json = False,
     checkpoint interval and signal lead derived from measurements, with their arithmetic."""
     import yaml
 
-    from ground.spec import load_spec
-    from idmctl.plan.limits import limits_for
-    from idmctl.core.profile import load_profile
-    from idmctl.record.specs import derived_values
+    from ground.spec import load_spec  # start-up: pulls pydantic and yaml
+    from idmctl.plan.limits import limits_for  # start-up: pulls pydantic and yaml
+    from idmctl.core.profile import load_profile  # start-up: pulls pydantic
+    from idmctl.record.specs import derived_values  # start-up: pulls sqlalchemy and pydantic
 
     resolved = load_spec(experiment)
     profile, _ = load_profile(cluster)
@@ -102,7 +102,7 @@ def validate_cmd(
     as_json: options.Json = False,
 ) -> None:
     """Validate specs strictly; exit 2 on the first bad one with a one-line error."""
-    from ground.spec import list_experiments, load_experiments
+    from ground.spec import list_experiments, load_experiments  # start-up: pulls pydantic and yaml
 
     names = experiments or [str(p) for p in list_experiments(include_bases=True)]
     results = [variant for name in names for variant in load_experiments(name)]  # a sweep: every variant
@@ -119,8 +119,8 @@ def register_cmd(
     as_json: options.Json = False,
 ) -> None:
     """Validate all given specs, then record their versions in the store (nothing is written if any is bad)."""
-    from ground.spec import list_experiments, load_experiments
-    from idmctl.record.specs import register_specs
+    from ground.spec import list_experiments, load_experiments  # start-up: pulls pydantic and yaml
+    from idmctl.record.specs import register_specs  # start-up: pulls sqlalchemy and pydantic
 
     names = experiments or [str(p) for p in list_experiments()]
     results = [variant for name in names for variant in load_experiments(name)]  # a sweep: every variant
@@ -140,8 +140,8 @@ def diff_cmd(
     as_json: options.Json = False,
 ) -> None:
     """Fields (and derived values) that differ between two resolved specs."""
-    from ground.spec import load_spec
-    from idmctl.record.specs import derived_values
+    from ground.spec import load_spec  # start-up: pulls pydantic and yaml
+    from idmctl.record.specs import derived_values  # start-up: pulls sqlalchemy and pydantic
 
     left, right = load_spec(a), load_spec(b)
     flat_left = {**flatten(left.canonical), **flatten({"derived": derived_values(left.spec)})}

@@ -46,10 +46,10 @@ def report(
     """Classify any newly failed jobs, then print job, setting, cause, evidence, fix and the check that catches it now."""
     if ctx.invoked_subcommand is not None:
         return
-    from ground.paths import db_path
-    from idmctl.ops.failures.classify import get_cause
-    from idmctl.ops.failures.report import card_rows, markdown
-    from idmctl.ops.failures.rows import parse_since, read_table_rows
+    from ground.paths import db_path  # start-up: only this command needs it (3 more project modules)
+    from idmctl.ops.failures.classify import get_cause  # start-up: pulls yaml
+    from idmctl.ops.failures.report import card_rows, markdown  # start-up: pulls yaml
+    from idmctl.ops.failures.rows import parse_since, read_table_rows  # start-up: pulls yaml
 
     table_only = not (as_json or as_markdown) and since is None
     newest = limit if table_only and limit else None  # --json, --markdown and --since are never cut
@@ -61,13 +61,9 @@ def report(
     if fast is not None:
         rows, total = fast
     else:
-        from idmctl.ops.failures.postmortem import count_failures, postmortem_rows, record_failures
-        from idmctl.record import session
+        from idmctl.ops.failures.postmortem import classify_and_read  # start-up: pulls sqlalchemy and pydantic
 
-        with session() as db:
-            record_failures(db)
-            rows = postmortem_rows(db, experiment=experiment, since=since_at, cause=cause, newest=newest, user=user)
-            total = count_failures(db, experiment=experiment, cause=cause, user=user)
+        rows, total = classify_and_read(experiment=experiment, since=since_at, cause=cause, newest=newest, user=user)
     if not table_only:
         total = len(rows)
     if as_json:
@@ -98,13 +94,9 @@ def fix_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Record one fix for the failures of one or more jobs (6054 6108 6158 share one)."""
-    from idmctl.ops.failures.postmortem import record_fix
-    from idmctl.record import session
+    from idmctl.ops.failures.postmortem import record_fix_in_store  # start-up: pulls sqlalchemy and pydantic
 
-    with session() as db:
-        fix, covered = record_fix(db, jobs, note, commit)
-        result: dict[str, Any] = {"fix_id": fix.id, "note": fix.note, "commit": fix.commit,
-                                  "jobs": [job.scheduler_id or f"#{job.id}" for job in covered]}
+    result: dict[str, Any] = record_fix_in_store(jobs, note, commit)
     if as_json:
         emit_json(result)
         return
@@ -117,18 +109,13 @@ def jobs_import(
     as_json: JsonOpt = False,
 ) -> None:
     """Pull jobs not submitted by idmctl from sacct into the store (imported), and classify their failures."""
-    from idmctl.ops.failures.importer import import_history, parse_history, sacct_history
-    from idmctl.ops.failures.postmortem import parse_since, record_failures
-    from idmctl.record import session
+    from idmctl.ops.failures.importer import import_and_classify, parse_history, sacct_history  # start-up: pulls sqlalchemy and pydantic
+    from idmctl.ops.failures.postmortem import parse_since  # start-up: pulls sqlalchemy and pydantic
 
     records = parse_history(sacct_history(parse_since(since)))
-    with session() as db:
-        added = import_history(db, records)
-        failures = record_failures(db, added)
-        result = {"seen": len(records), "imported": [job.scheduler_id for job in added],
-                  "failed": {str(failure.job_id): failure.cause for failure in failures}}
+    result, failed_runs = import_and_classify(records)
     if as_json:
         emit_json(result)
         return
-    console.print(f"sacct listed {result['seen']} jobs since {since}: imported {len(added)} new, "
-                  f"{len(failures)} of them failed (see `idmctl failures`)", markup=False)
+    console.print(f"sacct listed {result['seen']} jobs since {since}: imported {len(result['imported'])} new, "
+                  f"{failed_runs} of them failed (see `idmctl failures`)", markup=False)

@@ -18,9 +18,9 @@ def gc(
     """Remove the code snapshots no pending, running or unfinished chain uses (never one in use).
 
     File contents no remaining snapshot links to go with them."""
-    from ground.units import format_bytes
-    from idmctl.job.code import collect, store_for
-    from idmctl.core.profile import load_profile
+    from ground.units import format_bytes  # start-up: only this command needs it (2 more project modules)
+    from idmctl.job.code import collect, store_for  # start-up: only this command needs it (16 more project modules)
+    from idmctl.core.profile import load_profile  # start-up: pulls pydantic
 
     store = store_for(load_profile(cluster)[0])
     done = collect(store, dry_run=dry_run)

@@ -16,23 +16,13 @@ def show(
     as_json: options.Json = False,
 ) -> None:
     """A job's record (state, nodes, times) and, once it ended, its efficiency report with suggestions."""
-    from idmctl.plan.efficiency import EfficiencyReport
-    from idmctl.record.fast import connect, rows
+    from idmctl.plan.efficiency import EfficiencyReport  # start-up: only this command needs it (13 more project modules)
+    from idmctl.record.jobs import job_by_id  # start-up: only this command needs it (11 more project modules)
 
-    with connect() as db:
-        fast = db is not None
-        found = rows(db, "SELECT * FROM job WHERE id = ?", (job,)) if db is not None else []
-    if not fast:  # no store yet, or one the ORM must migrate first
-        from idmctl.record.db import session
-        from idmctl.record.models import Job
-
-        with session() as orm:
-            stored = orm.get(Job, job)
-            found = [stored] if stored is not None else []
-    if not found:
+    row = job_by_id(job)
+    if row is None:
         raise UserError(f"no job {job}", field="JOB", hint="see `idmctl jobs`")
-    row = found[0]
-    from idmctl.record.stored_json import job_options
+    from idmctl.record.stored_json import job_options  # start-up: only this command needs it (8 more project modules)
 
     options = job_options(row.options_json, row.id)
     efficiency = options.get("efficiency")

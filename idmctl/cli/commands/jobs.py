@@ -233,22 +233,10 @@ def jobs(
     from ground.paths import db_path
     from idmctl.track.compare import run_url
     from idmctl.plan.eta import eta_for_job
-    from idmctl.ops.listing import queue_wait_seconds, read_jobs
+    from idmctl.ops.listing import queue_wait_seconds
+    from idmctl.record.jobs import newest_jobs
 
-    fast = read_jobs(db_path(), limit, user)
-    if fast is not None:
-        rows, chains = fast
-    else:
-        from sqlmodel import select
-
-        from idmctl.record.db import session
-        from idmctl.record.models import Chain, Job
-
-        with session() as db:
-            query = select(Job) if user is None else select(Job).where(Job.user == user)
-            rows = db.exec(query.order_by(Job.id.desc()).limit(limit)).all()  # type: ignore[union-attr]
-            chain_ids = {j.chain_id for j in rows if j.chain_id is not None}
-            chains = {c.id: c for c in db.exec(select(Chain).where(Chain.id.in_(chain_ids)))}
+    rows, chains = newest_jobs(db_path(), limit, user)
     run_of_chain = {cid: c.mlflow_run_id for cid, c in chains.items()}
     now = time.time()
     etas = {j.id: eta_for_job(j, chains.get(j.chain_id), now) for j in rows if j.state == JobState.RUNNING}
@@ -295,16 +283,11 @@ def _rate(eta: object) -> str:
 
 def print_etas(now: float | None = None) -> None:
     """One line per running job with a progress file: step/total, s/step, ETA against the limit."""
-    from sqlmodel import select
-
     from idmctl.plan.eta import eta_for_job
-    from idmctl.record.db import session
-    from idmctl.record.models import Chain, Job
+    from idmctl.record.jobs import running_jobs
 
     now = now if now is not None else time.time()
-    with session() as db:
-        running = db.exec(select(Job).where(Job.state == JobState.RUNNING.value)).all()
-        chains = {c.id: c for c in db.exec(select(Chain).where(Chain.id.in_({j.chain_id for j in running})))}
+    running, chains = running_jobs()
     for job in running:
         eta = eta_for_job(job, chains.get(job.chain_id), now)
         if eta is not None:
@@ -338,20 +321,9 @@ def watch(
 def cancel(job: Annotated[int, typer.Argument(**options.JOB_ID, help="idmctl job id (see `idmctl jobs`).")]) -> None:
     """Cancel a job and stop its chain from retrying."""
     from idmctl.ops.executors import executor_for
-    from idmctl.core.job_state import is_terminal
-    from idmctl.record.db import session
-    from idmctl.record.models import Chain, Job
+    from idmctl.record.jobs import stop_chain_of
 
-    with session() as db:
-        row = db.get(Job, job)
-        if row is None or row.scheduler_id is None:
-            raise UserError(f"no submitted job {job}", field="JOB", hint="see `idmctl jobs`")
-        if is_terminal(row.state):
-            raise CheckFailed(f"job {job} already ended {row.state}")
-        chain = db.get(Chain, row.chain_id) if row.chain_id else None
-        if chain is not None:
-            chain.status = "CANCELLED"
-            db.add(chain)
+    row = stop_chain_of(job)
     executor_for(row.executor).cancel(row.scheduler_id)
     console.print(f"cancelled job {job} ({row.executor} {row.scheduler_id})", markup=False)
 

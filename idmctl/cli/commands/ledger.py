@@ -17,17 +17,17 @@ def ledger(
     user: Annotated[str | None, typer.Option("--user", help="Only jobs this user submitted (a team's shared store holds everyone's).")] = None,
 ) -> None:
     """GPU-hours charged, useful (reached a checkpoint that was used) and lost per cause and per preemption."""
-    from ground.paths import db_path
-    from idmctl.ops.failures.rows import parse_since
-    from idmctl.ops.ledger import check_grouping, ledger as build, run_costs
+    from ground.paths import db_path  # start-up: only this command needs it (3 more project modules)
+    from idmctl.ops.failures.rows import parse_since  # start-up: pulls yaml
+    from idmctl.ops.ledger import check_grouping, ledger as build, run_costs  # start-up: pulls yaml
 
     check_grouping(by)  # bad input before anything is read
     since_at = parse_since(since) if since else None
     costs = run_costs(db_path(), user)
     if costs is None:  # failed runs not classified yet, no store, or the shared store: through the ORM
-        from idmctl.ops.failures.postmortem import record_failures
-        from idmctl.ops.ledger import run_costs_orm
-        from idmctl.record import session
+        from idmctl.ops.failures.postmortem import record_failures  # start-up: pulls sqlalchemy and pydantic
+        from idmctl.ops.ledger import run_costs_orm  # start-up: pulls yaml
+        from idmctl.record import session  # start-up: record's session loads SQLAlchemy on first use
 
         with session() as db:
             record_failures(db)

@@ -49,26 +49,26 @@ def preflight(
     table; --what-if reruns the static checks on an altered spec beside the original. --build MODE runs
     the build preflight (weights, PT norm file, output disk, a 1-file encode smoke → wall-clock estimate
     vs --time)."""
-    from ground.spec import load_experiments
-    from idmctl.job.effective import build as build_job
-    from idmctl.gate.runner import run_preflight
-    from idmctl.core.profile import load_profile
+    from ground.spec import load_experiments  # start-up: pulls pydantic and yaml
+    from idmctl.job.effective import build as build_job  # start-up: pulls pydantic and yaml
+    from idmctl.gate.runner import run_preflight  # start-up: pulls pydantic and yaml
+    from idmctl.core.profile import load_profile  # start-up: pulls pydantic
 
     variants = load_experiments(experiment)
     if variants[0].sweep is not None and len(variants) > 1 or experiment == variants[0].sweep:
         profile, profile_hash = load_profile(cluster)
         if what_if:
-            from idmctl.plan.whatif import apply_overrides, parse_override
+            from idmctl.plan.whatif import apply_overrides, parse_override  # start-up: pulls pydantic and yaml
 
             overrides = dict(parse_override(text) for text in what_if)
             variants = [apply_overrides(v, overrides, name=v.name, sweep=v.sweep, axes=v.axes) for v in variants]
-        from idmctl.cli.sweep_report import run_sweep_preflight
+        from idmctl.cli.sweep_report import run_sweep_preflight  # start-up: pulls pydantic and yaml
 
         run_sweep_preflight(variants, profile, profile_hash, with_smoke=not no_smoke and not what_if,
                             smoke_timeout_s=smoke_timeout, as_json=as_json)
         return
     if what_if:
-        from idmctl.cli.whatif_report import run_what_if
+        from idmctl.cli.whatif_report import run_what_if  # start-up: pulls pydantic and yaml
 
         profile, profile_hash = load_profile(cluster)
         run_what_if(variants[0], profile, profile_hash, what_if, as_json=as_json)
@@ -80,8 +80,8 @@ def preflight(
                                                 build), cluster, version)
     resolved, profile, profile_hash = job.declared, job.profile, job.profile_hash
     if job.options.build:  # the build preflight: weights, PT norm file, output disk, 1-file encode smoke
-        from cache.build_plan import check_mode
-        from idmctl.gate.build import run_build_preflight
+        from cache.build_plan import check_mode  # start-up: pulls pydantic and yaml
+        from idmctl.gate.build import run_build_preflight  # start-up: pulls pydantic and yaml
 
         check_mode(job.resolved, job.options.build)
         report = run_build_preflight(job, with_smoke=not no_smoke, timeout_s=smoke_timeout)

@@ -16,8 +16,8 @@ def quickstart(
     MLflow SQLite store, all under $IDMCTL_HOME. Re-running reuses the demos and the cache. A failing
     stage ends in one line saying what failed and what to do.
     """
-    from idmctl.cli.app import debug_on, set_debug
-    from idmctl.cli.quickstart import run_quickstart
+    from idmctl.cli.app import debug_on, set_debug  # start-up: only this command needs it (5 more project modules)
+    from idmctl.cli.quickstart import run_quickstart  # start-up: pulls pydantic and yaml
 
     if debug:
         set_debug()

@@ -32,7 +32,7 @@ def train(
     run_dir: Annotated[Path | None, typer.Option("--run-dir", help="Run directory (default: $IDMCTL_HOME/runs/EXP-HASH).")] = None,
 ) -> None:
     """Train EXP on this machine with the real trainer; re-running resumes from the newest checkpoint."""
-    from ground.run_dir import write_run_spec
+    from ground.run_dir import write_run_spec  # start-up: pulls pydantic and yaml
 
     from ground.spec import load_spec  # pydantic loads only when the command runs
 
@@ -77,7 +77,7 @@ def summary(
 
 
 def model_summary(experiment: str) -> dict[str, Any]:
-    from trainers.registry import CARD_PARAMS_N4, CARD_SHAPE, build_model, model_class, parameter_table, routing_rows
+    from trainers.registry import CARD_PARAMS_N4, CARD_SHAPE, build_model, model_class, parameter_table, routing_rows  # start-up: pulls pydantic and yaml
 
     from ground.spec import load_spec  # pydantic loads only when the command runs
 

@@ -12,6 +12,7 @@ import typer
 from ground.errors import CheckFailed
 from idmctl.cli.commands import options
 from idmctl.cli.output import console
+from ground.redact import redacted
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
@@ -29,8 +30,7 @@ def ui(
         "--insecure-no-auth", help="Bind beyond 127.0.0.1 WITHOUT a login: anyone who can reach the port can write.")] = False,
 ) -> None:
     """Serve the MLflow UI for $IDMCTL_HOME's runs; prints the URL; Ctrl-C stops it and its workers."""
-    from ground.redact import redacted
-    from idmctl.track.mlflow_server import admin_password_file, backend_store_uri, require_auth_policy, start_server
+    from idmctl.track.mlflow_server import admin_password_file, backend_store_uri, require_auth_policy, start_server  # start-up: only this command needs it (5 more project modules)
 
     warning = require_auth_policy(host, auth, insecure_no_auth)
     if warning:
@@ -44,7 +44,7 @@ def ui(
         console.print(f"MLflow UI: {server.url}  (ready in {time.monotonic() - started:.1f} s; Ctrl-C stops it)",
                       markup=False)
         console.print(f"store: {redacted(backend_store_uri())}  log: {server.log_path}", markup=False)
-        from idmctl.track.runs_view import goal_view_lines, runs_chart_line
+        from idmctl.track.runs_view import goal_view_lines, runs_chart_line  # start-up: only this command needs it (6 more project modules)
 
         console.print(runs_chart_line("runs, EEF mm charts first", server.url), markup=False, soft_wrap=True)
         for line in goal_view_lines(server.url):

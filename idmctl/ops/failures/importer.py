@@ -3,18 +3,20 @@ enter the postmortem log (as ``Job(imported=True)`` rows, classified like any ot
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-
-from sqlmodel import Session, select
+from typing import Any
 
 from ground.errors import CheckFailed, UserError
 from idmctl.ops.executors.slurm import parse_time
+from idmctl.ops.failures.postmortem import read_log_tail, record_failures
+from idmctl.record.db import Session, session
+from idmctl.record.failures import known_scheduler_ids
 from idmctl.record.models import Job
+from idmctl.record.stored_json import imported_options
 
 IMPORT_FIELDS = ("JobID", "State", "ExitCode", "DerivedExitCode", "Reason", "Submit", "Start", "End", "NodeList",
                  "QOS", "AllocTRES", "WorkDir", "User", "JobName")
@@ -88,9 +90,7 @@ def default_log(record: SacctJob) -> str | None:
 
 def import_history(db: Session, records: list[SacctJob]) -> list[Job]:
     """Store the jobs the store does not know yet (by Slurm id); returns the new rows."""
-    from idmctl.ops.failures.postmortem import read_log_tail
-
-    known = {job_id for job_id in db.exec(select(Job.scheduler_id)) if job_id}
+    known = known_scheduler_ids(db)
     added: list[Job] = []
     for record in records:
         if record.scheduler_id in known or "." in record.scheduler_id:
@@ -101,10 +101,21 @@ def import_history(db: Session, records: list[SacctJob]) -> list[Job]:
                   started_at=record.started_at, ended_at=record.ended_at, node_list=record.node_list,
                   restarts=record.restarts, qos=record.qos, gpus=record.gpus, log_path=log_path,
                   log_tail=read_log_tail(log_path) or None, imported=True,
-                  options_json=json.dumps({"derived_exit_code": record.derived_exit_code}))
+                  options_json=imported_options(record.derived_exit_code))
         if record.user:  # the submitter, not whoever ran the import (host stays the importer's)
             job.user = record.user
         db.add(job)
         added.append(job)
     db.flush()
     return added
+
+
+def import_and_classify(records: list[SacctJob]) -> tuple[dict[str, Any], int]:
+    """Store the jobs the store does not know yet and classify their failures, in one transaction;
+    returns what ``jobs import`` reports (sacct's count, the imported Slurm ids, each failed job's cause)
+    and the number of failed runs classified (a requeued job may have several)."""
+    with session() as db:
+        added = import_history(db, records)
+        failures = record_failures(db, added)
+        return {"seen": len(records), "imported": [job.scheduler_id for job in added],
+                "failed": {str(failure.job_id): failure.cause for failure in failures}}, len(failures)

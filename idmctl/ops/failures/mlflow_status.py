@@ -6,6 +6,7 @@ from __future__ import annotations
 from idmctl.ops.failures.classify import get_cause
 from ground.paths import mlflow_tracking_uri
 from ground.tracking import TAG_FAILURE_CAUSE, TAG_SLURM_STATE
+from ground.tracking import store_init_lock
 
 
 def mark_run_failed(run_id: str, cause: str, slurm_state: str, tracking_uri: str | None = None) -> str:
@@ -13,7 +14,6 @@ def mark_run_failed(run_id: str, cause: str, slurm_state: str, tracking_uri: str
     from mlflow.tracking import MlflowClient  # heavy (~1.3 s): only when a run must be marked
 
     status = get_cause(cause).mlflow_status
-    from ground.tracking import store_init_lock
 
     with store_init_lock():
         client = MlflowClient(tracking_uri=tracking_uri or mlflow_tracking_uri())

@@ -11,9 +11,7 @@ import json
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-
-from sqlalchemy import exists, func, or_
-from sqlmodel import Session, select
+from typing import Any
 
 from ground.errors import UserError
 from idmctl.core.job_state import JobState, is_failed
@@ -22,7 +20,12 @@ from idmctl.ops.failures.progress import crash_loop, with_resume_events
 from idmctl.ops.failures.rows import (PostmortemRow, _naive_utc, build_row, is_since, parse_since,  # noqa: F401 (re-exported)
                                   setting_of)
 from idmctl.core.notice import warn
-from idmctl.record.models import Chain, Failure, Fix, Job
+from idmctl.record.db import Session, session
+from idmctl.record.failures import (attach_fix, chain_of, count_failures, failures_of, failures_with_jobs,  # noqa: F401
+                                    find_jobs, jobs_to_classify, new_failure)  # (count_failures, find_jobs: re-exported)
+from idmctl.record.models import Failure, Fix, Job
+from idmctl.record.stored_json import job_options
+from idmctl.ops.failures.mlflow_status import mark_run_failed
 
 LOG_TAIL_BYTES = 64_000
 """How much of a job log's end is read when the store has no tail: a traceback fits easily."""
@@ -75,7 +78,7 @@ class FailedRun:
 
 
 def failed_runs(job: Job) -> list[FailedRun]:
-    runs = json.loads(job.options_json or "{}").get("runs") or []
+    runs = job_options(job.options_json, job.id).get("runs") or []
     found: list[FailedRun] = []
     for index, run in enumerate(runs[:-1], start=1):
         if is_failed(run["state"]) or JobState.of(run["state"]) is JobState.REQUEUED:
@@ -95,7 +98,7 @@ def _parse_iso(text: str | None) -> datetime | None:
 
 def classify_job(job: Job, failed: FailedRun | None = None) -> Classification:
     """Classify one stored job (its current run, or an earlier ``failed`` run) from Slurm's record and the log."""
-    options = json.loads(job.options_json or "{}")
+    options = job_options(job.options_json, job.id)
     if failed is not None and not failed.final:
         # An earlier run: its own Slurm record decides; the log tail belongs to the last run.
         return classify(failed.state, reason=failed.reason, exit_code=failed.exit_code, started=failed.started,
@@ -110,18 +113,11 @@ def classify_job(job: Job, failed: FailedRun | None = None) -> Classification:
 def record_failures(db: Session, jobs: list[Job] | None = None, mark_mlflow: bool = True) -> list[Failure]:
     """Classify every failed run of every job (or those given) that is new or changed; returns the rows written."""
     if jobs is None:
-        # Only jobs that can hold a failed run: not completed, or requeued at least once. A store of
-        # 10,000 mostly-completed jobs must not be walked row by row on every `idmctl failures`.
-        # A job whose record has not changed since it was classified is skipped in SQL.
-        classified_since_update = exists().where(Failure.job_id == Job.id, Failure.classified_at >= Job.updated_at)
-        jobs = list(db.exec(select(Job).where(or_(Job.state != JobState.COMPLETED.value, Job.restarts > 0),
-                                              ~classified_since_update)))
+        jobs = jobs_to_classify(db)  # a job whose record has not changed since it was classified is skipped in SQL
     candidates = [(job, runs) for job in jobs if (runs := failed_runs(job))]
     by_job: dict[int, list[Failure]] = {}
-    job_ids = [job.id for job, _ in candidates]
-    for start in range(0, len(job_ids), 500):  # SQLite caps bound parameters per statement
-        for failure in db.exec(select(Failure).where(Failure.job_id.in_(job_ids[start:start + 500]))):
-            by_job.setdefault(failure.job_id, []).append(failure)
+    for failure in failures_of(db, [job.id for job, _ in candidates]):
+        by_job.setdefault(failure.job_id, []).append(failure)
     written: list[Failure] = []
     for job, runs in candidates:
         existing = {json.loads(f.detail_json or "{}").get("run", 1): f for f in by_job.get(job.id, [])}
@@ -132,7 +128,7 @@ def record_failures(db: Session, jobs: list[Job] | None = None, mark_mlflow: boo
             found = classify_job(job, run)
             if run.final:  # what resume noticed, and the chain's verdict on a loop, belong to the attempt's end
                 found = crash_loop(db, job, with_resume_events(found, read_log_tail(job.log_path)), recorded_causes)
-            failure = existing.get(run.run) or Failure(job_id=job.id, cause=found.cause)
+            failure = existing.get(run.run) or new_failure(job.id, found.cause)
             failure.cause = found.cause
             failure.evidence = "\n".join(found.evidence)
             failure.detail_json = json.dumps({**found.detail, "run": run.run, "final": run.final}, sort_keys=True)
@@ -148,45 +144,25 @@ def record_failures(db: Session, jobs: list[Job] | None = None, mark_mlflow: boo
 def recorded_causes(db: Session, jobs: list[Job]) -> dict[int, str]:
     """Each job's recorded cause of how it ended: the Failure row of its final run (the latest run that
     ``record_failures`` wrote as ``final``). A job with no such row is absent: it has not been classified."""
-    ids = [job.id for job in jobs if job.id is not None]
     found: dict[int, tuple[int, str]] = {}
-    for start in range(0, len(ids), 500):  # SQLite caps bound parameters per statement
-        for failure in db.exec(select(Failure).where(Failure.job_id.in_(ids[start:start + 500]))):
-            detail = json.loads(failure.detail_json or "{}")
-            run = int(detail.get("run", 1))
-            if detail.get("final") and run >= found.get(failure.job_id, (0, ""))[0]:
-                found[failure.job_id] = (run, failure.cause)
+    for failure in failures_of(db, [job.id for job in jobs if job.id is not None]):
+        detail = json.loads(failure.detail_json or "{}")
+        run = int(detail.get("run", 1))
+        if detail.get("final") and run >= found.get(failure.job_id, (0, ""))[0]:
+            found[failure.job_id] = (run, failure.cause)
     return {job_id: cause for job_id, (_, cause) in found.items()}
 
 
 def _mark_chain_run(db: Session, job: Job, cause: str) -> None:
-    chain = db.get(Chain, job.chain_id) if job.chain_id is not None else None
+    chain = chain_of(db, job)
     if chain is None or not chain.mlflow_run_id:
         return
     from mlflow.exceptions import MlflowException
-
-    from idmctl.ops.failures.mlflow_status import mark_run_failed
 
     try:
         mark_run_failed(chain.mlflow_run_id, cause=cause, slurm_state=job.state)
     except MlflowException as exc:  # the record in our store matters more than the MLflow tag
         warn(f"warning: could not mark MLflow run {chain.mlflow_run_id}: {exc}")
-
-
-def find_jobs(db: Session, job_ids: list[str]) -> list[Job]:
-    """Jobs by Slurm id (``6054``) or store id (``#12``); a missing one is a UserError."""
-    found: list[Job] = []
-    for text in job_ids:
-        if text.startswith("#") and text[1:].isdigit():
-            job = db.get(Job, int(text[1:]))
-            matches = [job] if job else []
-        else:
-            matches = list(db.exec(select(Job).where(Job.scheduler_id == text)))
-        if not matches:
-            raise UserError(f"no job {text} in the store", field="JOB",
-                            hint="run `idmctl sync`, or `idmctl jobs import --since D` for jobs not submitted by idmctl")
-        found += matches
-    return found
 
 
 def record_fix(db: Session, job_ids: list[str], note: str, commit: str | None = None) -> tuple[Fix, list[Job]]:
@@ -200,15 +176,7 @@ def record_fix(db: Session, job_ids: list[str], note: str, commit: str | None = 
         raise UserError(f"job {job.scheduler_id} is {job.state}, not a failure", field="JOB",
                         hint="only jobs that did not complete take a fix")
     record_failures(db, jobs)
-    fix = Fix(note=note.strip(), commit=commit)
-    db.add(fix)
-    db.flush()
-    for job in jobs:
-        for failure in db.exec(select(Failure).where(Failure.job_id == job.id)):
-            failure.fix_id = fix.id
-            db.add(failure)
-    db.flush()
-    return fix, jobs
+    return attach_fix(db, jobs, note.strip(), commit), jobs
 
 
 def postmortem_rows(db: Session, experiment: str | None = None, since: datetime | None = None,
@@ -217,35 +185,28 @@ def postmortem_rows(db: Session, experiment: str | None = None, since: datetime 
     the job's user."""
     if cause is not None:
         get_cause(cause)  # an unknown cause is bad input, not an empty table
-    query = select(Failure, Job).where(Failure.job_id == Job.id)
-    if experiment:
-        query = query.where(Job.experiment == experiment)
-    if cause:
-        query = query.where(Failure.cause == cause)
-    if user:
-        query = query.where(Job.user == user)
-    if newest:
-        # Only the rows a table shows are loaded; the sort below restores oldest-first order.
-        ended = func.coalesce(Job.ended_at, Job.submitted_at, Job.created_at)
-        query = query.order_by(ended.desc(), Job.id.desc()).limit(newest)
     rows: list[PostmortemRow] = []
-    fixes = {fix.id: fix for fix in db.exec(select(Fix))}
-    for failure, job in db.exec(query):
+    for failure, job, fix in failures_with_jobs(db, experiment, cause, user, newest):
         if not is_since(job.ended_at or job.submitted_at or job.created_at, since):
             continue
-        rows.append(build_row(failure, job, fixes.get(failure.fix_id) if failure.fix_id else None))
+        rows.append(build_row(failure, job, fix))
     rows.sort(key=lambda row: (_naive_utc(row.ended_at) or datetime.min, row.job_pk, row.detail.get("run", 1)))
     return rows
 
 
-def count_failures(db: Session, experiment: str | None = None, cause: str | None = None,
-                   user: str | None = None) -> int:
-    """How many failed runs are recorded (for "showing N of M")."""
-    query = select(func.count(Failure.id)).where(Failure.job_id == Job.id)
-    if experiment:
-        query = query.where(Job.experiment == experiment)
-    if cause:
-        query = query.where(Failure.cause == cause)
-    if user:
-        query = query.where(Job.user == user)
-    return int(db.exec(query).one())
+def classify_and_read(experiment: str | None = None, since: datetime | None = None, cause: str | None = None,
+                      newest: int | None = None, user: str | None = None) -> tuple[list[PostmortemRow], int]:
+    """Classify any newly failed jobs, then read the table's rows and the count of failed runs, in one
+    transaction: the ``failures`` report when the plain sqlite3 read had to step aside."""
+    with session() as db:
+        record_failures(db)
+        rows = postmortem_rows(db, experiment=experiment, since=since, cause=cause, newest=newest, user=user)
+        return rows, count_failures(db, experiment=experiment, cause=cause, user=user)
+
+
+def record_fix_in_store(job_ids: list[str], note: str, commit: str | None = None) -> dict[str, Any]:
+    """:func:`record_fix` in its own transaction; returns what ``failures fix`` reports."""
+    with session() as db:
+        fix, covered = record_fix(db, job_ids, note, commit)
+        return {"fix_id": fix.id, "note": fix.note, "commit": fix.commit,
+                "jobs": [job.scheduler_id or f"#{job.id}" for job in covered]}

@@ -1,26 +1,22 @@
 """Postmortem table rows, built from a failure and its job: shared by the ORM path and the fast read.
 
 No SQLAlchemy here. ``idmctl failures`` (table, ``--json``, ``--markdown``, ``--since``) on a store
-that needs no classifying reads its rows with plain sqlite3 (:func:`read_table_rows`) and never
-imports the ORM (~0.45 s of a 0.8 s command).
+that needs no classifying reads its rows with plain sqlite3 (:func:`read_table_rows`, through
+``idmctl.record.failures``) and never imports the ORM (~0.45 s of a 0.8 s command).
 """
 
 from __future__ import annotations
 
 import json
-import sqlite3
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 from ground.errors import UserError
 from ground.units import parse_duration
-from idmctl.core.job_state import is_failed
 from idmctl.ops.failures.classify import Classification, get_cause
-from idmctl.record.url import shared_url
-from idmctl.record.head import HEAD_REVISION  # the schema the fast read understands
+from idmctl.record.failures import failure_rows_fast
 
 
 
@@ -117,73 +113,21 @@ def _when(text: str | None) -> datetime | None:
     return moment.replace(tzinfo=timezone.utc) if moment.tzinfo is None else moment.astimezone(timezone.utc)
 
 
-def open_classified(db: Path) -> sqlite3.Connection | None:
-    """A read-only sqlite3 connection to the store (rows as ``sqlite3.Row``), or None when the ORM path
-    must run instead: no store, another schema revision, jobs that still need classifying, or the team's
-    PostgreSQL store (``IDMCTL_DB_URL``)."""
-    if shared_url() or not db.exists():
-        return None
-    connection = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10)
-    connection.row_factory = sqlite3.Row
-    try:
-        revision = connection.execute("SELECT version_num FROM alembic_version").fetchone()
-        # The same candidates as postmortem.record_failures: anything that may hold an unclassified failed run.
-        unclassified = [] if revision is None or revision[0] != HEAD_REVISION else connection.execute(
-            "SELECT state, restarts FROM job WHERE (state != 'COMPLETED' OR restarts > 0) AND NOT EXISTS "
-            "(SELECT 1 FROM failure f WHERE f.job_id = job.id AND f.classified_at >= job.updated_at)").fetchall()
-    except sqlite3.Error:
-        connection.close()
-        return None
-    if revision is None or revision[0] != HEAD_REVISION or any(
-            is_failed(row["state"]) or row["restarts"] > 0 for row in unclassified):
-        connection.close()
-        return None
-    return connection
-
-
 def read_table_rows(db: Path, experiment: str | None, cause: str | None, newest: int | None,
                     since: datetime | None = None, user: str | None = None) -> tuple[list[PostmortemRow], int] | None:
     """The ``newest`` rows (None: all) ended since ``since``, oldest first, and the count of failed runs
     (before ``since``), read with sqlite3: exactly what :func:`postmortem.postmortem_rows` and
     ``count_failures`` return. None when the ORM path must run instead (no store, another schema
     revision, or jobs that still need classifying)."""
-    connection = open_classified(db)
-    if connection is None:
+    found = failure_rows_fast(db, experiment, cause, newest, user)
+    if found is None:
         return None
-    try:
-        where, params = ["f.job_id = j.id"], []
-        if experiment:
-            where.append("j.experiment = ?")
-            params.append(experiment)
-        if cause:
-            where.append("f.cause = ?")
-            params.append(cause)
-        if user:
-            where.append('j."user" = ?')
-            params.append(user)
-        clause = " AND ".join(where)
-        total = connection.execute(f"SELECT count(f.id) FROM failure f, job j WHERE {clause}", params).fetchone()[0]
-        selected = connection.execute(
-            "SELECT f.cause, f.evidence, f.detail_json, f.fix_id, j.id, j.chain_id, j.experiment, j.state, j.gpus, "
-            "j.qos, j.routing_n, j.scheduler_id, j.restarts, j.imported, j.ended_at, j.submitted_at, j.created_at, "
-            "j.\"user\", x.note, x.\"commit\" FROM failure f, job j LEFT JOIN fix x ON x.id = f.fix_id "
-            f"WHERE {clause} ORDER BY coalesce(j.ended_at, j.submitted_at, j.created_at) DESC, j.id DESC LIMIT ?",
-            [*params, -1 if newest is None else newest]).fetchall()  # LIMIT -1: no limit
-    except sqlite3.Error:
-        return None
-    finally:
-        connection.close()
+    selected, total = found
     rows = []
-    for row in selected:
-        if not is_since(_when(row["ended_at"] or row["submitted_at"] or row["created_at"]), since):
+    for failure, job, fix in selected:
+        if not is_since(_when(job.ended_at or job.submitted_at or job.created_at), since):
             continue
-        failure = SimpleNamespace(cause=row["cause"], evidence=row["evidence"], detail_json=row["detail_json"],
-                                  fix_id=row["fix_id"])
-        job = SimpleNamespace(id=row["id"], chain_id=row["chain_id"], experiment=row["experiment"], state=row["state"],
-                              gpus=row["gpus"], qos=row["qos"], routing_n=row["routing_n"],
-                              scheduler_id=row["scheduler_id"], restarts=row["restarts"], imported=row["imported"],
-                              ended_at=_when(row["ended_at"]), user=row["user"])
-        fix = SimpleNamespace(note=row["note"], commit=row["commit"]) if row["fix_id"] else None
+        job.ended_at = _when(job.ended_at)
         rows.append(build_row(failure, job, fix))
     rows.sort(key=lambda r: (_naive_utc(r.ended_at) or datetime.min, r.job_pk, r.detail.get("run", 1)))
     return rows, total

@@ -1,0 +1,274 @@
+"""Failures, fixes and the jobs they belong to, in the store: what ``failures``, ``failures fix``,
+``jobs import``, the ledger and sync's classify → record step read and look up.
+
+Two kinds of query live here. The ``*_fast`` ones read with plain sqlite3, read-only, and return None
+where the ORM path must run instead (no store, another schema revision, jobs that still need
+classifying, or the team's PostgreSQL store): ``idmctl failures`` and ``idmctl ledger`` then never import
+the ORM (~0.45 s of a 0.8 s command). The others take an ORM session the caller holds, so classifying,
+writing Failure rows and reading them back commit together.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any
+
+from ground.errors import UserError
+from idmctl.core.job_state import JobState, is_failed
+from idmctl.record.head import HEAD_REVISION  # the schema the fast reads understand
+from idmctl.record.url import shared_url
+
+if TYPE_CHECKING:
+    from idmctl.record.db import Session
+    from idmctl.record.models import Chain, Failure, Fix, Job
+
+IN_CHUNK = 500
+"""Ids per ``IN (...)``: SQLite caps bound parameters per statement."""
+
+
+def open_classified(db: Path) -> sqlite3.Connection | None:
+    """A read-only sqlite3 connection to the store (rows as ``sqlite3.Row``), or None when the ORM path
+    must run instead: no store, another schema revision, jobs that still need classifying, or the team's
+    PostgreSQL store (``IDMCTL_DB_URL``)."""
+    if shared_url() or not db.exists():
+        return None
+    connection = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10)
+    connection.row_factory = sqlite3.Row
+    try:
+        revision = connection.execute("SELECT version_num FROM alembic_version").fetchone()
+        # The same candidates as jobs_to_classify: anything that may hold an unclassified failed run.
+        unclassified = [] if revision is None or revision[0] != HEAD_REVISION else connection.execute(
+            "SELECT state, restarts FROM job WHERE (state != 'COMPLETED' OR restarts > 0) AND NOT EXISTS "
+            "(SELECT 1 FROM failure f WHERE f.job_id = job.id AND f.classified_at >= job.updated_at)").fetchall()
+    except sqlite3.Error:
+        connection.close()
+        return None
+    if revision is None or revision[0] != HEAD_REVISION or any(
+            is_failed(row["state"]) or row["restarts"] > 0 for row in unclassified):
+        connection.close()
+        return None
+    return connection
+
+
+def failure_rows_fast(db: Path, experiment: str | None, cause: str | None, newest: int | None,
+                      user: str | None = None) -> tuple[list[tuple[Any, Any, Any]], int] | None:
+    """(failure, job, fix or None) of the ``newest`` failed runs (None: all), newest first, as attribute
+    rows like the ORM's (the job's ``ended_at`` and ``submitted_at``/``created_at`` stay text), and the count
+    of failed runs; None where the ORM path must run (:func:`open_classified`)."""
+    connection = open_classified(db)
+    if connection is None:
+        return None
+    try:
+        where, params = ["f.job_id = j.id"], []
+        if experiment:
+            where.append("j.experiment = ?")
+            params.append(experiment)
+        if cause:
+            where.append("f.cause = ?")
+            params.append(cause)
+        if user:
+            where.append('j."user" = ?')
+            params.append(user)
+        clause = " AND ".join(where)
+        total = connection.execute(f"SELECT count(f.id) FROM failure f, job j WHERE {clause}", params).fetchone()[0]
+        selected = connection.execute(
+            "SELECT f.cause, f.evidence, f.detail_json, f.fix_id, j.id, j.chain_id, j.experiment, j.state, j.gpus, "
+            "j.qos, j.routing_n, j.scheduler_id, j.restarts, j.imported, j.ended_at, j.submitted_at, j.created_at, "
+            "j.\"user\", x.note, x.\"commit\" FROM failure f, job j LEFT JOIN fix x ON x.id = f.fix_id "
+            f"WHERE {clause} ORDER BY coalesce(j.ended_at, j.submitted_at, j.created_at) DESC, j.id DESC LIMIT ?",
+            [*params, -1 if newest is None else newest]).fetchall()  # LIMIT -1: no limit
+    except sqlite3.Error:
+        return None
+    finally:
+        connection.close()
+    found = []
+    for row in selected:
+        failure = SimpleNamespace(cause=row["cause"], evidence=row["evidence"], detail_json=row["detail_json"],
+                                  fix_id=row["fix_id"])
+        job = SimpleNamespace(id=row["id"], chain_id=row["chain_id"], experiment=row["experiment"], state=row["state"],
+                              gpus=row["gpus"], qos=row["qos"], routing_n=row["routing_n"],
+                              scheduler_id=row["scheduler_id"], restarts=row["restarts"], imported=row["imported"],
+                              ended_at=row["ended_at"], submitted_at=row["submitted_at"],
+                              created_at=row["created_at"], user=row["user"])
+        fix = SimpleNamespace(note=row["note"], commit=row["commit"]) if row["fix_id"] else None
+        found.append((failure, job, fix))
+    return found, total
+
+
+LedgerJob = tuple[Any, ...]
+"""(id, chain_id, attempt, experiment, qos, gpus, state, exit_code, ended_at as text, script_path,
+run seconds, options_json where it holds a run list else None): what the ledger costs per job."""
+
+
+def _causes(found: Any) -> dict[tuple[int, int], str]:
+    causes: dict[tuple[int, int], str] = {}
+    for job_id, cause, detail in found:
+        causes[(job_id, json.loads(detail).get("run", 1) if detail else 1)] = cause
+    return causes
+
+
+def ledger_inputs_fast(db: Path, user: str | None = None) -> tuple[list[LedgerJob], dict[tuple[int, int], str]] | None:
+    """Every started job (of ``user`` only, when given) as a :data:`LedgerJob`, and each (job id, run)'s
+    recorded cause, read with sqlite3; None where the ORM path must run (:func:`open_classified`)."""
+    connection = open_classified(db)
+    if connection is None:
+        return None
+    try:
+        # Run times come from SQLite (julianday) for the usual one-run job; only jobs sync saw requeued
+        # carry a run list in options_json, and only those are parsed by the ledger.
+        jobs = connection.execute(
+            "SELECT id, chain_id, attempt, experiment, qos, gpus, state, exit_code, ended_at, script_path, "
+            "round((julianday(ended_at) - julianday(started_at)) * 86400.0, 3) AS seconds, "
+            "CASE WHEN instr(options_json, '\"runs\"') THEN options_json END AS options "
+            "FROM job WHERE started_at IS NOT NULL" + (' AND "user" = ?' if user else ""),
+            (user,) if user else ()).fetchall()
+        causes = _causes(connection.execute("SELECT job_id, cause, detail_json FROM failure"))
+    except sqlite3.Error:
+        return None
+    finally:
+        connection.close()
+    return [tuple(job) for job in jobs], causes
+
+
+def ledger_inputs(db: "Session", user: str | None = None) -> tuple[list[LedgerJob], dict[tuple[int, int], str]]:
+    """:func:`ledger_inputs_fast` through the ORM session ``db``: any backend (the PostgreSQL store's only path)."""
+    from sqlmodel import select  # start-up: SQLAlchemy; the caller's session loaded it already
+
+    from idmctl.record.models import Failure, Job  # start-up: SQLAlchemy, as above
+
+    query = select(Job.id, Job.chain_id, Job.attempt, Job.experiment, Job.qos, Job.gpus, Job.state, Job.exit_code,
+                   Job.ended_at, Job.script_path, Job.started_at, Job.options_json).where(Job.started_at.is_not(None))  # type: ignore[union-attr]
+    if user:
+        query = query.where(Job.user == user)
+    jobs = []
+    for *head, ended_at, script, started_at, options in db.exec(query).all():
+        seconds = None if ended_at is None else round(max(0.0, (ended_at - started_at).total_seconds()), 3)
+        jobs.append((*head, None if ended_at is None else str(ended_at), script, seconds,
+                     options if '"runs"' in (options or "") else None))
+    return jobs, _causes(db.exec(select(Failure.job_id, Failure.cause, Failure.detail_json)).all())
+
+
+def jobs_to_classify(db: "Session") -> list["Job"]:
+    """Jobs that can hold a failed run not classified since their record last changed: not completed, or
+    requeued at least once. A store of 10,000 mostly-completed jobs is not walked row by row."""
+    from sqlalchemy import exists, or_  # start-up: SQLAlchemy; the caller's session loaded it already
+    from sqlmodel import select  # start-up: as above
+
+    from idmctl.record.models import Failure, Job  # start-up: as above
+
+    classified_since_update = exists().where(Failure.job_id == Job.id, Failure.classified_at >= Job.updated_at)
+    return list(db.exec(select(Job).where(or_(Job.state != JobState.COMPLETED.value, Job.restarts > 0),
+                                          ~classified_since_update)))
+
+
+def failures_of(db: "Session", job_ids: list[int]) -> list["Failure"]:
+    """Every Failure row of these jobs."""
+    from sqlmodel import select  # start-up: SQLAlchemy; the caller's session loaded it already
+
+    from idmctl.record.models import Failure  # start-up: as above
+
+    found: list[Failure] = []
+    for start in range(0, len(job_ids), IN_CHUNK):
+        found += db.exec(select(Failure).where(Failure.job_id.in_(job_ids[start:start + IN_CHUNK])))  # type: ignore[attr-defined]
+    return found
+
+
+def new_failure(job_id: int, cause: str) -> "Failure":
+    """A Failure row to fill in and add to the session."""
+    from idmctl.record.models import Failure  # start-up: SQLAlchemy; the caller's session loaded it already
+
+    return Failure(job_id=job_id, cause=cause)
+
+
+def chain_of(db: "Session", job: "Job") -> "Chain | None":
+    from idmctl.record.models import Chain  # start-up: SQLAlchemy; the caller's session loaded it already
+
+    return db.get(Chain, job.chain_id) if job.chain_id is not None else None
+
+
+def find_jobs(db: "Session", job_ids: list[str]) -> list["Job"]:
+    """Jobs by Slurm id (``6054``) or store id (``#12``); a missing one is a UserError."""
+    from sqlmodel import select  # start-up: SQLAlchemy; the caller's session loaded it already
+
+    from idmctl.record.models import Job  # start-up: as above
+
+    found: list[Job] = []
+    for text in job_ids:
+        if text.startswith("#") and text[1:].isdigit():
+            job = db.get(Job, int(text[1:]))
+            matches = [job] if job else []
+        else:
+            matches = list(db.exec(select(Job).where(Job.scheduler_id == text)))
+        if not matches:
+            raise UserError(f"no job {text} in the store", field="JOB",
+                            hint="run `idmctl sync`, or `idmctl jobs import --since D` for jobs not submitted by idmctl")
+        found += matches
+    return found
+
+
+def attach_fix(db: "Session", jobs: list["Job"], note: str, commit: str | None) -> "Fix":
+    """One Fix row attached to every Failure of these jobs."""
+    from idmctl.record.models import Fix  # start-up: SQLAlchemy; the caller's session loaded it already
+
+    fix = Fix(note=note, commit=commit)
+    db.add(fix)
+    db.flush()
+    for failure in failures_of(db, [job.id for job in jobs if job.id is not None]):
+        failure.fix_id = fix.id
+        db.add(failure)
+    db.flush()
+    return fix
+
+
+def failures_with_jobs(db: "Session", experiment: str | None = None, cause: str | None = None,
+                       user: str | None = None, newest: int | None = None) -> list[tuple["Failure", "Job", "Fix | None"]]:
+    """(failure, job, fix or None) of every classified failure (or the ``newest`` N by the job's end),
+    filtered by experiment, cause and the job's user."""
+    from sqlalchemy import func  # start-up: SQLAlchemy; the caller's session loaded it already
+    from sqlmodel import select  # start-up: as above
+
+    from idmctl.record.models import Failure, Fix, Job  # start-up: as above
+
+    query = select(Failure, Job).where(Failure.job_id == Job.id)
+    if experiment:
+        query = query.where(Job.experiment == experiment)
+    if cause:
+        query = query.where(Failure.cause == cause)
+    if user:
+        query = query.where(Job.user == user)
+    if newest:
+        # Only the rows a table shows are loaded; the caller sorts them oldest first.
+        ended = func.coalesce(Job.ended_at, Job.submitted_at, Job.created_at)
+        query = query.order_by(ended.desc(), Job.id.desc()).limit(newest)  # type: ignore[union-attr]
+    fixes = {fix.id: fix for fix in db.exec(select(Fix))}
+    return [(failure, job, fixes.get(failure.fix_id) if failure.fix_id else None) for failure, job in db.exec(query)]
+
+
+def count_failures(db: "Session", experiment: str | None = None, cause: str | None = None,
+                   user: str | None = None) -> int:
+    """How many failed runs are recorded (for "showing N of M")."""
+    from sqlalchemy import func  # start-up: SQLAlchemy; the caller's session loaded it already
+    from sqlmodel import select  # start-up: as above
+
+    from idmctl.record.models import Failure, Job  # start-up: as above
+
+    query = select(func.count(Failure.id)).where(Failure.job_id == Job.id)
+    if experiment:
+        query = query.where(Job.experiment == experiment)
+    if cause:
+        query = query.where(Failure.cause == cause)
+    if user:
+        query = query.where(Job.user == user)
+    return int(db.exec(query).one())
+
+
+def known_scheduler_ids(db: "Session") -> set[str]:
+    """The Slurm ids of every job in the store."""
+    from sqlmodel import select  # start-up: SQLAlchemy; the caller's session loaded it already
+
+    from idmctl.record.models import Job  # start-up: as above
+
+    return {job_id for job_id in db.exec(select(Job.scheduler_id)) if job_id}
