@@ -49,7 +49,7 @@ def record_fact(job_id: int, key: str, value: Any) -> None:
                 update(db, "job", job_id, {"options_json": with_fact(found[0].options_json, key, value, job_id)})
             return
     from idmctl.record.db import session  # the ORM only where the fast path cannot serve
-    from idmctl.record.models import Job
+    from idmctl.record.models import Job  # start-up: the models pull SQLModel, as the session does
 
     with session() as orm:
         job = orm.get(Job, job_id)

@@ -15,7 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
-from sqlmodel import Session
+from idmctl.record.db import Session
 
 from ground.contract import EVENTS_FILE, STEP_MARKER
 from ground.run_events import CHECKPOINT, parse_event_line
