@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from ground import contract
 from ground.errors import CheckFailed, UserError
 from ground.paths import atomic_write_text
-from idmctl.core.job_options import JobOptions
+from idmctl.core.job_options import JobOptions, JobRequest
 from idmctl.core.job_state import JobState, is_terminal
 from idmctl.job.code import JobCode
 from idmctl.job.render import render_script
@@ -39,7 +39,7 @@ from idmctl.record.eval_jobs import EVAL_KEY, eval_jobs_of, eval_link, store_eva
 if TYPE_CHECKING:
     from ground.spec.loader import ResolvedSpec
     from idmctl.job.effective import EffectiveJob
-    from idmctl.ops.sync import SyncReport
+    from idmctl.ops.submit import Submitted
 
 EARLY_END = ("FAILED", "CANCELLED")
 """Chain statuses that end it before its last checkpoint: its eval jobs are cancelled."""
@@ -87,14 +87,27 @@ def plan(choice: str, job: "EffectiveJob") -> list[int]:
     return chosen
 
 
-def submit_evals(choice: str, steps: list[int], job: "EffectiveJob", training: Any, code: JobCode | None,
-                 admitted: dict[str, Any], forced: str | None) -> list[Any]:
-    """One eval job per step, each waiting on ``training`` (the job row just submitted)."""
-    run_dir = Path(training.script_path).parent
-    return [_submit_one(job.resolved, job.profile.scheduler, _eval_options(job.options, step, training.scheduler_id),
-                        code, admitted, {"of_chain": training.chain_id, "step": step, "after": training.scheduler_id,
-                                         "choice": choice}, run_dir, training.preflight_id, forced, training.spec_hash)
-            for step in steps]
+def submit_with_evals(experiment: str, request: JobRequest, cluster: str | None, choice: str,
+                      force_reason: str | None = None) -> "Submitted":
+    """``submit EXP --eval CHOICE``: the training chain as :func:`idmctl.ops.submit.submit` sends it, then
+    one eval job per chosen checkpoint under the same admission and code snapshot. A choice that names no
+    checkpoint this run keeps is bad input before anything is written."""
+    from idmctl.ops import submit as submitting  # sync imports this module; submit stays off its start-up
+
+    steps = plan(choice, submitting.prepare(experiment, request, cluster))
+    submitted = submitting.submit(experiment, request, cluster, force_reason=force_reason)
+    training = submitted.job
+    stored = json.loads(training.options_json or "{}")
+    resolved = submitting._resolved_from_run(json.loads(Path(training.script_path).with_name(contract.SPEC_FILE)
+                                                        .read_text()), training.script_path)
+    options = JobOptions(**{k: v for k, v in stored.items() if k in JobOptions.__dataclass_fields__})
+    submitted.evals = [_submit_one(resolved, "slurm", _eval_options(options, step, training.scheduler_id),
+                                   JobCode.from_record(stored), stored.get("admitted"),
+                                   {"of_chain": training.chain_id, "step": step, "after": training.scheduler_id,
+                                    "choice": choice}, Path(training.script_path).parent, training.preflight_id,
+                                   training.forced_reason, training.spec_hash)
+                       for step in steps]
+    return submitted
 
 
 def _eval_options(options: JobOptions, step: int, after: str) -> JobOptions:
@@ -109,9 +122,9 @@ def _submit_one(resolved: "ResolvedSpec", scheduler: str, options: JobOptions, c
                 admitted: dict[str, Any] | None, link: dict[str, Any], run_dir: Path, preflight_id: int | None,
                 forced: str | None, spec_hash: str | None) -> Any:
     """Its own chain row (retries 0); the script and log in the training chain's run directory."""
-    from idmctl.ops.submit import _context, _insert_job, _update
-    from idmctl.record.db import session
-    from idmctl.record.models import Chain
+    from idmctl.ops.submit import _context, _insert_job, _update  # the rows and context a submit writes
+    from idmctl.record.db import session  # the ORM: a submit with --eval, or sync
+    from idmctl.record.models import Chain  # the ORM, with session above
 
     with session() as db:
         chain = Chain(experiment=resolved.name, spec_hash=spec_hash or resolved.hash, retries_budget=0)
@@ -146,19 +159,20 @@ def _submit_one(resolved: "ResolvedSpec", scheduler: str, options: JobOptions, c
 
 # -- sync: dependents follow the chain -----------------------------------------------------------
 
-def follow(report: "SyncReport") -> list[str]:
-    """After sync decided: eval jobs waiting on a resubmitted attempt wait on its successor instead, and
-    those of a chain that ended early are cancelled. Returns one line per action (sync's report)."""
-    from idmctl.record.db import session
-    from idmctl.record.models import Chain, Job
+def follow(resubmitted: list[tuple[int, int]], finished: list[int]) -> list[str]:
+    """After sync decided (``resubmitted``: (old, new) job ids; ``finished``: the jobs that ended): eval
+    jobs waiting on a resubmitted attempt wait on its successor instead, and those of a chain that ended
+    early are cancelled. Returns one line per action (sync's report)."""
+    from idmctl.record.db import session  # the ORM: sync's path, never the CLI's fast one
+    from idmctl.record.models import Chain, Job  # the ORM, with session above
 
-    if not report.resubmitted and not report.finished:
+    if not resubmitted and not finished:
         return []
     done: list[str] = []
     moves: list[tuple[Job, Job]] = []
     cancels: list[Job] = []
     with session() as db:
-        for old_id, new_id in report.resubmitted:
+        for old_id, new_id in resubmitted:
             old, new = db.get(Job, old_id), db.get(Job, new_id)
             if old is None or new is None or old.chain_id is None or eval_link(old.options_json):
                 continue
@@ -167,7 +181,7 @@ def follow(report: "SyncReport") -> list[str]:
                 if link.get("after") == old.scheduler_id and not link.get("moved_to"):
                     db.expunge(dependent)
                     moves.append((dependent, new))
-        for job_id in report.finished:
+        for job_id in finished:
             ended = db.get(Job, job_id)
             chain = db.get(Chain, ended.chain_id) if ended is not None and ended.chain_id else None
             if chain is None or chain.status not in EARLY_END or eval_link(ended.options_json):
@@ -191,7 +205,7 @@ def follow(report: "SyncReport") -> list[str]:
 
 def _move(dependent: Any, new: Any) -> str:
     """Wait on ``new`` instead: ``scontrol update`` while it is pending, else a fresh eval job."""
-    from idmctl.ops.executors.slurm import _run
+    from idmctl.ops.executors.slurm import _run  # scontrol, as the executor runs it (its timeout and env)
 
     link = eval_link(dependent.options_json) or {}
     if not is_terminal(dependent.state) and dependent.started_at is None:
@@ -202,7 +216,7 @@ def _move(dependent: Any, new: Any) -> str:
     if dependent.started_at is not None:
         return f"eval job {dependent.id}: ran already, not moved"
     # Killed by Slurm when its attempt did not end OK (or it can no longer be updated): submit it again.
-    from idmctl.ops.submit import _resolved_from_run
+    from idmctl.ops.submit import _resolved_from_run  # the spec exactly as the chain started with it
 
     stored = json.loads(dependent.options_json or "{}")
     run_dir = Path(dependent.script_path).parent

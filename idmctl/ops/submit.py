@@ -21,7 +21,6 @@ from ground.code_snapshot import SnapshotError
 from ground.contract import SPEC_FILE
 from ground.errors import CheckFailed, UserError
 from idmctl.core.job_state import JobState
-from idmctl.ops import eval_jobs
 from idmctl.ops.executors import executor_for
 from idmctl.job.code import JobCode, freeze, planned, require_present, tree_for
 from idmctl.job.effective import EffectiveJob, active_exclusions, build as build_effective
@@ -47,7 +46,7 @@ class Submitted:
     chain: "Chain"
     script: str
     evals: list[Any] = field(default_factory=list)
-    """The eval jobs ``--eval`` submitted after this one (rows), each waiting on it."""
+    """The eval jobs ``submit --eval`` sent after this one (rows), each waiting on it (``ops.eval_jobs``)."""
 
 
 def runs_dir(experiment: str, chain_id: int) -> Path:
@@ -151,14 +150,12 @@ def dry_run(experiment: str, request: JobRequest, cluster: str | None) -> DryRun
 
 
 def submit(experiment: str, request: JobRequest, cluster: str | None,
-           force_reason: str | None = None, evaluate: str | None = None) -> Submitted:
-    """``evaluate``: ``--eval last|STEP|each``, an eval job per chosen checkpoint after the training job."""
+           force_reason: str | None = None) -> Submitted:
     # The tree is read once: its digest is the gate's key, and the snapshot the job runs is made from the
     # very listing that was hashed (a file edited after this point fails the snapshot, not the job).
     snapshot = tree_for(load_spec(experiment).spec)
     version = snapshot.version
     job = prepare(experiment, request, cluster, version)
-    eval_steps = eval_jobs.plan(evaluate, job) if evaluate is not None else []
     admission = admit(job, force_reason, version)
     ask_scheduler(job)
     forced = None
@@ -167,11 +164,8 @@ def submit(experiment: str, request: JobRequest, cluster: str | None,
     code = freeze(snapshot, job.profile, job.declared.spec)
     chain_id = _new_chain(job)
     admitted = {"job": job.record(), "admission": admission.as_dict(), "cluster": _profile_source(cluster)}
-    submitted = _submit_attempt(job.resolved, job.profile.scheduler, job.options, chain_id, 1, admission.preflight_id,
-                                forced, {}, spec_hash=job.declared.hash, admitted=admitted, code=code)
-    if eval_steps:
-        submitted.evals = eval_jobs.submit_evals(str(evaluate), eval_steps, job, submitted.job, code, admitted, forced)
-    return submitted
+    return _submit_attempt(job.resolved, job.profile.scheduler, job.options, chain_id, 1, admission.preflight_id, forced,
+                           {}, spec_hash=job.declared.hash, admitted=admitted, code=code)
 
 
 def ask_scheduler(job: EffectiveJob) -> Verdict:

@@ -214,7 +214,7 @@ def sync(retry: bool = True) -> SyncReport:
             report.resubmitted.append((job_id, new_job.id or 0))
     if ended:
         _log_efficiency(ended)
-    report.evals = follow_evals(report)
+    report.evals = follow_evals(report.resubmitted, report.finished)
     return report
 
 

@@ -5,12 +5,12 @@ columns later without touching the callers."""
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from sqlmodel import Session
+from sqlmodel import Session, select
 
-    from idmctl.record.models import Job
+from idmctl.record.db import session
+from idmctl.record.models import Job
 
 EVAL_KEY = "eval"
 """``{"of_chain": training chain id, "step": checkpoint step, "after": the training job's scheduler id
@@ -26,12 +26,8 @@ def eval_link(options_json: str | None) -> dict[str, Any] | None:
     return link if isinstance(link, dict) and "of_chain" in link else None
 
 
-def eval_jobs_of(db: "Session", chain_id: int) -> list["Job"]:
+def eval_jobs_of(db: Session, chain_id: int) -> list[Job]:
     """Every evaluation job recorded for training chain ``chain_id``, oldest first."""
-    from sqlmodel import select
-
-    from idmctl.record.models import Job
-
     candidates = db.exec(select(Job).where(Job.options_json.contains(f'"{EVAL_KEY}"'))  # type: ignore[union-attr]
                          .order_by(Job.id)).all()
     return [job for job in candidates if (eval_link(job.options_json) or {}).get("of_chain") == chain_id]
@@ -39,9 +35,6 @@ def eval_jobs_of(db: "Session", chain_id: int) -> list["Job"]:
 
 def store_eval_link(job_id: int, link: dict[str, Any]) -> None:
     """Replace the job's link (it now waits on another attempt, or another eval job stands in for it)."""
-    from idmctl.record.db import session
-    from idmctl.record.models import Job
-
     with session() as db:
         row = db.get(Job, job_id)
         if row is not None:

@@ -88,10 +88,14 @@ def submit(
         raise UserError("--force needs --reason", file="command line", field="--reason", hint='e.g. --reason "smoke passed on login node"')
     try:
         forced = reason.strip() if force and reason else None
-        if resume is not None:
+        if evaluate is not None:
+            from idmctl.ops.eval_jobs import submit_with_evals  # only a submit with --eval loads it
+
+            done = submit_with_evals(experiment, request, cluster, evaluate, force_reason=forced)
+        elif resume is not None:
             done = submitting.resume(experiment, resume, request, cluster, code, force_reason=forced)
         else:
-            done = submitting.submit(experiment, request, cluster, force_reason=forced, evaluate=evaluate)
+            done = submitting.submit(experiment, request, cluster, force_reason=forced)
     except submitting.Refused as refused:
         if as_json:
             emit_json({"refused": True, **refused.admission.as_dict()})
