@@ -47,7 +47,8 @@ def test_eval_job_per_checkpoint_after_a_preempted_chain_logs_into_its_one_run(c
                                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     total, every = 200, 100
     spec = tiny_cache.spec_file(slurm_home / "specs", "tiny_eval", resources={"cpus": 2, "mem": "1500MB"},
-                                train={"steps": total, "checkpoint_every": every, "log_every": 10})
+                                # keep_last 3: the preemption's own checkpoint must not push step 100 out
+                                train={"steps": total, "checkpoint_every": every, "log_every": 10, "keep_last": 3})
     low = _submit(cli, str(spec), "--qos", "sub", "--exclude", "n2", "--eval", "each")
     evals = low["evals"]
     assert [e["step"] for e in evals] == [100, 200]
