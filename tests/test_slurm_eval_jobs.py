@@ -13,22 +13,10 @@ import pytest
 from idmctl.record.db import session
 from idmctl.record.models import Chain, Job
 from slurm_support import release_requeued, sh, text_so_far, wait_until
+from test_slurm_jobs import _job, _submit
 from ground.contract import MLFLOW_RUN_ID_FILE
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_home")]
-
-
-def _submit(cli, experiment: str, *args: str) -> dict:
-    result = cli("submit", experiment, "--force", "--reason", "slurm test", "--json", *args)
-    assert result.exit_code == 0, result.output + result.stderr
-    return json.loads(result.stdout)
-
-
-def _job(job_id: int) -> Job:
-    with session() as db:
-        job = db.get(Job, job_id)
-        assert job is not None
-        return job
 
 
 def _sync_until_final(cli, job_ids: list[int], timeout_s: float) -> list[Job]:
