@@ -99,3 +99,40 @@ def test_a_cancelled_chain_leaves_no_eval_job_pending(cli, tiny_cache, slurm_hom
     with session() as db:
         assert db.get(Chain, dependent.chain_id).status == "FAILED"
     assert sh("squeue", "-h", "-j", evaluation["scheduler_id"], check=False).strip() == ""
+
+
+def test_eval_jobs_follow_a_resubmitted_attempt(cli, tiny_cache, slurm_home: Path) -> None:
+    """A resubmission gives the chain's attempt a new job id: a waiting eval job is moved onto it
+    (scontrol update), and one Slurm already killed is submitted again, waiting on the new id. The
+    successor here is a second held job standing in for sync's resubmission (moved into the chain)."""
+    from idmctl.ops.eval_jobs import follow
+
+    def into_chain(job_id: int, chain_id: int, attempt: int) -> None:
+        with session() as db:
+            row = db.get(Job, job_id)
+            row.chain_id, row.attempt = chain_id, attempt
+            db.add(row)
+
+    spec = tiny_cache.spec_file(slurm_home / "specs", "tiny_eval_follow", resources={"cpus": 1, "mem": "500MB"})
+    first = _submit(cli, str(spec), "--qos", "sub", "--hold", "--eval", "last")
+    successor = _submit(cli, str(spec), "--qos", "sub", "--hold")
+    into_chain(successor["job"], first["chain"], 2)
+    (waiting,) = first["evals"]
+    (line,) = follow([(first["job"], successor["job"])], [])
+    assert line == f"eval job {waiting['job']}: now waits on job {successor['job']} ({successor['scheduler_id']})"
+    assert sh("squeue", "-h", "-j", waiting["scheduler_id"], "-o", "%E").strip().startswith(
+        f"afterok:{successor['scheduler_id']}")
+    # Killed by Slurm when the attempt it waits on is cancelled, then its attempt "resubmitted" again.
+    sh("scancel", successor["scheduler_id"])
+    _, killed = _sync_until_final(cli, [successor["job"], waiting["job"]], 60)
+    assert killed.state.startswith("CANCELLED") and killed.started_at is None
+    third = _submit(cli, str(spec), "--qos", "sub", "--hold")
+    into_chain(third["job"], first["chain"], 3)
+    (line,) = follow([(successor["job"], third["job"])], [])
+    fresh_id = int(re.search(r"re-submitted as eval job (\d+)", line).group(1))
+    fresh = _job(fresh_id)
+    assert json.loads(fresh.options_json)["eval"]["replaces"] == waiting["job"]
+    assert sh("squeue", "-h", "-j", fresh.scheduler_id, "-o", "%E").strip().startswith(f"afterok:{third['scheduler_id']}")
+    for job in (first, third):
+        sh("scancel", job["scheduler_id"])
+    _sync_until_final(cli, [first["job"], third["job"], fresh_id], 60)
