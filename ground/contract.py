@@ -142,6 +142,11 @@ DEFAULT_ENTRY = "trainers.train"
 BUILD_ENTRY = "trainers.build_job"
 BUILD_MODES = ("hidden", "rgb", "pt", "ff")
 """``hidden``: the Cosmos hidden-state cache; ``rgb``/``pt``/``ff``: one slot of card B's latent cache."""
+
+# Evaluation jobs (``idmctl submit EXP --eval last|STEP|each``): the entry that evaluates one checkpoint.
+EVAL_ENTRY = "trainers.eval_job"
+EVAL_CHOICES = ("last", "each")
+"""``--eval``: the final checkpoint, every scheduled one (``checkpoint_every`` and the last), or a step number."""
 """The cause the trainer reports for a non-finite loss (marker line, ``failure.json``, MLflow tag): a cause
 name of idmctl/ops/failures/taxonomy.yaml, whose ``action`` decides what sync does (a test checks the name)."""
 

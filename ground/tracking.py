@@ -156,6 +156,14 @@ def protocol_tag(metric: str) -> str:
     return f"{TAG_PROTOCOL}.{metric}"
 
 
+TAG_EVAL_JOB = "idmctl.eval_job"
+"""``idmctl.eval_job.step-N``: the Slurm job that evaluated checkpoint N (``trainers.eval_job``)."""
+
+
+def eval_job_tag(step: int) -> str:
+    return f"{TAG_EVAL_JOB}.step-{step}"
+
+
 def episodes_artifact(metric: str, step: int) -> str:
     """The artifact path of one evaluation's per-episode results (zero-padded so names sort by step)."""
     return f"{EPISODES_ARTIFACT_DIR}/{metric}/step-{step:09d}.json"

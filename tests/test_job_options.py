@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import fields
+from dataclasses import fields, replace
 
 import pytest
 
@@ -44,3 +44,19 @@ def test_every_option_names_its_flag_and_each_resource_field_exists_where_it_lan
     options, resources = JobOptions.__dataclass_fields__, ResourcesSpec.model_fields
     assert RESOURCE_FIELDS == ("qos", "time_limit", "mem", "cpus_per_node", "gpus_per_node")
     assert all(name in options and resource_of(name) in resources for name in RESOURCE_FIELDS)
+
+
+def test_a_dependency_round_trips_through_the_row_and_lands_in_the_header() -> None:
+    from idmctl.job.render import _sbatch_lines
+
+    request = JobRequest(dependency="afterok:4242", kill_on_invalid_dep=True)
+    assert request.given() == {"--dependency": "afterok:4242", "--kill-on-invalid-dep": True}
+    assert JobRequest.from_given(request.given()) == request
+    options = JobOptions(job_name="x", qos="sub", partition=None, nodes=1, ranks_per_node=1, cpus_per_node=1,
+                         mem="1GB", gpus_per_node=0, time_limit="0:10:00", dependency="afterok:4242",
+                         kill_on_invalid_dep=True)
+    lines = _sbatch_lines(options, "/tmp/x-%j.out")
+    assert lines[-2:] == ["#SBATCH --dependency=afterok:4242", "#SBATCH --kill-on-invalid-dep=yes"]
+    with pytest.raises(UserError) as raised:
+        _sbatch_lines(replace(options, dependency="afterok:1\n#SBATCH --qos=high"), "/tmp/x-%j.out")
+    assert raised.value.field == "--dependency" and "is not a Slurm dependency" in str(raised.value)

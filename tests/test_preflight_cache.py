@@ -56,10 +56,18 @@ def test_missing_train_episode_fails_naming_it(tiny: Path):
     assert "train: 5/6 episodes ok, missing demo_3" in result.summary
 
 
-def test_missing_eval_episode_only_warns(tiny: Path):
+def test_missing_held_out_cache_fails_with_the_build_that_makes_it(tiny: Path):
+    """The evaluations read the held-out split: a training run whose held-out cache was never built
+    would fail (or score fewer episodes) at its first evaluation, hours in."""
     (tiny.parent / "data" / "hidden" / "demo_7.safetensors").unlink()
+    (tiny.parent / "data" / "hidden" / "demo_6.safetensors").unlink()
     _, result = check_cache(tiny)
-    assert result.status is Status.WARN and "valid: 1/2 episodes ok, missing demo_7" in result.summary
+    assert result.status is Status.FAIL, result.summary
+    assert "valid: 0/2 episodes ok, missing demo_6, demo_7" in result.summary
+    assert "the evaluations (eef_mm_4ep) read held-out split 'valid' and 2 of its 2 episodes have no usable cache file" \
+        in result.summary
+    assert result.fix.startswith("build them before training: `idmctl submit tiny --build hidden`")
+    assert "cost: 2 of 2 valid episodes to encode" in result.fix
 
 
 def test_geometry_that_disagrees_with_the_spec_fails(tiny: Path):

@@ -69,6 +69,10 @@ CASES: dict[str, dict] = {
                                         chain_id=3, attempt=3, code=None,
                                         extra_env={contract.ENV_CODE_VERSION: VERSION,
                                                    contract.ENV_RETRY_REASON: "preempted"}),
+    # `submit latent_c_n4 --eval last`: the eval job of the final checkpoint, its own chain 8, in training
+    # chain 7's run directory, waiting on that chain's Slurm job 4242 (killed by Slurm if it fails).
+    "card_a_eval_last": dict(experiment="latent_c_n4", request=JobRequest(), cluster="card", stage_bytes=CARD_STAGE_BYTES,
+                             chain_id=8, eval_of=dict(chain=7, after="4242")),
 }
 
 
@@ -82,11 +86,17 @@ def render_case(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> s
     if "resubmit_excluding" in case:
         stored = options.as_dict()  # what the job row keeps; a resubmission reads it back
         options = with_exclusions(replace(JobOptions(**stored), hold=False), case["resubmit_excluding"])
+    if "eval_of" in case:
+        from idmctl.ops.eval_jobs import _eval_options
+
+        options = _eval_options(options, job.resolved.spec.train.steps, case["eval_of"]["after"])
     # The script itself, as on the operator's machine.
     monkeypatch.setenv(contract.ENV_HOME, str(HOME))
     chain_id = case.get("chain_id", 1)
-    run_dir = HOME / "runs" / job.resolved.name / str(chain_id)
+    run_dir = HOME / "runs" / job.resolved.name / str(case.get("eval_of", {}).get("chain", chain_id))
     log_name = "slurm-%j.out" if job.profile.scheduler == "slurm" else "local-%j.out"
+    if "eval_of" in case:
+        log_name = f"eval-step-{options.eval_step}-%j.out"
     code = case.get("code", CODE)
     where = {"repo_root": Path(code.directory), "extra_env": {**code.env(), **case.get("extra_env", {})}} if code \
         else {"repo_root": Path("/opt/idmctl/src"), "extra_env": case.get("extra_env", {})}

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ground import tracking as names
+from ground.errors import UserError
 from ground.contract import ENV_ATTEMPT, ENV_CHAIN_ID, MLFLOW_RUN_ID_FILE
 from ground.mlflow_view import ensure_experiment, ensure_goal_view
 from ground.paths import atomic_write_text, mlflow_artifacts_dir, mlflow_tracking_uri
@@ -73,6 +74,22 @@ class RunLogger:
             self.resumed = False
         for key, value in {names.TAG_CODE_VERSION: code_version, **attempt_tags()}.items():
             self.client.set_tag(self.run_id, key, value)
+
+    @classmethod
+    def attach(cls, run_dir: Path) -> "RunLogger":
+        """The chain's existing run, reopened to add results (an evaluation job): its status, attempt tags
+        and start points are the training attempts' and stay as they are."""
+        from mlflow.tracking import MlflowClient
+
+        id_file = Path(run_dir) / MLFLOW_RUN_ID_FILE
+        if not id_file.exists():
+            raise UserError("the chain has no MLflow run yet: no training attempt has started", file=str(id_file),
+                            hint="an evaluation job runs after the training attempt that writes its checkpoint")
+        logger = cls.__new__(cls)
+        with names.store_init_lock():
+            logger.client = MlflowClient(tracking_uri=mlflow_tracking_uri())
+        logger.run_id, logger.resumed = id_file.read_text().strip(), True
+        return logger
 
     def _experiment_id(self, name: str, canonical: dict[str, Any]) -> str:
         """The ``idmctl`` experiment (created when missing) with idmctl's chart view charting this spec's

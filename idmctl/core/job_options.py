@@ -54,9 +54,10 @@ class JobRequest:
     hold: bool = field(default=False, metadata={"flag": "--hold", "resource": None})
     """Submitted held (``#SBATCH --hold``) until ``scontrol release``."""
     dependency: str | None = _flag("--dependency")
-    """Slurm's ``--dependency`` (e.g. ``afterany:123``): the job starts only after that condition holds."""
+    """Slurm's ``--dependency`` (``afterok:123``): the job starts only once the jobs it names allow it."""
     kill_on_invalid_dep: bool = field(default=False, metadata={"flag": "--kill-on-invalid-dep", "resource": None})
-    """``--kill-on-invalid-dep=yes``: a job whose dependency can never be satisfied is cancelled, never left pending."""
+    """``--kill-on-invalid-dep=yes``: Slurm cancels the job when its dependency can never be met (the job it
+    waits on failed or was cancelled) instead of leaving it pending forever."""
 
     def is_given(self, name: str) -> bool:
         value = getattr(self, name)
@@ -167,6 +168,14 @@ class JobOptions:
     build: str | None = None
     """``--build MODE``: a cache build job (``contract.BUILD_ENTRY``) in the batch shell, starting one
     builder rank per srun task (``ranks_per_node`` per node, over ``nodes``); None for training."""
+    dependency: str | None = None
+    """``--dependency`` as Slurm writes it (``afterok:123``); an eval job waits on the training attempt."""
+    kill_on_invalid_dep: bool = False
+    """``--kill-on-invalid-dep=yes``: cancelled by Slurm when the dependency can never be met."""
+    eval_step: int | None = None
+    """An evaluation job of the checkpoint at this step (``contract.EVAL_ENTRY`` in the batch shell, one
+    process): it loads the checkpoint, runs the spec's evaluations and logs into the training chain's
+    MLflow run at this step; None for training."""
 
     @property
     def cpus_per_task(self) -> int:

@@ -1,12 +1,15 @@
 """Check ``cache``: every episode of the training split has its hidden-state file, with the
-geometry the spec (and so the model) expects. Eval-split gaps only WARN: the card builds held-out
-caches separately (~7 min)."""
+geometry the spec (and so the model) expects, and so has every held-out episode the spec's evaluations
+read (``eval.episodes`` counts of ``data.eval_split``): a run whose 24-episode held-out cache was never
+built would train for hours and then fail, or score fewer episodes, at its first evaluation. The card
+builds held-out caches separately (~7 min), so the FAIL names that build and what it encodes."""
 
 from __future__ import annotations
 
 from ground.paths import expand_path, why_not_a_directory
 from idmctl.core.checks import CacheInspection, CheckResult, PreflightContext, Status
 from ground.spec.schema import DataSpec, ExperimentSpec
+from ground.tracking import eef_metric
 
 NAME = "cache"
 SHOWN = 3
@@ -66,6 +69,28 @@ def _describe(found: CacheInspection) -> str:
     return ", ".join(parts)
 
 
+def held_out_problem(experiment: str, spec: ExperimentSpec, found: CacheInspection | None) -> tuple[str, str] | None:
+    """(what is missing, the build that makes it and its cost) when the held-out split the evaluations
+    read is not all cached with the spec's geometry (the eval loader opens every file of the split);
+    None when it is."""
+    data = spec.data
+    if found is None or data.eval_split == data.train_split:
+        return None
+    metrics = ", ".join(eef_metric(n) for n in spec.eval.episodes)
+    build = f"`idmctl submit {experiment} --build hidden` (or `idmctl cache build-hidden {experiment}`)"
+    if found.error:
+        return (f"the evaluations ({metrics}) cannot read held-out split {data.eval_split!r}: {found.error}",
+                f"fix data.episodes / data.eval_split so the held-out mask exists, then build it: {build}")
+    todo = len(found.missing) + len(found.mismatched)
+    if not todo:
+        return None
+    return (f"the evaluations ({metrics}) read held-out split {data.eval_split!r} and {todo} of its "
+            f"{found.episodes} episodes have no usable cache file",
+            f"build them before training: {build}; cost: {todo} of {found.episodes} {data.eval_split} episodes to "
+            f"encode, one hidden-state file each (files already built are skipped; `idmctl preflight {experiment} "
+            "--build hidden` measures s/file and bytes/file first)")
+
+
 def check(ctx: PreflightContext) -> CheckResult:
     data = ctx.spec.data
     measured = ctx.measurements
@@ -92,7 +117,7 @@ def check(ctx: PreflightContext) -> CheckResult:
             fix = ("rebuild with the models the spec names (data.models; idmctl submit EXP --build hidden), "
                    "or set data.vae_id / data.transformer_id to the models that built it")
         return CheckResult(NAME, Status.FAIL, summary, numbers, fix)
-    others_bad = [f for s, f in inspections.items() if s != data.train_split and (f.error or f.missing or f.mismatched)]
-    if others_bad:
-        return CheckResult(NAME, Status.WARN, summary, numbers, "build the held-out caches before evaluating")
+    held_out = held_out_problem(ctx.resolved.name, ctx.spec, inspections.get(data.eval_split))
+    if held_out is not None:
+        return CheckResult(NAME, Status.FAIL, f"{summary}; {held_out[0]}", numbers, held_out[1])
     return CheckResult(NAME, Status.PASS, f"{root}: {summary}", numbers)

@@ -15,12 +15,11 @@ from ground.errors import UserError
 from ground.paths import REPO_ROOT
 from ground.units import parse_bytes, parse_duration, slurm_time
 from idmctl.core.job_options import JobRequest
-from idmctl.job.render import check_name, check_sbatch_path, check_shell_path
+from idmctl.job.render import DEPENDENCY, check_name, check_sbatch_path, check_shell_path
 from idmctl.job.template import fill
 
 ENV_CONTROLLER_JOB = "IDMCTL_CONTROLLER_JOB_ID"
 """The controller job's own Slurm id, kept under this name once its script drops the ``SLURM_*`` variables."""
-_DEPENDENCY = re.compile(r"^(after|afterany|afterok|afternotok):\d+(_\d+)?(:\d+(_\d+)?)*$")
 _BEGIN = re.compile(r"^now\+\d{1,6}$")
 
 
@@ -57,7 +56,7 @@ def render_controller_script(request: JobRequest, ctx: ControllerContext) -> str
     if ctx.partition is not None:
         check_name(ctx.partition, "controller.partition", where)
     check_name(request.job_name or "", "controller job name", where)
-    if not _DEPENDENCY.fullmatch(request.dependency or ""):
+    if not DEPENDENCY.fullmatch(request.dependency or ""):
         raise UserError(f"{request.dependency!r} is not a job dependency", field="controller.dependency",
                         hint="afterany:<job id>")
     if ctx.begin is not None and not _BEGIN.fullmatch(ctx.begin):

@@ -112,6 +112,8 @@ def resolve_options(resolved: ResolvedSpec, request: JobRequest) -> JobOptions:
         entry=contract.BUILD_ENTRY if build else pick("entry", resolved.spec.code.entry or DEFAULT_ENTRY),
         hold=request.hold,
         build=build,
+        dependency=request.dependency,
+        kill_on_invalid_dep=request.kill_on_invalid_dep,
     )
     check_name(options.job_name, *reversed(source("job_name", "resources.job_name")))
     check_name(options.qos, *reversed(source("qos", "resources.qos")))
@@ -260,10 +262,27 @@ def _sbatch_lines(options: JobOptions, log_path: str) -> list[str]:
         ("requeue", True),
         ("signal", f"B:USR1@{options.signal_lead_s}"),
         ("hold", options.hold),
+        ("dependency", _dependency(options.dependency)),
+        ("kill-on-invalid-dep", "yes" if options.kill_on_invalid_dep else None),
     ]
     lines = ["#SBATCH --" + name + ("" if value is True else f"={value}")
              for name, value in directives if value is not None and value is not False]
     return lines
+
+
+# Slurm's --dependency grammar (job ids, array tasks, +minutes; "," all of, "?" any of): the controller
+# job and the eval jobs write theirs through this one pattern, and anything else could add to the header.
+DEPENDENCY = re.compile(r"^(after|afterany|afterok|afternotok|aftercorr|afterburstbuffer)(:[0-9]{1,12}(_[0-9]{1,8})?(\+[0-9]{1,6})?)+"
+                        r"([,?](after|afterany|afterok|afternotok|aftercorr|afterburstbuffer)(:[0-9]{1,12}(_[0-9]{1,8})?(\+[0-9]{1,6})?)+)*$"
+                        r"|^singleton$")
+
+
+def _dependency(value: str | None) -> str | None:
+    """``--dependency`` as Slurm spells it (``afterok:123``); anything else could add to the header."""
+    if value is not None and not DEPENDENCY.fullmatch(value):
+        raise _bad(f"{value!r} is not a Slurm dependency", "--dependency", "command line",
+                   "e.g. afterok:1234 or afterany:12:13")
+    return value
 
 
 def _entry_lines(options: JobOptions, ctx: RenderContext, env: dict[str, str]) -> str:
@@ -275,6 +294,9 @@ def _entry_lines(options: JobOptions, ctx: RenderContext, env: dict[str, str]) -
     if options.build:
         # The build job runs once, in the batch shell; it starts the builder ranks as one srun step itself.
         return fill("launch_build", {"python": q(ctx.python), "entry": options.entry, "build_args": _build_args(options)})
+    if options.eval_step is not None:
+        # One evaluation process in the batch shell: rank 0's work in training, so no srun ranks.
+        return fill("launch_eval", {"python": q(ctx.python), "entry": options.entry, "step": int(options.eval_step)})
     if words is None:
         return fill("launch_module", {"python": q(ctx.python), "entry": options.entry})
     roots = [r for r in env.get(contract.ENV_CODE_ROOTS, "").split(os.pathsep) if r]

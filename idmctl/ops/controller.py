@@ -29,10 +29,11 @@ CONTROLLER_LOG = "controller-%j.out"
 
 
 def submit_controller(job_id: int, chain_id: int, attempt: int, after: str, run_dir: Path, cluster: str | None,
-                      begin_s: int | None = None) -> str | None:
+                      begin_s: int | None = None, label: str | None = None) -> str | None:
     """Submit the controller that follows attempt ``after`` (scheduler id) of ``chain_id``; returns its id,
     or None where the profile has none (a local executor, ``controller.enabled: false``). A controller that
-    sbatch refuses is a warning, never a failed submit: the attempt runs, a manual sync still serves it."""
+    sbatch refuses is a warning, never a failed submit: the attempt runs, a manual sync still serves it.
+    ``label`` names the script file where the attempt number alone would collide (an eval job)."""
     profile = load_profile(cluster)[0]
     if not wanted(profile):
         return None
@@ -41,7 +42,8 @@ def submit_controller(job_id: int, chain_id: int, attempt: int, after: str, run_
                             idmctl_home=home(), cluster=cluster, partition=settings.partition,
                             begin=f"now+{begin_s}" if begin_s else None)
     script = render_controller_script(controller_request(ctx, settings.qos, settings.time_limit, settings.mem), ctx)
-    path = run_dir / f"controller-{attempt}.sbatch"
+    # An eval job's chain shares the training chain's run directory: its controller script is named apart.
+    path = run_dir / f"controller-{label or attempt}.sbatch"
     atomic_write_text(path, script)
     submitted_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
     try:

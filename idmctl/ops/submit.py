@@ -11,7 +11,7 @@ from __future__ import annotations
 import getpass
 import json
 import socket
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -46,6 +46,8 @@ class Submitted:
     """The job row as stored (an ORM object, or the same columns as attributes on the fast path)."""
     chain: "Chain"
     script: str
+    evals: list[Any] = field(default_factory=list)
+    """The eval jobs ``submit --eval`` sent after this one (rows), each waiting on it (``ops.eval_jobs``)."""
 
 
 def runs_dir(experiment: str, chain_id: int) -> Path:

@@ -20,11 +20,13 @@ from sqlmodel import Session, select
 from idmctl.ops.executors import executor_for
 from idmctl.core.executor import UNCONFIRMED, JobStatus
 from idmctl.core.job_state import JobState, is_terminal
+from idmctl.ops.eval_jobs import follow as follow_evals
 from idmctl.ops.failures.postmortem import read_log_tail, record_failures
 from idmctl.ops.failures.progress import note_attempt_end
 from idmctl.ops.notify import announce_decision
 from idmctl.ops.listing import aware as _aware, queue_wait_seconds  # noqa: F401  (re-exported; one home)
 from idmctl.record.db import session
+from idmctl.record.eval_jobs import eval_link
 from idmctl.record.models import Chain, Job, NodeExclusion
 from ground.contract import MLFLOW_RUN_ID_FILE
 
@@ -45,6 +47,8 @@ class SyncReport:
     """Running jobs whose heartbeat is silent past the hang threshold (classified ``hang`` now)."""
     unconfirmed: list[int] = field(default_factory=list)
     """Jobs squeue shows ended that sacct has not recorded yet (asked again next sync)."""
+    evals: list[str] = field(default_factory=list)
+    """What happened to eval jobs whose training attempt was resubmitted or whose chain ended early."""
 
 
 def log_tail(path: str | None) -> str | None:
@@ -190,6 +194,10 @@ def sync(retry: bool = True, chain_id: int | None = None) -> SyncReport:
             chain = db.get(Chain, job.chain_id) if job and job.chain_id else None
             if job is None or chain is None or chain.status != "ACTIVE":
                 continue
+            if eval_link(job.options_json) is not None:  # an eval job is never retried (eval_jobs.follow moves it)
+                chain.status = "COMPLETED" if job.state == JobState.COMPLETED else "FAILED"
+                db.add(chain)
+                continue
             # From the Failure rows recorded above; the policy is taxonomy.yaml's `action`.
             decision = decide_for_job(db, job, chain, retry)
             now = datetime.now(timezone.utc)
@@ -213,6 +221,7 @@ def sync(retry: bool = True, chain_id: int | None = None) -> SyncReport:
         announce_decision(job_id, decision, report)  # what was done, from the report: once per event
     if ended:
         _log_efficiency(ended)
+    report.evals = follow_evals(report.resubmitted, report.finished)
     return report
 
 
@@ -264,7 +273,8 @@ def _record_efficiency(job: Job) -> None:
     options = json.loads(job.options_json or "{}")
     runs = options.get("runs") or [{"state": job.state}]
     run_dir = run_dir_of(job)
-    trainer = attempt_totals(run_dir, job.attempt) if run_dir is not None else None
+    # An eval job shares the training run directory, whose trainer totals are the training attempts'.
+    trainer = attempt_totals(run_dir, job.attempt) if run_dir is not None and eval_link(job.options_json) is None else None
     options["efficiency"] = report(job.scheduler_id or f"#{job.id}", runs[-1], options, trainer).as_dict()
     job.options_json = json.dumps(options)
 
@@ -275,7 +285,8 @@ def _log_efficiency(job_ids: list[int]) -> None:
         pairs = [(job, db.get(Chain, job.chain_id)) for job in (db.get(Job, i) for i in job_ids)
                  if job is not None and job.chain_id is not None]
         todo = [(job.attempt, chain.mlflow_run_id, json.loads(job.options_json or "{}").get("efficiency"))
-                for job, chain in pairs if chain is not None and chain.mlflow_run_id]
+                for job, chain in pairs if chain is not None and chain.mlflow_run_id
+                and eval_link(job.options_json) is None]  # an eval job's run is the training chain's
     todo = [item for item in todo if item[2]]
     if not todo:
         return

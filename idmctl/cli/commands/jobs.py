@@ -37,6 +37,7 @@ def submit(
     hold: Annotated[bool, typer.Option("--hold", help="Submit held (Slurm's --hold); the job waits for `scontrol release ID`.")] = False,
     resume: Annotated[int | None, typer.Option("--resume", help="A new attempt of ended chain N: its checkpoints, its MLflow run, its code snapshot.")] = None,
     code: Annotated[str, typer.Option("--code", help="With --resume: chain (its snapshot) or current (move the chain to the tree as it is now).")] = "chain",
+    evaluate: Annotated[str | None, typer.Option("--eval", help="Also an evaluation job per checkpoint: last, a step, or each; each waits on the training job (Slurm dependency) and logs into its MLflow run.")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the batch script (and on stderr the checks); submit nothing.")] = False,
     force: Annotated[bool, typer.Option("--force", help="Submit without a passing preflight or despite a FAIL (needs --reason).")] = False,
     reason: Annotated[str | None, typer.Option("--reason", help="Why the preflight gate is bypassed (recorded).")] = None,
@@ -59,7 +60,13 @@ def submit(
         raise UserError("--dry-run does not go with --resume", file="command line", field="--dry-run",
                         hint="dry-run the experiment itself: the script differs only in its chain and attempt")
 
+    if evaluate is not None and (resume is not None or dry_run):
+        raise UserError(f"--eval does not go with {'--resume' if resume is not None else '--dry-run'}",
+                        file="command line", field="--eval", hint="submit the chain with --eval on its own")
     variants = load_experiments(experiment)
+    if evaluate is not None and variants[0].sweep is not None:
+        raise UserError("--eval submits one chain's eval jobs, not a sweep's", file="command line", field="--eval",
+                        hint="submit each variant with --eval")
     if variants[0].sweep is not None and (len(variants) > 1 or experiment.endswith((".yaml", ".yml"))
                                           or experiment == variants[0].sweep):
         if force and not (reason and reason.strip()):
@@ -81,7 +88,11 @@ def submit(
         raise UserError("--force needs --reason", file="command line", field="--reason", hint='e.g. --reason "smoke passed on login node"')
     try:
         forced = reason.strip() if force and reason else None
-        if resume is not None:
+        if evaluate is not None:
+            from idmctl.ops.eval_jobs import submit_with_evals  # only a submit with --eval loads it
+
+            done = submit_with_evals(experiment, request, cluster, evaluate, force_reason=forced)
+        elif resume is not None:
             done = submitting.resume(experiment, resume, request, cluster, code, force_reason=forced)
         else:
             done = submitting.submit(experiment, request, cluster, force_reason=forced)
@@ -101,12 +112,18 @@ def submit(
     if as_json:
         emit_json({"job": job.id, "chain": job.chain_id, "scheduler_id": job.scheduler_id, "executor": job.executor,
                    "script": job.script_path, "log": job.log_path, "forced": job.forced_reason is not None,
+                   "evals": [{"job": e.id, "scheduler_id": e.scheduler_id,
+                              "step": (job_options(e.options_json, e.id).get("eval") or {}).get("step")} for e in done.evals],
                    "suggestions": [s.__dict__ for s in _suggestions(job.experiment, job_options(job.options_json, job.id))[1]]})
         return
     console.print(f"submitted job {job.id} ({job.executor} {job.scheduler_id}) chain {job.chain_id} attempt {job.attempt}"
                   f"  qos {job.qos}  retries {done.chain.retries_budget}", markup=False)
     console.print(f"script {job.script_path}", markup=False)
     console.print(f"log    {job.log_path}", markup=False)
+    for evaluation in done.evals:
+        link = job_options(evaluation.options_json, evaluation.id).get("eval") or {}
+        console.print(f"eval job {evaluation.id} ({evaluation.executor} {evaluation.scheduler_id}) checkpoint step "
+                      f"{link.get('step')}: after job {job.id} ends OK (afterok:{link.get('after')})", markup=False)
     if job.forced_reason:
         failed = job_options(job.options_json, job.id).get("admitted", {}).get("admission", {}).get("failed", [])
         past = f" and past FAILs ({', '.join(failed)})" if failed else ""
@@ -191,7 +208,7 @@ def sync(
     report = _sync_or_say_who_did_not_answer(run_sync, retry=not no_retry, chain_id=chain)
     if as_json:
         emit_json({"checked": report.checked, "changed": report.changed, "finished": report.finished,
-                   "resubmitted": report.resubmitted, "stopped": report.stopped, "unconfirmed": report.unconfirmed,
+                   "resubmitted": report.resubmitted, "stopped": report.stopped, "unconfirmed": report.unconfirmed, "evals": report.evals,
                    "hung": report.hung})
         return
     unconfirmed = f", {len(report.unconfirmed)} unconfirmed (squeue says ended; sacct has not recorded it yet)" \
@@ -202,6 +219,8 @@ def sync(
         console.print(f"  job {old} → resubmitted as job {new}", markup=False)
     for job_id, why in report.stopped:
         console.print(f"  job {job_id}: chain stopped — {why}", markup=False)
+    for line in report.evals:
+        console.print(f"  {line}", markup=False)
     for job_id in report.hung:
         console.print(f"  job {job_id}: hang — no heartbeat past its threshold (`idmctl failures`); its watchdog "
                       "kills it and the chain resumes elsewhere", markup=False)
@@ -248,6 +267,7 @@ def jobs(
         "forced": j.forced_reason, "user": j.user, "host": j.host, "mlflow_run_id": run_of_chain.get(j.chain_id),
         "run_url": run_url(run_of_chain[j.chain_id], ui_url) if run_of_chain.get(j.chain_id) else None,
         "build": job_options(j.options_json, j.id).get("build"),
+        "eval": job_options(j.options_json, j.id).get("eval"),
         "eta": etas[j.id].as_dict() if etas.get(j.id) else None,
         "controller": job_options(j.options_json, j.id).get("controller"),
     } for j in rows]
@@ -260,6 +280,8 @@ def jobs(
         wait = format_duration(r["queue_wait_s"]) if r["queue_wait_s"] is not None else "—"
         eta = etas.get(r["job"])
         experiment = f"{r['experiment']} (build {r['build']})" if r["build"] else r["experiment"]
+        if r["eval"]:
+            experiment = f"{r['experiment']} (eval step {r['eval'].get('step')} of chain {r['eval'].get('of_chain')})"
         table.add_row(str(r["job"]), f"{r['chain']}/{r['attempt']}", experiment, r["scheduler_id"] or "—",
                       r["state"], r["exit_code"] or "—", str(r["restarts"]), r["qos"] or "—", r["nodes"] or "—", wait,
                       eta.progress_text if eta else "—", _rate(eta), eta.finish_text(now) if eta else "—",

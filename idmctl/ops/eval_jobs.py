@@ -1,0 +1,240 @@
+"""Evaluation jobs: ``idmctl submit EXP --eval last|STEP|each`` — one Slurm job per chosen checkpoint,
+chained on the training chain with ``--dependency=afterok:<training job>`` and ``--kill-on-invalid-dep=yes``.
+
+Each eval job runs ``trainers.eval_job`` in the training chain's run directory: it resumes nothing,
+loads ``checkpoints/step-N.ckpt``, runs the spec's evaluations and logs into the chain's one MLflow run
+at step N under each metric's protocol. It is its own chain row (retries 0, never retried: an
+evaluation is cheap to re-run by hand) linked to the training chain under the ``eval`` key of its
+stored options (``idmctl.record.eval_jobs``).
+
+Which attempt writes a checkpoint is not known at submit (a preemption moves it), so every eval job
+waits on the chain's current attempt: a requeue keeps the job id (the dependency holds); a resubmission
+gives a new one, and :func:`follow` (called by sync) moves the dependents onto it — ``scontrol update``
+while they still wait, a fresh eval job where Slurm already killed them. A chain that ends early
+(stopped, cancelled, out of budget) leaves none pending: Slurm kills dependents of an attempt that did
+not end OK, and :func:`follow` scancels whatever is left of a chain sync saw end.
+
+The gate: eval jobs are submitted with the training job they follow, under its admission (the same
+spec hash, code snapshot and passing preflight), with the spec's own resources.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ground import contract
+from ground.errors import CheckFailed, UserError
+from ground.paths import atomic_write_text
+from idmctl.core.job_options import JobOptions, JobRequest
+from idmctl.core.job_state import JobState, is_terminal
+from idmctl.job.code import JobCode
+from idmctl.job.render import render_script
+from idmctl.ops.controller import submit_controller
+from idmctl.ops.executors import executor_for
+from idmctl.record.eval_jobs import EVAL_KEY, eval_jobs_of, eval_link, store_eval_link
+
+if TYPE_CHECKING:
+    from ground.spec.loader import ResolvedSpec
+    from idmctl.job.effective import EffectiveJob
+    from idmctl.ops.submit import Submitted
+
+EARLY_END = ("FAILED", "CANCELLED")
+"""Chain statuses that end it before its last checkpoint: its eval jobs are cancelled."""
+
+
+def scheduled_steps(spec_steps: int, every: int) -> list[int]:
+    """The checkpoints every run writes: each ``every`` steps and the last (preemptions add others)."""
+    return sorted({*range(every, spec_steps + 1, every), spec_steps})
+
+
+def plan(choice: str, job: "EffectiveJob") -> list[int]:
+    """The checkpoint steps ``--eval choice`` evaluates; bad input (exit 2) before anything is written."""
+    spec = job.resolved.spec
+    if job.profile.scheduler != "slurm":
+        raise UserError(f"--eval chains jobs with Slurm dependencies; profile {job.profile.name} runs jobs "
+                        f"with the {job.profile.scheduler} executor", file="command line", field="--eval",
+                        hint="submit to a Slurm cluster (--cluster), or evaluate by hand: "
+                             "python -m trainers.eval_job --run-dir RUN_DIR --step N")
+    if job.options.build:
+        raise UserError("--eval evaluates a training chain; a build writes no checkpoints", file="command line",
+                        field="--eval", hint="drop --eval or --build")
+    # The trainer's interval (trainers.train.checkpoint_interval): the spec's, else the one derived at submit.
+    every = spec.train.checkpoint_every or job.options.checkpoint_every or max(1, spec.train.steps // 10)
+    scheduled = scheduled_steps(spec.train.steps, every)
+    if choice == "last":
+        return [spec.train.steps]
+    if choice == "each":
+        chosen = scheduled
+    elif choice.isdigit() and int(choice) in scheduled:
+        chosen = [int(choice)]
+    else:
+        shown = ", ".join(map(str, scheduled[:8])) + (" …" if len(scheduled) > 8 else "")
+        raise UserError(f"--eval {choice!r} is not a checkpoint this run writes ({shown}; every {every} steps "
+                        f"and the last)", file="command line", field="--eval",
+                        hint=f"one of {', '.join(contract.EVAL_CHOICES)} or a step above")
+    # The eval jobs start once the training attempt has ended; by then retention has pruned all but the
+    # newest keep_last (and the best): an older chosen checkpoint would be gone.
+    survivors = scheduled[-spec.train.keep_last:]
+    if chosen[0] < survivors[0]:
+        raise UserError(f"train.keep_last {spec.train.keep_last} keeps only steps {', '.join(map(str, survivors))} "
+                        f"at the end of training; the eval of step {chosen[0]} would find its checkpoint pruned",
+                        file=str(job.resolved.path), field="train.keep_last",
+                        hint=f"set train.keep_last: {len(scheduled) - scheduled.index(chosen[0])} (one more for each "
+                             "preemption checkpoint), or --eval last")
+    return chosen
+
+
+def submit_with_evals(experiment: str, request: JobRequest, cluster: str | None, choice: str,
+                      force_reason: str | None = None) -> "Submitted":
+    """``submit EXP --eval CHOICE``: the training chain as :func:`idmctl.ops.submit.submit` sends it, then
+    one eval job per chosen checkpoint under the same admission and code snapshot. A choice that names no
+    checkpoint this run keeps is bad input before anything is written."""
+    from idmctl.ops import submit as submitting  # sync imports this module; submit stays off its start-up
+
+    steps = plan(choice, submitting.prepare(experiment, request, cluster))
+    submitted = submitting.submit(experiment, request, cluster, force_reason=force_reason)
+    training = submitted.job
+    stored = json.loads(training.options_json or "{}")
+    resolved = submitting._resolved_from_run(json.loads(Path(training.script_path).with_name(contract.SPEC_FILE)
+                                                        .read_text()), training.script_path)
+    options = JobOptions(**{k: v for k, v in stored.items() if k in JobOptions.__dataclass_fields__})
+    submitted.evals = [_submit_one(resolved, "slurm", _eval_options(options, step, training.scheduler_id),
+                                   JobCode.from_record(stored), stored.get("admitted"),
+                                   {"of_chain": training.chain_id, "step": step, "after": training.scheduler_id,
+                                    "choice": choice}, Path(training.script_path).parent, training.preflight_id,
+                                   training.forced_reason, training.spec_hash)
+                       for step in steps]
+    return submitted
+
+
+def _eval_options(options: JobOptions, step: int, after: str) -> JobOptions:
+    """The training job's options for one evaluation process: one node, one task, at most one GPU (the
+    evaluators run on rank 0 alone in training too), the same memory, QoS and time limit."""
+    return replace(options, job_name=f"{options.job_name}-eval-{step}", entry=contract.EVAL_ENTRY, eval_step=step,
+                   nodes=1, ranks_per_node=1, gpus_per_node=min(1, options.gpus_per_node), retries=0, hold=False,
+                   build=None, dependency=f"afterok:{after}", kill_on_invalid_dep=True)
+
+
+def _submit_one(resolved: "ResolvedSpec", scheduler: str, options: JobOptions, code: JobCode | None,
+                admitted: dict[str, Any] | None, link: dict[str, Any], run_dir: Path, preflight_id: int | None,
+                forced: str | None, spec_hash: str | None) -> Any:
+    """Its own chain row (retries 0); the script and log in the training chain's run directory."""
+    from idmctl.ops.submit import _context, _insert_job, _update  # the rows and context a submit writes
+    from idmctl.record.db import session  # the ORM: a submit with --eval, or sync
+    from idmctl.record.models import Chain  # the ORM, with session above
+
+    with session() as db:
+        chain = Chain(experiment=resolved.name, spec_hash=spec_hash or resolved.hash, retries_budget=0)
+        db.add(chain)
+        db.flush()
+        chain_id = int(chain.id or 0)
+    step = int(options.eval_step or 0)
+    ctx = replace(_context(resolved, chain_id, 1, scheduler, {}, admitted, code), run_dir=run_dir,
+                  log_path=str(run_dir / f"eval-step-{step}-%j.out"))
+    script = render_script(resolved, options, ctx)
+    script_path = run_dir / f"eval-step-{step}-chain-{chain_id}.sbatch"
+    atomic_write_text(script_path, script)
+    executor = executor_for(scheduler)
+    recorded = {**options.as_dict(), **({"admitted": admitted} if admitted else {}),
+                **({"code": code.as_dict()} if code else {}), EVAL_KEY: link}
+    version = code.version if code else contract.code_version()
+    job_id = _insert_job(dict(chain_id=chain_id, attempt=1, experiment=resolved.name, spec_hash=spec_hash or resolved.hash,
+                              code_version=version, preflight_id=preflight_id, executor=executor.name, state="SUBMITTING",
+                              qos=options.qos, gpus=options.gpus_per_node * options.nodes,
+                              routing_n=resolved.spec.data.routing_n, script_path=str(script_path),
+                              options_json=json.dumps(recorded), forced_reason=forced))
+    try:
+        scheduler_id = executor.submit(script_path, ctx.log_path)
+    except CheckFailed as exc:
+        _update(job_id, {"state": "SUBMIT_FAILED", "reason": str(exc)[:500]}, chain_id, {"status": "FAILED"})
+        raise
+    row, _ = _update(job_id, {"scheduler_id": scheduler_id, "state": JobState.PENDING.value,
+                              "log_path": ctx.log_path.replace("%j", scheduler_id),
+                              "submitted_at": datetime.now(timezone.utc)}, chain_id, {})
+    # Its own controller records how it ended (and tells the team) with nobody running sync.
+    submit_controller(job_id, chain_id, 1, scheduler_id, run_dir, (admitted or {}).get("cluster"),
+                      label=f"eval-step-{step}-chain-{chain_id}")
+    return row
+
+
+# -- sync: dependents follow the chain -----------------------------------------------------------
+
+def follow(resubmitted: list[tuple[int, int]], finished: list[int]) -> list[str]:
+    """After sync decided (``resubmitted``: (old, new) job ids; ``finished``: the jobs that ended): eval
+    jobs waiting on a resubmitted attempt wait on its successor instead, and those of a chain that ended
+    early are cancelled. Returns one line per action (sync's report)."""
+    from idmctl.record.db import session  # the ORM: sync's path, never the CLI's fast one
+    from idmctl.record.models import Chain, Job  # the ORM, with session above
+
+    if not resubmitted and not finished:
+        return []
+    done: list[str] = []
+    moves: list[tuple[Job, Job]] = []
+    cancels: list[Job] = []
+    with session() as db:
+        for old_id, new_id in resubmitted:
+            old, new = db.get(Job, old_id), db.get(Job, new_id)
+            if old is None or new is None or old.chain_id is None or eval_link(old.options_json):
+                continue
+            for dependent in eval_jobs_of(db, old.chain_id):
+                link = eval_link(dependent.options_json) or {}
+                if link.get("after") == old.scheduler_id and not link.get("moved_to"):
+                    db.expunge(dependent)
+                    moves.append((dependent, new))
+        for job_id in finished:
+            ended = db.get(Job, job_id)
+            chain = db.get(Chain, ended.chain_id) if ended is not None and ended.chain_id else None
+            if chain is None or chain.status not in EARLY_END or eval_link(ended.options_json):
+                continue
+            for dependent in eval_jobs_of(db, chain.id or 0):
+                if dependent.scheduler_id and not is_terminal(dependent.state) and dependent.started_at is None:
+                    db.expunge(dependent)
+                    cancels.append(dependent)
+        for new in {new.id: new for _, new in moves}.values():
+            db.expunge(new)
+    for dependent, new in moves:
+        done.append(_move(dependent, new))
+    for dependent in cancels:
+        try:
+            executor_for(dependent.executor).cancel(dependent.scheduler_id or "")
+            done.append(f"eval job {dependent.id}: cancelled, its training chain ended early")
+        except CheckFailed as exc:  # already gone (Slurm's kill-on-invalid-dep got there first)
+            done.append(f"eval job {dependent.id}: {exc}")
+    return done
+
+
+def _move(dependent: Any, new: Any) -> str:
+    """Wait on ``new`` instead: ``scontrol update`` while it is pending, else a fresh eval job."""
+    from idmctl.ops.executors.slurm import _run  # scontrol, as the executor runs it (its timeout and env)
+
+    link = eval_link(dependent.options_json) or {}
+    if not is_terminal(dependent.state) and dependent.started_at is None:
+        result = _run(["scontrol", "update", f"JobId={dependent.scheduler_id}", f"Dependency=afterok:{new.scheduler_id}"])
+        if result.returncode == 0:
+            store_eval_link(dependent.id, {**link, "after": new.scheduler_id})
+            return f"eval job {dependent.id}: now waits on job {new.id} ({new.scheduler_id})"
+    if dependent.started_at is not None:
+        return f"eval job {dependent.id}: ran already, not moved"
+    # Killed by Slurm when its attempt did not end OK (or it can no longer be updated): submit it again.
+    from idmctl.ops.submit import _resolved_from_run  # the spec exactly as the chain started with it
+
+    stored = json.loads(dependent.options_json or "{}")
+    run_dir = Path(dependent.script_path).parent
+    resolved = _resolved_from_run(json.loads((run_dir / contract.SPEC_FILE).read_text()), str(run_dir / contract.SPEC_FILE))
+    options = JobOptions(**{k: v for k, v in stored.items() if k in JobOptions.__dataclass_fields__})
+    options = replace(options, dependency=f"afterok:{new.scheduler_id}")
+    fresh = _submit_one(resolved, "slurm" if dependent.executor == "slurm" else "local", options,
+                        JobCode.from_record(stored), stored.get("admitted"),
+                        {**link, "after": new.scheduler_id, "replaces": dependent.id}, run_dir,
+                        dependent.preflight_id, dependent.forced_reason, dependent.spec_hash)
+    store_eval_link(dependent.id, {**link, "moved_to": fresh.id})
+    if not is_terminal(dependent.state):
+        try:
+            executor_for(dependent.executor).cancel(dependent.scheduler_id or "")
+        except CheckFailed:
+            pass  # gone already: Slurm's kill-on-invalid-dep
+    return f"eval job {dependent.id}: re-submitted as eval job {fresh.id} ({fresh.scheduler_id}) waiting on job {new.id}"
