@@ -94,10 +94,18 @@ class StorageFacts(_Strict):
     nvme_read: str
     """Node-local NVMe read bandwidth, e.g. 8GB/s."""
 
-    @field_validator("nas_read", "nvme_read")
+    page_cache_read: str | None = None
+    """Rate a job's readers copy pages already in the page cache (a hit), measured with
+    ``python -m bench.page_cache`` on a node. None: the io check charges every byte to the storage."""
+    direct_read: str | None = None
+    """O_DIRECT read rate of the staged tier on the reader's byte ranges (``bench.page_cache``): what reading
+    around the page cache would get. None: not measured, and the io check says so."""
+
+    @field_validator("nas_read", "nvme_read", "page_cache_read", "direct_read")
     @classmethod
-    def _bandwidth(cls, value: str) -> str:
-        parse_bandwidth(value)
+    def _bandwidth(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_bandwidth(value)
         return value
 
     @property
@@ -107,6 +115,14 @@ class StorageFacts(_Strict):
     @property
     def nvme_read_bps(self) -> float:
         return parse_bandwidth(self.nvme_read)
+
+    @property
+    def page_cache_read_bps(self) -> float | None:
+        return parse_bandwidth(self.page_cache_read) if self.page_cache_read else None
+
+    @property
+    def direct_read_bps(self) -> float | None:
+        return parse_bandwidth(self.direct_read) if self.direct_read else None
 
 
 class HangWatch(_Strict):

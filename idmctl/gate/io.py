@@ -2,8 +2,10 @@
 per step → wall clock for ``train.steps``, against the job's time limit and the QoS's max wall.
 
 Card A: N=12 dense reads ~808 GB/step at NVMe 8 GB/s ≈ 100 s/step ≈ 70 days for 60K steps;
-N=4 sparse ≈ 270 GB/step ≈ 34 s/step of data alone (the card estimated 25–30 s; without a
-GPU smoke the step time is shown as a data-bound lower bound, ``ground.provenance``).
+N=4 sparse ≈ 270 GB/step ≈ 34 s/step of data alone with a cold cache (the card estimated 25–30 s;
+without a GPU smoke the step time is shown as a data-bound lower bound, ``ground.provenance``).
+The job's page cache (``plan.page_cache``: --mem 1600GB against a 2.38 TB routed working set) serves
+63 % of it from memory in steady state: 21.1 s/step.
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ def check(ctx: PreflightContext) -> CheckResult:
                "data_s_per_step": estimate.data_s, "compute_s_per_step": estimate.compute_s, "step_s": estimate.step_s,
                "train_s": estimate.train_s, "stage_s": estimate.stage_s, "wall_s": estimate.wall_s, "limit_s": limit,
                "derived_time_limit_s": limits.time_limit.derived,
-               "step_provenance": limits.step_provenance.as_dict()}
+               "step_provenance": limits.step_provenance.as_dict(),
+               "page_cache": estimate.cache.as_dict() if estimate.cache is not None else None}
     at_least = "" if limits.step_provenance.measured else "≥ "
     verdict = f"{at_least}{fmt_span(estimate.wall_s)} vs {limit_name} ({format_duration(limit)})"
     summary = f"{estimate.arithmetic()}; {verdict}"

@@ -18,6 +18,7 @@ from ground.paths import expand_path
 from ground.provenance import Basis, DeviceKind, Provenance, compute_unmeasured
 from ground.stage import reuses, spec_identity
 from idmctl.core.checks import PreflightContext
+from idmctl.plan.page_cache import FAR_LARGER, ASSUMPTIONS, CacheFigures, figures
 from ground.units import format_bytes, format_duration
 
 
@@ -152,6 +153,9 @@ class StepEstimate:
     """True when each node reads its share (staged to NVMe), False when all nodes share the NAS."""
     provenance: Provenance = Provenance(Basis.LOWER_BOUND, "no smoke")
     """Whether ``step_s`` holds measured compute or is the data time alone (a lower bound)."""
+    cache: CacheFigures | None = None
+    """The page cache's steady state (``plan.page_cache``): ``data_s`` is its steady figure and ``train_s``
+    holds its cold first pass. None: the profile states no page-cache rate, every byte from the storage."""
 
     @property
     def wall_s(self) -> float:
@@ -167,13 +171,20 @@ class StepEstimate:
         elif self.nodes > 1:
             batch += f" (all {self.nodes} nodes share the NAS)"
         text = (f"{self.sample_formula}; × {batch} = {format_bytes(self.step_bytes)}/step"
-                f"{'/node' if self.per_node and self.nodes > 1 else ''} "
-                f"÷ {self.tier} {fmt_bandwidth(self.bandwidth)} = {fmt_seconds(self.data_s)}/step data")
+                f"{'/node' if self.per_node and self.nodes > 1 else ''} ")
+        if self.cache is None:
+            text += f"÷ {self.tier} {fmt_bandwidth(self.bandwidth)} = {fmt_seconds(self.data_s)}/step data"
+        else:
+            text += f"= {fmt_seconds(self.data_s)}/step data in steady state ({cache_arithmetic(self.cache)})"
         if self.compute_s is not None:
             text += f" + {fmt_seconds(self.compute_s)} compute ({self.compute_note}) = {fmt_seconds(self.step_s)}/step"
         else:
             text += f" ({self.provenance.label})"
-        text += f"; × {self.steps:,} steps = {fmt_span(self.train_s)}"
+        if self.cache is not None and self.cache.warmup_s:
+            text += (f"; × {self.steps:,} steps + cold first pass {fmt_span(self.cache.warmup_s)} = "
+                     f"{fmt_span(self.train_s)}")
+        else:
+            text += f"; × {self.steps:,} steps = {fmt_span(self.train_s)}"
         if self.stage_s:
             text += f" + stage-in {fmt_span(self.stage_s)} = {fmt_span(self.wall_s)}"
         return text
@@ -188,16 +199,52 @@ def step_estimate(ctx: PreflightContext) -> StepEstimate:
         # Each node reads its ranks' share (effective batch ÷ nodes; the schema makes it divide) from its own NVMe.
         tier, bandwidth, per_node = "NVMe (staged)", profile.storage.nvme_read_bps, True
         step_bytes = io.bytes * (read // nodes)
+        cache = figures(ctx, step_bytes, tier, bandwidth, direct_bps=profile.storage.direct_read_bps)
     else:
         tier, bandwidth, per_node = "NAS", profile.storage.nas_read_bps, False
         step_bytes = io.bytes * read
-    data_s = step_bytes / bandwidth
+        # Each node's cache serves its own share; its misses share the NAS with the other nodes' misses.
+        cache = figures(ctx, step_bytes // nodes, tier, bandwidth, miss_bps=bandwidth / nodes)
+    data_s = step_bytes / bandwidth if cache is None else cache.data_s
     compute_s, note, provenance = _compute_seconds(ctx)
     step_s = data_s + (compute_s or 0.0)
-    train_s = step_s * spec.train.steps
+    train_s = step_s * spec.train.steps + (cache.warmup_s if cache is not None else 0.0)
     return StepEstimate(io.bytes, io.formula, spec.train.effective_batch, spec.loader.repeats, step_bytes, tier,
                         bandwidth, data_s, compute_s, note, step_s, spec.train.steps, train_s, staging(ctx).seconds,
-                        nodes, per_node, provenance)
+                        nodes, per_node, provenance, cache)
+
+
+def cache_arithmetic(cache: CacheFigures) -> str:
+    """The page-cache model's arithmetic, every number behind the hit rate and the data time."""
+    miss_rate = cache.miss_bps if cache.miss_bps is not None else cache.storage_bps
+    shared = f" (its share of {fmt_bandwidth(cache.storage_bps)})" if cache.miss_bps is not None and cache.miss_bps != cache.storage_bps else ""
+    text = (f"page cache per node, assuming {ASSUMPTIONS}: working set {cache.working_set_formula}; cache = "
+            f"resources.mem {format_bytes(cache.mem_limit)} − resident {format_bytes(cache.resident.bytes)} "
+            f"({cache.resident.formula}) = "
+            f"{format_bytes(cache.cache)}; hit = min(1, {format_bytes(cache.cache)} ÷ {format_bytes(cache.working_set)}) "
+            f"= {cache.hit:.0%}; {format_bytes(cache.step_bytes)} × {1 - cache.hit:.0%} misses ÷ {cache.storage_name} "
+            f"{fmt_bandwidth(miss_rate)}{shared} + × {cache.hit:.0%} hits ÷ page cache {fmt_bandwidth(cache.memory_bps)} "
+            f"= {fmt_seconds(cache.data_s)}/step (cold cache: {fmt_seconds(cache.cold_data_s)}/step); cold first pass: "
+            f"{format_bytes(cache.warmup_bytes)} once from {cache.storage_name} instead of memory = "
+            f"+{fmt_span(cache.warmup_s)}")
+    verdict = uncached_verdict(cache)
+    return f"{text}; {verdict}" if verdict else text
+
+
+def uncached_verdict(cache: CacheFigures) -> str | None:
+    """Where the working set dwarfs the cache: would reading around it (O_DIRECT) serve better? From the
+    profile's measured O_DIRECT rate, or a line saying it is not measured."""
+    if cache.working_set <= FAR_LARGER * cache.cache:
+        return None
+    ratio = f"working set {cache.working_set / max(cache.cache, 1):.1f}× the cache"
+    direct = cache.direct_data_s
+    if direct is None:
+        return (f"{ratio}: whether reading around the page cache (O_DIRECT) would serve better is not measured "
+                "here (storage.direct_read; `python -m bench.page_cache` on a node measures it)")
+    better = ("reading around the page cache (O_DIRECT) would serve better" if direct < cache.data_s
+              else "keep the page cache: O_DIRECT would be slower")
+    return (f"{ratio}: O_DIRECT {format_bytes(cache.step_bytes)} ÷ {fmt_bandwidth(cache.direct_bps or 0.0)} "
+            f"(measured) = {fmt_seconds(direct)}/step vs {fmt_seconds(cache.data_s)} cached: {better}")
 
 
 def _compute_seconds(ctx: PreflightContext) -> tuple[float | None, str, Provenance]:

@@ -11,13 +11,13 @@
 #SBATCH --output=/home/operator/idmctl/runs/latent_c_n4_routed/1/slurm-%j.out
 #SBATCH --open-mode=append
 #SBATCH --requeue
-#SBATCH --signal=B:USR1@102
-# idmctl: step time 34.0 s/step (data-bound lower bound; compute unmeasured (no GPU smoke); estimate: data 34.0 s/step); checkpoint write unknown (no smoke or earlier run measured one)
-# idmctl: time limit = 30-00:00:00 (from resources.time_limit 30-00:00:00); derived would be: (stage-in 44.1 min + 60,000 steps × 34.0 s/step) × 1.25 margin = 29.5 d, capped at QoS sub max wall 3.0 d → 3-00:00:00 (a lower bound: the step time holds no compute)
-# idmctl: checkpoint interval = 500 steps (from train.checkpoint_every 500); derived would be: preemptible sub: expected loss interval/2 ≤ 10% of the 60.0 min cycle → interval ≤ 12.0 min; 12.0 min ÷ 34.0 s/step = 21 steps
-# idmctl: signal lead = 102 s (derived): (34.0 s step + unmeasured write) × 3 = 101.9 s → 102 s
+#SBATCH --signal=B:USR1@64
+# idmctl: step time 21.1 s/step (data-bound lower bound; compute unmeasured (no GPU smoke); estimate: data 21.1 s/step); checkpoint write unknown (no smoke or earlier run measured one)
+# idmctl: time limit = 30-00:00:00 (from resources.time_limit 30-00:00:00); derived would be: (stage-in 44.1 min + 60,000 steps × 21.1 s/step + cold page cache 112.7 s) × 1.25 margin = 18.4 d, capped at QoS sub max wall 3.0 d → 3-00:00:00 (a lower bound: the step time holds no compute)
+# idmctl: checkpoint interval = 500 steps (from train.checkpoint_every 500); derived would be: preemptible sub: expected loss interval/2 ≤ 10% of the 60.0 min cycle → interval ≤ 12.0 min; 12.0 min ÷ 21.1 s/step = 34 steps
+# idmctl: signal lead = 64 s (derived): (21.1 s step + unmeasured write) × 3 = 63.4 s → 64 s
 # idmctl: resources.time_limit 30-00:00:00 asks for 30.0 d, 10.0× the derived 3.0 d: a longer queue wait and a hung job found late
-# idmctl: train.checkpoint_every 500 = 4.7 h of work, > 2× the 12.0 min the derivation allows: a failure loses 2.4 h on average
+# idmctl: train.checkpoint_every 500 = 2.9 h of work, > 2× the 12.0 min the derivation allows: a failure loses 88.0 min on average
 set -uo pipefail
 export IDMCTL_HOME=/home/operator/idmctl
 export IDMCTL_CHAIN_ID=1
