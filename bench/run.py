@@ -31,6 +31,7 @@ MODULES = [
     ("DataLoader steady state against fio", "bench.loader_steady"),
     ("Three-way latent cache", "bench.latent_parallel"),
     ("Latent-cache reads against fio", "bench.latent_reads"),
+    ("Page cache: hits, cold reads and O_DIRECT on the reader's ranges", "bench.page_cache"),
     ("Cache build jobs on Slurm", "bench.build_jobs"),
     ("Trainer overhead", "bench.trainer_overhead"),
     ("Sync of many jobs", "bench.sync_jobs"),
