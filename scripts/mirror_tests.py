@@ -71,6 +71,13 @@ PLACED = {
     "test_compare_training.py": ("idmctl/track", "compares real trainings with idmctl.track.compare "
                                                  "(derived: ground, from its contract names)"),
     "test_team_repo_gate.py": ("idmctl/gate", "the gate on the team's repository (derived: ground, one import)"),
+    "test_crash_loop.py": ("idmctl/ops", "the crash-loop rule of ops/failures (derived: record, from its store fixtures)"),
+    "test_jobs_listing.py": ("idmctl/ops", "ops/listing's job table (derived: record, from its store fixtures)"),
+    "test_ledger.py": ("idmctl/ops", "ops/ledger (derived: record, from its store fixtures)"),
+    "test_submit_overrides.py": ("idmctl/ops", "submit's flags over the spec (derived: record, from its store reads)"),
+    "test_decide.py": ("idmctl/track", "idmctl.track.decide (derived: cli, the command it drives)"),
+    "test_eval_jobs.py": ("idmctl/ops", "ops/eval_jobs (derived: cli, the command it drives)"),
+    "test_notify_decide.py": ("idmctl/ops", "ops/notify on decide's verdicts (derived: cli, the command it drives)"),
 }
 FILE_PATH = re.compile(r"Path\(__file__\)(?P<resolve>\.resolve\(\))?(?P<parents>(?:\.parent\b)+)")
 TEXT_SUFFIXES = {".py", ".md", ".sh", ".yaml", ".yml", ".toml", ".txt", ".tmpl", ".cfg", ".ini", ""}
