@@ -13,7 +13,7 @@ GPU, ``run()`` reports the JSON recorded at ``bench/gpu_result.json`` if one was
 
 ``python -m bench.gpu --device cpu`` runs every line of the same code on the CPU at a reduced size
 (:func:`reduced_spec`: the same routing, depth and frame window; small widths and token grid), bf16
-autocast included, so CI exercises all of it but the device itself (tests/test_gpu_bench.py). The GPU
+autocast included, so CI exercises all of it but the device itself (tests/bench/test_gpu_bench.py). The GPU
 code once recursed forever on its first CUDA call (``synchronize()`` called itself); a CPU run could
 not see that, which is why the device calls are few, named, and each one a single torch call.
 """

@@ -10,7 +10,7 @@
 # Writes DIR/gpu_result.json, DIR/gpu_proof.json and DIR/BENCHMARKS.md (those two sections, by
 # bench/run.py). Commit the two JSON files under bench/ and `python -m bench.run` reports them in
 # BENCHMARKS.md on machines without a GPU. `--device cpu` runs every line at reduced sizes (CI:
-# tests/test_gpu_bench.py); its figures say "not measured on a GPU".
+# tests/bench/test_gpu_bench.py); its figures say "not measured on a GPU".
 #
 # The device image has torch, numpy, pyyaml and lightning but not pydantic. Before the run, on the
 # developer machine, put its wheels in .whl/ (ignored: echo /.whl/ >> .git/info/exclude) and carry it:

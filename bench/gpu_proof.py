@@ -18,7 +18,7 @@
    sampled every 0.2 s while the smoke runs; its mean.
 
 ``--device cpu`` runs every line at a reduced size (``bench.gpu.reduced_spec`` widths, a 3 × 4 token
-grid, a 2-block transformer, the tiny VAE), so CI keeps it alive (tests/test_gpu_bench.py); its JSON
+grid, a 2-block transformer, the tiny VAE), so CI keeps it alive (tests/bench/test_gpu_bench.py); its JSON
 says ``"measured_on_gpu": false`` and the figures say "not measured on a GPU".
 """
 

@@ -13,7 +13,7 @@
 #   lacks venv/ensurepip.
 # test: munge, slurmctld, slurmd, slurm-client, slurmdbd, mariadb-server, chromium, postgresql (the shared
 #   store tests: scripts/postgres/up.sh), fio (the benchmarks' disk reference: bench/fio.py reads the same
-#   byte ranges as each cache reader; tests/test_bench_fio.py and `python -m bench.run`).
+#   byte ranges as each cache reader; tests/bench/test_bench_fio.py and `python -m bench.run`).
 set -euo pipefail
 QUICKSTART=(libegl1 libegl-mesa0 libgl1-mesa-dri libopengl0)
 TEST=("${QUICKSTART[@]}" munge slurmctld slurmd slurm-client slurmdbd mariadb-server chromium postgresql fio)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,8 +26,16 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from ground.contract import ENV_CLUSTER, ENV_EXPERIMENTS, ENV_HOME
+from ground.contract import ENV_CLUSTER, ENV_EXPERIMENTS, ENV_HOME, ENV_NOTIFY
 from slurm_support import SLURM_GROUP, cluster_reading
+
+# Tests share helpers by module name across the mirrored folders (tests/idmctl/ops/test_eval_jobs.py:
+# `from test_train import run_trainer`, which lives in tests/trainers/): every test folder is on sys.path
+# before collection starts, so the order in which pytest reaches the folders does not matter. Appended,
+# so nothing here can shadow a package.
+for _folder in sorted({str(found.parent) for found in Path(__file__).parent.rglob("test_*.py")}):
+    if _folder not in sys.path:
+        sys.path.append(_folder)
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -120,7 +129,7 @@ def _no_shared_store(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.delenv(ENV_DB_URL, raising=False)
     # Nor a developer's own notification URLs (IDMCTL_NOTIFY) any test message.
-    monkeypatch.delenv("IDMCTL_NOTIFY", raising=False)
+    monkeypatch.delenv(ENV_NOTIFY, raising=False)
 
 
 @pytest.fixture(autouse=True)

@@ -1,6 +1,6 @@
 """Inside a Slurm job with a small ``--mem``: the page cache the job can hold, measured against the model.
 
-Run by tests/test_page_cache_slurm.py as ``python -m tests.page_cache_entry POOL OUT``. POOL holds fresh cache
+Run by tests/idmctl/plan/test_page_cache_slurm.py as ``python -m tests.page_cache_entry POOL OUT``. POOL holds fresh cache
 files (the real safetensors format, two layers both routed) that nobody has read since their pages were
 dropped. The job reads its memory cgroup's limit and what it holds besides the page cache (after importing
 torch and the reader: the "resident" a smoke measures), so the cache it can hold is limit − resident. Then for

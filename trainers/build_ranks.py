@@ -5,7 +5,7 @@ collectives a build needs (a barrier; rank 0's value to every rank), and the com
 - Device: ``cuda:LOCAL_RANK`` when CUDA works (an srun task sees every GPU the node's ``--gres``
   gave the job, so the local rank picks its own), else the CPU.
 - Precision: bf16 autocast on CUDA; fp32 on the CPU, so a CPU build is bitwise reproducible for any
-  number of ranks (tests/test_build_ranks.py). Every file records which (``precision``).
+  number of ranks (tests/trainers/test_build_ranks.py). Every file records which (``precision``).
 - Threads: the allocation's CPUs for this rank (``ground.ranks.cpu_threads``), never a fixed 1.
 - Collectives over gloo (tiny: a barrier and one small object), whether the ranks run on GPUs or not:
   the rendezvous is ``MASTER_ADDR``/``MASTER_PORT``, set by :func:`builder_command`'s launcher.

@@ -10,7 +10,7 @@ adapter provably returns its input unchanged — an ``str`` for a ``str`` parame
 ``str(value)``), an ``int`` within ``min``/``max`` for an unclamped ``int`` one — and hands every
 other value (a string for an ``int``, a list, an out-of-range number, any ``parser=``) to the runtime
 parameter typer itself builds, so its coercion and its error messages are untouched.
-tests/test_cli_coercion.py compares both on every parameter of every command.
+tests/idmctl/cli/test_cli_coercion.py compares both on every parameter of every command.
 """
 
 from __future__ import annotations

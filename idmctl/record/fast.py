@@ -4,7 +4,7 @@ a submit's process time (the target: submit within submitit's time + 0.15 s).
 Only a store already at :data:`HEAD_REVISION` is used this way; otherwise :func:`connect` returns None
 and the caller takes the ORM path, which migrates. Values are written as the ORM writes them: UTC
 datetimes without the offset (``2026-11-30 10:32:44.123456``), booleans as 0/1, so both paths read
-each other's rows (tests/test_submit_fast_store.py compares them).
+each other's rows (tests/idmctl/record/test_submit_fast_store.py compares them).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
 """The schema revision this code writes, importable without SQLAlchemy (the fast paths check it)."""
 
 HEAD_REVISION = "0002"
-"""Keep equal to the newest file in ``migrations/versions`` (tests/test_store.py checks it)."""
+"""Keep equal to the newest file in ``migrations/versions`` (tests/idmctl/record/test_store.py checks it)."""

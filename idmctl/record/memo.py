@@ -7,7 +7,7 @@ verdicts depend only on:
 - introspection: the code version and the spec sections that reach a constructor. The factories
   (``cache.registry.dataset_kwargs``, ``trainers.registry.model_kwargs``) never read ``resources``,
   which is all a submit flag can change, so ``resources`` is left out of the key and a ``--qos`` or
-  ``--gres`` at submit reuses the preflight's introspection (tests/test_preflight_memo.py checks it);
+  ``--gres`` at submit reuses the preflight's introspection (tests/idmctl/gate/test_preflight_memo.py checks it);
 - cache inspection: the code version, the spec's ``data`` section and the files themselves (every
   cache file's name, size and mtime, and the episodes file's).
 

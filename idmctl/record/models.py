@@ -1,5 +1,5 @@
 """Tables. Every change here needs an Alembic migration in ``migrations/versions``: users' job
-history must survive upgrades (``tests/test_store.py`` checks the models and migrations agree)."""
+history must survive upgrades (``tests/idmctl/record/test_store.py`` checks the models and migrations agree)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The statistics of a goal decision: an estimate, its 95 % interval, P(goal holds) and a verdict.
 
 Numpy only, pure (no I/O), so the coverage test can drive it through thousands of simulated
-decisions with a known truth (``tests/test_decision_stats.py``).
+decisions with a known truth (``tests/idmctl/track/test_decision_stats.py``).
 
 The method is the **studentized bootstrap** (bootstrap-t) over episodes: resample the episodes,
 studentize each resampled mean by its own standard error, and read the interval from the quantiles of

@@ -11,13 +11,13 @@
 #SBATCH --output=/home/operator/idmctl/runs/latent_c_n4/7/eval-step-60000-%j.out
 #SBATCH --open-mode=append
 #SBATCH --requeue
-#SBATCH --signal=B:USR1@102
+#SBATCH --signal=B:USR1@64
 #SBATCH --dependency=afterok:4242
 #SBATCH --kill-on-invalid-dep=yes
-# idmctl: step time 34.0 s/step (data-bound lower bound; compute unmeasured (no GPU smoke); estimate: data 34.0 s/step); checkpoint write unknown (no smoke or earlier run measured one)
-# idmctl: time limit = 30-00:00:00 (from resources.time_limit 30-00:00:00); derived would be: (stage-in 2.2 h + 60,000 steps × 34.0 s/step) × 1.25 margin = 29.6 d → 29-14:33:00 (a lower bound: the step time holds no compute)
-# idmctl: checkpoint interval = 500 steps (from train.checkpoint_every 500); derived would be: non-preemptible core-own: lose at most 4.0 h to a failure → interval ≤ 4.0 h; 4.0 h ÷ 34.0 s/step = 423 steps
-# idmctl: signal lead = 102 s (derived): (34.0 s step + unmeasured write) × 3 = 101.9 s → 102 s
+# idmctl: step time 21.1 s/step (data-bound lower bound; compute unmeasured (no GPU smoke); estimate: data 21.1 s/step); checkpoint write unknown (no smoke or earlier run measured one)
+# idmctl: time limit = 30-00:00:00 (from resources.time_limit 30-00:00:00); derived would be: (stage-in 2.2 h + 60,000 steps × 21.1 s/step + cold page cache 112.7 s) × 1.25 margin = 18.5 d → 18-11:00:00 (a lower bound: the step time holds no compute)
+# idmctl: checkpoint interval = 500 steps (from train.checkpoint_every 500); derived would be: non-preemptible core-own: lose at most 4.0 h to a failure → interval ≤ 4.0 h; 4.0 h ÷ 21.1 s/step = 681 steps
+# idmctl: signal lead = 64 s (derived): (21.1 s step + unmeasured write) × 3 = 63.4 s → 64 s
 set -uo pipefail
 export IDMCTL_HOME=/home/operator/idmctl
 export IDMCTL_CHAIN_ID=8

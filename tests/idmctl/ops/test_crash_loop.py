@@ -1,0 +1,122 @@
+"""Crash loops: two consecutive attempts of a chain that fail without committing a newer checkpoint are
+``crash_loop`` and stop the chain. Real store rows, real run directories and logs as the job script and the
+watchdog write them (tests/idmctl/ops/test_slurm_controller.py runs the same on the local Slurm)."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+from sqlmodel import select
+
+from ground.run_events import CHECKPOINT, CHECKPOINT_CORRUPT, append_event, event_line
+from idmctl.ops.failures.postmortem import record_failures, recorded_causes
+from idmctl.ops.failures.progress import committed_step, note_attempt_end
+from idmctl.ops.retry import decide_for_job
+from idmctl.record import session
+from idmctl.record.job_facts import COMMITTED_STEP, fact
+from idmctl.record.models import Chain, Failure, Job
+
+T0 = datetime(2026, 11, 30, 3, 0, 0, tzinfo=timezone.utc)
+
+CRASH_LOOP_TABLE = """\
+┏━━━━━━┳━━━━━━━━━━━━┳━━━━━━━━━┳━━━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━━━━━━━━━┓
+┃ job  ┃ experiment ┃ setting ┃ cause      ┃ evidence                                                            ┃ fix                                                                 ┃ caught now by ┃
+┡━━━━━━╇━━━━━━━━━━━━╇━━━━━━━━━╇━━━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━━━━━━━━━┩
+│ 7004 │ quickstart │ share   │ crash_loop │ crash loop: attempt 1 (job 7003) hang at step none, then attempt 2  │ open — suggested: read both attempts' logs (`idmctl failures        │ none          │
+│      │            │         │            │ (job 7004) hang at step none; newest committed checkpoint still     │ --cause crash_loop`, then `idmctl jobs show`); fix what fails       │               │
+│      │            │         │            │ step none                                                           │ before the first checkpoint (or checkpoint sooner), then `idmctl    │               │
+│      │            │         │            │                                                                     │ submit EXP --resume CHAIN`                                          │               │
+└──────┴────────────┴─────────┴────────────┴─────────────────────────────────────────────────────────────────────┴─────────────────────────────────────────────────────────────────────┴───────────────┘
+"""
+
+
+def _hang_log(job_id: str, node: str, steps: list[int]) -> str:
+    """What the job script and the watchdog print when a trainer deadlocks after ``steps``."""
+    lines = [f"idmctl: job {job_id} chain 1 attempt 1 restart 0 on {node} at 2026-11-30T03:00:01+00:00"]
+    lines += [f"IDMCTL_STEP step={s} loss=0.5000 seconds=0.200" for s in steps]
+    lines += ["IDMCTL_FAILURE cause=hang step=3 silent_s=12.0 threshold_s=10.0",
+              "idmctl: trainer exited 86 at 2026-11-30T03:01:00+00:00"]
+    return "\n".join(lines) + "\n"
+
+
+def _attempt(db, chain: Chain, attempt: int, run_dir: Path, job_id: str, node: str, steps: list[int],
+             before: str = "") -> Job:
+    log = before + _hang_log(job_id, node, steps)
+    log_path = run_dir / f"slurm-{job_id}.out"
+    log_path.write_text(log)
+    start = T0 + timedelta(minutes=5 * attempt)
+    job = Job(scheduler_id=job_id, chain_id=chain.id, attempt=attempt, experiment="quickstart", state="FAILED",
+              exit_code="86:0", node_list=node, qos="share", submitted_at=start, started_at=start,
+              ended_at=start + timedelta(minutes=1), script_path=str(run_dir / f"attempt-{attempt}.sbatch"),
+              log_path=str(log_path), options_json=json.dumps({"retries": 3}))
+    note_attempt_end(job, log)  # what sync does when the attempt ends, before classifying it
+    db.add(job)
+    db.flush()
+    record_failures(db, [job])
+    return job
+
+
+def test_committed_step_reads_published_checkpoints_and_checkpoint_events(tmp_path: Path) -> None:
+    assert committed_step(tmp_path) == (None, "no checkpoint in checkpoints/ or events.jsonl")
+    append_event(tmp_path, CHECKPOINT, step=4)
+    assert committed_step(tmp_path) == (4, "events.jsonl")
+    (tmp_path / "checkpoints" / "step-00000009.ckpt").mkdir(parents=True)
+    (tmp_path / "checkpoints" / "step-00000011.ckpt.tmp").mkdir()  # a save cut short: never committed
+    assert committed_step(tmp_path) == (9, "checkpoints/")
+
+
+def test_two_attempts_without_a_newer_checkpoint_stop_the_chain_as_crash_loop(cli, tmp_path: Path) -> None:
+    progressed, stuck = tmp_path / "runs" / "quickstart" / "1", tmp_path / "runs" / "quickstart" / "2"
+    for run_dir in (progressed, stuck):
+        run_dir.mkdir(parents=True)
+    for step in (1, 2, 3):
+        append_event(progressed, CHECKPOINT, step=step)
+    with session() as db:
+        chains = [Chain(experiment="quickstart", spec_hash="h", retries_budget=3) for _ in range(2)]
+        db.add_all(chains)
+        db.flush()
+        # Attempt 1 committed steps 1-3, attempt 2 resumed from 3 and hung before another: one attempt
+        # without progress is no loop.
+        _attempt(db, chains[0], 1, progressed, "7001", "n1", [1, 2, 3])
+        resumed = _attempt(db, chains[0], 2, progressed, "7002", "n2", [])
+        assert fact(resumed.options_json, COMMITTED_STEP)["step"] == 3
+        assert recorded_causes(db, [resumed]) == {resumed.id: "hang"}
+        # Attempts 3 and 4 (another chain) both hang before their first checkpoint.
+        first = _attempt(db, chains[1], 1, stuck, "7003", "n1", [])
+        assert recorded_causes(db, [first]) == {first.id: "hang"}
+        second = _attempt(db, chains[1], 2, stuck, "7004", "n2", [])
+        (row,) = db.exec(select(Failure).where(Failure.job_id == second.id)).all()
+        decision = decide_for_job(db, second, chains[1])
+    assert row.cause == "crash_loop"
+    detail = json.loads(row.detail_json)
+    assert detail["loop_of"] == "hang"
+    assert [(a["attempt"], a["job"], a["cause"], a["last_step"], a["committed_step"]) for a in detail["attempts"]] == [
+        (1, "7003", "hang", None, None), (2, "7004", "hang", None, None)]
+    assert row.evidence.splitlines()[1] == ("crash loop: attempt 1 (job 7003) hang at step none, then attempt 2 "
+                                            "(job 7004) hang at step none; newest committed checkpoint still step none")
+    # Budget left (3 retries; hang's own max_per_chain is 2): the crash loop stops it after two attempts.
+    assert (decision.action, decision.cause) == ("stop", "crash_loop")
+    # `idmctl failures` shows it, as the table's evidence line.
+    result = cli("failures", "--cause", "crash_loop")
+    assert result.exit_code == 0, result.output
+    assert result.output == CRASH_LOOP_TABLE
+
+
+def test_a_resume_that_fell_back_shows_in_the_failure_evidence(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    corrupt = event_line(CHECKPOINT_CORRUPT, step=6, file="checkpoints/step-00000006.ckpt/state.ckpt",
+                         reason="sha256", moved_to="checkpoints/corrupt/step-00000006.ckpt")
+    fell_back = f"{corrupt}\nresumed from checkpoints/step-00000003.ckpt at step 3\n"
+    with session() as db:
+        chain = Chain(experiment="quickstart", spec_hash="h", retries_budget=3)
+        db.add(chain)
+        db.flush()
+        job = _attempt(db, chain, 1, run_dir, "7101", "n1", [4], before=fell_back)
+        (row,) = db.exec(select(Failure).where(Failure.job_id == job.id)).all()
+    assert row.cause == "hang"
+    assert ("resume: checkpoint_corrupt step=6 file=checkpoints/step-00000006.ckpt/state.ckpt reason=sha256 "
+            "moved_to=checkpoints/corrupt/step-00000006.ckpt") in row.evidence.splitlines()
+    assert json.loads(row.detail_json)["events"][0]["event"] == CHECKPOINT_CORRUPT

@@ -1,0 +1,78 @@
+"""The evaluation job's entry (``python -m trainers.eval_job``) on a real tiny training run: it loads
+one checkpoint, resumes nothing and logs into the chain's one MLflow run at that step; and ``--eval``
+choices that name no checkpoint, or one retention will have pruned, are bad input before anything is
+written. The job-level path (Slurm dependencies, a preempted chain) is tests/idmctl/ops/test_slurm_eval_jobs.py."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from ground.paths import REPO_ROOT
+from ground.contract import MLFLOW_RUN_ID_FILE
+from test_train import mlflow_runs, prepare_run, run_trainer, trainer_env
+
+torch.set_num_threads(1)
+
+
+def run_eval(run_dir: Path, step: int) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "trainers.eval_job", "--run-dir", str(run_dir), "--step", str(step)],
+                          capture_output=True, text=True, env=trainer_env(), cwd=REPO_ROOT, timeout=300)
+
+
+def test_eval_job_scores_a_checkpoint_into_the_chains_run_at_its_step(tiny_cache, tmp_path: Path) -> None:
+    from mlflow.tracking import MlflowClient
+
+    from ground.paths import mlflow_tracking_uri
+
+    run_dir = prepare_run(tiny_cache, tmp_path, "evaluated", train={"steps": 8, "checkpoint_every": 4, "keep_last": 2})
+    trained = run_trainer(run_dir)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    run_id = (run_dir / MLFLOW_RUN_ID_FILE).read_text().strip()
+    client = MlflowClient(tracking_uri=mlflow_tracking_uri())
+    status_before = client.get_run(run_id).info.status
+
+    done = run_eval(run_dir, 4)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert len(mlflow_runs()) == 1  # the chain's run, never a new one
+    run = client.get_run(run_id)
+    assert run.info.status == status_before  # the training attempts own the run's status
+    assert run.data.tags["idmctl.eval_job.step-4"].startswith("local pid ")
+    at_step = sorted((m.timestamp, m.value) for m in client.get_metric_history(run_id, "eef_mm_2ep") if m.step == 4)
+    # The trainer's own evaluation of that checkpoint, then the eval job's: same weights, episodes, seed.
+    assert len(at_step) == 2 and at_step[1][1] == pytest.approx(at_step[0][1], rel=1e-4), at_step
+    assert f"eval job: step 4: eef_mm_2ep {at_step[1][1]:.2f} mm" in done.stdout
+    document = json.loads(Path(client.download_artifacts(run_id, "episodes/eef_mm_2ep/step-000000004.json")).read_text())
+    assert document["step"] == 4 and len(document["episodes"]) == 2
+    assert not (run_dir / "checkpoints" / "step-00000005.ckpt").exists()
+
+    missing = run_eval(run_dir, 5)
+    assert missing.returncode == 2
+    assert "no checkpoint at step 5 (checkpoints present: 4, 8)" in missing.stderr
+    assert "Traceback" not in missing.stderr
+
+
+def test_eval_choices_that_name_no_kept_checkpoint_are_bad_input(cli, tiny_cache, tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    from sqlmodel import select
+
+    from idmctl.record.db import session
+    from idmctl.record.models import Job
+
+    spec = tiny_cache.spec_file(tmp_path / "specs", "tiny_eval_bad", train={"steps": 12, "checkpoint_every": 4})
+    result = cli("submit", str(spec), "--force", "--reason", "test", "--cluster", "local-slurm", "--eval", "5")
+    assert result.exit_code == 2, result.output
+    assert "--eval '5' is not a checkpoint this run writes (4, 8, 12; every 4 steps and the last)" in result.output
+    result = cli("submit", str(spec), "--force", "--reason", "test", "--cluster", "local-slurm", "--eval", "each")
+    assert result.exit_code == 2, result.output
+    assert ("train.keep_last 2 keeps only steps 8, 12 at the end of training; the eval of step 4 would find its "
+            "checkpoint pruned") in " ".join(result.output.split())
+    result = cli("submit", str(spec), "--force", "--reason", "test", "--cluster", "local", "--eval", "last")
+    assert result.exit_code == 2 and "--eval chains jobs with Slurm dependencies" in result.output, result.output
+    with session() as db:
+        assert db.exec(select(Job)).all() == []

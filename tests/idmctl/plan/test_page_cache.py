@@ -1,0 +1,76 @@
+"""The page-cache model's arithmetic on card A's plans (no Slurm: tests/idmctl/plan/test_page_cache_slurm.py checks it
+against a real cgroup-limited job)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ground.spec.loader import load_spec
+from idmctl.core.checks import Measurements, PreflightContext, SmokeMeasurement
+from idmctl.core.profile import ClusterProfile, load_profile
+from idmctl.plan.budget import cache_arithmetic, step_estimate
+from idmctl.plan.page_cache import ASSUMED_RESIDENT_PER_RANK
+
+
+def _ctx(name: str = "latent_c_n4", profile: ClusterProfile | None = None, **updates: dict) -> PreflightContext:
+    resolved = load_spec(name)
+    spec = resolved.spec
+    for section, values in updates.items():
+        spec = spec.model_copy(update={section: getattr(spec, section).model_copy(update=values)})
+    return PreflightContext(type(resolved)(resolved.name, resolved.path, spec), profile or load_profile("card")[0],
+                            Measurements())
+
+
+def test_card_n4_hit_rate_is_the_cache_over_the_routed_working_set() -> None:
+    cache = step_estimate(_ctx()).cache
+    assert cache is not None
+    assert cache.working_set == 1871 * 4 * 318_504_960
+    loader_bytes = 8 * 1 * 8 * 265_420_800 * 2  # 8 ranks × 1 batch × 8 samples × float32 copies of bf16
+    assert cache.resident.bytes == 8 * ASSUMED_RESIDENT_PER_RANK + loader_bytes
+    assert cache.cache == 1_600_000_000_000 - cache.resident.bytes
+    assert cache.hit == pytest.approx(cache.cache / cache.working_set)
+    assert cache.data_s == pytest.approx(cache.step_bytes * (1 - cache.hit) / 8e9 + cache.step_bytes * cache.hit / 20e9)
+    assert cache.cold_data_s == pytest.approx(271_790_899_200 / 8e9)
+    text = cache_arithmetic(cache)
+    assert "hit = min(1, 1.5 TB ÷ 2.4 TB) = 63%" in text and "(assumed, no CPU smoke measured host memory)" in text
+    assert "uniform random windows over the working set, no other job's pages on the node" in text
+
+
+def test_more_memory_raises_the_hit_rate_and_repeats_do_not() -> None:
+    base = step_estimate(_ctx()).cache
+    less = step_estimate(_ctx(resources={"mem": "1000GB"})).cache
+    repeated = step_estimate(_ctx(loader={"repeats": 4})).cache
+    assert base and less and repeated
+    assert less.hit < base.hit and less.data_s > base.data_s
+    assert repeated.step_bytes == base.step_bytes // 4
+    # The working set does not move with K; the cache grows by the loader's 3/4 smaller batches (25.5 GB),
+    # so the hit rate moves by that alone.
+    assert repeated.working_set == base.working_set
+    assert repeated.cache - base.cache == 8 * 6 * 265_420_800 * 2
+    assert repeated.hit == pytest.approx(repeated.cache / repeated.working_set)
+
+
+def test_a_cpu_smokes_peak_is_the_measured_resident_memory() -> None:
+    ctx = _ctx()
+    smoke = SmokeMeasurement(ok=True, device="cpu", batch_size=2, peak_mem_bytes=3_000_000_000)
+    measured = step_estimate(PreflightContext(ctx.resolved, ctx.profile, Measurements(smoke=smoke))).cache
+    assert measured and measured.resident.measured and "smoke peak on cpu at batch 2" in measured.resident.formula
+    assert measured.resident.bytes == 8 * 3_000_000_000 + 8 * 8 * 265_420_800 * 2
+
+
+def test_reading_around_the_cache_is_judged_from_a_measured_rate_only() -> None:
+    profile = load_profile("card")[0]
+    n12 = step_estimate(_ctx("latent_c_n12_dense")).cache
+    assert n12 and "not measured here (storage.direct_read" in cache_arithmetic(n12)
+    measured = profile.model_copy(update={"storage": profile.storage.model_copy(update={"direct_read": "8GB/s"})})
+    n12 = step_estimate(_ctx("latent_c_n12_dense", measured)).cache
+    assert n12 and "(measured) = 101.9 s/step vs 89.7 s cached: keep the page cache" in cache_arithmetic(n12)
+    n4 = step_estimate(_ctx("latent_c_n4", measured)).cache
+    assert n4 and "O_DIRECT" not in cache_arithmetic(n4)  # 2.4 TB is under 2× the 1.5 TB cache
+
+
+def test_a_profile_without_a_page_cache_rate_charges_every_byte_to_the_storage() -> None:
+    profile = load_profile("card")[0]
+    bare = profile.model_copy(update={"storage": profile.storage.model_copy(update={"page_cache_read": None})})
+    estimate = step_estimate(_ctx(profile=bare))
+    assert estimate.cache is None and f"{estimate.data_s:.1f}" == "34.0"
