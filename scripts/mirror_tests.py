@@ -36,6 +36,7 @@ import argparse
 import ast
 import importlib.util
 import re
+import shutil
 import subprocess
 import sys
 from collections import Counter
@@ -337,6 +338,7 @@ def main(argv: list[str] | None = None) -> int:
         if path.read_text(errors="replace") != text:
             temp = path.with_name(path.name + ".mirror-tmp")
             temp.write_text(text)
+            shutil.copymode(path, temp)  # an executable script stays executable (system_deps.sh, bench/gpu.sh)
             temp.replace(path)
     print("mirror_tests: moved; review `git status`, then run the suite")
     return 0
