@@ -6,8 +6,9 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from ground.errors import CheckFailed
+from ground.errors import CheckFailed, UserError
 from idmctl.cli.commands import job_flags, options
+from idmctl.core.job_options import flag_of, resource_of
 from idmctl.cli.output import console, emit_json, err_console, make_table, styled
 
 if TYPE_CHECKING:
@@ -55,7 +56,18 @@ def preflight(
     from idmctl.core.profile import load_profile  # start-up: pulls pydantic
 
     variants = load_experiments(experiment)
-    if variants[0].sweep is not None and len(variants) > 1 or experiment == variants[0].sweep:
+    request = job_flags.flags(qos, gres, cpus, mem, exclude, job_name, time_limit, retries, entry, build)
+    is_sweep = variants[0].sweep is not None and len(variants) > 1 or experiment == variants[0].sweep
+    if request.given_fields() and (is_sweep or what_if):
+        # A sweep's table and --what-if check the spec's own resources: a flag here would be dropped unseen.
+        given = " ".join(f"{flag} {','.join(value) if isinstance(value, list) else value}"
+                         for flag, value in request.given().items())
+        resource = next((resource_of(name) for name in request.given_fields() if resource_of(name)), None)
+        raise UserError(f"{given} applies to one job's preflight, not to {'a sweep' if is_sweep else '--what-if'}",
+                        field=flag_of(request.given_fields()[0]),
+                        hint=(f"pass it as --what-if resources.{resource}=VALUE" if resource else
+                              "run the preflight of one variant (EXP/VARIANT) with it"))
+    if is_sweep:
         profile, profile_hash = load_profile(cluster)
         if what_if:
             from idmctl.plan.whatif import apply_overrides, parse_override  # start-up: pulls pydantic and yaml
@@ -76,8 +88,7 @@ def preflight(
     from idmctl.record.preflights import version_for  # looked up here, as run_preflight does
 
     version = version_for(variants[0].spec)  # once: the limits derivation and the checks both use it
-    job = build_job(experiment, job_flags.flags(qos, gres, cpus, mem, exclude, job_name, time_limit, retries, entry,
-                                                build), cluster, version)
+    job = build_job(experiment, request, cluster, version)
     resolved, profile, profile_hash = job.declared, job.profile, job.profile_hash
     if job.options.build:  # the build preflight: weights, PT norm file, output disk, 1-file encode smoke
         from cache.build_plan import check_mode  # start-up: pulls pydantic and yaml

@@ -75,3 +75,19 @@ def test_long_queue_wait_in_recorded_history_warns(cli):
     assert qos["fix"] == ("consider core-own: median 3.0 h over 1 job(s); "
                           "what-ifs: resources.qos=core-own → expected queue wait 3.0 h")
     assert qos["numbers"]["expected_wait_s"] == 6 * 86400
+
+
+def test_job_flags_a_sweep_or_what_if_would_drop_are_refused(cli):
+    # A sweep's table and --what-if check the spec's own resources: --mem there used to change nothing, silently.
+    sweep = cli("preflight", "latent_c_phase2", "--mem", "800GB", "--cluster", "card")
+    assert sweep.exit_code == 2
+    assert sweep.stderr.strip().splitlines() == [
+        "error: --mem: --mem 800GB applies to one job's preflight, not to a sweep "
+        "(pass it as --what-if resources.mem=VALUE)"]
+    what_if = cli("preflight", "latent_c_n4", "--qos", "sub", "--what-if", "loader.repeats=2", "--cluster", "card")
+    assert what_if.exit_code == 2
+    assert what_if.stderr.strip().splitlines() == [
+        "error: --qos: --qos sub applies to one job's preflight, not to --what-if "
+        "(pass it as --what-if resources.qos=VALUE)"]
+    with session() as db:
+        assert db.exec(select(PreflightRun)).all() == []
