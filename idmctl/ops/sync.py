@@ -25,6 +25,7 @@ from idmctl.ops.failures.postmortem import read_log_tail, record_failures
 from idmctl.ops.failures.progress import note_attempt_end
 from idmctl.ops.notify import announce_decision
 from idmctl.ops.listing import aware as _aware, queue_wait_seconds  # noqa: F401  (re-exported; one home)
+from idmctl.record.claims import claim_end
 from idmctl.record.db import session
 from idmctl.record.eval_jobs import eval_link
 from idmctl.record.models import Chain, Job, NodeExclusion
@@ -49,6 +50,8 @@ class SyncReport:
     """Jobs squeue shows ended that sacct has not recorded yet (asked again next sync)."""
     evals: list[str] = field(default_factory=list)
     """What happened to eval jobs whose training attempt was resubmitted or whose chain ended early."""
+    elsewhere: list[int] = field(default_factory=list)
+    """Ended jobs another sync running at the same time recorded and decided (this one left them alone)."""
 
 
 def log_tail(path: str | None) -> str | None:
@@ -168,6 +171,13 @@ def sync(retry: bool = True, chain_id: int | None = None) -> SyncReport:
                 row = db.get(Job, job.id)
                 assert row is not None
                 report.checked += 1
+                if status.confirmed and is_terminal(status.state):
+                    # Another sync (a controller, a person's `sync` or `watch`) may be at this very job:
+                    # the one that claims its end records and decides it, once; this one leaves it.
+                    if not claim_end(db, row.id or 0):
+                        report.elsewhere.append(row.id or 0)
+                        continue
+                    db.refresh(row)
                 if _apply(row, status):
                     report.changed.append(row.id or 0)
                 _exclude_nodes_that_failed(db, row, status)
