@@ -85,6 +85,9 @@ def _summary(report: object) -> str:
         return "; ".join(f"job {job_id}: chain stopped — {why}" for job_id, why in stopped)[:500]
     if finished:
         return f"{len(finished)} ended, nothing to resubmit"
+    elsewhere = getattr(report, "elsewhere", [])
+    if elsewhere:  # a manual sync (or another controller) decided the attempt at the same moment
+        return "; ".join(f"job {job_id} ended; another sync recorded and decided it" for job_id in elsewhere)
     return f"{getattr(report, 'checked', 0)} checked, none ended"
 
 

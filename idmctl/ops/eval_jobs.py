@@ -123,7 +123,8 @@ def _submit_one(resolved: "ResolvedSpec", scheduler: str, options: JobOptions, c
                 admitted: dict[str, Any] | None, link: dict[str, Any], run_dir: Path, preflight_id: int | None,
                 forced: str | None, spec_hash: str | None) -> Any:
     """Its own chain row (retries 0); the script and log in the training chain's run directory."""
-    from idmctl.ops.submit import _context, _insert_job, _update  # the rows and context a submit writes
+    from idmctl.ops.submit import _context  # the context a submit renders with
+    from idmctl.record.jobs import insert_job, update_job  # the rows a submit writes
     from idmctl.record.db import session  # the ORM: a submit with --eval, or sync
     from idmctl.record.models import Chain  # the ORM, with session above
 
@@ -142,7 +143,7 @@ def _submit_one(resolved: "ResolvedSpec", scheduler: str, options: JobOptions, c
     recorded = {**options.as_dict(), **({"admitted": admitted} if admitted else {}),
                 **({"code": code.as_dict()} if code else {}), EVAL_KEY: link}
     version = code.version if code else contract.code_version()
-    job_id = _insert_job(dict(chain_id=chain_id, attempt=1, experiment=resolved.name, spec_hash=spec_hash or resolved.hash,
+    job_id = insert_job(dict(chain_id=chain_id, attempt=1, experiment=resolved.name, spec_hash=spec_hash or resolved.hash,
                               code_version=version, preflight_id=preflight_id, executor=executor.name, state="SUBMITTING",
                               qos=options.qos, gpus=options.gpus_per_node * options.nodes,
                               routing_n=resolved.spec.data.routing_n, script_path=str(script_path),
@@ -150,9 +151,9 @@ def _submit_one(resolved: "ResolvedSpec", scheduler: str, options: JobOptions, c
     try:
         scheduler_id = executor.submit(script_path, ctx.log_path)
     except CheckFailed as exc:
-        _update(job_id, {"state": "SUBMIT_FAILED", "reason": str(exc)[:500]}, chain_id, {"status": "FAILED"})
+        update_job(job_id, {"state": "SUBMIT_FAILED", "reason": str(exc)[:500]}, chain_id, {"status": "FAILED"})
         raise
-    row, _ = _update(job_id, {"scheduler_id": scheduler_id, "state": JobState.PENDING.value,
+    row, _ = update_job(job_id, {"scheduler_id": scheduler_id, "state": JobState.PENDING.value,
                               "log_path": ctx.log_path.replace("%j", scheduler_id),
                               "submitted_at": datetime.now(timezone.utc)}, chain_id, {})
     # Its own controller records how it ended (and tells the team) with nobody running sync.

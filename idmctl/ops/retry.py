@@ -15,11 +15,12 @@ from typing import TYPE_CHECKING
 
 from ground import contract
 from ground.units import format_duration
+from idmctl.core.job_state import JobState, is_failed
 from idmctl.ops.failures.classify import get_cause
+from idmctl.record.stored_json import job_options
 
 if TYPE_CHECKING:
-    from sqlmodel import Session
-
+    from idmctl.record.db import Session
     from idmctl.record.models import Chain, Job
 
 
@@ -81,16 +82,13 @@ def decide_for_job(db: Session, job: Job, chain: Chain, retry: bool = True) -> D
     earlier attempts' causes are the Failure rows ``record_failures`` wrote (what ``idmctl failures``
     shows, a cause corrected in the store included), never classified again from the logs here. An
     attempt not yet recorded is classified and recorded first."""
-    from sqlmodel import select
-
-    from idmctl.core.job_state import JobState, is_failed
     from idmctl.ops.failures.postmortem import recorded_causes, record_failures  # here: decide() stays pure and light
-    from idmctl.record.models import Job as JobRow
+    from idmctl.record.chain_attempts import attempts_of  # start-up: SQLModel, only once a job has ended
 
     if job.state == JobState.COMPLETED:
         return decide(None, job.node_list, 0)
-    earlier = [other for other in db.exec(select(JobRow).where(JobRow.chain_id == chain.id))
-               if other.id != job.id and other.attempt < job.attempt and is_failed(other.state)]
+    earlier = [other for other in attempts_of(db, chain.id or 0, before=job.attempt)
+               if other.id != job.id and is_failed(other.state)]
     causes = recorded_causes(db, [job, *earlier])
     unrecorded = [other for other in (job, *earlier) if other.id not in causes]
     if unrecorded:  # sync records every job that ends before deciding; this is for a chain recorded before it did
@@ -106,9 +104,7 @@ def decide_for_job(db: Session, job: Job, chain: Chain, retry: bool = True) -> D
 
 def _cluster_cancels(job: Job) -> bool:
     """Whether preemption cancels this job's QoS/partition on its cluster (read now, from Slurm)."""
-    import json
+    from idmctl.ops.executors.preempt_mode import CANCEL, preempt_mode  # here: asks Slurm; only a cause it requeues
 
-    from idmctl.ops.executors.preempt_mode import CANCEL, preempt_mode
-
-    partition = json.loads(job.options_json or "{}").get("partition")
+    partition = job_options(job.options_json, job.id).get("partition")
     return preempt_mode(job.qos, partition if isinstance(partition, str) else None) == CANCEL

@@ -20,7 +20,10 @@ from ground import contract
 from ground.code_snapshot import SnapshotError
 from ground.contract import SPEC_FILE
 from ground.errors import CheckFailed, UserError
-from idmctl.core.job_state import JobState
+from ground.spec.schema import ExperimentSpec
+from idmctl.core.job_state import JobState, is_terminal
+from idmctl.core.profile import load_profile, profile_path
+from idmctl.gate.admission import judge
 from idmctl.ops.controller import submit_controller
 from idmctl.ops.executors import executor_for
 from idmctl.job.code import JobCode, freeze, planned, require_present, tree_for
@@ -28,6 +31,9 @@ from idmctl.job.effective import EffectiveJob, active_exclusions, build as build
 from idmctl.core.job_options import JobOptions, JobRequest
 from idmctl.job.render import RenderContext, render_script, with_exclusions
 from idmctl.ops.verdict import SchedulerRefused, Verdict, require_acceptance, verdict_if_askable
+from idmctl.record.jobs import chain_and_attempts, insert_job, new_chain, take_for_resubmission, update_chain, update_job
+from idmctl.record.preflights import latest_passing, require_pass
+from idmctl.record.stored_json import job_options
 from ground.paths import atomic_write_text, home
 from ground.spec.loader import ResolvedSpec, load_spec
 
@@ -65,8 +71,6 @@ class Refused(CheckFailed):
 
 def require_preflight(job: EffectiveJob) -> "PreflightRun":
     """The gate: a passing preflight for exactly (spec hash, code version, profile hash, smoke flags)."""
-    from idmctl.record.preflights import require_pass
-
     return require_pass(job.declared, job.profile, job.profile_hash, job.smoke_flags)
 
 
@@ -81,8 +85,6 @@ def prepare(experiment: str, request: JobRequest, cluster: str | None,
 def admit(job: EffectiveJob, force_reason: str | None, version: str) -> Admission:
     """Gate + submit-time checks. Checks first: a FAIL on the job as submitted is the more specific
     answer (and names its flag) than "no preflight for these flags"."""
-    from idmctl.record.preflights import latest_passing
-
     passing = latest_passing(job.declared, job.profile_hash, job.smoke_flags, version)
     # Without a pass (and no --force) submit refuses anyway: the flags' FAILs are still named, but a
     # check nothing remembers for this code is SKIPped rather than importing torch to refuse slowly.
@@ -97,13 +99,11 @@ def admit(job: EffectiveJob, force_reason: str | None, version: str) -> Admissio
 def _judge(job: EffectiveJob, passing: "PreflightRun | None", version: str, memo_only: bool = False) -> Admission:
     """The submit-time checks: the build preflight's for ``--build``, the training preflight's otherwise."""
     if job.options.build:
-        from cache.build_plan import check_mode
-        from idmctl.gate.build import judge as judge_build
+        from cache.build_plan import check_mode  # here: only a --build job plans a cache build
+        from idmctl.gate.build import judge as judge_build  # here: as above
 
         check_mode(job.resolved, job.options.build)  # a spec that cannot build this mode is bad input (exit 2)
         return judge_build(job, passing)
-    from idmctl.gate.admission import judge
-
     return judge(job, passing, version, memo_only=memo_only)
 
 
@@ -138,8 +138,6 @@ class DryRun:
 def dry_run(experiment: str, request: JobRequest, cluster: str | None) -> DryRun:
     """The exact script a submit would send (chain id 0 stands in for the one submit would create), and
     the verdicts submit would reach on it. Never raises on a FAIL: showing it is the point."""
-    from idmctl.record.preflights import latest_passing
-
     snapshot = tree_for(load_spec(experiment).spec)
     version = snapshot.version
     job = prepare(experiment, request, cluster, version)
@@ -163,7 +161,7 @@ def submit(experiment: str, request: JobRequest, cluster: str | None,
     if force_reason is not None:
         forced = f"{getpass.getuser()}@{socket.gethostname()} at {datetime.now(timezone.utc).isoformat(timespec='seconds')}: {force_reason}"
     code = freeze(snapshot, job.profile, job.declared.spec)
-    chain_id = _new_chain(job)
+    chain_id = new_chain(job.declared, job.options.retries)
     admitted = {"job": job.record(), "admission": admission.as_dict(), "cluster": _profile_source(cluster)}
     return _submit_attempt(job.resolved, job.profile.scheduler, job.options, chain_id, 1, admission.preflight_id, forced,
                            {}, spec_hash=job.declared.hash, admitted=admitted, code=code)
@@ -186,27 +184,19 @@ def resume(experiment: str, chain_id: int, request: JobRequest, cluster: str | N
     """A new attempt of an ended chain: its run directory (so the trainer resumes from its checkpoints) and
     its MLflow run. It runs the chain's snapshot unless ``code_choice`` is ``current``, which moves the chain
     to the tree as it is now; either way the gate needs a passing preflight of the code that will run."""
-    from idmctl.record.db import session
-    from idmctl.record.models import Chain, Job
-    from sqlmodel import select
-
     if code_choice not in CODE_CHOICES:
         raise UserError(f"unknown --code {code_choice!r}", file="command line", field="--code",
                         hint="chain (the chain's snapshot) or current (the tree as it is now)")
-    with session() as db:
-        chain = db.get(Chain, chain_id)
-        attempts = list(db.exec(select(Job).where(Job.chain_id == chain_id).order_by(Job.attempt)).all()) if chain else []
-        if chain is None or not attempts:
-            raise UserError(f"no chain {chain_id}", file="command line", field="--resume", hint="see `idmctl jobs`")
-        from idmctl.core.job_state import is_terminal
-
-        running = [a for a in attempts if a.scheduler_id and not is_terminal(a.state)]
-        if running:
-            raise UserError(f"chain {chain_id} is still running (job {running[-1].id}, {running[-1].state})",
-                            file="command line", field="--resume", hint="wait for it to end, or `idmctl cancel` it")
-        last = attempts[-1]
-        stored, spec_hash, experiment_of = json.loads(last.options_json or "{}"), chain.spec_hash, chain.experiment
-        last_attempt = max(a.attempt for a in attempts)
+    chain, attempts = chain_and_attempts(chain_id)
+    if chain is None or not attempts:
+        raise UserError(f"no chain {chain_id}", file="command line", field="--resume", hint="see `idmctl jobs`")
+    running = [a for a in attempts if a.scheduler_id and not is_terminal(a.state)]
+    if running:
+        raise UserError(f"chain {chain_id} is still running (job {running[-1].id}, {running[-1].state})",
+                        file="command line", field="--resume", hint="wait for it to end, or `idmctl cancel` it")
+    last = attempts[-1]
+    stored, spec_hash, experiment_of = job_options(last.options_json, last.id), chain.spec_hash, chain.experiment
+    last_attempt = max(a.attempt for a in attempts)
     if code_choice == "chain":
         code = JobCode.from_record(stored)
         if code is None:
@@ -232,7 +222,7 @@ def resume(experiment: str, chain_id: int, request: JobRequest, cluster: str | N
     forced = None
     if force_reason is not None:
         forced = f"{getpass.getuser()}@{socket.gethostname()} at {datetime.now(timezone.utc).isoformat(timespec='seconds')}: {force_reason}"
-    _update_chain(chain_id, {"status": "ACTIVE"})
+    update_chain(chain_id, {"status": "ACTIVE"})
     admitted = {"job": job.record(), "admission": admission.as_dict(), "cluster": _profile_source(cluster),
                 "resumed_with": code_choice}
     return _submit_attempt(job.resolved, job.profile.scheduler, job.options, chain_id, last_attempt + 1,
@@ -240,22 +230,8 @@ def resume(experiment: str, chain_id: int, request: JobRequest, cluster: str | N
                            spec_hash=job.declared.hash, admitted=admitted, code=code)
 
 
-def _update_chain(chain_id: int, values: dict[str, Any]) -> None:
-    from idmctl.record.db import session
-    from idmctl.record.models import Chain
-
-    with session() as db:
-        chain = db.get(Chain, chain_id)
-        if chain is not None:
-            for key, value in values.items():
-                setattr(chain, key, value)
-            db.add(chain)
-
-
 def _profile_source(cluster: str | None) -> str:
     """The profile file a chain was admitted under: its resubmissions are judged against the same one."""
-    from idmctl.core.profile import profile_path
-
     return str(profile_path(cluster))
 
 
@@ -276,7 +252,7 @@ def _submit_attempt(resolved: ResolvedSpec, scheduler: str, options: JobOptions,
     executor = executor_for(scheduler)
     recorded = {**options.as_dict(), "rollback": bool(extra_env.get(contract.ENV_ROLLBACK)),
                 **({"admitted": admitted} if admitted else {}), **({"code": code.as_dict()} if code else {})}
-    job_id = _insert_job(dict(chain_id=chain_id, attempt=attempt, experiment=resolved.name, spec_hash=spec_hash,
+    job_id = insert_job(dict(chain_id=chain_id, attempt=attempt, experiment=resolved.name, spec_hash=spec_hash,
                               code_version=version, preflight_id=preflight_id, executor=executor.name,
                               state="SUBMITTING", qos=options.qos, gpus=options.gpus_per_node * options.nodes,
                               routing_n=resolved.spec.data.routing_n, script_path=str(script_path),
@@ -284,84 +260,14 @@ def _submit_attempt(resolved: ResolvedSpec, scheduler: str, options: JobOptions,
     try:
         scheduler_id = executor.submit(script_path, ctx.log_path)
     except CheckFailed as exc:
-        _update(job_id, {"state": "SUBMIT_FAILED", "reason": str(exc)[:500]}, chain_id, {"status": "FAILED"})
+        update_job(job_id, {"state": "SUBMIT_FAILED", "reason": str(exc)[:500]}, chain_id, {"status": "FAILED"})
         raise
-    row, chain = _update(job_id, {"scheduler_id": scheduler_id, "state": JobState.PENDING.value,
+    row, chain = update_job(job_id, {"scheduler_id": scheduler_id, "state": JobState.PENDING.value,
                                   "log_path": ctx.log_path.replace("%j", scheduler_id),
                                   "submitted_at": datetime.now(timezone.utc)}, chain_id, {})
     if executor.name == "slurm":  # the chain's controller: sync runs inside Slurm once this attempt ends
         submit_controller(job_id, chain_id, attempt, scheduler_id, ctx.run_dir, (admitted or {}).get("cluster"))
     return Submitted(job=row, chain=chain, script=script)
-
-
-# -- rows: plain sqlite3 when the store is at head (no ORM import on the submit path), else the ORM ----------
-
-def _new_chain(job: EffectiveJob) -> int:
-    """Register the spec version (idempotent) and open the chain; returns its id."""
-    from idmctl.record.fast import connect, db_time, insert
-
-    declared = job.declared
-    with connect() as db:
-        if db is not None:
-            db.execute("INSERT OR IGNORE INTO spec_version (hash, experiment, source_path, resolved_json, registered_at) "
-                       "VALUES (?, ?, ?, ?, ?)", (declared.hash, declared.name, str(declared.path),
-                                                   declared.canonical_json, db_time()))
-            return insert(db, "chain", {"experiment": declared.name, "spec_hash": declared.hash, "mlflow_run_id": None,
-                                        "retries_budget": job.options.retries, "retries_used": 0, "status": "ACTIVE",
-                                        "created_at": db_time()})
-    from idmctl.record.specs import register_specs
-    from idmctl.record.db import session
-    from idmctl.record.models import Chain
-
-    register_specs([declared])
-    with session() as orm:
-        chain = Chain(experiment=declared.name, spec_hash=declared.hash, retries_budget=job.options.retries)
-        orm.add(chain)
-        orm.flush()
-        return int(chain.id or 0)
-
-
-def _insert_job(values: dict[str, Any]) -> int:
-    from idmctl.record.fast import connect, db_time, insert
-
-    with connect() as db:
-        if db is not None:
-            now = db_time()
-            return insert(db, "job", {"restarts": 0, "imported": 0, "created_at": now, "updated_at": now, **values})
-    from idmctl.record.db import session
-    from idmctl.record.models import Job
-
-    with session() as orm:
-        job = Job(**values)
-        orm.add(job)
-        orm.flush()
-        return int(job.id or 0)
-
-
-def _update(job_id: int, job_values: dict[str, Any], chain_id: int, chain_values: dict[str, Any]) -> tuple[Any, Any]:
-    """Update the job (and chain) rows; returns both as read back (ORM objects or attribute rows)."""
-    from idmctl.record.fast import connect, db_time, rows, update
-
-    with connect() as db:
-        if db is not None:
-            stored = {k: db_time(v) if isinstance(v, datetime) else v for k, v in job_values.items()}
-            update(db, "job", job_id, stored)
-            if chain_values:
-                update(db, "chain", chain_id, chain_values)
-            (job,) = rows(db, "SELECT * FROM job WHERE id = ?", (job_id,))
-            (chain,) = rows(db, "SELECT * FROM chain WHERE id = ?", (chain_id,))
-            return job, chain
-    from idmctl.record.db import session
-    from idmctl.record.models import Chain, Job
-
-    with session() as orm:
-        job, chain = orm.get(Job, job_id), orm.get(Chain, chain_id)
-        for target, values in ((job, job_values), (chain, chain_values)):
-            if target is not None:
-                for key, value in values.items():
-                    setattr(target, key, value)
-                orm.add(target)
-    return job, chain
 
 
 class ResubmitRefused(CheckFailed):
@@ -374,27 +280,9 @@ def resubmit(job_id: int, extra_env: dict[str, str], reason: str, spends_retry: 
     code snapshot, and admitted like a submission (every static check on the new effective job; the smoke's
     stored measurement re-judged, not rerun: the snapshot and its smoke flags are the ones it measured).
     ``spends_retry`` False where it stands in for a requeue the cluster would not do."""
-    from idmctl.record.db import session
-    from idmctl.record.models import Chain, Job, PreflightRun
-
-    with session() as db:
-        old = db.get(Job, job_id)
-        if old is None or old.chain_id is None:
-            raise UserError(f"no job {job_id}", field="JOB")
-        chain = db.get(Chain, old.chain_id)
-        assert chain is not None
-        if spends_retry:
-            chain.retries_used += 1
-            db.add(chain)
-        spec_json = json.loads(Path(old.script_path or "").with_name(SPEC_FILE).read_text())
-        preflight = db.get(PreflightRun, old.preflight_id) if old.preflight_id else None
-        if preflight is not None:
-            db.expunge(preflight)
-        old_values = {"chain_id": old.chain_id, "attempt": old.attempt, "preflight_id": old.preflight_id,
-                      "forced": old.forced_reason, "spec_hash": old.spec_hash, "executor": old.executor,
-                      "code_version": old.code_version, "options_json": old.options_json,
-                      "script_path": old.script_path}
-    stored = json.loads(old_values["options_json"])
+    old_values, preflight = take_for_resubmission(job_id, spends_retry)
+    spec_json = json.loads(Path(old_values["script_path"] or "").with_name(SPEC_FILE).read_text())
+    stored = job_options(old_values["options_json"], job_id)
     options_data = {k: v for k, v in stored.items() if k in JobOptions.__dataclass_fields__}
     options = with_exclusions(replace(JobOptions(**options_data), hold=False), active_exclusions())
     resolved = _resolved_from_run(spec_json, old_values["script_path"])
@@ -434,10 +322,6 @@ def _readmit(resolved: ResolvedSpec, options: JobOptions, first: dict[str, Any],
     """The submit-time checks on the attempt about to be sent, against the profile the chain was admitted
     under (as it reads now). Introspection and the cache inspection come from the memo of this code or are
     SKIPped: no flag changes them, and importing the live tree here would judge other code."""
-    from idmctl.job.effective import EffectiveJob
-    from idmctl.gate.admission import judge
-    from idmctl.core.profile import load_profile
-
     profile, profile_hash = load_profile(first.get("cluster"))
     request = JobRequest.from_given((first.get("job") or {}).get("flags") or {})
     job = EffectiveJob(resolved, resolved, options, request, profile, profile_hash, list(options.exclude))
@@ -448,18 +332,16 @@ def _refuse(old: dict[str, Any], resolved: ResolvedSpec, options: JobOptions, at
             admitted: dict[str, Any] | None, code: JobCode | None) -> None:
     """The attempt that was not sent, as a row: ``idmctl jobs show`` names the verdict."""
     recorded = {**options.as_dict(), **({"admitted": admitted} if admitted else {}), **({"code": code.as_dict()} if code else {})}
-    job_id = _insert_job(dict(chain_id=old["chain_id"], attempt=attempt, experiment=resolved.name,
+    job_id = insert_job(dict(chain_id=old["chain_id"], attempt=attempt, experiment=resolved.name,
                               spec_hash=old["spec_hash"] or resolved.hash, code_version=code.version if code else old["code_version"],
                               preflight_id=old["preflight_id"], executor=old["executor"], state="SUBMIT_FAILED",
                               qos=options.qos, gpus=options.gpus_per_node * options.nodes,
                               routing_n=resolved.spec.data.routing_n, script_path=None,
                               options_json=json.dumps(recorded), forced_reason=old["forced"], reason=why[:500]))
-    _update(job_id, {"state": "SUBMIT_FAILED"}, old["chain_id"], {"status": "FAILED"})
+    update_job(job_id, {"state": "SUBMIT_FAILED"}, old["chain_id"], {"status": "FAILED"})
 
 
 def _resolved_from_run(spec_json: dict[str, Any], script_path: str | None) -> ResolvedSpec:
     """The exact spec the chain started with (the YAML may have changed since)."""
-    from ground.spec.schema import ExperimentSpec
-
     spec = ExperimentSpec.model_validate(spec_json["spec"])
     return ResolvedSpec(name=spec_json["name"], path=Path(script_path or "").with_name(SPEC_FILE), spec=spec)

@@ -15,8 +15,12 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from sqlmodel import Session, select
-
+from ground import heartbeat
+from ground import tracking as names
+from ground.contract import CAUSE_HANG
+from ground.paths import mlflow_tracking_uri
+from ground.trainer_stats import attempt_totals
+from idmctl.core.notice import warn
 from idmctl.ops.executors import executor_for
 from idmctl.core.executor import UNCONFIRMED, JobStatus
 from idmctl.core.job_state import JobState, is_terminal
@@ -24,10 +28,17 @@ from idmctl.ops.eval_jobs import follow as follow_evals
 from idmctl.ops.failures.postmortem import read_log_tail, record_failures
 from idmctl.ops.failures.progress import note_attempt_end
 from idmctl.ops.notify import announce_decision
+from idmctl.ops import retry as policy
+from idmctl.plan.efficiency import EfficiencyReport, report as efficiency_report
 from idmctl.ops.listing import aware as _aware, queue_wait_seconds  # noqa: F401  (re-exported; one home)
-from idmctl.record.db import session
+from idmctl.record.claims import claim_end
+from idmctl.record.db import Session, session
 from idmctl.record.eval_jobs import eval_link
-from idmctl.record.models import Chain, Job, NodeExclusion
+from idmctl.record.exclusions import exclude_node, nodes_excluded_for
+from idmctl.record.failures import failures_of
+from idmctl.record.jobs import unfinished_jobs  # noqa: F401  (re-exported: `watch` asks sync for it)
+from idmctl.record.models import Chain, Failure, Job
+from idmctl.record.stored_json import job_options
 from ground.contract import MLFLOW_RUN_ID_FILE
 
 LOG_TAIL_LINES = 40
@@ -49,6 +60,8 @@ class SyncReport:
     """Jobs squeue shows ended that sacct has not recorded yet (asked again next sync)."""
     evals: list[str] = field(default_factory=list)
     """What happened to eval jobs whose training attempt was resubmitted or whose chain ended early."""
+    elsewhere: list[int] = field(default_factory=list)
+    """Ended jobs another sync running at the same time recorded and decided (this one left them alone)."""
 
 
 def log_tail(path: str | None) -> str | None:
@@ -92,7 +105,7 @@ def _apply(job: Job, status: JobStatus) -> bool:
             # is why a live status never sets it).
             job.submitted_at = status.submitted_at
         if status.runs:
-            options = json.loads(job.options_json or "{}")
+            options = job_options(job.options_json, job.id)
             # Every run of a requeued job as sacct -D lists it: where the preemptions show.
             options["runs"] = [{"state": r.state, "exit_code": r.exit_code, "reason": r.reason,
                                 "started_at": r.started_at.isoformat() if r.started_at else None,
@@ -133,20 +146,11 @@ def _note_mlflow_run(db: object, job: Job) -> None:
     db.add(chain)  # type: ignore[attr-defined]
 
 
-def unfinished_jobs(chain_id: int | None = None) -> list[Job]:
-    with session() as db:
-        query = select(Job).where(Job.scheduler_id.is_not(None))  # type: ignore[union-attr]
-        if chain_id is not None:
-            query = query.where(Job.chain_id == chain_id)
-        return [job for job in db.exec(query).all() if not is_terminal(job.state)]
-
-
 def sync(retry: bool = True, chain_id: int | None = None) -> SyncReport:
     """One status call per executor for all unfinished jobs (of chain ``chain_id`` only, when given: what a
     chain's controller job runs); the ones that ended are classified and recorded, then retried as their
     recorded cause says."""
-    from idmctl.ops.retry import decide_for_job
-    from idmctl.ops.submit import ResubmitRefused, resubmit
+    from idmctl.ops.submit import ResubmitRefused, resubmit  # start-up: the submit path, only once a job ended
 
     report = SyncReport()
     jobs = unfinished_jobs(chain_id)
@@ -168,6 +172,13 @@ def sync(retry: bool = True, chain_id: int | None = None) -> SyncReport:
                 row = db.get(Job, job.id)
                 assert row is not None
                 report.checked += 1
+                if status.confirmed and is_terminal(status.state):
+                    # Another sync (a controller, a person's `sync` or `watch`) may be at this very job:
+                    # the one that claims its end records and decides it, once; this one leaves it.
+                    if not claim_end(db, row.id or 0):
+                        report.elsewhere.append(row.id or 0)
+                        continue
+                    db.refresh(row)
                 if _apply(row, status):
                     report.changed.append(row.id or 0)
                 _exclude_nodes_that_failed(db, row, status)
@@ -199,11 +210,11 @@ def sync(retry: bool = True, chain_id: int | None = None) -> SyncReport:
                 db.add(chain)
                 continue
             # From the Failure rows recorded above; the policy is taxonomy.yaml's `action`.
-            decision = decide_for_job(db, job, chain, retry)
+            decision = policy.decide_for_job(db, job, chain, retry)
             now = datetime.now(timezone.utc)
             for node in decision.exclude_nodes:
-                db.add(NodeExclusion(node=node, until=now + (decision.exclude_for or timedelta(0)),
-                                     reason=f"{decision.cause} under job {job.scheduler_id}"))
+                exclude_node(db, node, now + (decision.exclude_for or timedelta(0)),
+                             f"{decision.cause} under job {job.scheduler_id}")
             if decision.action == "done":
                 chain.status = "COMPLETED"
             elif decision.action == "stop":
@@ -231,11 +242,7 @@ def _note_hang(db: Session, job: Job) -> bool:
     current run, before the job's watchdog has dumped the stacks and killed it, so the record's latency is
     the threshold plus one sync interval. When the job ends the row is reclassified from its log (the
     watchdog's marker) and the retry policy acts then, as for any cause."""
-    from ground import heartbeat
-    from ground.contract import CAUSE_HANG
-    from idmctl.record.models import Failure
-
-    options = json.loads(job.options_json or "{}")
+    options = job_options(job.options_json, job.id)
     k, floor, run_dir = options.get("hang_k"), options.get("hang_floor_s"), run_dir_of(job)
     runs = options.get("runs") or []
     # This run's start: a requeued job's earlier run left a beat that is older than it.
@@ -250,7 +257,7 @@ def _note_hang(db: Session, job: Job) -> bool:
     if silent <= limit:
         return False
     run = job.restarts + 1
-    known = db.exec(select(Failure).where(Failure.job_id == job.id)).all()
+    known = failures_of(db, [job.id or 0])
     if any(json.loads(f.detail_json or "{}").get("run", 1) == run for f in known):
         return False  # already recorded for this run
     last = datetime.fromtimestamp(beat.at, timezone.utc).isoformat(timespec="milliseconds")
@@ -267,15 +274,12 @@ def _note_hang(db: Session, job: Job) -> bool:
 
 def _record_efficiency(job: Job) -> None:
     """The efficiency report of a job that just ended, kept on its row (``options_json`` ``efficiency``)."""
-    from ground.trainer_stats import attempt_totals
-    from idmctl.plan.efficiency import report
-
-    options = json.loads(job.options_json or "{}")
+    options = job_options(job.options_json, job.id)
     runs = options.get("runs") or [{"state": job.state}]
     run_dir = run_dir_of(job)
     # An eval job shares the training run directory, whose trainer totals are the training attempts'.
     trainer = attempt_totals(run_dir, job.attempt) if run_dir is not None and eval_link(job.options_json) is None else None
-    options["efficiency"] = report(job.scheduler_id or f"#{job.id}", runs[-1], options, trainer).as_dict()
+    options["efficiency"] = efficiency_report(job.scheduler_id or f"#{job.id}", runs[-1], options, trainer).as_dict()
     job.options_json = json.dumps(options)
 
 
@@ -284,7 +288,7 @@ def _log_efficiency(job_ids: list[int]) -> None:
     with session() as db:
         pairs = [(job, db.get(Chain, job.chain_id)) for job in (db.get(Job, i) for i in job_ids)
                  if job is not None and job.chain_id is not None]
-        todo = [(job.attempt, chain.mlflow_run_id, json.loads(job.options_json or "{}").get("efficiency"))
+        todo = [(job.attempt, chain.mlflow_run_id, job_options(job.options_json, job.id).get("efficiency"))
                 for job, chain in pairs if chain is not None and chain.mlflow_run_id
                 and eval_link(job.options_json) is None]  # an eval job's run is the training chain's
     todo = [item for item in todo if item[2]]
@@ -292,11 +296,6 @@ def _log_efficiency(job_ids: list[int]) -> None:
         return
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient  # heavy (~1.3 s): only when a job with a run ended
-
-    from ground import tracking as names
-    from ground.paths import mlflow_tracking_uri
-    from idmctl.plan.efficiency import EfficiencyReport
-    from idmctl.core.notice import warn
 
     with names.store_init_lock():
         client = MlflowClient(tracking_uri=mlflow_tracking_uri())
@@ -320,13 +319,11 @@ def _exclude_nodes_that_failed(db: Session, job: Job, status: JobStatus) -> None
     failed_nodes = {run.node_list for run in status.runs[:-1] if run.state == JobState.NODE_FAIL and run.node_list}
     if not failed_nodes:
         return
-    from idmctl.ops.retry import node_exclusion_time
-
     reason = f"node_fail under job {job.scheduler_id}"
-    known = {e.node for e in db.exec(select(NodeExclusion).where(NodeExclusion.reason == reason))}
+    known = nodes_excluded_for(db, reason)
     now = datetime.now(timezone.utc)
     for node in sorted(failed_nodes - known):
-        db.add(NodeExclusion(node=node, until=now + node_exclusion_time("node_fail"), reason=reason))
+        exclude_node(db, node, now + policy.node_exclusion_time("node_fail"), reason)
 
 
 

@@ -8,7 +8,9 @@ The keys in use:
   directory held when the attempt ended (the crash-loop rule compares consecutive attempts);
 - ``controller``: ``{"scheduler_id", "submitted_at", "after"}``, the controller job that follows the
   attempt (``idmctl.ops.controller``), and after its run ``last_run``: ``{"at", "result", "ok",
-  "scheduler_id"}``.
+  "scheduler_id"}``;
+- ``end_recorded``: ``{"by": "host:pid", "at"}``, the sync that claimed the job's end: it alone classified,
+  recorded and decided it (``idmctl.record.claims``).
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from idmctl.record.stored_json import job_options
 
 COMMITTED_STEP = "committed_step"
 CONTROLLER = "controller"
-FACTS = (COMMITTED_STEP, CONTROLLER)
+END_RECORDED = "end_recorded"
+FACTS = (COMMITTED_STEP, CONTROLLER, END_RECORDED)
 
 
 def with_fact(options_json: str | None, key: str, value: Any, job: object = "?") -> str:

@@ -1,17 +1,19 @@
 """Jobs and chains in the store: the queries the listing, the ETAs, the queue check, the code snapshots'
-collector and ``cancel`` read. Each reads with plain sqlite3 (``idmctl.record.fast``) where the CLI's
-start-up time needs it and the store is at head, else through the ORM (which migrates an older store,
-and is the only path to the team's PostgreSQL store)."""
+collector and ``cancel`` read, and the rows submit, resubmission and sync write and read. Each reads
+with plain sqlite3 (``idmctl.record.fast``) where the CLI's start-up time needs it and the store is at
+head, else through the ORM (which migrates an older store, and is the only path to the team's
+PostgreSQL store)."""
 
 from __future__ import annotations
 
 import sqlite3
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ground.errors import CheckFailed, UserError
 from idmctl.core.job_state import JobState, is_terminal
-from idmctl.record.fast import connect, from_db_time, rows
+from idmctl.record.fast import connect, db_time, from_db_time, insert, rows, update
 from idmctl.record.stored_json import job_options
 
 if TYPE_CHECKING:
@@ -149,3 +151,133 @@ def stop_chain_of(job_id: int) -> "Job":
             chain.status = "CANCELLED"
             orm.add(chain)
     return row
+
+
+def unfinished_jobs(chain_id: int | None = None) -> list["Job"]:
+    """Every submitted job not in a final state (of chain ``chain_id`` only, when given): what sync asks
+    the scheduler about."""
+    from sqlmodel import select  # start-up: SQLAlchemy; only sync and watch ask, which write through it
+
+    from idmctl.record.db import session  # start-up: SQLAlchemy, as above
+    from idmctl.record.models import Job  # start-up: SQLAlchemy, as above
+
+    with session() as orm:
+        query = select(Job).where(Job.scheduler_id.is_not(None))  # type: ignore[union-attr]
+        if chain_id is not None:
+            query = query.where(Job.chain_id == chain_id)
+        return [job for job in orm.exec(query).all() if not is_terminal(job.state)]
+
+
+def new_chain(declared: Any, retries: int) -> int:
+    """Register the spec version ``declared`` (a ResolvedSpec; idempotent) and open an ACTIVE chain with
+    ``retries`` resubmissions to spend; returns its id."""
+    with connect() as fast:
+        if fast is not None:  # plain sqlite3: the submit path imports no ORM
+            fast.execute("INSERT OR IGNORE INTO spec_version (hash, experiment, source_path, resolved_json, registered_at) "
+                         "VALUES (?, ?, ?, ?, ?)", (declared.hash, declared.name, str(declared.path),
+                                                     declared.canonical_json, db_time()))
+            return insert(fast, "chain", {"experiment": declared.name, "spec_hash": declared.hash, "mlflow_run_id": None,
+                                          "retries_budget": retries, "retries_used": 0, "status": "ACTIVE",
+                                          "created_at": db_time()})
+    from idmctl.record.db import session  # start-up: SQLAlchemy only for a store not at head or the shared one
+    from idmctl.record.models import Chain  # start-up: SQLAlchemy, as above
+    from idmctl.record.specs import register_specs  # start-up: SQLAlchemy, as above
+
+    register_specs([declared])
+    with session() as orm:
+        chain = Chain(experiment=declared.name, spec_hash=declared.hash, retries_budget=retries)
+        orm.add(chain)
+        orm.flush()
+        return int(chain.id or 0)
+
+
+def insert_job(values: dict[str, Any]) -> int:
+    """A new job row with these columns; returns its id."""
+    with connect() as fast:
+        if fast is not None:  # plain sqlite3: the submit path imports no ORM
+            now = db_time()
+            return insert(fast, "job", {"restarts": 0, "imported": 0, "created_at": now, "updated_at": now, **values})
+    from idmctl.record.db import session  # start-up: SQLAlchemy only for a store not at head or the shared one
+    from idmctl.record.models import Job  # start-up: SQLAlchemy, as above
+
+    with session() as orm:
+        job = Job(**values)
+        orm.add(job)
+        orm.flush()
+        return int(job.id or 0)
+
+
+def update_job(job_id: int, job_values: dict[str, Any], chain_id: int, chain_values: dict[str, Any]) -> tuple[Any, Any]:
+    """Update the job (and chain) rows; returns both as read back (ORM objects or attribute rows)."""
+    with connect() as fast:
+        if fast is not None:  # plain sqlite3: the submit path imports no ORM
+            stored = {k: db_time(v) if isinstance(v, datetime) else v for k, v in job_values.items()}
+            update(fast, "job", job_id, stored)
+            if chain_values:
+                update(fast, "chain", chain_id, chain_values)
+            (job,) = rows(fast, "SELECT * FROM job WHERE id = ?", (job_id,))
+            (chain,) = rows(fast, "SELECT * FROM chain WHERE id = ?", (chain_id,))
+            return job, chain
+    from idmctl.record.db import session  # start-up: SQLAlchemy only for a store not at head or the shared one
+    from idmctl.record.models import Chain, Job  # start-up: SQLAlchemy, as above
+
+    with session() as orm:
+        job, chain = orm.get(Job, job_id), orm.get(Chain, chain_id)
+        for target, values in ((job, job_values), (chain, chain_values)):
+            if target is not None:
+                for key, value in values.items():
+                    setattr(target, key, value)
+                orm.add(target)
+    return job, chain
+
+
+def update_chain(chain_id: int, values: dict[str, Any]) -> None:
+    """Set these columns of the chain (nothing for an unknown chain)."""
+    from idmctl.record.db import session  # start-up: SQLAlchemy; only `submit --resume` asks
+    from idmctl.record.models import Chain  # start-up: SQLAlchemy, as above
+
+    with session() as orm:
+        chain = orm.get(Chain, chain_id)
+        if chain is not None:
+            for key, value in values.items():
+                setattr(chain, key, value)
+            orm.add(chain)
+
+
+def chain_and_attempts(chain_id: int) -> tuple[Any, list[Any]]:
+    """The chain (None when unknown) and its job rows, oldest attempt first."""
+    from sqlmodel import select  # start-up: SQLAlchemy; only `submit --resume` asks
+
+    from idmctl.record.db import session  # start-up: SQLAlchemy, as above
+    from idmctl.record.models import Chain, Job  # start-up: SQLAlchemy, as above
+
+    with session() as orm:
+        chain = orm.get(Chain, chain_id)
+        attempts = list(orm.exec(select(Job).where(Job.chain_id == chain_id).order_by(Job.attempt)).all()) if chain else []
+    return chain, attempts
+
+
+def take_for_resubmission(job_id: int, spends_retry: bool) -> tuple[dict[str, Any], Any]:
+    """What a resubmission of job ``job_id`` starts from (its chain, attempt, preflight, forced reason, spec
+    hash, executor, code version, stored options, script path) and the preflight row it passed (detached;
+    None without one), spending one of the chain's retries when ``spends_retry``. UserError for a job that
+    is not in a chain."""
+    from idmctl.record.db import session  # start-up: SQLAlchemy; only a resubmitting sync asks
+    from idmctl.record.models import Chain, Job, PreflightRun  # start-up: SQLAlchemy, as above
+
+    with session() as orm:
+        old = orm.get(Job, job_id)
+        if old is None or old.chain_id is None:
+            raise UserError(f"no job {job_id}", field="JOB")
+        chain = orm.get(Chain, old.chain_id)
+        assert chain is not None
+        if spends_retry:
+            chain.retries_used += 1
+            orm.add(chain)
+        preflight = orm.get(PreflightRun, old.preflight_id) if old.preflight_id else None
+        if preflight is not None:
+            orm.expunge(preflight)
+        return {"chain_id": old.chain_id, "attempt": old.attempt, "preflight_id": old.preflight_id,
+                "forced": old.forced_reason, "spec_hash": old.spec_hash, "executor": old.executor,
+                "code_version": old.code_version, "options_json": old.options_json,
+                "script_path": old.script_path}, preflight

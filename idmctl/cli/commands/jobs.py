@@ -209,7 +209,7 @@ def sync(
     if as_json:
         emit_json({"checked": report.checked, "changed": report.changed, "finished": report.finished,
                    "resubmitted": report.resubmitted, "stopped": report.stopped, "unconfirmed": report.unconfirmed, "evals": report.evals,
-                   "hung": report.hung})
+                   "hung": report.hung, "elsewhere": report.elsewhere})
         return
     unconfirmed = f", {len(report.unconfirmed)} unconfirmed (squeue says ended; sacct has not recorded it yet)" \
         if report.unconfirmed else ""
@@ -221,6 +221,9 @@ def sync(
         console.print(f"  job {job_id}: chain stopped — {why}", markup=False)
     for line in report.evals:
         console.print(f"  {line}", markup=False)
+    for job_id in report.elsewhere:
+        console.print(f"  job {job_id}: ended; another sync running at the same time recorded and decided it",
+                      markup=False)
     for job_id in report.hung:
         console.print(f"  job {job_id}: hang — no heartbeat past its threshold (`idmctl failures`); its watchdog "
                       "kills it and the chain resumes elsewhere", markup=False)
