@@ -54,20 +54,11 @@ def _read_bytes() -> int:
     raise RuntimeError("no read_bytes in /proc/self/io")
 
 
-def _evict(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
 def _cold(path: Path, read: Callable[[], Any], repeats: int) -> tuple[list[float], list[float]]:
     """(seconds, bytes from disk) per cold read."""
     seconds, disk = [], []
     for _ in range(repeats):
-        _evict(path)
+        fio.evict([path])
         before, start = _read_bytes(), time.perf_counter()
         read()
         seconds.append(time.perf_counter() - start)

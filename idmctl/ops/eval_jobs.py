@@ -123,8 +123,7 @@ def _submit_one(resolved: "ResolvedSpec", scheduler: str, options: JobOptions, c
                 admitted: dict[str, Any] | None, link: dict[str, Any], run_dir: Path, preflight_id: int | None,
                 forced: str | None, spec_hash: str | None) -> Any:
     """Its own chain row (retries 0); the script and log in the training chain's run directory."""
-    from idmctl.ops.submit import _context  # the context a submit renders with
-    from idmctl.record.jobs import insert_job, update_job  # the rows a submit writes
+    from idmctl.ops.submit import _context, submit_recorded  # submit imports this module: the cycle is broken here
     from idmctl.record.db import session  # the ORM: a submit with --eval, or sync
     from idmctl.record.models import Chain  # the ORM, with session above
 
@@ -143,19 +142,11 @@ def _submit_one(resolved: "ResolvedSpec", scheduler: str, options: JobOptions, c
     recorded = {**options.as_dict(), **({"admitted": admitted} if admitted else {}),
                 **({"code": code.as_dict()} if code else {}), EVAL_KEY: link}
     version = code.version if code else contract.code_version()
-    job_id = insert_job(dict(chain_id=chain_id, attempt=1, experiment=resolved.name, spec_hash=spec_hash or resolved.hash,
-                              code_version=version, preflight_id=preflight_id, executor=executor.name, state="SUBMITTING",
-                              qos=options.qos, gpus=options.gpus_per_node * options.nodes,
-                              routing_n=resolved.spec.data.routing_n, script_path=str(script_path),
-                              options_json=json.dumps(recorded), forced_reason=forced))
-    try:
-        scheduler_id = executor.submit(script_path, ctx.log_path)
-    except CheckFailed as exc:
-        update_job(job_id, {"state": "SUBMIT_FAILED", "reason": str(exc)[:500]}, chain_id, {"status": "FAILED"})
-        raise
-    row, _ = update_job(job_id, {"scheduler_id": scheduler_id, "state": JobState.PENDING.value,
-                              "log_path": ctx.log_path.replace("%j", scheduler_id),
-                              "submitted_at": datetime.now(timezone.utc)}, chain_id, {})
+    row, _ = submit_recorded(resolved, options, executor, script_path, ctx.log_path, recorded, chain_id=chain_id,
+                             attempt=1, spec_hash=spec_hash or resolved.hash, version=version, preflight_id=preflight_id,
+                             forced=forced)
+    scheduler_id = str(row.scheduler_id)
+    job_id = int(row.id)
     # Its own controller records how it ended (and tells the team) with nobody running sync.
     submit_controller(job_id, chain_id, 1, scheduler_id, run_dir, (admitted or {}).get("cluster"),
                       label=f"eval-step-{step}-chain-{chain_id}")

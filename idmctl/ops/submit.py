@@ -252,22 +252,34 @@ def _submit_attempt(resolved: ResolvedSpec, scheduler: str, options: JobOptions,
     executor = executor_for(scheduler)
     recorded = {**options.as_dict(), "rollback": bool(extra_env.get(contract.ENV_ROLLBACK)),
                 **({"admitted": admitted} if admitted else {}), **({"code": code.as_dict()} if code else {})}
-    job_id = insert_job(dict(chain_id=chain_id, attempt=attempt, experiment=resolved.name, spec_hash=spec_hash,
-                              code_version=version, preflight_id=preflight_id, executor=executor.name,
-                              state="SUBMITTING", qos=options.qos, gpus=options.gpus_per_node * options.nodes,
-                              routing_n=resolved.spec.data.routing_n, script_path=str(script_path),
-                              options_json=json.dumps(recorded), forced_reason=forced))
-    try:
-        scheduler_id = executor.submit(script_path, ctx.log_path)
-    except CheckFailed as exc:
-        update_job(job_id, {"state": "SUBMIT_FAILED", "reason": str(exc)[:500]}, chain_id, {"status": "FAILED"})
-        raise
-    row, chain = update_job(job_id, {"scheduler_id": scheduler_id, "state": JobState.PENDING.value,
-                                  "log_path": ctx.log_path.replace("%j", scheduler_id),
-                                  "submitted_at": datetime.now(timezone.utc)}, chain_id, {})
+    row, chain = submit_recorded(resolved, options, executor, script_path, ctx.log_path, recorded, chain_id=chain_id,
+                                 attempt=attempt, spec_hash=spec_hash, version=version, preflight_id=preflight_id,
+                                 forced=forced)
+    scheduler_id = str(row.scheduler_id)
     if executor.name == "slurm":  # the chain's controller: sync runs inside Slurm once this attempt ends
         submit_controller(job_id, chain_id, attempt, scheduler_id, ctx.run_dir, (admitted or {}).get("cluster"))
     return Submitted(job=row, chain=chain, script=script)
+
+
+def submit_recorded(resolved: "ResolvedSpec", options: JobOptions, executor: Any, script_path: Path, log_path: str,
+                    recorded: dict[str, Any], *, chain_id: int, attempt: int, spec_hash: str | None, version: str,
+                    preflight_id: int | None, forced: str | None) -> tuple[Any, Any]:
+    """Insert the job row (SUBMITTING), hand the script to the executor, then record its id (PENDING): a
+    refused sbatch leaves the row SUBMIT_FAILED and its chain FAILED. Every job idmctl submits (an attempt,
+    an eval job) goes through here, so the row always says what was asked of the scheduler."""
+    job_id = insert_job(dict(chain_id=chain_id, attempt=attempt, experiment=resolved.name, spec_hash=spec_hash,
+                             code_version=version, preflight_id=preflight_id, executor=executor.name,
+                             state="SUBMITTING", qos=options.qos, gpus=options.gpus_per_node * options.nodes,
+                             routing_n=resolved.spec.data.routing_n, script_path=str(script_path),
+                             options_json=json.dumps(recorded), forced_reason=forced))
+    try:
+        scheduler_id = executor.submit(script_path, log_path)
+    except CheckFailed as exc:
+        update_job(job_id, {"state": "SUBMIT_FAILED", "reason": str(exc)[:500]}, chain_id, {"status": "FAILED"})
+        raise
+    return update_job(job_id, {"scheduler_id": scheduler_id, "state": JobState.PENDING.value,
+                               "log_path": log_path.replace("%j", scheduler_id),
+                               "submitted_at": datetime.now(timezone.utc)}, chain_id, {})
 
 
 class ResubmitRefused(CheckFailed):
