@@ -4,7 +4,7 @@ Run by tests/idmctl/plan/test_page_cache_slurm.py as ``python -m tests.page_cach
 files (the real safetensors format, two layers both routed) that nobody has read since their pages were
 dropped. The job reads its memory cgroup's limit and what it holds besides the page cache (after importing
 torch and the reader: the "resident" a smoke measures), so the cache it can hold is limit − resident. Then for
-each ratio it takes fresh files whose routed bytes are that ratio × the cache, drops their pages
+each ratio it takes fresh files whose routed bytes are that ratio × the job's --mem limit, drops their pages
 (``POSIX_FADV_DONTNEED``: cgroup v1 leaves a page charged to the cgroup that first touched it, so a page
 cached before the job would count outside its limit), reads every frame once (the warm-up pass), then
 measures steps of uniform random windows with the cache reader: bytes from the disk per step from
@@ -90,8 +90,8 @@ def main() -> int:
         read_exact_slice(info, layers, start, WINDOW)
         return read_bytes() - before, time.perf_counter() - began
 
-    for ratio in RATIOS:
-        count = max(1, round(ratio * cache / routed))
+    for ratio in RATIOS:  # of the job's --mem: the cache it can hold is a model output, not the yardstick
+        count = max(1, round(ratio * limit / routed))
         if taken + count > len(infos):
             report["error"] = f"pool of {len(infos)} files too small for ratio {ratio} ({count} more files)"
             break

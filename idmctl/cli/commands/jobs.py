@@ -35,7 +35,7 @@ def submit(
     entry: job_flags.Entry = None,
     build: job_flags.Build = None,
     hold: Annotated[bool, typer.Option("--hold", help="Submit held (Slurm's --hold); the job waits for `scontrol release ID`.")] = False,
-    resume: Annotated[int | None, typer.Option("--resume", help="A new attempt of ended chain N: its checkpoints, its MLflow run, its code snapshot.")] = None,
+    resume: Annotated[int | None, typer.Option("--resume", **options.JOB_ID, help="A new attempt of ended chain N: its checkpoints, its MLflow run, its code snapshot.")] = None,
     code: Annotated[str, typer.Option("--code", help="With --resume: chain (its snapshot) or current (move the chain to the tree as it is now).")] = "chain",
     evaluate: Annotated[str | None, typer.Option("--eval", help="Also an evaluation job per checkpoint: last, a step, or each; each waits on the training job (Slurm dependency) and logs into its MLflow run.")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the batch script (and on stderr the checks); submit nothing.")] = False,
@@ -186,7 +186,7 @@ def _submit_sweep(reference: str, variant_names: list[str], request: JobRequest,
 
 def sync(
     no_retry: Annotated[bool, typer.Option("--no-retry", help="Update records only; resubmit nothing.")] = False,
-    chain: Annotated[int | None, typer.Option("--chain", min=1, help="Only this chain's jobs (what its controller job runs).")] = None,
+    chain: Annotated[int | None, typer.Option("--chain", **options.JOB_ID, help="Only this chain's jobs (what its controller job runs).")] = None,
     controller_for: Annotated[str | None, typer.Option("--controller-for", hidden=True,
                                                        help="Run as the controller job that followed this attempt.")] = None,
     as_json: options.Json = False,

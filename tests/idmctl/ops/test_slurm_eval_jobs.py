@@ -114,25 +114,34 @@ def test_eval_jobs_follow_a_resubmitted_attempt(cli, tiny_cache, slurm_home: Pat
             db.add(row)
 
     spec = tiny_cache.spec_file(slurm_home / "specs", "tiny_eval_follow", resources={"cpus": 1, "mem": "500MB"})
-    first = _submit(cli, str(spec), "--qos", "sub", "--hold", "--eval", "last")
-    successor = _submit(cli, str(spec), "--qos", "sub", "--hold")
-    into_chain(successor["job"], first["chain"], 2)
-    (waiting,) = first["evals"]
-    (line,) = follow([(first["job"], successor["job"])], [])
-    assert line == f"eval job {waiting['job']}: now waits on job {successor['job']} ({successor['scheduler_id']})"
-    assert sh("squeue", "-h", "-j", waiting["scheduler_id"], "-o", "%E").strip().startswith(
-        f"afterok:{successor['scheduler_id']}")
-    # Killed by Slurm when the attempt it waits on is cancelled, then its attempt "resubmitted" again.
-    sh("scancel", successor["scheduler_id"])
-    _, killed = _sync_until_final(cli, [successor["job"], waiting["job"]], 60)
-    assert killed.state.startswith("CANCELLED") and killed.started_at is None
-    third = _submit(cli, str(spec), "--qos", "sub", "--hold")
-    into_chain(third["job"], first["chain"], 3)
-    (line,) = follow([(successor["job"], third["job"])], [])
-    fresh_id = int(re.search(r"re-submitted as eval job (\d+)", line).group(1))
-    fresh = _job(fresh_id)
-    assert json.loads(fresh.options_json)["eval"]["replaces"] == waiting["job"]
-    assert sh("squeue", "-h", "-j", fresh.scheduler_id, "-o", "%E").strip().startswith(f"afterok:{third['scheduler_id']}")
-    for job in (first, third):
-        sh("scancel", job["scheduler_id"])
-    _sync_until_final(cli, [first["job"], third["job"], fresh_id], 60)
+    held: list[str] = []  # every held job this test submits: cancelled however it ends, so none outlives it
+    try:
+        first = _submit(cli, str(spec), "--qos", "sub", "--hold", "--eval", "last")
+        held += [first["scheduler_id"], *(e["scheduler_id"] for e in first["evals"])]
+        successor = _submit(cli, str(spec), "--qos", "sub", "--hold")
+        held.append(successor["scheduler_id"])
+        into_chain(successor["job"], first["chain"], 2)
+        (waiting,) = first["evals"]
+        (line,) = follow([(first["job"], successor["job"])], [])
+        assert line == f"eval job {waiting['job']}: now waits on job {successor['job']} ({successor['scheduler_id']})"
+        assert sh("squeue", "-h", "-j", waiting["scheduler_id"], "-o", "%E").strip().startswith(
+            f"afterok:{successor['scheduler_id']}")
+        # Killed by Slurm when the attempt it waits on is cancelled, then its attempt "resubmitted" again.
+        sh("scancel", successor["scheduler_id"])
+        _, killed = _sync_until_final(cli, [successor["job"], waiting["job"]], 60)
+        assert killed.state.startswith("CANCELLED") and killed.started_at is None
+        third = _submit(cli, str(spec), "--qos", "sub", "--hold")
+        held.append(third["scheduler_id"])
+        into_chain(third["job"], first["chain"], 3)
+        (line,) = follow([(successor["job"], third["job"])], [])
+        fresh_id = int(re.search(r"re-submitted as eval job (\d+)", line).group(1))
+        fresh = _job(fresh_id)
+        held.append(fresh.scheduler_id)
+        assert json.loads(fresh.options_json)["eval"]["replaces"] == waiting["job"]
+        assert sh("squeue", "-h", "-j", fresh.scheduler_id, "-o", "%E").strip().startswith(f"afterok:{third['scheduler_id']}")
+        for job in (first, third):
+            sh("scancel", job["scheduler_id"])
+        _sync_until_final(cli, [first["job"], third["job"], fresh_id], 60)
+    finally:
+        for scheduler_id in held:
+            sh("scancel", scheduler_id, check=False)
