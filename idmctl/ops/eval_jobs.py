@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,7 +29,7 @@ from ground import contract
 from ground.errors import CheckFailed, UserError
 from ground.paths import atomic_write_text
 from idmctl.core.job_options import JobOptions, JobRequest
-from idmctl.core.job_state import JobState, is_terminal
+from idmctl.core.job_state import is_terminal
 from idmctl.job.code import JobCode
 from idmctl.job.render import render_script
 from idmctl.ops.controller import submit_controller

@@ -255,9 +255,9 @@ def _submit_attempt(resolved: ResolvedSpec, scheduler: str, options: JobOptions,
     row, chain = submit_recorded(resolved, options, executor, script_path, ctx.log_path, recorded, chain_id=chain_id,
                                  attempt=attempt, spec_hash=spec_hash, version=version, preflight_id=preflight_id,
                                  forced=forced)
-    scheduler_id = str(row.scheduler_id)
     if executor.name == "slurm":  # the chain's controller: sync runs inside Slurm once this attempt ends
-        submit_controller(job_id, chain_id, attempt, scheduler_id, ctx.run_dir, (admitted or {}).get("cluster"))
+        submit_controller(int(row.id), chain_id, attempt, str(row.scheduler_id), ctx.run_dir,
+                          (admitted or {}).get("cluster"))
     return Submitted(job=row, chain=chain, script=script)
 
 
