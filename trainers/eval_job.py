@@ -7,23 +7,31 @@ spec's evaluations (the same evaluators, episodes and seed the trainer's own eva
 each metric and its per-episode artifact at step N under its protocol into the chain's one MLflow run,
 which it reopens without touching its status (the training attempts own that).
 
-Exit 0 when every evaluation was logged, 2 for bad input (no such checkpoint, no MLflow run yet).
+Exit 0 when every evaluation was logged, 2 for bad input (no such checkpoint, no MLflow run yet), and
+``EXIT_REQUEUE`` at once on USR1 (the notice Slurm sends before a preemption or the time limit): an evaluation
+has nothing to save, so the job script requeues it and the rerun scores the checkpoint from the start. Left to
+USR1's default action the process died with 138, the job ended FAILED, Slurm never requeued it (a job that
+exits by itself during its grace time is not requeued) and the checkpoint went unscored.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from ground import tracking as names
+from ground.contract import EXIT_REQUEUE
 from ground.code_snapshot import refuse_unadmitted_code
 from ground.errors import UserError
 from ground.run_dir import RunSpec, read_run_spec
 from trainers.checkpoint import checkpoint_path, complete_checkpoints, state_file, verify
+
+if TYPE_CHECKING:
+    import torch
 
 
 def load_weights(run: RunSpec, step: int, device: torch.device) -> torch.nn.Module:
@@ -49,6 +57,8 @@ def load_weights(run: RunSpec, step: int, device: torch.device) -> torch.nn.Modu
 
 def evaluate(run: RunSpec, step: int) -> dict[str, float]:
     """Every evaluation of the spec on checkpoint ``step``, logged at that step; returns metric → mm."""
+    import torch  # after main's USR1 handler: a notice during this import requeues, it does not kill
+
     from trainers.evaluate import ChunkPolicy, build_evaluators
     from trainers.tracking import RunLogger
 
@@ -67,16 +77,28 @@ def evaluate(run: RunSpec, step: int) -> dict[str, float]:
     return results
 
 
+def requeue_on_notice(signum: int, _frame: object) -> None:
+    """USR1: exit ``EXIT_REQUEUE`` now; nothing is half-written that a rerun would trust (metrics logged so
+    far are logged again at the same step, the per-episode artifact is replaced)."""
+    print(f"eval job: {signal.Signals(signum).name} received: exiting {EXIT_REQUEUE} to be requeued "
+          "(an evaluation resumes nothing: the rerun scores the checkpoint from the start)", flush=True)
+    os._exit(EXIT_REQUEUE)
+
+
 def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGUSR1, requeue_on_notice)
     parser = argparse.ArgumentParser(prog="python -m trainers.eval_job", description=__doc__.splitlines()[0])
     parser.add_argument("--run-dir", required=True, type=Path, help="The training chain's run directory.")
     parser.add_argument("--step", required=True, type=int, help="The checkpoint's step.")
     args = parser.parse_args(argv)
     if (refused := refuse_unadmitted_code()) is not None:
         return refused
+    print(f"eval job: step {args.step} of {args.run_dir}: starting (USR1 requeues it)", flush=True)
     try:
         run = read_run_spec(args.run_dir)
         if run.spec.resources.gpus_per_node == 0:
+            import torch  # the handler is in place: see evaluate
+
             torch.set_num_threads(1)
         results = evaluate(run, args.step)
     except UserError as exc:

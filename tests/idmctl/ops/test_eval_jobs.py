@@ -6,6 +6,7 @@ written. The job-level path (Slurm dependencies, a preempted chain) is tests/idm
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +15,7 @@ import pytest
 import torch
 
 from ground.paths import REPO_ROOT
-from ground.contract import MLFLOW_RUN_ID_FILE
+from ground.contract import EXIT_REQUEUE, MLFLOW_RUN_ID_FILE
 from test_train import mlflow_runs, prepare_run, run_trainer, trainer_env
 
 torch.set_num_threads(1)
@@ -55,6 +56,18 @@ def test_eval_job_scores_a_checkpoint_into_the_chains_run_at_its_step(tiny_cache
     assert missing.returncode == 2
     assert "no checkpoint at step 5 (checkpoints present: 4, 8)" in missing.stderr
     assert "Traceback" not in missing.stderr
+
+    # Slurm's notice before a preemption: the job script passes USR1 on, and the eval must exit EXIT_REQUEUE
+    # (the script then requeues it) instead of dying of the signal (138: FAILED, never requeued).
+    noticed = subprocess.Popen([sys.executable, "-m", "trainers.eval_job", "--run-dir", str(run_dir), "--step", "8"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=trainer_env(), cwd=REPO_ROOT)
+    first = noticed.stdout.readline()  # printed once the handler is in place, before torch is imported
+    assert first.startswith("eval job: step 8 of "), first
+    noticed.send_signal(signal.SIGUSR1)
+    out, err = noticed.communicate(timeout=300)
+    assert noticed.returncode == EXIT_REQUEUE, (noticed.returncode, out, err[-2000:])
+    assert f"eval job: SIGUSR1 received: exiting {EXIT_REQUEUE} to be requeued" in out
+    assert "idmctl.eval_job.step-8" not in client.get_run(run_id).data.tags  # it never finished
 
 
 def test_eval_choices_that_name_no_kept_checkpoint_are_bad_input(cli, tiny_cache, tmp_path: Path,
