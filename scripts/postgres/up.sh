@@ -12,6 +12,7 @@
 set -euo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
+source "$HERE/../daemon_fds.sh"
 ROOT="${IDMCTL_PG_ROOT:-/tmp/idmctl-pg}"
 PORT="${IDMCTL_PG_PORT:-15432}"
 ROLE=idmctl

@@ -11,6 +11,7 @@
 set -euo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
+source "$HERE/../daemon_fds.sh"
 ROOT="${IDMCTL_SLURM_ROOT:-/tmp/idmctl-slurm}"
 PORT="${IDMCTL_SLURM_PORT:-17010}"
 WITH_DBD="${IDMCTL_SLURM_DBD:-1}"
