@@ -123,7 +123,8 @@ def _submit_one(resolved: "ResolvedSpec", scheduler: str, options: JobOptions, c
                 admitted: dict[str, Any] | None, link: dict[str, Any], run_dir: Path, preflight_id: int | None,
                 forced: str | None, spec_hash: str | None) -> Any:
     """Its own chain row (retries 0); the script and log in the training chain's run directory."""
-    from idmctl.ops.submit import _context, submit_recorded, submitted_facts  # submit imports this module: the cycle is broken here
+    from idmctl.ops.submit import (  # submit imports this module: the cycle is broken here
+        _context, submit_recorded, submitted_facts)
     from idmctl.record.db import session  # the ORM: a submit with --eval, or sync
     from idmctl.record.models import Chain  # the ORM, with session above
 

@@ -267,7 +267,8 @@ def submitted_facts(admitted: dict[str, Any] | None, code: JobCode | None) -> di
 
 
 def submit_recorded(resolved: "ResolvedSpec", options: JobOptions, executor: Any, script_path: Path, log_path: str,
-                    recorded: dict[str, Any], facts: dict[str, Any], *, chain_id: int, attempt: int, spec_hash: str | None, version: str,
+                    recorded: dict[str, Any], facts: dict[str, Any], *, chain_id: int, attempt: int,
+                    spec_hash: str | None, version: str,
                     preflight_id: int | None, forced: str | None) -> tuple[Any, Any]:
     """Insert the job row (SUBMITTING), hand the script to the executor, then record its id (PENDING): a
     refused sbatch leaves the row SUBMIT_FAILED and its chain FAILED. Every job idmctl submits (an attempt,

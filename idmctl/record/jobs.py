@@ -257,9 +257,9 @@ def chain_and_attempts(chain_id: int) -> tuple[Any, list[Any]]:
 
 def take_for_resubmission(job_id: int, spends_retry: bool) -> tuple[dict[str, Any], Any]:
     """What a resubmission of job ``job_id`` starts from (its chain, attempt, preflight, forced reason, spec
-    hash, executor, code version, stored options, admission, code snapshot, script path) and the preflight row it passed (detached;
-    None without one), spending one of the chain's retries when ``spends_retry``. UserError for a job that
-    is not in a chain."""
+    hash, executor, code version, stored options, admission, code snapshot, script path) and the preflight
+    row it passed (detached; None without one), spending one of the chain's retries when ``spends_retry``.
+    UserError for a job that is not in a chain."""
     from idmctl.record.db import session  # start-up: SQLAlchemy; only a resubmitting sync asks
     from idmctl.record.models import Chain, Job, PreflightRun  # start-up: SQLAlchemy, as above
 

@@ -45,6 +45,7 @@ def newest_efficiency(experiment: str) -> Any:
 
 
 EVAL_FIELDS = ("of_chain", "step", "after", "choice", "replaces", "moved_to")
+EVAL_OPTIONAL = ("replaces", "moved_to")
 """``{"of_chain": training chain id, "step": checkpoint step, "after": the training job's scheduler id
 it waits on, "choice": the --eval value, "replaces": the eval job id it stands in for, "moved_to": the one
 that stands in for it}`` (the last two absent when None); each is the column ``eval_<field>``."""
@@ -56,7 +57,7 @@ def eval_link(job: Any) -> dict[str, Any] | None:
     if getattr(job, "eval_of_chain", None) is None:
         return None
     link = {name: getattr(job, f"eval_{name}", None) for name in EVAL_FIELDS}
-    return {name: value for name, value in link.items() if value is not None or name in ("of_chain", "step", "after", "choice")}
+    return {name: value for name, value in link.items() if value is not None or name not in EVAL_OPTIONAL}
 
 
 def eval_columns(link: dict[str, Any] | None) -> dict[str, Any]:

@@ -122,7 +122,8 @@ def submit(
     console.print(f"log    {job.log_path}", markup=False)
     for evaluation in done.evals:
         console.print(f"eval job {evaluation.id} ({evaluation.executor} {evaluation.scheduler_id}) checkpoint step "
-                      f"{evaluation.eval_step}: after job {job.id} ends OK (afterok:{evaluation.eval_after})", markup=False)
+                      f"{evaluation.eval_step}: after job {job.id} ends OK (afterok:{evaluation.eval_after})",
+                      markup=False)
     if job.forced_reason:
         failed = (job.admitted or {}).get("admission", {}).get("failed", [])
         past = f" and past FAILs ({', '.join(failed)})" if failed else ""

@@ -67,14 +67,16 @@ def upgrade() -> None:
                 text_field = name in EVAL_TEXT_FIELDS
                 values[f"eval_{name}"] = (None if value is None else str(value)) if text_field else _as_int(value)
         if values:
-            connection.execute(sa.update(job).where(job.c.id == row_id).values(options_json=json.dumps(options), **values))
+            connection.execute(sa.update(job).where(job.c.id == row_id)
+                               .values(options_json=json.dumps(options), **values))
 
 
 def downgrade() -> None:
     job = _job_table()
     connection = op.get_bind()
     names = [*JSON_FACTS, "derived_exit_code", *(f"eval_{name}" for name in EVAL_FIELDS)]
-    for row in connection.execute(sa.select(job.c.id, job.c.options_json, *(job.c[name] for name in names))).mappings().all():
+    query = sa.select(job.c.id, job.c.options_json, *(job.c[name] for name in names))
+    for row in connection.execute(query).mappings().all():
         try:
             options = json.loads(row["options_json"] or "{}")
         except ValueError:
@@ -86,7 +88,8 @@ def downgrade() -> None:
         if link:
             folded["eval"] = link
         if folded:
-            connection.execute(sa.update(job).where(job.c.id == row["id"]).values(options_json=json.dumps({**options, **folded})))
+            connection.execute(sa.update(job).where(job.c.id == row["id"])
+                               .values(options_json=json.dumps({**options, **folded})))
     with op.batch_alter_table('job', schema=None) as batch_op:
         batch_op.drop_index(batch_op.f('ix_job_eval_of_chain'))
         for name in reversed(names):
