@@ -3,7 +3,7 @@ then asks the scheduler for (:class:`JobOptions`, the spec's defaults after the 
 
 The CLI turns its flags into a :class:`JobRequest` once; the library reads fields, never flag spellings.
 The spellings (``--qos``, ``-c``) are each field's metadata: they name a flag in messages and key what
-the store keeps (``Job.options_json``'s ``flags``, the preflight gate's ``smoke_flags``), whose on-disk
+the store keeps (``Job.admitted``'s ``flags``, the preflight gate's ``smoke_flags``), whose on-disk
 form is unchanged, so rows written before this module read as they always did.
 """
 

@@ -18,7 +18,7 @@ from ground.code_snapshot import (OBJECTS_DIR, SNAPSHOTS_DIR, SnapshotError, Tre
 from ground.contract import spec_roots
 from ground.errors import UserError
 from ground.paths import expand_path
-from idmctl.record.jobs import unfinished_job_options
+from idmctl.record.jobs import unfinished_job_codes
 from ground.code_snapshot import MANIFEST
 from ground.code_snapshot import _remove_tree
 from ground.code_snapshot import environment, environment_digest, known_environment
@@ -50,9 +50,8 @@ class JobCode:
         return asdict(self)
 
     @classmethod
-    def from_record(cls, recorded: dict[str, Any] | None) -> "JobCode | None":
-        """From a job row's options (None for jobs submitted before snapshots: they ran the live tree)."""
-        data = (recorded or {}).get("code")
+    def from_record(cls, data: dict[str, Any] | None) -> "JobCode | None":
+        """From a job row's ``code`` column (None for jobs submitted before snapshots: they ran the live tree)."""
         if not isinstance(data, dict):
             return None
         try:
@@ -135,7 +134,7 @@ class Collected:
 def snapshots_in_use() -> set[str]:
     """Snapshot folders of every job not final and of the last attempt of every ACTIVE chain."""
     used: set[str] = set()
-    for stored in unfinished_job_options():
+    for stored in unfinished_job_codes():
         try:
             code = JobCode.from_record(stored)
         except ValueError:

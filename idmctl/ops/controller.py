@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 from ground.errors import CheckFailed
 from ground.paths import atomic_write_text, home
@@ -22,8 +23,7 @@ from idmctl.core.notice import warn
 from idmctl.core.profile import ClusterProfile, load_profile
 from idmctl.job.controller_script import ControllerContext, controller_request, render_controller_script
 from idmctl.ops.executors import executor_for
-from idmctl.record.job_facts import CONTROLLER, fact, record_fact
-from idmctl.record.stored_json import job_options
+from idmctl.record.job_facts import CONTROLLER, record_fact
 
 CONTROLLER_LOG = "controller-%j.out"
 
@@ -87,20 +87,20 @@ def chain_state(chain_id: int) -> tuple[str | None, list[dict]]:
         chain = db.get(Chain, chain_id)
         rows = attempts_of(db, chain_id)
         attempts = [{"id": job.id, "attempt": job.attempt, "scheduler_id": job.scheduler_id, "state": job.state,
-                     "script_path": job.script_path, "controller": fact(job.options_json, CONTROLLER, job.id),
-                     "cluster": _cluster_of(job.options_json, job.id)}
+                     "script_path": job.script_path, "controller": job.controller,
+                     "cluster": _cluster_of(job)}
                     for job in rows]
         return (chain.status if chain else None), attempts
 
 
-def _cluster_of(options_json: str | None, job: object) -> str | None:
-    admitted = job_options(options_json, job).get("admitted") or {}
+def _cluster_of(job: Any) -> str | None:
+    admitted = job.admitted or {}
     return admitted.get("cluster") if isinstance(admitted, dict) else None
 
 
-def controller_of(options_json: str | None, job: object = "?") -> dict | None:
+def controller_of(job: Any) -> dict | None:
     """The controller fact of an attempt (for ``idmctl jobs``): id, when submitted, its last run."""
-    value = fact(options_json, CONTROLLER, job)
+    value = getattr(job, CONTROLLER, None)
     return value if isinstance(value, dict) else None
 
 

@@ -4,8 +4,8 @@ chained on the training chain with ``--dependency=afterok:<training job>`` and `
 Each eval job runs ``trainers.eval_job`` in the training chain's run directory: it resumes nothing,
 loads ``checkpoints/step-N.ckpt``, runs the spec's evaluations and logs into the chain's one MLflow run
 at step N under each metric's protocol. It is its own chain row (retries 0, never retried: an
-evaluation is cheap to re-run by hand) linked to the training chain under the ``eval`` key of its
-stored options (``idmctl.record.eval_jobs``).
+evaluation is cheap to re-run by hand) linked to the training chain by the ``eval_*`` columns of its
+job row (``idmctl.record.eval_jobs``).
 
 Which attempt writes a checkpoint is not known at submit (a preemption moves it), so every eval job
 waits on the chain's current attempt: a requeue keeps the job id (the dependency holds); a resubmission
@@ -34,7 +34,8 @@ from idmctl.job.code import JobCode
 from idmctl.job.render import render_script
 from idmctl.ops.controller import submit_controller
 from idmctl.ops.executors import executor_for
-from idmctl.record.eval_jobs import EVAL_KEY, eval_jobs_of, eval_link, store_eval_link
+from idmctl.record.eval_jobs import eval_jobs_of, store_eval_link
+from idmctl.record.stored_json import eval_columns, eval_link, job_options
 
 if TYPE_CHECKING:
     from ground.spec.loader import ResolvedSpec
@@ -97,12 +98,12 @@ def submit_with_evals(experiment: str, request: JobRequest, cluster: str | None,
     steps = plan(choice, submitting.prepare(experiment, request, cluster))
     submitted = submitting.submit(experiment, request, cluster, force_reason=force_reason)
     training = submitted.job
-    stored = json.loads(training.options_json or "{}")
+    stored = job_options(training.options_json, training.id)
     resolved = submitting._resolved_from_run(json.loads(Path(training.script_path).with_name(contract.SPEC_FILE)
                                                         .read_text()), training.script_path)
     options = JobOptions(**{k: v for k, v in stored.items() if k in JobOptions.__dataclass_fields__})
     submitted.evals = [_submit_one(resolved, "slurm", _eval_options(options, step, training.scheduler_id),
-                                   JobCode.from_record(stored), stored.get("admitted"),
+                                   JobCode.from_record(training.code), training.admitted,
                                    {"of_chain": training.chain_id, "step": step, "after": training.scheduler_id,
                                     "choice": choice}, Path(training.script_path).parent, training.preflight_id,
                                    training.forced_reason, training.spec_hash)
@@ -122,7 +123,8 @@ def _submit_one(resolved: "ResolvedSpec", scheduler: str, options: JobOptions, c
                 admitted: dict[str, Any] | None, link: dict[str, Any], run_dir: Path, preflight_id: int | None,
                 forced: str | None, spec_hash: str | None) -> Any:
     """Its own chain row (retries 0); the script and log in the training chain's run directory."""
-    from idmctl.ops.submit import _context, submit_recorded  # submit imports this module: the cycle is broken here
+    from idmctl.ops.submit import (  # submit imports this module: the cycle is broken here
+        _context, submit_recorded, submitted_facts)
     from idmctl.record.db import session  # the ORM: a submit with --eval, or sync
     from idmctl.record.models import Chain  # the ORM, with session above
 
@@ -138,10 +140,9 @@ def _submit_one(resolved: "ResolvedSpec", scheduler: str, options: JobOptions, c
     script_path = run_dir / f"eval-step-{step}-chain-{chain_id}.sbatch"
     atomic_write_text(script_path, script)
     executor = executor_for(scheduler)
-    recorded = {**options.as_dict(), **({"admitted": admitted} if admitted else {}),
-                **({"code": code.as_dict()} if code else {}), EVAL_KEY: link}
     version = code.version if code else contract.code_version()
-    row, _ = submit_recorded(resolved, options, executor, script_path, ctx.log_path, recorded, chain_id=chain_id,
+    row, _ = submit_recorded(resolved, options, executor, script_path, ctx.log_path, options.as_dict(),
+                             {**submitted_facts(admitted, code), **eval_columns(link)}, chain_id=chain_id,
                              attempt=1, spec_hash=spec_hash or resolved.hash, version=version, preflight_id=preflight_id,
                              forced=forced)
     scheduler_id = str(row.scheduler_id)
@@ -169,17 +170,17 @@ def follow(resubmitted: list[tuple[int, int]], finished: list[int]) -> list[str]
     with session() as db:
         for old_id, new_id in resubmitted:
             old, new = db.get(Job, old_id), db.get(Job, new_id)
-            if old is None or new is None or old.chain_id is None or eval_link(old.options_json):
+            if old is None or new is None or old.chain_id is None or eval_link(old):
                 continue
             for dependent in eval_jobs_of(db, old.chain_id):
-                link = eval_link(dependent.options_json) or {}
+                link = eval_link(dependent) or {}
                 if link.get("after") == old.scheduler_id and not link.get("moved_to"):
                     db.expunge(dependent)
                     moves.append((dependent, new))
         for job_id in finished:
             ended = db.get(Job, job_id)
             chain = db.get(Chain, ended.chain_id) if ended is not None and ended.chain_id else None
-            if chain is None or chain.status not in EARLY_END or eval_link(ended.options_json):
+            if chain is None or chain.status not in EARLY_END or eval_link(ended):
                 continue
             for dependent in eval_jobs_of(db, chain.id or 0):
                 if dependent.scheduler_id and not is_terminal(dependent.state) and dependent.started_at is None:
@@ -202,7 +203,7 @@ def _move(dependent: Any, new: Any) -> str:
     """Wait on ``new`` instead: ``scontrol update`` while it is pending, else a fresh eval job."""
     from idmctl.ops.executors.slurm import _run  # scontrol, as the executor runs it (its timeout and env)
 
-    link = eval_link(dependent.options_json) or {}
+    link = eval_link(dependent) or {}
     if not is_terminal(dependent.state) and dependent.started_at is None:
         result = _run(["scontrol", "update", f"JobId={dependent.scheduler_id}", f"Dependency=afterok:{new.scheduler_id}"])
         if result.returncode == 0:
@@ -213,13 +214,13 @@ def _move(dependent: Any, new: Any) -> str:
     # Killed by Slurm when its attempt did not end OK (or it can no longer be updated): submit it again.
     from idmctl.ops.submit import _resolved_from_run  # the spec exactly as the chain started with it
 
-    stored = json.loads(dependent.options_json or "{}")
+    stored = job_options(dependent.options_json, dependent.id)
     run_dir = Path(dependent.script_path).parent
     resolved = _resolved_from_run(json.loads((run_dir / contract.SPEC_FILE).read_text()), str(run_dir / contract.SPEC_FILE))
     options = JobOptions(**{k: v for k, v in stored.items() if k in JobOptions.__dataclass_fields__})
     options = replace(options, dependency=f"afterok:{new.scheduler_id}")
     fresh = _submit_one(resolved, "slurm" if dependent.executor == "slurm" else "local", options,
-                        JobCode.from_record(stored), stored.get("admitted"),
+                        JobCode.from_record(dependent.code), dependent.admitted,
                         {**link, "after": new.scheduler_id, "replaces": dependent.id}, run_dir,
                         dependent.preflight_id, dependent.forced_reason, dependent.spec_hash)
     store_eval_link(dependent.id, {**link, "moved_to": fresh.id})

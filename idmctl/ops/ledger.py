@@ -23,7 +23,6 @@ under the 0.5 s target, with no ORM import.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -126,9 +125,8 @@ def _costs(jobs: list[tuple[Any, ...]], causes: dict[tuple[int, int], str]) -> l
             last_attempt[job[1]] = max(last_attempt.get(job[1], 0), job[2])
     costs: list[RunCost] = []
     for (job_pk, chain, attempt, experiment, qos, gpus, state, exit_code, ended_at, script, seconds,
-         options) in jobs:
+         runs) in jobs:
         chain_goes_on = chain is not None and last_attempt[chain] > attempt
-        runs = json.loads(options).get("runs") if options else None
         if not runs:
             runs = [{"state": state, "exit_code": exit_code, "started_at": None, "ended_at": ended_at,
                      "seconds": seconds}]

@@ -195,10 +195,10 @@ def resume(experiment: str, chain_id: int, request: JobRequest, cluster: str | N
         raise UserError(f"chain {chain_id} is still running (job {running[-1].id}, {running[-1].state})",
                         file="command line", field="--resume", hint="wait for it to end, or `idmctl cancel` it")
     last = attempts[-1]
-    stored, spec_hash, experiment_of = job_options(last.options_json, last.id), chain.spec_hash, chain.experiment
+    spec_hash, experiment_of = chain.spec_hash, chain.experiment
     last_attempt = max(a.attempt for a in attempts)
     if code_choice == "chain":
-        code = JobCode.from_record(stored)
+        code = JobCode.from_record(last.code)
         if code is None:
             raise UserError(f"chain {chain_id} ran the live tree (submitted before code snapshots)", file="command line",
                             field="--code", hint="resume it with --code current")
@@ -250,9 +250,9 @@ def _submit_attempt(resolved: ResolvedSpec, scheduler: str, options: JobOptions,
     script_path = ctx.run_dir / f"attempt-{attempt}.sbatch"
     atomic_write_text(script_path, script)
     executor = executor_for(scheduler)
-    recorded = {**options.as_dict(), "rollback": bool(extra_env.get(contract.ENV_ROLLBACK)),
-                **({"admitted": admitted} if admitted else {}), **({"code": code.as_dict()} if code else {})}
-    row, chain = submit_recorded(resolved, options, executor, script_path, ctx.log_path, recorded, chain_id=chain_id,
+    recorded = {**options.as_dict(), "rollback": bool(extra_env.get(contract.ENV_ROLLBACK))}
+    row, chain = submit_recorded(resolved, options, executor, script_path, ctx.log_path, recorded,
+                                 submitted_facts(admitted, code), chain_id=chain_id,
                                  attempt=attempt, spec_hash=spec_hash, version=version, preflight_id=preflight_id,
                                  forced=forced)
     if executor.name == "slurm":  # the chain's controller: sync runs inside Slurm once this attempt ends
@@ -261,17 +261,24 @@ def _submit_attempt(resolved: ResolvedSpec, scheduler: str, options: JobOptions,
     return Submitted(job=row, chain=chain, script=script)
 
 
+def submitted_facts(admitted: dict[str, Any] | None, code: JobCode | None) -> dict[str, Any]:
+    """The job columns an attempt's row gets at submit: its admission and its code snapshot (None: none)."""
+    return {"admitted": admitted or None, "code": code.as_dict() if code else None}
+
+
 def submit_recorded(resolved: "ResolvedSpec", options: JobOptions, executor: Any, script_path: Path, log_path: str,
-                    recorded: dict[str, Any], *, chain_id: int, attempt: int, spec_hash: str | None, version: str,
+                    recorded: dict[str, Any], facts: dict[str, Any], *, chain_id: int, attempt: int,
+                    spec_hash: str | None, version: str,
                     preflight_id: int | None, forced: str | None) -> tuple[Any, Any]:
     """Insert the job row (SUBMITTING), hand the script to the executor, then record its id (PENDING): a
     refused sbatch leaves the row SUBMIT_FAILED and its chain FAILED. Every job idmctl submits (an attempt,
-    an eval job) goes through here, so the row always says what was asked of the scheduler."""
+    an eval job) goes through here, so the row always says what was asked of the scheduler: ``recorded``
+    the request (``options_json``), ``facts`` the columns known at submit (admission, code snapshot, eval link)."""
     job_id = insert_job(dict(chain_id=chain_id, attempt=attempt, experiment=resolved.name, spec_hash=spec_hash,
                              code_version=version, preflight_id=preflight_id, executor=executor.name,
                              state="SUBMITTING", qos=options.qos, gpus=options.gpus_per_node * options.nodes,
                              routing_n=resolved.spec.data.routing_n, script_path=str(script_path),
-                             options_json=json.dumps(recorded), forced_reason=forced))
+                             options_json=json.dumps(recorded), forced_reason=forced, **facts))
     try:
         scheduler_id = executor.submit(script_path, log_path)
     except CheckFailed as exc:
@@ -299,8 +306,8 @@ def resubmit(job_id: int, extra_env: dict[str, str], reason: str, spends_retry: 
     options = with_exclusions(replace(JobOptions(**options_data), hold=False), active_exclusions())
     resolved = _resolved_from_run(spec_json, old_values["script_path"])
     scheduler = "slurm" if old_values["executor"] == "slurm" else "local"
-    first = stored.get("admitted") or {}
-    code = JobCode.from_record(stored)
+    first = old_values["admitted"] or {}
+    code = JobCode.from_record(old_values["code"])
     env = {**extra_env, contract.ENV_RETRY_REASON: reason}
     attempt = old_values["attempt"] + 1
     try:
@@ -343,13 +350,13 @@ def _readmit(resolved: ResolvedSpec, options: JobOptions, first: dict[str, Any],
 def _refuse(old: dict[str, Any], resolved: ResolvedSpec, options: JobOptions, attempt: int, why: str,
             admitted: dict[str, Any] | None, code: JobCode | None) -> None:
     """The attempt that was not sent, as a row: ``idmctl jobs show`` names the verdict."""
-    recorded = {**options.as_dict(), **({"admitted": admitted} if admitted else {}), **({"code": code.as_dict()} if code else {})}
     job_id = insert_job(dict(chain_id=old["chain_id"], attempt=attempt, experiment=resolved.name,
                               spec_hash=old["spec_hash"] or resolved.hash, code_version=code.version if code else old["code_version"],
                               preflight_id=old["preflight_id"], executor=old["executor"], state="SUBMIT_FAILED",
                               qos=options.qos, gpus=options.gpus_per_node * options.nodes,
                               routing_n=resolved.spec.data.routing_n, script_path=None,
-                              options_json=json.dumps(recorded), forced_reason=old["forced"], reason=why[:500]))
+                              options_json=json.dumps(options.as_dict()), forced_reason=old["forced"], reason=why[:500],
+                              **submitted_facts(admitted, code)))
     update_job(job_id, {"state": "SUBMIT_FAILED"}, old["chain_id"], {"status": "FAILED"})
 
 

@@ -33,7 +33,7 @@ from idmctl.plan.efficiency import EfficiencyReport, report as efficiency_report
 from idmctl.ops.listing import aware as _aware, queue_wait_seconds  # noqa: F401  (re-exported; one home)
 from idmctl.record.claims import claim_end
 from idmctl.record.db import Session, session
-from idmctl.record.eval_jobs import eval_link
+from idmctl.record.stored_json import eval_link
 from idmctl.record.exclusions import exclude_node, nodes_excluded_for
 from idmctl.record.failures import failures_of
 from idmctl.record.jobs import unfinished_jobs  # noqa: F401  (re-exported: `watch` asks sync for it)
@@ -105,15 +105,13 @@ def _apply(job: Job, status: JobStatus) -> bool:
             # is why a live status never sets it).
             job.submitted_at = status.submitted_at
         if status.runs:
-            options = job_options(job.options_json, job.id)
             # Every run of a requeued job as sacct -D lists it: where the preemptions show.
-            options["runs"] = [{"state": r.state, "exit_code": r.exit_code, "reason": r.reason,
-                                "started_at": r.started_at.isoformat() if r.started_at else None,
-                                "ended_at": r.ended_at.isoformat() if r.ended_at else None,
-                                "node_list": r.node_list, "steps": [list(step) for step in r.steps],
-                                **({"usage": r.usage, "step_usage": r.step_usage} if r.usage else {})}
-                               for r in status.runs]
-            job.options_json = json.dumps(options)
+            job.runs = [{"state": r.state, "exit_code": r.exit_code, "reason": r.reason,
+                       "started_at": r.started_at.isoformat() if r.started_at else None,
+                       "ended_at": r.ended_at.isoformat() if r.ended_at else None,
+                       "node_list": r.node_list, "steps": [list(step) for step in r.steps],
+                       **({"usage": r.usage, "step_usage": r.step_usage} if r.usage else {})}
+                         for r in status.runs]
     job.log_tail = log_tail(job.log_path) or job.log_tail
     job.updated_at = datetime.now(timezone.utc)
     return before != (job.state, job.reason, job.exit_code, job.started_at, job.ended_at, job.node_list, job.restarts)
@@ -205,7 +203,7 @@ def sync(retry: bool = True, chain_id: int | None = None) -> SyncReport:
             chain = db.get(Chain, job.chain_id) if job and job.chain_id else None
             if job is None or chain is None or chain.status != "ACTIVE":
                 continue
-            if eval_link(job.options_json) is not None:  # an eval job is never retried (eval_jobs.follow moves it)
+            if eval_link(job) is not None:  # an eval job is never retried (eval_jobs.follow moves it)
                 chain.status = "COMPLETED" if job.state == JobState.COMPLETED else "FAILED"
                 db.add(chain)
                 continue
@@ -244,7 +242,7 @@ def _note_hang(db: Session, job: Job) -> bool:
     watchdog's marker) and the retry policy acts then, as for any cause."""
     options = job_options(job.options_json, job.id)
     k, floor, run_dir = options.get("hang_k"), options.get("hang_floor_s"), run_dir_of(job)
-    runs = options.get("runs") or []
+    runs = job.runs or []
     # This run's start: a requeued job's earlier run left a beat that is older than it.
     started = datetime.fromisoformat(runs[-1]["started_at"]) if runs and runs[-1].get("started_at") else job.started_at
     if k is None or floor is None or run_dir is None or started is None:
@@ -273,14 +271,13 @@ def _note_hang(db: Session, job: Job) -> bool:
 
 
 def _record_efficiency(job: Job) -> None:
-    """The efficiency report of a job that just ended, kept on its row (``options_json`` ``efficiency``)."""
+    """The efficiency report of a job that just ended, kept on its row (its ``efficiency`` column)."""
     options = job_options(job.options_json, job.id)
-    runs = options.get("runs") or [{"state": job.state}]
+    runs = job.runs or [{"state": job.state}]
     run_dir = run_dir_of(job)
     # An eval job shares the training run directory, whose trainer totals are the training attempts'.
-    trainer = attempt_totals(run_dir, job.attempt) if run_dir is not None and eval_link(job.options_json) is None else None
-    options["efficiency"] = efficiency_report(job.scheduler_id or f"#{job.id}", runs[-1], options, trainer).as_dict()
-    job.options_json = json.dumps(options)
+    trainer = attempt_totals(run_dir, job.attempt) if run_dir is not None and eval_link(job) is None else None
+    job.efficiency = efficiency_report(job.scheduler_id or f"#{job.id}", runs[-1], options, trainer).as_dict()
 
 
 def _log_efficiency(job_ids: list[int]) -> None:
@@ -288,9 +285,9 @@ def _log_efficiency(job_ids: list[int]) -> None:
     with session() as db:
         pairs = [(job, db.get(Chain, job.chain_id)) for job in (db.get(Job, i) for i in job_ids)
                  if job is not None and job.chain_id is not None]
-        todo = [(job.attempt, chain.mlflow_run_id, job_options(job.options_json, job.id).get("efficiency"))
+        todo = [(job.attempt, chain.mlflow_run_id, job.efficiency)
                 for job, chain in pairs if chain is not None and chain.mlflow_run_id
-                and eval_link(job.options_json) is None]  # an eval job's run is the training chain's
+                and eval_link(job) is None]  # an eval job's run is the training chain's
     todo = [item for item in todo if item[2]]
     if not todo:
         return

@@ -8,8 +8,8 @@ same experiment should ask for instead, with the numbers.
 - elapsed against the time limit.
 
 Sacct prints sizes in binary units (``2862M`` is MiB, ``360120K`` KiB) and CPU time as
-``[D-][HH:]MM:SS[.mmm]``; both are parsed here. The report is kept on the job row (``options_json``
-``efficiency``), logged to the chain's MLflow run and shown by ``idmctl jobs show``.
+``[D-][HH:]MM:SS[.mmm]``; both are parsed here. The report is kept on the job row (its ``efficiency``
+column), logged to the chain's MLflow run and shown by ``idmctl jobs show``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 
 from ground.units import format_bytes, format_duration, slurm_time
 from idmctl.core.job_state import JobState
-from idmctl.record.stored_json import newest_of_experiment
+from idmctl.record.stored_json import newest_efficiency
 from ground.units import parse_bytes, parse_duration
 
 HEADROOM = 1.25
@@ -126,7 +126,7 @@ class EfficiencyReport:
 
 
 def report(job_label: str, run: dict[str, Any], options: dict[str, Any], trainer: Any | None) -> EfficiencyReport:
-    """The report of one run (``Job.options_json`` ``runs[-1]``: sacct's usage) with the trainer's totals
+    """The report of one run (``Job.runs[-1]``: sacct's usage) with the trainer's totals
     (``ground.trainer_stats.RunStats`` or None) and the options the job was submitted with."""
     usage = run.get("usage") or {}
     result = EfficiencyReport(job=job_label, state=run.get("state") or "")
@@ -201,7 +201,7 @@ def suggest(found: EfficiencyReport, options: dict[str, Any]) -> list[Suggestion
 
 def last_report(experiment: str) -> EfficiencyReport | None:
     """The newest efficiency report of ``experiment``'s jobs (plain sqlite3: submit imports no ORM)."""
-    data = newest_of_experiment(experiment, "efficiency")
+    data = newest_efficiency(experiment)
     return EfficiencyReport.from_dict(data) if data else None
 
 

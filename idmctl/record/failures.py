@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from ground.errors import UserError
 from idmctl.core.job_state import JobState, is_failed
+from idmctl.record.fast import stored_json_value
 from idmctl.record.head import HEAD_REVISION  # the schema the fast reads understand
 from idmctl.record.url import shared_url
 
@@ -100,7 +101,7 @@ def failure_rows_fast(db: Path, experiment: str | None, cause: str | None, newes
 
 LedgerJob = tuple[Any, ...]
 """(id, chain_id, attempt, experiment, qos, gpus, state, exit_code, ended_at as text, script_path,
-run seconds, options_json where it holds a run list else None): what the ledger costs per job."""
+run seconds, sync's run list (``Job.runs``) or None): what the ledger costs per job."""
 
 
 def _causes(found: Any) -> dict[tuple[int, int], str]:
@@ -117,12 +118,12 @@ def ledger_inputs_fast(db: Path, user: str | None = None) -> tuple[list[LedgerJo
     if connection is None:
         return None
     try:
-        # Run times come from SQLite (julianday) for the usual one-run job; only jobs sync saw requeued
-        # carry a run list in options_json, and only those are parsed by the ledger.
+        # Run times come from SQLite (julianday) for the usual one-run job; the ledger walks the run list
+        # of the jobs sync recorded one for.
         jobs = connection.execute(
             "SELECT id, chain_id, attempt, experiment, qos, gpus, state, exit_code, ended_at, script_path, "
             "round((julianday(ended_at) - julianday(started_at)) * 86400.0, 3) AS seconds, "
-            "CASE WHEN instr(options_json, '\"runs\"') THEN options_json END AS options "
+            "runs "
             "FROM job WHERE started_at IS NOT NULL" + (' AND "user" = ?' if user else ""),
             (user,) if user else ()).fetchall()
         causes = _causes(connection.execute("SELECT job_id, cause, detail_json FROM failure"))
@@ -130,7 +131,7 @@ def ledger_inputs_fast(db: Path, user: str | None = None) -> tuple[list[LedgerJo
         return None
     finally:
         connection.close()
-    return [tuple(job) for job in jobs], causes
+    return [(*tuple(job)[:-1], stored_json_value(job["runs"], job["id"], "runs")) for job in jobs], causes
 
 
 def ledger_inputs(db: "Session", user: str | None = None) -> tuple[list[LedgerJob], dict[tuple[int, int], str]]:
@@ -140,14 +141,14 @@ def ledger_inputs(db: "Session", user: str | None = None) -> tuple[list[LedgerJo
     from idmctl.record.models import Failure, Job  # start-up: SQLAlchemy, as above
 
     query = select(Job.id, Job.chain_id, Job.attempt, Job.experiment, Job.qos, Job.gpus, Job.state, Job.exit_code,
-                   Job.ended_at, Job.script_path, Job.started_at, Job.options_json).where(Job.started_at.is_not(None))  # type: ignore[union-attr]
+                   Job.ended_at, Job.script_path, Job.started_at, Job.runs).where(Job.started_at.is_not(None))  # type: ignore[union-attr]
     if user:
         query = query.where(Job.user == user)
     jobs = []
-    for *head, ended_at, script, started_at, options in db.exec(query).all():
+    for *head, ended_at, script, started_at, runs in db.exec(query).all():
         seconds = None if ended_at is None else round(max(0.0, (ended_at - started_at).total_seconds()), 3)
         jobs.append((*head, None if ended_at is None else str(ended_at), script, seconds,
-                     options if '"runs"' in (options or "") else None))
+                     runs))
     return jobs, _causes(db.exec(select(Failure.job_id, Failure.cause, Failure.detail_json)).all())
 
 

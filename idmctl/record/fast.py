@@ -9,6 +9,7 @@ each other's rows (tests/idmctl/record/test_submit_fast_store.py compares them).
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,6 +26,11 @@ from idmctl.record.url import shared_url, writer
 BUSY_TIMEOUT_S = 10.0
 WRITER_TABLES = frozenset({"spec_version", "preflight_run", "chain", "job", "failure", "fix", "node_exclusion"})
 """Tables whose rows carry the writer's ``user`` and ``host`` (models.Written), as the ORM fills them."""
+JOB_JSON_COLUMNS = frozenset({"admitted", "code", "runs", "efficiency", "committed_step", "controller", "end_recorded",
+                              "notified"})
+"""The job table's JSON columns (models.Job, ``sa.JSON``): sqlite3 hands them back as text and takes them
+as text, so this module parses and writes them as the ORM does (tests/idmctl/record/test_job_columns.py
+checks the models agree)."""
 
 
 def db_time(moment: datetime | None = None) -> str:
@@ -110,14 +116,43 @@ def unusable_store(path: Path, text: str) -> UserError | None:
 
 
 def rows(connection: sqlite3.Connection, sql: str, params: tuple[Any, ...] = ()) -> list[SimpleNamespace]:
-    """Rows as attribute objects, like the ORM's (datetimes stay text: callers convert what they read)."""
-    return [SimpleNamespace(**dict(row)) for row in connection.execute(sql, params).fetchall()]
+    """Rows as attribute objects, like the ORM's (datetimes stay text: callers convert what they read; a
+    job's JSON columns are parsed, as the ORM parses them)."""
+    found = []
+    for row in connection.execute(sql, params).fetchall():
+        values = dict(row)
+        for name in JOB_JSON_COLUMNS.intersection(values):
+            values[name] = stored_json_value(values[name], values.get("id", "?"), name)
+        found.append(SimpleNamespace(**values))
+    return found
+
+
+def stored_json_value(text: str | None, job: object, column: str) -> Any:
+    """One JSON column of a job row as sqlite3 hands it back: None for NULL; a hand-edited value that is
+    not JSON is one line naming the job and the column."""
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        where = f" at character {exc.pos}" if isinstance(exc, json.JSONDecodeError) else ""
+        raise UserError(f"job {job}: its stored record is damaged ({column} is not JSON{where})", field="store",
+                        hint="restore the store from a backup, or delete that job's row") from None
+
+
+def _stored(table: str, values: dict[str, Any]) -> dict[str, Any]:
+    """The values as sqlite3 takes them: a job's JSON columns as JSON text (None stays NULL)."""
+    if table != "job":
+        return values
+    return {name: json.dumps(value) if name in JOB_JSON_COLUMNS and value is not None else value
+            for name, value in values.items()}
 
 
 def insert(connection: sqlite3.Connection, table: str, values: dict[str, Any]) -> int:
     if table in WRITER_TABLES:
         user, host = writer()
         values = {"user": user, "host": host, **values}
+    values = _stored(table, values)
     columns = ", ".join(f'"{name}"' for name in values)
     marks = ", ".join("?" for _ in values)
     cursor = connection.execute(f"INSERT INTO {table} ({columns}) VALUES ({marks})", tuple(values.values()))
@@ -125,5 +160,6 @@ def insert(connection: sqlite3.Connection, table: str, values: dict[str, Any]) -
 
 
 def update(connection: sqlite3.Connection, table: str, row_id: int, values: dict[str, Any]) -> None:
+    values = _stored(table, values)
     assignments = ", ".join(f'"{name}" = ?' for name in values)
     connection.execute(f"UPDATE {table} SET {assignments} WHERE id = ?", (*values.values(), row_id))

@@ -1,55 +1,38 @@
-"""Facts about one job that have no column yet, kept under a named key of its stored options
-(``Job.options_json``): the one place that writes them, so a later migration moves each key to a column
-by changing this module only.
+"""Facts recorded on a job after it was submitted, each in its own column of ``job`` (their shapes are
+in ``models.Job``'s field docstrings): the one place that merges a fact into a stored row from outside
+an ORM session (a controller job noting its run, submit noting the controller it sent).
 
-The keys in use:
-
-- ``committed_step``: ``{"step": N | None, "source": ...}``, the newest checkpoint the chain's run
-  directory held when the attempt ended (the crash-loop rule compares consecutive attempts);
-- ``controller``: ``{"scheduler_id", "submitted_at", "after"}``, the controller job that follows the
-  attempt (``idmctl.ops.controller``), and after its run ``last_run``: ``{"at", "result", "ok",
-  "scheduler_id"}``;
-- ``end_recorded``: ``{"by": "host:pid", "at"}``, the sync that claimed the job's end: it alone classified,
-  recorded and decided it (``idmctl.record.claims``).
+A caller holding the row reads the column itself (``job.controller``, ``job.committed_step``); the
+end claim and the notices have their own compare-and-set (``idmctl.record.claims``, ``.notices``).
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from idmctl.record.fast import connect, rows, update
-from idmctl.record.stored_json import job_options
 
 COMMITTED_STEP = "committed_step"
 CONTROLLER = "controller"
-END_RECORDED = "end_recorded"
-FACTS = (COMMITTED_STEP, CONTROLLER, END_RECORDED)
+FACTS = (COMMITTED_STEP, CONTROLLER)
 
 
-def with_fact(options_json: str | None, key: str, value: Any, job: object = "?") -> str:
-    """``options_json`` with ``key`` set to ``value`` (a dict value is merged into what is there)."""
-    if key not in FACTS:
-        raise KeyError(f"{key!r} is not a job fact ({', '.join(FACTS)})")
-    options = job_options(options_json, job)
-    old = options.get(key)
-    options[key] = {**old, **value} if isinstance(old, dict) and isinstance(value, dict) else value
-    return json.dumps(options)
-
-
-def fact(options_json: str | None, key: str, job: object = "?") -> Any:
-    """The stored value of ``key`` (None when it was never recorded)."""
-    return job_options(options_json, job).get(key)
+def merged(old: Any, value: Any) -> Any:
+    """``value`` merged into ``old`` when both are objects (a controller's last run joins its id), else ``value``."""
+    return {**old, **value} if isinstance(old, dict) and isinstance(value, dict) else value
 
 
 def record_fact(job_id: int, key: str, value: Any) -> None:
-    """Set ``key`` on the stored job ``job_id``: plain sqlite3 on a store at head (the submit path imports
-    no ORM), else the ORM (PostgreSQL, a store to migrate)."""
+    """Set the fact ``key`` (a dict is merged into what is there) on the stored job ``job_id``: plain
+    sqlite3 on a store at head (the submit path imports no ORM), else the ORM (PostgreSQL, a store to
+    migrate)."""
+    if key not in FACTS:
+        raise KeyError(f"{key!r} is not a job fact ({', '.join(FACTS)})")
     with connect() as db:
         if db is not None:
-            found = rows(db, "SELECT options_json FROM job WHERE id = ?", (job_id,))
+            found = rows(db, f'SELECT id, "{key}" FROM job WHERE id = ?', (job_id,))
             if found:
-                update(db, "job", job_id, {"options_json": with_fact(found[0].options_json, key, value, job_id)})
+                update(db, "job", job_id, {key: merged(getattr(found[0], key), value)})
             return
     from idmctl.record.db import session  # the ORM only where the fast path cannot serve
     from idmctl.record.models import Job  # start-up: the models pull SQLModel, as the session does
@@ -57,5 +40,5 @@ def record_fact(job_id: int, key: str, value: Any) -> None:
     with session() as orm:
         job = orm.get(Job, job_id)
         if job is not None:
-            job.options_json = with_fact(job.options_json, key, value, job_id)
+            setattr(job, key, merged(getattr(job, key), value))
             orm.add(job)

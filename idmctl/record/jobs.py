@@ -14,14 +14,14 @@ from typing import TYPE_CHECKING, Any
 from ground.errors import CheckFailed, UserError
 from idmctl.core.job_state import JobState, is_terminal
 from idmctl.record.fast import connect, db_time, from_db_time, insert, rows, update
-from idmctl.record.stored_json import job_options
 
 if TYPE_CHECKING:
     from idmctl.record.models import Job
 
 JOB_COLUMNS = ("id", "chain_id", "attempt", "experiment", "executor", "scheduler_id", "state", "reason", "exit_code",
                "restarts", "qos", "node_list", "submitted_at", "started_at", "ended_at", "forced_reason",
-               "options_json", "script_path", "user", "host")
+               "options_json", "controller", "eval_of_chain", "eval_step", "eval_after", "eval_choice",
+               "eval_replaces", "eval_moved_to", "script_path", "user", "host")
 """What ``idmctl jobs`` shows of a job (its ETA reads ``script_path`` and the stored options)."""
 CHAIN_COLUMNS = ("id", "mlflow_run_id", "retries_budget", "retries_used")
 _DATES = ("submitted_at", "started_at", "ended_at")
@@ -113,9 +113,9 @@ def submitted_with_gpus(gpus: int) -> list[Any]:
         return list(orm.exec(select(Job).where(Job.gpus == gpus, Job.submitted_at != None)).all())  # noqa: E711
 
 
-def unfinished_job_options() -> list[dict[str, Any]]:
-    """The stored options of every job not ended and of every job of an ACTIVE chain (what a
-    resubmission may still run from): the code snapshots' collector keeps what these name."""
+def unfinished_job_codes() -> list[dict[str, Any]]:
+    """The code snapshot records (``Job.code``) of every job not ended and of every job of an ACTIVE chain
+    (what a resubmission may still run from): the code snapshots' collector keeps what these name."""
     from sqlmodel import select  # start-up: SQLAlchemy; only `gc` asks
 
     from idmctl.record.db import session  # start-up: SQLAlchemy, as above
@@ -127,10 +127,8 @@ def unfinished_job_options() -> list[dict[str, Any]]:
         for job in orm.exec(select(Job)).all():
             if is_terminal(job.state) and job.chain_id not in active:
                 continue
-            try:
-                found.append(job_options(job.options_json, job.id))
-            except UserError:
-                continue  # a damaged row names no snapshot to keep
+            if job.code is not None:
+                found.append(job.code)
     return found
 
 
@@ -259,9 +257,9 @@ def chain_and_attempts(chain_id: int) -> tuple[Any, list[Any]]:
 
 def take_for_resubmission(job_id: int, spends_retry: bool) -> tuple[dict[str, Any], Any]:
     """What a resubmission of job ``job_id`` starts from (its chain, attempt, preflight, forced reason, spec
-    hash, executor, code version, stored options, script path) and the preflight row it passed (detached;
-    None without one), spending one of the chain's retries when ``spends_retry``. UserError for a job that
-    is not in a chain."""
+    hash, executor, code version, stored options, admission, code snapshot, script path) and the preflight
+    row it passed (detached; None without one), spending one of the chain's retries when ``spends_retry``.
+    UserError for a job that is not in a chain."""
     from idmctl.record.db import session  # start-up: SQLAlchemy; only a resubmitting sync asks
     from idmctl.record.models import Chain, Job, PreflightRun  # start-up: SQLAlchemy, as above
 
@@ -279,5 +277,6 @@ def take_for_resubmission(job_id: int, spends_retry: bool) -> tuple[dict[str, An
             orm.expunge(preflight)
         return {"chain_id": old.chain_id, "attempt": old.attempt, "preflight_id": old.preflight_id,
                 "forced": old.forced_reason, "spec_hash": old.spec_hash, "executor": old.executor,
-                "code_version": old.code_version, "options_json": old.options_json,
+                "code_version": old.code_version, "options_json": old.options_json, "admitted": old.admitted,
+                "code": old.code,
                 "script_path": old.script_path}, preflight

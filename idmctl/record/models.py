@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
+from typing import Any
+
+import sqlalchemy as sa
 from sqlmodel import Field, SQLModel
 
 from idmctl.core.job_state import JobState
@@ -21,6 +24,12 @@ def _user() -> str:
 
 def _host() -> str:
     return writer()[1]
+
+
+def _json_column() -> Any:
+    """A JSON column whose Python None is SQL NULL (a claim's ``IS NULL`` test and the fast path's reads
+    see "never recorded", not the JSON text ``null``)."""
+    return sa.Column(sa.JSON(none_as_null=True), nullable=True)
 
 
 class Written(SQLModel):
@@ -115,7 +124,43 @@ class Job(Written, table=True):
     log_path: str | None = None
     log_tail: str | None = None
     options_json: str = "{}"
-    """Submit options after flags overrode the spec's defaults."""
+    """The submission request only: every field of ``core.job_options.JobOptions`` after flags overrode
+    the spec's defaults, plus ``rollback`` (a resubmission that starts from the previous checkpoint)."""
+    admitted: dict[str, Any] | None = Field(default=None, sa_column=_json_column())
+    """Submit's admission and the effective job's record: ``{"admission": {"failed": [...], ...}, "flags",
+    "smoke_flags", "spec_hash", "effective_spec_hash", "changed", "exclusions", "cluster", ...}``."""
+    code: dict[str, Any] | None = Field(default=None, sa_column=_json_column())
+    """The code snapshot the job runs (``job.code.JobCode.as_dict``); None: it ran the live tree."""
+    runs: list[dict[str, Any]] | None = Field(default=None, sa_column=_json_column())
+    """Sync's view of every Slurm run of the job (sacct -D): state, exit code, reason, times, nodes, steps
+    and sacct's usage."""
+    efficiency: dict[str, Any] | None = Field(default=None, sa_column=_json_column())
+    """``plan.efficiency.EfficiencyReport.as_dict`` of the job's last run, written by the sync that saw it end."""
+    derived_exit_code: str | None = None
+    """sacct's DerivedExitCode, for jobs ``jobs import`` pulled from sacct (idmctl did not submit them)."""
+    committed_step: dict[str, Any] | None = Field(default=None, sa_column=_json_column())
+    """``{"step": N | None, "source", "last_step"}``: the newest checkpoint the chain's run directory held
+    when the attempt ended (the crash-loop rule compares consecutive attempts)."""
+    controller: dict[str, Any] | None = Field(default=None, sa_column=_json_column())
+    """``{"scheduler_id", "submitted_at", "after"}``: the controller job that follows the attempt
+    (``idmctl.ops.controller``), and after its run ``last_run``: ``{"at", "result", "ok", "scheduler_id"}``."""
+    end_recorded: dict[str, Any] | None = Field(default=None, sa_column=_json_column())
+    """``{"by": "host:pid", "at"}``: the sync that claimed the job's end; it alone classified, recorded and
+    decided it (``idmctl.record.claims``: a compare-and-set on this column being NULL)."""
+    notified: dict[str, Any] | None = Field(default=None, sa_column=_json_column())
+    """Event name → when its notification was claimed (``idmctl.record.notices``): one message per event."""
+    eval_of_chain: int | None = Field(default=None, index=True)
+    """An evaluation job's training chain (None for every other job)."""
+    eval_step: int | None = None
+    """The checkpoint step the eval job evaluates."""
+    eval_after: str | None = None
+    """The training job's scheduler id the eval job waits on (afterok)."""
+    eval_choice: str | None = None
+    """The ``--eval`` value it was submitted with (``last``, ``each`` or a step)."""
+    eval_replaces: int | None = None
+    """The eval job this one stands in for (Slurm killed that one when its attempt did not end OK)."""
+    eval_moved_to: int | None = None
+    """The eval job that stands in for this one."""
     forced_reason: str | None = None
     """Set when submitted with --force: who and why."""
     imported: bool = False

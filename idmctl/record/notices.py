@@ -1,8 +1,8 @@
 """Which notifications a job's events have had: at most one message per event, however many syncs see it
 (a manual ``idmctl sync`` racing the chain's controller job included).
 
-Kept under the ``notified`` key of the job's stored options (event name → when it was claimed) until the
-store has a column for it; :func:`claim_notice` is the one place that reads or writes it.
+Kept in the job's ``notified`` column (event name → when it was claimed); :func:`claim_notice` is the
+one place that reads or writes it.
 """
 
 from __future__ import annotations
@@ -10,29 +10,29 @@ from __future__ import annotations
 import json
 from datetime import datetime, timezone
 
-from sqlmodel import Session, col, select, update
+from sqlalchemy import String, cast, update
+from sqlmodel import Session, select
 
 from idmctl.record.models import Failure, Job
-from idmctl.record.stored_json import job_options
-
-NOTIFIED_KEY = "notified"
 
 
 def claim_notice(db: Session, job_id: int, event: str) -> bool:
     """True when this call is the first to claim ``event`` for the job (the caller then sends it); False
-    when it was claimed before. A compare-and-set on the row's options: of two syncs deciding the same
-    job at once, exactly one update matches the text both read, so exactly one sends."""
-    job = db.get(Job, job_id)
-    if job is None:
+    when it was claimed before. A compare-and-set on the row's ``notified`` column: of two syncs deciding
+    the same job at once, exactly one update matches the value both read, so exactly one sends."""
+    table = Job.__table__  # type: ignore[attr-defined]
+    connection = db.connection()
+    found = connection.execute(select(table.c.notified).where(table.c.id == job_id)).one_or_none()
+    if found is None:
         return False
-    before = job.options_json
-    options = job_options(before, job_id)
-    notified = options.get(NOTIFIED_KEY) or {}
+    notified = found[0] or {}
     if event in notified:
         return False
-    options[NOTIFIED_KEY] = {**notified, event: datetime.now(timezone.utc).isoformat(timespec="seconds")}
-    claimed = db.exec(update(Job).where(col(Job.id) == job_id, col(Job.options_json) == before)  # type: ignore[call-overload]
-                      .values(options_json=json.dumps(options)))
+    claimed_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    # The JSON value compares as its text: what this transaction read back, serialized as it was written.
+    same = table.c.notified.is_(None) if found[0] is None else cast(table.c.notified, String) == json.dumps(found[0])
+    claimed = connection.execute(update(table).where(table.c.id == job_id, same)
+                                 .values(notified={**notified, event: claimed_at}))
     db.commit()
     return claimed.rowcount == 1
 

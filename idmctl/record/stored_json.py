@@ -1,23 +1,11 @@
-"""The JSON columns of the store (a job's ``options_json``) read back: a row damaged outside idmctl (a
+"""A job's stored submission request (``Job.options_json``) read back: a row damaged outside idmctl (a
 hand edit, a restore gone wrong) is one line naming the job, not a JSONDecodeError traceback.
 
-Every read of ``Job.options_json`` outside ``idmctl/record/`` goes through :func:`job_options` (or a query
-of ``idmctl.record``), so this is the one place that knows the grab-bag's keys. They are, by writer:
-
-- submit (``ops/submit.py``): every field of ``core.job_options.JobOptions`` (``job_name``, ``qos``,
-  ``partition``, ``nodes``, ``ranks_per_node``, ``cpus_per_node``, ``mem``, ``gpus_per_node``, ``time_limit``,
-  ``exclude``, ``retries``, ``entry``, ``hang_k``, ``hang_floor_s``, ``hang_poll_s``, ``signal_lead``,
-  ``checkpoint_every``, ``derivation``, ``hold``, ``build``), plus ``rollback`` (a resubmission that starts
-  from the previous checkpoint), ``admitted`` (the submit-time admission: ``{"admission": {"failed": [...],
-  ...}}`` and the effective job's record: ``flags``, ``smoke_flags``, ``spec_hash``, ``effective_spec_hash``,
-  ``changed``, ``exclusions``) and ``code`` (the code snapshot the job runs, ``job.code.JobCode``);
-- sync (``ops/sync.py``): ``runs`` (one entry per Slurm run of the job: state, exit code, reason and
-  sacct's usage) and ``efficiency`` (``plan.efficiency.EfficiencyReport.as_dict``);
-- ``jobs import`` (``ops/failures/importer.py``): ``derived_exit_code`` (sacct's, for jobs idmctl did not
-  submit).
-
-Each of these is meant to become a typed column of ``job`` (a migration with a data step); until then a
-new per-job fact goes under a named key here, read back through one function of ``idmctl.record``.
+``options_json`` holds the request only: every field of ``core.job_options.JobOptions`` plus
+``rollback``.
+Every other per-job fact has its own column, documented on ``models.Job`` (admission, code snapshot,
+sacct runs, efficiency, derived exit code, committed step, controller, end claim, notices, eval link);
+the eval link's columns are read back as one dict here (:func:`eval_link`), without the ORM.
 """
 
 from __future__ import annotations
@@ -26,7 +14,7 @@ import json
 from typing import Any
 
 from ground.errors import UserError
-from idmctl.record.fast import connect
+from idmctl.record.fast import connect, rows
 
 
 def job_options(text: str | None, job: object) -> dict[str, Any]:
@@ -45,20 +33,33 @@ def job_options(text: str | None, job: object) -> dict[str, Any]:
     return value
 
 
-def newest_of_experiment(experiment: str, key: str) -> Any:
-    """The value under ``key`` in the stored options of ``experiment``'s newest job that has one (None when
-    none does, or when only the ORM can read the store: the efficiency hint is advice, and submit imports
-    no ORM for it)."""
+def newest_efficiency(experiment: str) -> Any:
+    """The efficiency report of ``experiment``'s newest job that has one (None when none does, or when
+    only the ORM can read the store: the efficiency hint is advice, and submit imports no ORM for it)."""
     with connect() as db:
         if db is None:
             return None
-        row = db.execute("SELECT options_json FROM job WHERE experiment = ? AND options_json LIKE ? "
-                         "ORDER BY id DESC LIMIT 1", (experiment, f'%"{key}"%')).fetchone()
-    if row is None:
+        found = rows(db, "SELECT id, efficiency FROM job WHERE experiment = ? AND efficiency IS NOT NULL "
+                         "ORDER BY id DESC LIMIT 1", (experiment,))
+    return found[0].efficiency if found else None
+
+
+EVAL_FIELDS = ("of_chain", "step", "after", "choice", "replaces", "moved_to")
+EVAL_OPTIONAL = ("replaces", "moved_to")
+"""``{"of_chain": training chain id, "step": checkpoint step, "after": the training job's scheduler id
+it waits on, "choice": the --eval value, "replaces": the eval job id it stands in for, "moved_to": the one
+that stands in for it}`` (the last two absent when None); each is the column ``eval_<field>``."""
+
+
+def eval_link(job: Any) -> dict[str, Any] | None:
+    """The job's link to the training chain it evaluates (an ORM row or a fast-path row); None for any
+    other job."""
+    if getattr(job, "eval_of_chain", None) is None:
         return None
-    return job_options(row["options_json"], f"of {experiment}").get(key)
+    link = {name: getattr(job, f"eval_{name}", None) for name in EVAL_FIELDS}
+    return {name: value for name, value in link.items() if value is not None or name not in EVAL_OPTIONAL}
 
 
-def imported_options(derived_exit_code: str | None) -> str:
-    """The ``options_json`` of a job ``jobs import`` pulled from sacct: only its derived exit code."""
-    return json.dumps({"derived_exit_code": derived_exit_code})
+def eval_columns(link: dict[str, Any] | None) -> dict[str, Any]:
+    """The job columns that store ``link`` (every ``eval_*`` column; all None for no link)."""
+    return {f"eval_{name}": (link or {}).get(name) for name in EVAL_FIELDS}

@@ -173,7 +173,7 @@ def test_gc_keeps_what_an_unfinished_chain_uses_and_frees_the_rest(repo: Path, t
         db.flush()
         code = JobCode(used.name, str(used), str(store), "e")
         db.add(Job(chain_id=chain.id, attempt=1, experiment="x", spec_hash="h", code_version=used.name, executor="slurm",
-                   state="PENDING", options_json=json.dumps({"code": code.as_dict()}), created_at=datetime.now(timezone.utc)))
+                   state="PENDING", code=code.as_dict(), created_at=datetime.now(timezone.utc)))
     preview = collect(store, dry_run=True)
     assert (preview.kept, preview.removed, preview.freed_bytes) == ([used.name], [unused.name], len("WIDTH = 8\n") * 1000)
     assert unused.exists()
@@ -216,7 +216,7 @@ def test_resume_runs_the_chains_snapshot_and_code_current_moves_it_through_the_g
         assert [(a["attempt"], a["state"], a["code_version"]) for a in attempts] == [
             (1, "COMPLETED", admitted), (2, "COMPLETED", admitted), (3, "COMPLETED", moved_on)]
         assert again["chain"] == moved["chain"] == first["chain"]
-        assert "changed after the chain ran" not in (Path(json.loads(attempts[1]["options_json"])["code"]["directory"])
+        assert "changed after the chain ran" not in (Path(json.loads(attempts[1]["code"])["directory"])
                                                      / "tests" / "jobs_entry.py").read_text()
 
         for args, field in ((("--code", "current"), "--code"), (("--resume", "99"), "--resume"),

@@ -53,11 +53,11 @@ def test_a_held_job_and_its_resubmission_run_the_admitted_snapshot_after_the_tre
     assert "done: step 4" in log and "the live tree was edited" not in log, log[-2000:]
     for attempt in attempts:
         assert attempt["code_version"] == admitted
-        code = json.loads(attempt["options_json"])["code"]
+        code = json.loads(attempt["code"])
         assert (code["version"], Path(code["directory"]).name) == (admitted, admitted)
         assert f"idmctl: code {admitted} verified" in Path(attempt["log_path"]).read_text()
     # The resubmission was admitted again, on its own effective job, and says so.
-    readmitted = json.loads(attempts[-1]["options_json"])["admitted"]
+    readmitted = json.loads(attempts[-1]["admitted"])
     assert readmitted["resubmission_of"] == attempts[0]["id"] and readmitted["admission"]["failed"] == []
     with sqlite3.connect(home / "mlflow.sqlite") as db:
         tags = {v for (v,) in db.execute("SELECT value FROM tags WHERE key = ?", (TAG_CODE_VERSION,))}
@@ -86,7 +86,7 @@ def test_an_edited_snapshot_or_a_changed_environment_stops_the_job_before_it_run
     shutil.rmtree(info)  # the environment is as admitted again; now the snapshot itself is edited
     second = submitted(idmctl(project, home, "submit", "quickstart", "--entry", "tests.jobs_entry", "--mem", "300MB",
                               "--force", "--reason", "edit test", "--json", "--hold", **common))
-    directory = Path(json.loads(job_row(home, second["job"])["options_json"])["code"]["directory"])
+    directory = Path(json.loads(job_row(home, second["job"])["code"])["directory"])
     target = directory / "tests" / "jobs_entry.py"
     target.unlink()
     target.write_text("print('edited by hand')\n")

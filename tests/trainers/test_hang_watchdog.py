@@ -178,13 +178,14 @@ def test_sync_classifies_a_running_job_whose_heartbeat_is_silent(tmp_path: Path)
         os.utime(run_dir / contract.PROGRESS_FILE, (moment, moment))
 
     started = datetime.fromtimestamp(now - 60, timezone.utc).isoformat()
-    options = {"hang_k": 5, "hang_floor_s": 10, "runs": [{"state": "RUNNING", "started_at": started}]}
+    options = {"hang_k": 5, "hang_floor_s": 10}
     with session() as db:
         chain = Chain(experiment="x", spec_hash="h")
         db.add(chain)
         db.flush()
         job = Job(chain_id=chain.id, experiment="x", state="RUNNING", node_list="n2", scheduler_id="77",
                   script_path=str(run_dir / "attempt-1.sbatch"), options_json=json.dumps(options),
+                  runs=[{"state": "RUNNING", "started_at": started}],
                   started_at=datetime.fromtimestamp(now - 60, timezone.utc))
         db.add(job)
         db.flush()

@@ -25,9 +25,9 @@ def show(
     from idmctl.record.stored_json import job_options  # start-up: only this command needs it (8 more project modules)
 
     options = job_options(row.options_json, row.id)
-    efficiency = options.get("efficiency")
-    code = options.get("code") or {}
-    admitted = (options.get("admitted") or {}).get("admission") or {}
+    efficiency = row.efficiency
+    code = row.code or {}
+    admitted = (row.admitted or {}).get("admission") or {}
     if as_json:
         emit_json({"job": row.id, "chain": row.chain_id, "attempt": row.attempt, "experiment": row.experiment,
                    "scheduler_id": row.scheduler_id, "state": row.state, "exit_code": row.exit_code,

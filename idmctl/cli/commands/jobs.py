@@ -11,7 +11,7 @@ from ground.errors import CheckFailed, UserError
 from idmctl.core.job_state import JobState
 from idmctl.cli.commands import job_flags, options
 from idmctl.cli.output import console, emit_json, err_console, make_table
-from idmctl.record.stored_json import job_options
+from idmctl.record.stored_json import eval_link, job_options
 from ground.units import format_duration
 
 if TYPE_CHECKING:
@@ -113,7 +113,7 @@ def submit(
         emit_json({"job": job.id, "chain": job.chain_id, "scheduler_id": job.scheduler_id, "executor": job.executor,
                    "script": job.script_path, "log": job.log_path, "forced": job.forced_reason is not None,
                    "evals": [{"job": e.id, "scheduler_id": e.scheduler_id,
-                              "step": (job_options(e.options_json, e.id).get("eval") or {}).get("step")} for e in done.evals],
+                              "step": e.eval_step} for e in done.evals],
                    "suggestions": [s.__dict__ for s in _suggestions(job.experiment, job_options(job.options_json, job.id))[1]]})
         return
     console.print(f"submitted job {job.id} ({job.executor} {job.scheduler_id}) chain {job.chain_id} attempt {job.attempt}"
@@ -121,11 +121,11 @@ def submit(
     console.print(f"script {job.script_path}", markup=False)
     console.print(f"log    {job.log_path}", markup=False)
     for evaluation in done.evals:
-        link = job_options(evaluation.options_json, evaluation.id).get("eval") or {}
         console.print(f"eval job {evaluation.id} ({evaluation.executor} {evaluation.scheduler_id}) checkpoint step "
-                      f"{link.get('step')}: after job {job.id} ends OK (afterok:{link.get('after')})", markup=False)
+                      f"{evaluation.eval_step}: after job {job.id} ends OK (afterok:{evaluation.eval_after})",
+                      markup=False)
     if job.forced_reason:
-        failed = job_options(job.options_json, job.id).get("admitted", {}).get("admission", {}).get("failed", [])
+        failed = (job.admitted or {}).get("admission", {}).get("failed", [])
         past = f" and past FAILs ({', '.join(failed)})" if failed else ""
         console.print(f"FORCED without preflight{past}: {job.forced_reason}", markup=False)
     _print_suggestions(job.experiment, job_options(job.options_json, job.id))
@@ -270,9 +270,9 @@ def jobs(
         "forced": j.forced_reason, "user": j.user, "host": j.host, "mlflow_run_id": run_of_chain.get(j.chain_id),
         "run_url": run_url(run_of_chain[j.chain_id], ui_url) if run_of_chain.get(j.chain_id) else None,
         "build": job_options(j.options_json, j.id).get("build"),
-        "eval": job_options(j.options_json, j.id).get("eval"),
+        "eval": eval_link(j),
         "eta": etas[j.id].as_dict() if etas.get(j.id) else None,
-        "controller": job_options(j.options_json, j.id).get("controller"),
+        "controller": j.controller,
     } for j in rows]
     if as_json:
         emit_json(records)

@@ -16,7 +16,6 @@ from idmctl.ops.failures.postmortem import read_log_tail, record_failures
 from idmctl.record.db import Session, session
 from idmctl.record.failures import known_scheduler_ids
 from idmctl.record.models import Job
-from idmctl.record.stored_json import imported_options
 
 IMPORT_FIELDS = ("JobID", "State", "ExitCode", "DerivedExitCode", "Reason", "Submit", "Start", "End", "NodeList",
                  "QOS", "AllocTRES", "WorkDir", "User", "JobName")
@@ -101,7 +100,7 @@ def import_history(db: Session, records: list[SacctJob]) -> list[Job]:
                   started_at=record.started_at, ended_at=record.ended_at, node_list=record.node_list,
                   restarts=record.restarts, qos=record.qos, gpus=record.gpus, log_path=log_path,
                   log_tail=read_log_tail(log_path) or None, imported=True,
-                  options_json=imported_options(record.derived_exit_code))
+                  derived_exit_code=record.derived_exit_code)
         if record.user:  # the submitter, not whoever ran the import (host stays the importer's)
             job.user = record.user
         db.add(job)

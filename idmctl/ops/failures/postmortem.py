@@ -24,7 +24,6 @@ from idmctl.record.db import Session, session
 from idmctl.record.failures import (attach_fix, chain_of, count_failures, failures_of, failures_with_jobs,  # noqa: F401
                                     find_jobs, jobs_to_classify, new_failure)  # (count_failures, find_jobs: re-exported)
 from idmctl.record.models import Failure, Fix, Job
-from idmctl.record.stored_json import job_options
 from idmctl.ops.failures.mlflow_status import mark_run_failed
 
 LOG_TAIL_BYTES = 64_000
@@ -78,7 +77,7 @@ class FailedRun:
 
 
 def failed_runs(job: Job) -> list[FailedRun]:
-    runs = job_options(job.options_json, job.id).get("runs") or []
+    runs = job.runs or []
     found: list[FailedRun] = []
     for index, run in enumerate(runs[:-1], start=1):
         if is_failed(run["state"]) or JobState.of(run["state"]) is JobState.REQUEUED:
@@ -98,14 +97,13 @@ def _parse_iso(text: str | None) -> datetime | None:
 
 def classify_job(job: Job, failed: FailedRun | None = None) -> Classification:
     """Classify one stored job (its current run, or an earlier ``failed`` run) from Slurm's record and the log."""
-    options = job_options(job.options_json, job.id)
     if failed is not None and not failed.final:
         # An earlier run: its own Slurm record decides; the log tail belongs to the last run.
         return classify(failed.state, reason=failed.reason, exit_code=failed.exit_code, started=failed.started,
                         ran_seconds=failed.ran_seconds, restarts=failed.run - 1)
     log = read_log_tail(job.log_path) or job.log_tail or ""  # the file holds more than the stored tail
     return classify(job.state, reason=job.reason, exit_code=job.exit_code,
-                    derived_exit_code=options.get("derived_exit_code"), log_tail=log,
+                    derived_exit_code=job.derived_exit_code, log_tail=log,
                     waited_seconds=waited_seconds(job), restarts=job.restarts, started=job.started_at is not None,
                     ran_seconds=ran_seconds(job))
 

@@ -22,7 +22,6 @@ from ground.run_events import CHECKPOINT, parse_event_line
 from idmctl.core.job_state import is_failed
 from idmctl.ops.failures.classify import MAX_LINE_CHARS, Classification, get_cause
 from idmctl.record.chain_attempts import attempts_of
-from idmctl.record.job_facts import COMMITTED_STEP, fact, with_fact
 from idmctl.record.models import Job
 from trainers.checkpoint import complete_checkpoints
 
@@ -63,8 +62,7 @@ def note_attempt_end(job: Job, log_text: str) -> None:
     if not job.script_path:
         return
     step, source = committed_step(Path(job.script_path).parent)
-    job.options_json = with_fact(job.options_json, COMMITTED_STEP,
-                                 {"step": step, "source": source, "last_step": last_step(log_text)}, job.id)
+    job.committed_step = {"step": step, "source": source, "last_step": last_step(log_text)}
 
 
 def resume_events(log_text: str) -> list[dict[str, str]]:
@@ -94,7 +92,7 @@ def _event_text(event: dict[str, str]) -> str:
 
 
 def _progress(job: Job) -> dict[str, Any] | None:
-    value = fact(job.options_json, COMMITTED_STEP, job.id)
+    value = job.committed_step
     return value if isinstance(value, dict) else None
 
 

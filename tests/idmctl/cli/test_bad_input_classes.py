@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import os
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -53,16 +54,24 @@ def test_convert_out_that_is_a_file_is_one_line(cli, tiny_cache, tmp_path: Path)
 
 
 def test_a_damaged_job_record_is_one_line(cli) -> None:
+    from ground.paths import db_path
     from idmctl.record import session
+    from idmctl.record.fast import close_all
     from idmctl.record.models import Job
 
     with session() as db:
-        job = Job(scheduler_id="1", experiment="quickstart", state="COMPLETED", options_json='{"efficiency": {"cpu')
-        db.add(job)
+        damaged_options = Job(scheduler_id="1", experiment="quickstart", state="COMPLETED", options_json='{"mem": "1')
+        damaged_column = Job(scheduler_id="2", experiment="quickstart", state="COMPLETED")
+        db.add_all([damaged_options, damaged_column])
         db.commit()
-        job_id = job.id
-    line = _one_line(cli("jobs", "show", str(job_id)), f"job {job_id}: its stored record is damaged")
-    assert "restore the store" in line
+        options_id, column_id = damaged_options.id, damaged_column.id
+    close_all()
+    with sqlite3.connect(db_path()) as raw:  # a hand edit: the ORM writes only valid JSON into a JSON column
+        raw.execute("UPDATE job SET efficiency = ? WHERE id = ?", ('{"cpu', column_id))
+    line = _one_line(cli("jobs", "show", str(options_id)), f"job {options_id}: its stored record is damaged")
+    assert "options_json is not JSON" in line and "restore the store" in line
+    line = _one_line(cli("jobs", "show", str(column_id)), f"job {column_id}: its stored record is damaged")
+    assert "efficiency is not JSON" in line and "restore the store" in line
 
 
 def test_an_extends_chain_too_long_is_reported_as_such(cli, tmp_path: Path) -> None:

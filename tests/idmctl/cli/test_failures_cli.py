@@ -185,7 +185,7 @@ def test_a_requeued_job_counts_each_preempted_run(cli, store_backend) -> None:
     with session() as db:
         db.add(Job(scheduler_id="88", experiment="preemptible_sub_stage", state="CANCELLED by 0", exit_code="0:0",
                    restarts=3, gpus=2, qos="sub", routing_n=4, submitted_at=T0, started_at=T0 + timedelta(minutes=30),
-                   ended_at=T0 + timedelta(minutes=33), options_json=json.dumps({"runs": runs})))
+                   ended_at=T0 + timedelta(minutes=33), runs=runs))
     rows = json.loads(cli("failures", "--json").output)
     assert [(row["job"], row["cause"]) for row in rows] == [
         ("88 run 1", "preempted"), ("88 run 2", "preempted"), ("88 run 3", "preempted"), ("88 run 4", "cancelled")]

@@ -102,9 +102,9 @@ def test_the_team_repo_fails_as_6321_then_6262_and_once_fixed_runs_and_resumes_o
     text = log.read_text()
     resumed_at = int(re.search(r"resumed from checkpoint-(\d+)", text).group(1))
     assert 50 <= resumed_at < 10_000 and steps_logged()[-1] == 10_000
-    runs = json.loads(row["options_json"])["runs"]
+    runs = json.loads(row["runs"])
     assert runs[0]["state"] in ("PREEMPTED", "REQUEUED") and runs[-1]["state"] == "COMPLETED", runs
-    code = json.loads(row["options_json"])["code"]
+    code = json.loads(row["code"])
     assert f"idmctl: code {code['version']} verified" in text
     assert f"(cd {code['directory']}/examples/team_repo" in Path(row["script_path"]).read_text()
     # MLflow: the chain's one run, its loss every log_every steps across both runs, and the admitted code.

@@ -75,5 +75,5 @@ def test_force_submits_past_a_fail_and_says_so(cli, idmctl_home, monkeypatch) ->
     assert "FORCED without preflight and past FAILs (cache): " in result.stdout and result.stdout.rstrip().endswith(": probe")
     with session() as db:
         (job,) = db.exec(select(Job)).all()
-    admitted = json.loads(job.options_json)["admitted"]
+    admitted = job.admitted
     assert admitted["admission"]["failed"] == ["cache"] and admitted["admission"]["preflight_id"] is None

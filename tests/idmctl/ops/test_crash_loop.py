@@ -15,7 +15,6 @@ from idmctl.ops.failures.postmortem import record_failures, recorded_causes
 from idmctl.ops.failures.progress import committed_step, note_attempt_end
 from idmctl.ops.retry import decide_for_job
 from idmctl.record import session
-from idmctl.record.job_facts import COMMITTED_STEP, fact
 from idmctl.record.models import Chain, Failure, Job
 
 T0 = datetime(2026, 11, 30, 3, 0, 0, tzinfo=timezone.utc)
@@ -81,7 +80,7 @@ def test_two_attempts_without_a_newer_checkpoint_stop_the_chain_as_crash_loop(cl
         # without progress is no loop.
         _attempt(db, chains[0], 1, progressed, "7001", "n1", [1, 2, 3])
         resumed = _attempt(db, chains[0], 2, progressed, "7002", "n2", [])
-        assert fact(resumed.options_json, COMMITTED_STEP)["step"] == 3
+        assert resumed.committed_step["step"] == 3
         assert recorded_causes(db, [resumed]) == {resumed.id: "hang"}
         # Attempts 3 and 4 (another chain) both hang before their first checkpoint.
         first = _attempt(db, chains[1], 1, stuck, "7003", "n1", [])

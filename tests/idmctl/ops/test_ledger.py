@@ -121,7 +121,7 @@ def test_a_requeued_run_that_checkpointed_counts_as_useful(cli, store_backend) -
     with session() as db:
         db.add(Job(scheduler_id="90", experiment="latent_c_n4", state="COMPLETED", exit_code="0:0", restarts=1, gpus=4,
                    qos="sub", submitted_at=T0, started_at=T0, ended_at=T0 + timedelta(hours=3),
-                   options_json=json.dumps({"runs": runs})))
+                   runs=runs))
     total = _ledger(cli)["total"]
     assert (total["runs"], total["charged_gpu_h"], total["useful_gpu_h"], total["preemptions"]) == (2, 8.0, 8.0, 1)
     assert total["lost_gpu_h_per_preemption"] == 0.0

@@ -140,7 +140,7 @@ def test_submit_passes_the_gate_with_a_recorded_preflight(cli, tiny_cache, monke
     _wait(json.loads(result.stdout)["scheduler_id"])
     (job,) = _jobs()
     assert (job.preflight_id, job.forced_reason) == (run.id, None)
-    admitted = json.loads(job.options_json)["admitted"]
+    admitted = job.admitted
     assert admitted["admission"]["preflight_id"] == run.id and admitted["admission"]["failed"] == []
     assert [c["name"] for c in admitted["admission"]["checks"]] == [
         "spec", "introspection", "loader", "shm", "io", "qos", "disk", "cache", "smoke"]

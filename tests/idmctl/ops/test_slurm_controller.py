@@ -15,7 +15,6 @@ from sqlmodel import select
 from ground import contract
 from ground.paths import clusters_dir
 from idmctl.record.db import session
-from idmctl.record.job_facts import CONTROLLER, fact
 from idmctl.record.models import Chain, Failure, Job, NodeExclusion
 from slurm_support import release_requeued, sh, text_so_far, wait_until
 
@@ -64,7 +63,7 @@ def _controllers_left(chain_id: int) -> str:
 def _assert_controlled(jobs: list[Job]) -> None:
     """Every attempt was followed by a controller that ran and recorded its result; none is left waiting."""
     for job in jobs:
-        followed = fact(job.options_json, CONTROLLER)
+        followed = job.controller
         assert followed and followed.get("scheduler_id"), (job.attempt, followed)
         assert followed.get("last_run", {}).get("ok"), (job.attempt, followed)
     wait_until(lambda: _controllers_left(jobs[0].chain_id or 0) == "", 30,
@@ -118,7 +117,7 @@ def test_a_node_failure_mid_training_is_resumed_and_the_chain_completes(cli, con
                    60, f"{failed} to return to service")
     chain, jobs = _chain(job["chain"])
     assert chain.status == "COMPLETED", [(j.attempt, j.state, j.log_tail) for j in jobs]
-    runs = json.loads(jobs[-1].options_json)["runs"]
+    runs = jobs[-1].runs
     assert runs[0]["state"] == "NODE_FAIL" and runs[-1]["state"] == "COMPLETED", runs
     with session() as db:
         assert failed in {e.node for e in db.exec(select(NodeExclusion))}  # the controller's sync excluded it

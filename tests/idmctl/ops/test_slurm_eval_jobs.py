@@ -137,7 +137,7 @@ def test_eval_jobs_follow_a_resubmitted_attempt(cli, tiny_cache, slurm_home: Pat
         fresh_id = int(re.search(r"re-submitted as eval job (\d+)", line).group(1))
         fresh = _job(fresh_id)
         held.append(fresh.scheduler_id)
-        assert json.loads(fresh.options_json)["eval"]["replaces"] == waiting["job"]
+        assert fresh.eval_replaces == waiting["job"]
         assert sh("squeue", "-h", "-j", fresh.scheduler_id, "-o", "%E").strip().startswith(f"afterok:{third['scheduler_id']}")
         for job in (first, third):
             sh("scancel", job["scheduler_id"])

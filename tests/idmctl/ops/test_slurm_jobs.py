@@ -197,7 +197,7 @@ def test_sub_job_preempted_by_core_own_requeues_and_resumes_from_checkpoint(cli,
     assert high_job.state == "COMPLETED"
     assert low_job.state == "COMPLETED", low_job.log_tail
     assert low_job.restarts >= 1
-    runs = json.loads(low_job.options_json)["runs"]
+    runs = low_job.runs
     assert runs[0]["state"] in ("PREEMPTED", "REQUEUED") and runs[-1]["state"] == "COMPLETED", runs
     log = Path(low["log"]).read_text()
     resumed = [int(s) for s in re.findall(r"entry: resumed from step (\d+)", log)]
@@ -271,7 +271,7 @@ def test_node_failure_requeues_resumes_and_excludes_the_node(cli, monkeypatch: p
             wait_until(lambda: sh("sinfo", "-h", "-n", failed, "-o", "%T", check=False).strip() in ("idle", "mixed", "allocated"),
                        60, f"{failed} to return to service")
     assert final.state == "COMPLETED", final.log_tail
-    runs = json.loads(final.options_json)["runs"]
+    runs = final.runs
     assert runs[0]["state"] == "NODE_FAIL" and runs[-1]["state"] == "COMPLETED", runs
     assert runs[-1]["node_list"] == survivor
     resumed = [int(s) for s in re.findall(r"entry: resumed from step (\d+)", Path(job["log"]).read_text())]

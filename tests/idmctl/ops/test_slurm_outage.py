@@ -99,7 +99,7 @@ def test_slurmdbd_outage_during_a_requeued_job_changes_no_row_and_sync_confirms_
     final = wait_until(confirmed, 180, f"sync to record job {slurm_id}'s end from sacct")
     assert final["state"] == "COMPLETED" and final["exit_code"] == "0:0", final
     assert final["restarts"] == 1
-    runs = json.loads(final["options_json"])["runs"]
+    runs = final["runs"]
     assert [r["state"] for r in runs] == ["REQUEUED", "COMPLETED"], runs
     # The queue wait is submit → first start: not the requeue's submit, not the second run's start.
     first = datetime.fromisoformat(runs[0]["started_at"])

@@ -112,8 +112,8 @@ def test_flags_are_checked_on_the_job_as_submitted(cli, tiny_cache, slurm_home: 
         job = db.get(Job, submitted["job"])
     options = json.loads(job.options_json)
     assert (options["qos"], options["time_limit"], options["mem"]) == ("share", "0:20:00", "1500MB")
-    assert options["admitted"]["job"]["changed"] == ["--qos", "--time", "--mem"]
-    assert options["admitted"]["admission"]["failed"] == [] and options["admitted"]["admission"]["preflight_id"] == report["run_id"]
+    assert job.admitted["job"]["changed"] == ["--qos", "--time", "--mem"]
+    assert job.admitted["admission"]["failed"] == [] and job.admitted["admission"]["preflight_id"] == report["run_id"]
     run_spec = json.loads((Path(submitted["script"]).parent / SPEC_FILE).read_text())
     assert run_spec["spec"]["resources"]["qos"] == "share"  # the trainer reads the job as it runs
     assert job.spec_hash == report["spec_hash"]  # rows keep the spec's own hash (the gate's key)

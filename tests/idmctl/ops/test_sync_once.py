@@ -21,7 +21,6 @@ from ground.contract import ENV_NOTIFY
 from idmctl.ops.executors.local import LocalExecutor
 from idmctl.ops.sync import sync
 from idmctl.record.db import session
-from idmctl.record.job_facts import END_RECORDED, fact
 from idmctl.record.models import Chain, Failure, Job
 from test_notify import Webhook, _submit, webhook  # noqa: F401  (the fixture)
 from test_sync_failure_order import PREEMPTED
@@ -89,7 +88,7 @@ def test_two_syncs_at_once_resubmit_a_preempted_job_once(cli, monkeypatch: pytes
         assert [(f.cause, f.job_id) for f in failures] == [("preempted", old)]
         assert [(job.id, job.attempt) for job in jobs] == [(old, 1), (new, 2)]
         assert chain is not None and chain.retries_used == 1 and chain.status == "ACTIVE"
-        assert fact(jobs[0].options_json, END_RECORDED)["by"]
+        assert jobs[0].end_recorded["by"]
         new_scheduler_id = jobs[1].scheduler_id or ""
     assert [m["event"] for m in webhook.messages("/hooks/team")] == ["failure"]
     LocalExecutor().wait(new_scheduler_id, timeout_s=120)  # the resubmission ends before its home goes

@@ -37,10 +37,10 @@ def test_restarts_never_go_down_and_an_exit_code_is_never_cleared() -> None:
 def test_squeue_never_finalises_and_never_touches_the_record() -> None:
     job = _job()
     _apply(job, parse_sacct(REQUEUED_THEN_RUNNING)["57"])
-    recorded = (job.restarts, job.exit_code, job.ended_at, job.options_json, job.submitted_at)
+    recorded = (job.restarts, job.exit_code, job.ended_at, job.runs, job.submitted_at)
     _apply(job, parse_squeue(SQUEUE_COMPLETED)["57"])
     assert job.state == UNCONFIRMED and not is_terminal(job.state)
     assert job.reason == "squeue says COMPLETED; waiting for sacct to record how it ended"
-    assert (job.restarts, job.exit_code, job.ended_at, job.options_json, job.submitted_at) == recorded
+    assert (job.restarts, job.exit_code, job.ended_at, job.runs, job.submitted_at) == recorded
     _apply(job, parse_squeue(SQUEUE_RUNNING)["57"])
     assert job.state == "RUNNING" and job.restarts == 1 and job.exit_code == "0:0"

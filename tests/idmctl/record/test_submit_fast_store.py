@@ -62,7 +62,7 @@ def test_submit_uses_neither_the_orm_nor_torch_and_the_orm_reads_its_rows(tiny_c
     assert job.log_path == submitted["log"] and job.scheduler_id == submitted["scheduler_id"]
     assert (chain.experiment, chain.spec_hash, chain.status, chain.retries_used) == ("tiny_routed", resolved.hash, "ACTIVE", 0)
     assert version is not None and json.loads(version.resolved_json) == resolved.canonical
-    assert json.loads(job.options_json)["admitted"]["admission"]["failed"] == []
+    assert job.admitted["admission"]["failed"] == []
 
 
 def test_a_submit_the_gate_refuses_does_not_import_torch_to_say_so(tiny_cache, idmctl_home: Path) -> None:
