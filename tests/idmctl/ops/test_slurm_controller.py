@@ -62,12 +62,20 @@ def _controllers_left(chain_id: int) -> str:
 
 def _assert_controlled(jobs: list[Job]) -> None:
     """Every attempt was followed by a controller that ran and recorded its result; none is left waiting."""
+    chain_id = jobs[0].chain_id or 0
     for job in jobs:
-        followed = job.controller
-        assert followed and followed.get("scheduler_id"), (job.attempt, followed)
-        assert followed.get("last_run", {}).get("ok"), (job.attempt, followed)
-    wait_until(lambda: _controllers_left(jobs[0].chain_id or 0) == "", 30,
-               f"chain {jobs[0].chain_id}'s last controller to finish and none to be left pending")
+        assert job.controller and job.controller.get("scheduler_id"), (job.attempt, job.controller)
+
+    def recorded() -> list[Job] | None:
+        _, now = _chain(chain_id)
+        return now if all((job.controller or {}).get("last_run") for job in now) else None
+
+    # The last controller notes its own run after the sync it ran has ended the chain (a loaded run saw
+    # the chain FAILED before attempt 2's controller had written last_run): wait for that note.
+    for job in wait_until(recorded, 60, f"every controller of chain {chain_id} to record its run"):
+        assert job.controller["last_run"].get("ok"), (job.attempt, job.controller)
+    wait_until(lambda: _controllers_left(chain_id) == "", 30,
+               f"chain {chain_id}'s last controller to finish and none to be left pending")
 
 
 def test_a_crash_loop_stops_after_two_attempts_with_no_sync_from_the_test(cli, controlled: Path,
