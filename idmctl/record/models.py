@@ -10,6 +10,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlmodel import Field, SQLModel
 
+from ground.errors import UserError
 from idmctl.core.job_state import JobState
 from idmctl.record.url import writer
 
@@ -26,10 +27,38 @@ def _host() -> str:
     return writer()[1]
 
 
-def _json_column() -> Any:
-    """A JSON column whose Python None is SQL NULL (a claim's ``IS NULL`` test and the fast path's reads
-    see "never recorded", not the JSON text ``null``)."""
-    return sa.Column(sa.JSON(none_as_null=True), nullable=True)
+class StoredJSON(sa.types.TypeDecorator):
+    """JSON whose Python None is SQL NULL (a claim's ``IS NULL`` test and the fast path's reads see "never
+    recorded", not the JSON text ``null``), and whose damaged text is one line, not a traceback: SQLite
+    stores any text a hand edit or a bad restore leaves, and SQLAlchemy's JSON read raised JSONDecodeError
+    out of ``idmctl failures`` and ``ledger``. The row is not known while a value is decoded, so the line
+    names the column and how to find the row."""
+
+    impl = sa.JSON
+    cache_ok = True
+
+    def __init__(self, column: str) -> None:
+        super().__init__(none_as_null=True)
+        self.column = column
+
+    def result_processor(self, dialect: Any, coltype: Any) -> Any:
+        decode = super().result_processor(dialect, coltype)
+        if decode is None:  # the driver decodes (PostgreSQL's json type refuses damaged text on write)
+            return None
+        column = self.column
+
+        def checked(value: Any) -> Any:
+            try:
+                return decode(value)
+            except (ValueError, RecursionError):
+                raise UserError(f"a job's stored record is damaged ({column} is not JSON)", field="store",
+                                hint=f"find it with SELECT id FROM job WHERE json_valid({column}) = 0; restore "
+                                     "the store from a backup, or delete that job's row") from None
+        return checked
+
+
+def _json_column(column: str) -> Any:
+    return sa.Column(column, StoredJSON(column), nullable=True)
 
 
 class Written(SQLModel):
@@ -126,28 +155,28 @@ class Job(Written, table=True):
     options_json: str = "{}"
     """The submission request only: every field of ``core.job_options.JobOptions`` after flags overrode
     the spec's defaults, plus ``rollback`` (a resubmission that starts from the previous checkpoint)."""
-    admitted: dict[str, Any] | None = Field(default=None, sa_column=_json_column())
+    admitted: dict[str, Any] | None = Field(default=None, sa_column=_json_column("admitted"))
     """Submit's admission and the effective job's record: ``{"admission": {"failed": [...], ...}, "flags",
     "smoke_flags", "spec_hash", "effective_spec_hash", "changed", "exclusions", "cluster", ...}``."""
-    code: dict[str, Any] | None = Field(default=None, sa_column=_json_column())
+    code: dict[str, Any] | None = Field(default=None, sa_column=_json_column("code"))
     """The code snapshot the job runs (``job.code.JobCode.as_dict``); None: it ran the live tree."""
-    runs: list[dict[str, Any]] | None = Field(default=None, sa_column=_json_column())
+    runs: list[dict[str, Any]] | None = Field(default=None, sa_column=_json_column("runs"))
     """Sync's view of every Slurm run of the job (sacct -D): state, exit code, reason, times, nodes, steps
     and sacct's usage."""
-    efficiency: dict[str, Any] | None = Field(default=None, sa_column=_json_column())
+    efficiency: dict[str, Any] | None = Field(default=None, sa_column=_json_column("efficiency"))
     """``plan.efficiency.EfficiencyReport.as_dict`` of the job's last run, written by the sync that saw it end."""
     derived_exit_code: str | None = None
     """sacct's DerivedExitCode, for jobs ``jobs import`` pulled from sacct (idmctl did not submit them)."""
-    committed_step: dict[str, Any] | None = Field(default=None, sa_column=_json_column())
+    committed_step: dict[str, Any] | None = Field(default=None, sa_column=_json_column("committed_step"))
     """``{"step": N | None, "source", "last_step"}``: the newest checkpoint the chain's run directory held
     when the attempt ended (the crash-loop rule compares consecutive attempts)."""
-    controller: dict[str, Any] | None = Field(default=None, sa_column=_json_column())
+    controller: dict[str, Any] | None = Field(default=None, sa_column=_json_column("controller"))
     """``{"scheduler_id", "submitted_at", "after"}``: the controller job that follows the attempt
     (``idmctl.ops.controller``), and after its run ``last_run``: ``{"at", "result", "ok", "scheduler_id"}``."""
-    end_recorded: dict[str, Any] | None = Field(default=None, sa_column=_json_column())
+    end_recorded: dict[str, Any] | None = Field(default=None, sa_column=_json_column("end_recorded"))
     """``{"by": "host:pid", "at"}``: the sync that claimed the job's end; it alone classified, recorded and
     decided it (``idmctl.record.claims``: a compare-and-set on this column being NULL)."""
-    notified: dict[str, Any] | None = Field(default=None, sa_column=_json_column())
+    notified: dict[str, Any] | None = Field(default=None, sa_column=_json_column("notified"))
     """Event name → when its notification was claimed (``idmctl.record.notices``): one message per event."""
     eval_of_chain: int | None = Field(default=None, index=True)
     """An evaluation job's training chain (None for every other job)."""

@@ -21,7 +21,7 @@ from idmctl.record.eval_jobs import eval_jobs_of
 from idmctl.record.fast import JOB_JSON_COLUMNS, close_all
 from idmctl.record.jobs import job_by_id, take_for_resubmission, unfinished_job_codes
 from idmctl.record.migrate import MIGRATIONS_DIR
-from idmctl.record.models import Job
+from idmctl.record.models import Job, StoredJSON
 from idmctl.record.notices import claim_notice
 from idmctl.record.stored_json import eval_link, job_options, newest_efficiency
 
@@ -154,7 +154,7 @@ def test_every_fact_moves_to_its_column_and_back(store_url: str) -> None:
 
 def test_the_fast_paths_json_columns_are_the_models() -> None:
     table = SQLModel.metadata.tables["job"]
-    assert JOB_JSON_COLUMNS == {column.name for column in table.columns if isinstance(column.type, sa.JSON)}
+    assert JOB_JSON_COLUMNS == {column.name for column in table.columns if isinstance(column.type, StoredJSON)}
 
 
 def test_a_claim_is_sql_null_until_made() -> None:
