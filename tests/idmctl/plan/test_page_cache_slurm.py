@@ -5,12 +5,14 @@ of fresh cache files with the cache reader, for working sets of 0.5×, 1× and 2
 (tests/page_cache_entry.py measures). The yardstick is --mem, not the cache the model derives: at 1× that cache
 the prediction sat on a knife edge (a few MB of resident memory more flipped 0.6 % misses to 6 %). The model (``idmctl.plan.page_cache.CacheFigures``, the
 code the io check runs) then predicts each phase's disk bytes and data time per step from the job's limit,
-its resident memory and the rates calibrated in the same job; the disk-byte prediction must be within ±20 %
-of the bytes ``/proc/self/io`` counted (or, where it predicts none, within 2 % of a step's bytes: ±20 % of zero
-is zero). The predicted and measured data time per step are printed beside them but not asserted: they are
-wall-clock figures, and on a loaded machine (CI's first run of this test: a disk rate calibrated at 0.19 GB/s
-in one moment and beaten in the next, 35.0 ms predicted vs 24.8 ms measured) they measure the machine, not the
-model. The rates the time figure multiplies are benchmarked (``bench/page_cache.py``, BENCHMARKS.md).
+its resident memory and the rates calibrated in the same job, interleaved with the steps they predict; the
+disk-byte prediction must be within ±20 % of the bytes ``/proc/self/io`` counted (or, where it predicts none,
+within 2 % of a step's bytes: ±20 % of zero is zero). The predicted and measured data time per step are
+printed beside them, not asserted: they are wall-clock figures of a loaded machine. On a quiet one they agree
+within ±11 %; with both cores busy (scripts/cpu_hog.sh) three runs gave −34 %, +27 % and −13 % at their worst
+phase, even with the rates taken from the steps' own reads (calibrated on the warm-up pass alone, CI's first run
+predicted 35.0 ms/step against 24.8 measured). A figure that swings with the neighbours measures the machine,
+not the model, and a test that asserts it flakes.
 """
 
 from __future__ import annotations
@@ -79,7 +81,7 @@ def test_the_page_cache_model_predicts_a_cgroup_limited_jobs_disk_bytes(local_sl
                      f"{model.cache / 1e6:.0f} MB (held {phase['cache_held_at_end'] / 1e6:.0f} MB): disk "
                      f"{model.miss_bytes / 1e6:.2f} MB/step predicted, {measured_bytes / 1e6:.2f} measured; data "
                      f"{model.data_s * 1e3:.1f} ms/step predicted, {measured_s * 1e3:.1f} measured (disk "
-                     f"{(phase['storage_bps'] or 0) / 1e9:.2f} GB/s, page cache {(phase['memory_bps'] or 0) / 1e9:.2f} GB/s)")
+                     f"{(phase['storage_bps'] or 0) / 1e9:.2f} GB/s, page cache {(phase['memory_bps'] or 0) / 1e9:.2f} GB/s; disk rate from {phase['disk_rate_from']})")
         assert abs(model.miss_bytes - measured_bytes) <= allowed, "\n".join(lines)
     assert [p["ratio"] for p in report["phases"]] == [0.5, 1.0, 2.0]
     print("\n".join(lines))
