@@ -46,14 +46,16 @@ def sh(*args: str, check: bool = True) -> str:
     return result.stdout
 
 
-def wait_until(predicate, timeout_s: float, what: str, poll_s: float = 0.5):
+def wait_until(predicate, timeout_s: float, what, poll_s: float = 0.5):
+    """Poll ``predicate`` until it returns something truthy; ``what`` names the wait, and may be a
+    callable so that the timeout line can say what was seen at the deadline (a log tail, a state)."""
     deadline = time.monotonic() + timeout_s
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what() if callable(what) else what}")
         time.sleep(poll_s)
 
 

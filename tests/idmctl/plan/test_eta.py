@@ -100,14 +100,16 @@ def test_jobs_and_watch_show_step_rate_eta_and_warn_past_the_limit(cli, idmctl_h
 @pytest.mark.slurm
 def test_real_training_job_on_slurm_reports_its_eta_and_the_limit_warning(cli, tiny_cache, slurm_home: Path) -> None:
     """The real trainer under Slurm writes progress.json; `idmctl jobs` turns it into an ETA that passes
-    the 1-minute limit (tens of thousands of steps), so it WARNs; then the job is cancelled."""
-    from slurm_support import text_so_far, wait_until
+    the 5-minute limit (a million steps), so it WARNs; then the job is cancelled. The limit leaves room for
+    a trainer that starts slowly with both cores busy (a 1-minute limit ended the job before its fifth
+    logged step under load)."""
+    from slurm_support import sacct_state, text_so_far, wait_until
 
     home = slurm_home
     try:
         spec = tiny_cache.spec_file(home / "specs", "tiny_eta", resources={"cpus": 1, "mem": "1500MB",
-                                                                          "time_limit": "0:01:00"},
-                                    train={"steps": 50_000, "checkpoint_every": 50_000, "log_every": 5})
+                                                                          "time_limit": "0:05:00"},
+                                    train={"steps": 1_000_000, "checkpoint_every": 1_000_000, "log_every": 5})
         result = cli("submit", str(spec), "--force", "--reason", "eta test", "--json")
         assert result.exit_code == 0, result.output
         submitted = json.loads(result.stdout)
@@ -122,8 +124,13 @@ def test_real_training_job_on_slurm_reports_its_eta_and_the_limit_warning(cli, t
             rows = json.loads(cli("jobs", "--json").stdout)
             return rows[0]["eta"] if rows and rows[0]["state"] == "RUNNING" and rows[0]["eta"] else None
 
-        eta = wait_until(measured, 180, f"a running job with a measured step time (log: {log})", poll_s=1.0)
-        assert eta["total"] == 50_000 and 0 < eta["step"] < 50_000 and eta["s_per_step"] > 0
+        def seen() -> str:
+            state = sacct_state(str(submitted["scheduler_id"]))
+            return (f"a running job with a measured step time (job {submitted['scheduler_id']} {state or '?'}, "
+                    f"progress {read_progress(run_dir)}, log {log}: {text_so_far(log)[-800:]!r})")
+
+        eta = wait_until(measured, 240, seen, poll_s=1.0)
+        assert eta["total"] == 1_000_000 and 0 < eta["step"] < 1_000_000 and eta["s_per_step"] > 0
         assert eta["warning"] and "past the time limit" in eta["warning"], (eta, text_so_far(log)[-1500:])
         assert eta["limit_at"] is not None and eta["finish_at"] > eta["limit_at"]
     finally:
