@@ -98,12 +98,6 @@ def _cluster_of(job: Any) -> str | None:
     return admitted.get("cluster") if isinstance(admitted, dict) else None
 
 
-def controller_of(job: Any) -> dict | None:
-    """The controller fact of an attempt (for ``idmctl jobs``): id, when submitted, its last run."""
-    value = getattr(job, CONTROLLER, None)
-    return value if isinstance(value, dict) else None
-
-
 def controller_line(followed: dict) -> str:
     """One line for ``idmctl jobs``: the controller that follows an attempt, and its last run (when, result)."""
     if followed.get("error") and not followed.get("scheduler_id"):

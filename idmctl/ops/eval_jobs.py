@@ -29,7 +29,7 @@ from ground import contract
 from ground.errors import CheckFailed, UserError
 from ground.paths import atomic_write_text
 from idmctl.core.job_options import JobOptions, JobRequest
-from idmctl.core.job_state import is_terminal
+from idmctl.core.job_state import JobState, is_terminal
 from idmctl.job.code import JobCode
 from idmctl.job.render import render_script
 from idmctl.ops.controller import submit_controller
@@ -89,26 +89,43 @@ def plan(choice: str, job: "EffectiveJob") -> list[int]:
 
 
 def submit_with_evals(experiment: str, request: JobRequest, cluster: str | None, choice: str,
-                      force_reason: str | None = None) -> "Submitted":
-    """``submit EXP --eval CHOICE``: the training chain as :func:`idmctl.ops.submit.submit` sends it, then
-    one eval job per chosen checkpoint under the same admission and code snapshot. A choice that names no
-    checkpoint this run keeps is bad input before anything is written."""
+                      force_reason: str | None = None, resume: int | None = None,
+                      code_choice: str = "chain") -> "Submitted":
+    """``submit EXP --eval CHOICE``: the training chain as :func:`idmctl.ops.submit.submit` sends it (or, with
+    ``resume``, the new attempt :func:`idmctl.ops.submit.resume` sends), then one eval job per chosen
+    checkpoint under the same admission and code snapshot. A resumed chain's checkpoints that one of its
+    eval jobs already scored (COMPLETED) get none. A choice that names no checkpoint this run keeps is
+    bad input before anything is written."""
     from idmctl.ops import submit as submitting  # sync imports this module; submit stays off its start-up
 
     steps = plan(choice, submitting.prepare(experiment, request, cluster))
-    submitted = submitting.submit(experiment, request, cluster, force_reason=force_reason)
+    evaluated = completed_evals(resume) if resume is not None else {}
+    if resume is None:
+        submitted = submitting.submit(experiment, request, cluster, force_reason=force_reason)
+    else:
+        submitted = submitting.resume(experiment, resume, request, cluster, code_choice, force_reason=force_reason)
     training = submitted.job
     stored = job_options(training.options_json, training.id)
     resolved = submitting._resolved_from_run(json.loads(Path(training.script_path).with_name(contract.SPEC_FILE)
                                                         .read_text()), training.script_path)
     options = JobOptions(**{k: v for k, v in stored.items() if k in JobOptions.__dataclass_fields__})
+    submitted.evaluated = {step: evaluated[step] for step in steps if step in evaluated}
     submitted.evals = [_submit_one(resolved, "slurm", _eval_options(options, step, training.scheduler_id),
                                    JobCode.from_record(training.code), training.admitted,
                                    {"of_chain": training.chain_id, "step": step, "after": training.scheduler_id,
                                     "choice": choice}, Path(training.script_path).parent, training.preflight_id,
                                    training.forced_reason, training.spec_hash)
-                       for step in steps]
+                       for step in steps if step not in evaluated]
     return submitted
+
+
+def completed_evals(chain_id: int) -> dict[int, int]:
+    """Checkpoint step → the id of the chain's eval job that scored it (COMPLETED; the newest if several)."""
+    from idmctl.record.db import session  # the ORM: a submit with --eval
+
+    with session() as db:
+        return {int(job.eval_step): int(job.id) for job in eval_jobs_of(db, chain_id)
+                if job.state == JobState.COMPLETED and job.eval_step is not None}
 
 
 def _eval_options(options: JobOptions, step: int, after: str) -> JobOptions:

@@ -54,6 +54,9 @@ class Submitted:
     script: str
     evals: list[Any] = field(default_factory=list)
     """The eval jobs ``submit --eval`` sent after this one (rows), each waiting on it (``ops.eval_jobs``)."""
+    evaluated: dict[int, int] = field(default_factory=dict)
+    """``submit --resume --eval``: checkpoint step → the chain's COMPLETED eval job that scored it already
+    (so no second eval job was sent for it)."""
 
 
 def runs_dir(experiment: str, chain_id: int) -> Path:
@@ -112,7 +115,7 @@ def _context(resolved: ResolvedSpec, chain_id: int, attempt: int, executor: str,
     """``code``: the snapshot the attempt runs from (None only for jobs submitted before snapshots existed,
     whose resubmissions keep running the live tree as they always did)."""
     run_dir = runs_dir(resolved.name, chain_id)
-    log_name = f"slurm-%j.out" if executor == "slurm" else "local-%j.out"
+    log_name = "slurm-%j.out" if executor == "slurm" else "local-%j.out"
     where = {"repo_root": Path(code.directory), "extra_env": {**code.env(), **extra_env}} if code else {"extra_env": extra_env}
     return RenderContext(run_dir=run_dir, chain_id=chain_id, attempt=attempt, idmctl_home=home(),
                          log_path=str(run_dir / log_name), stage_bytes=admitted_stage_bytes(admitted), **where)

@@ -60,9 +60,9 @@ def submit(
         raise UserError("--dry-run does not go with --resume", file="command line", field="--dry-run",
                         hint="dry-run the experiment itself: the script differs only in its chain and attempt")
 
-    if evaluate is not None and (resume is not None or dry_run):
-        raise UserError(f"--eval does not go with {'--resume' if resume is not None else '--dry-run'}",
-                        file="command line", field="--eval", hint="submit the chain with --eval on its own")
+    if evaluate is not None and dry_run:
+        raise UserError("--eval does not go with --dry-run", file="command line", field="--eval",
+                        hint="dry-run the chain without --eval")
     variants = load_experiments(experiment)
     if evaluate is not None and variants[0].sweep is not None:
         raise UserError("--eval submits one chain's eval jobs, not a sweep's", file="command line", field="--eval",
@@ -91,7 +91,8 @@ def submit(
         if evaluate is not None:
             from idmctl.ops.eval_jobs import submit_with_evals  # only a submit with --eval loads it
 
-            done = submit_with_evals(experiment, request, cluster, evaluate, force_reason=forced)
+            done = submit_with_evals(experiment, request, cluster, evaluate, force_reason=forced, resume=resume,
+                                     code_choice=code)
         elif resume is not None:
             done = submitting.resume(experiment, resume, request, cluster, code, force_reason=forced)
         else:
@@ -114,6 +115,7 @@ def submit(
                    "script": job.script_path, "log": job.log_path, "forced": job.forced_reason is not None,
                    "evals": [{"job": e.id, "scheduler_id": e.scheduler_id,
                               "step": e.eval_step} for e in done.evals],
+                   "evaluated": [{"step": step, "job": job_id} for step, job_id in done.evaluated.items()],
                    "suggestions": [s.__dict__ for s in _suggestions(job.experiment, job_options(job.options_json, job.id))[1]]})
         return
     console.print(f"submitted job {job.id} ({job.executor} {job.scheduler_id}) chain {job.chain_id} attempt {job.attempt}"
@@ -124,6 +126,9 @@ def submit(
         console.print(f"eval job {evaluation.id} ({evaluation.executor} {evaluation.scheduler_id}) checkpoint step "
                       f"{evaluation.eval_step}: after job {job.id} ends OK (afterok:{evaluation.eval_after})",
                       markup=False)
+    for step, scored_by in done.evaluated.items():
+        console.print(f"checkpoint step {step}: scored already by eval job {scored_by} of chain {job.chain_id}, "
+                      "no new eval job", markup=False)
     if job.forced_reason:
         failed = (job.admitted or {}).get("admission", {}).get("failed", [])
         past = f" and past FAILs ({', '.join(failed)})" if failed else ""
@@ -250,8 +255,6 @@ def jobs(
     """Recorded jobs, newest first: state as the scheduler reports it, queue wait, restarts, MLflow run."""
     if ctx.invoked_subcommand is not None:
         return
-    import json
-
     from ground.paths import db_path
     from idmctl.track.compare import run_url
     from idmctl.plan.eta import eta_for_job

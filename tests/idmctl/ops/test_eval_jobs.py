@@ -87,5 +87,10 @@ def test_eval_choices_that_name_no_kept_checkpoint_are_bad_input(cli, tiny_cache
             "checkpoint pruned") in " ".join(result.output.split())
     result = cli("submit", str(spec), "--force", "--reason", "test", "--cluster", "local", "--eval", "last")
     assert result.exit_code == 2 and "--eval chains jobs with Slurm dependencies" in result.output, result.output
+    result = cli("submit", str(spec), "--cluster", "local-slurm", "--eval", "last", "--dry-run")
+    assert result.exit_code == 2 and "--eval does not go with --dry-run" in result.output, result.output
+    result = cli("submit", str(spec), "--force", "--reason", "test", "--cluster", "local-slurm", "--eval", "last",
+                 "--resume", "99")
+    assert result.exit_code == 2 and "no chain 99" in result.output, result.output
     with session() as db:
         assert db.exec(select(Job)).all() == []

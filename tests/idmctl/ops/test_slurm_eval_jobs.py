@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
+from sqlmodel import select
 
 from idmctl.record.db import session
 from idmctl.record.models import Chain, Job
@@ -142,6 +143,47 @@ def test_eval_jobs_follow_a_resubmitted_attempt(cli, tiny_cache, slurm_home: Pat
         for job in (first, third):
             sh("scancel", job["scheduler_id"])
         _sync_until_final(cli, [first["job"], third["job"], fresh_id], 60)
+    finally:
+        for scheduler_id in held:
+            sh("scancel", scheduler_id, check=False)
+
+
+def test_a_resumed_chain_gets_eval_jobs_for_the_checkpoints_no_eval_job_scored(cli, tiny_cache, slurm_home: Path) -> None:
+    """A chain cancelled while held takes its eval jobs with it; `submit --resume C --eval each` sends the
+    new attempt and an eval job for each checkpoint not yet scored, waiting on the new attempt. The first
+    eval job's row is set COMPLETED by hand: it stands in for an eval job that ran (running one costs a
+    whole training run; test_eval_job_per_checkpoint_after_a_preempted_chain… runs them for real)."""
+    spec = tiny_cache.spec_file(slurm_home / "specs", "tiny_eval_resume", resources={"cpus": 1, "mem": "500MB"},
+                                train={"steps": 200, "checkpoint_every": 100, "log_every": 10, "keep_last": 3})
+    held: list[str] = []
+    try:
+        first = _submit(cli, str(spec), "--qos", "sub", "--hold", "--eval", "each")
+        held += [first["scheduler_id"], *(e["scheduler_id"] for e in first["evals"])]
+        assert cli("cancel", str(first["job"])).exit_code == 0
+        _sync_until_final(cli, [first["job"], *(e["job"] for e in first["evals"])], 60)
+        scored, unscored = first["evals"]
+        with session() as db:
+            row = db.get(Job, scored["job"])
+            row.state = "COMPLETED"
+            db.add(row)
+        result = cli("submit", str(spec), "--resume", str(first["chain"]), "--qos", "sub", "--hold", "--eval", "each",
+                     "--force", "--reason", "slurm test")
+        assert result.exit_code == 0, result.output
+        assert (f"checkpoint step 100: scored already by eval job {scored['job']} of chain {first['chain']}, "
+                "no new eval job") in result.output
+        resumed = [r for r in json.loads(cli("jobs", "--json").stdout) if r["chain"] == first["chain"]
+                   and r["attempt"] == 2]
+        assert len(resumed) == 1, resumed
+        attempt = _job(resumed[0]["job"])
+        held.append(attempt.scheduler_id)
+        with session() as db:
+            fresh = [j for j in db.exec(select(Job).where(Job.eval_of_chain == first["chain"]))
+                     if j.id not in (scored["job"], unscored["job"])]
+        assert [(j.eval_step, j.eval_after) for j in fresh] == [(200, attempt.scheduler_id)], fresh
+        held.append(fresh[0].scheduler_id)
+        assert f"eval job {fresh[0].id} (slurm {fresh[0].scheduler_id}) checkpoint step 200" in result.output
+        line = sh("squeue", "-h", "-j", fresh[0].scheduler_id, "-o", "%T|%r|%E").strip()
+        assert line.startswith(f"PENDING|Dependency|afterok:{attempt.scheduler_id}"), line
     finally:
         for scheduler_id in held:
             sh("scancel", scheduler_id, check=False)
