@@ -37,6 +37,7 @@ from idmctl.record.stored_json import job_options
 from ground.paths import atomic_write_text, home
 from ground.spec.loader import ResolvedSpec, load_spec
 
+from ground.tracking import flatten
 from ground.run_dir import write_run_spec  # torch-free: {"name", "hash", "spec"}
 
 if TYPE_CHECKING:
@@ -200,6 +201,7 @@ def resume(experiment: str, chain_id: int, request: JobRequest, cluster: str | N
     last = attempts[-1]
     spec_hash, experiment_of = chain.spec_hash, chain.experiment
     last_attempt = max(a.attempt for a in attempts)
+    request = with_chain_flags(request, last)
     if code_choice == "chain":
         code = JobCode.from_record(last.code)
         if code is None:
@@ -218,6 +220,7 @@ def resume(experiment: str, chain_id: int, request: JobRequest, cluster: str | N
         raise UserError(f"chain {chain_id} runs {experiment_of} at spec {spec_hash[:12]}, not {job.declared.name} at "
                         f"{job.declared.hash[:12]}", file="command line", field="--resume",
                         hint="a changed spec is a new chain: submit it without --resume")
+    _require_same_run_spec(chain_id, job.resolved, runs_dir(job.resolved.name, chain_id) / SPEC_FILE)
     admission = admit(job, force_reason, version)
     ask_scheduler(job)
     if snapshot is not None:
@@ -231,6 +234,38 @@ def resume(experiment: str, chain_id: int, request: JobRequest, cluster: str | N
     return _submit_attempt(job.resolved, job.profile.scheduler, job.options, chain_id, last_attempt + 1,
                            admission.preflight_id, forced, {contract.ENV_RETRY_REASON: f"resumed by hand (--code {code_choice})"},
                            spec_hash=job.declared.hash, admitted=admitted, code=code)
+
+
+INHERITED_FLAGS = ("qos", "time_limit", "mem", "cpus_per_node", "gpus_per_node", "job_name", "exclude", "retries",
+                   "entry", "build")
+"""What ``submit --resume`` takes from the chain's last attempt unless given again: everything that makes
+the job the chain's (its resources, entry, build). Not --hold or a dependency: those are about this
+submission, not the chain."""
+
+
+def with_chain_flags(request: JobRequest, last: Any) -> JobRequest:
+    """``request`` over the flags the chain's last attempt was submitted with: ``--resume C`` alone resumes
+    the job the chain ran (a chain submitted with ``--qos sub`` resumes on sub)."""
+    earlier = JobRequest.from_given(((last.admitted or {}).get("job") or {}).get("flags") or {})
+    return replace(request, **{name: getattr(earlier, name) for name in INHERITED_FLAGS
+                               if earlier.is_given(name) and not request.is_given(name)})
+
+
+def _require_same_run_spec(chain_id: int, resolved: ResolvedSpec, spec_path: Path) -> None:
+    """A resumed attempt runs the spec the chain's run directory holds (its checkpoints and MLflow run are
+    that spec's): a flag that changes it is bad input naming the fields it changes."""
+    if not spec_path.exists():
+        return
+    ran = json.loads(spec_path.read_text())
+    if ran.get("hash") == resolved.hash:
+        return
+    before, after = flatten(ran.get("spec") or {}), flatten(resolved.canonical)
+    changed = [f"{key} {before.get(key)!r} → {after.get(key)!r}" for key in sorted(set(before) | set(after))
+               if before.get(key) != after.get(key)]
+    raise UserError(f"chain {chain_id} ran {ran.get('name')} at {str(ran.get('hash'))[:12]}; this resume would run "
+                    f"{resolved.short_hash}: {', '.join(changed) or 'another spec'}", file="command line",
+                    field="--resume", hint="drop the flags that change it (--resume uses the chain's own) or submit a "
+                                           "new chain without --resume")
 
 
 def _profile_source(cluster: str | None) -> str:

@@ -166,7 +166,15 @@ def test_a_resumed_chain_gets_eval_jobs_for_the_checkpoints_no_eval_job_scored(c
             row = db.get(Job, scored["job"])
             row.state = "COMPLETED"
             db.add(row)
-        result = cli("submit", str(spec), "--resume", str(first["chain"]), "--qos", "sub", "--hold", "--eval", "each",
+        # A flag that changes the chain's spec is bad input naming what it changes; nothing is sent.
+        changed = cli("submit", str(spec), "--resume", str(first["chain"]), "-c", "2", "--hold", "--eval", "each",
+                      "--force", "--reason", "slurm test")
+        assert changed.exit_code == 2, changed.output
+        assert f"chain {first['chain']} ran tiny_eval_resume at " in changed.output, changed.output
+        assert "resources.cpus 1 → 2" in changed.output, changed.output
+        assert [r["attempt"] for r in json.loads(cli("jobs", "--json").stdout) if r["chain"] == first["chain"]] == [1]
+        # No flags: the chain's own (--qos sub) are used, and --hold is this submission's.
+        result = cli("submit", str(spec), "--resume", str(first["chain"]), "--hold", "--eval", "each",
                      "--force", "--reason", "slurm test")
         assert result.exit_code == 0, result.output
         assert (f"checkpoint step 100: scored already by eval job {scored['job']} of chain {first['chain']}, "
@@ -176,6 +184,7 @@ def test_a_resumed_chain_gets_eval_jobs_for_the_checkpoints_no_eval_job_scored(c
         assert len(resumed) == 1, resumed
         attempt = _job(resumed[0]["job"])
         held.append(attempt.scheduler_id)
+        assert attempt.qos == "sub"
         with session() as db:
             fresh = [j for j in db.exec(select(Job).where(Job.eval_of_chain == first["chain"]))
                      if j.id not in (scored["job"], unscored["job"])]
