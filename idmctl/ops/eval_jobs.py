@@ -35,6 +35,7 @@ from idmctl.job.render import render_script
 from idmctl.ops.controller import submit_controller
 from idmctl.ops.executors import executor_for
 from idmctl.record.eval_jobs import eval_jobs_of, store_eval_link
+from idmctl.record.jobs import open_chain
 from idmctl.record.stored_json import eval_columns, eval_link, job_options
 
 if TYPE_CHECKING:
@@ -142,14 +143,8 @@ def _submit_one(resolved: "ResolvedSpec", scheduler: str, options: JobOptions, c
     """Its own chain row (retries 0); the script and log in the training chain's run directory."""
     from idmctl.ops.submit import (  # submit imports this module: the cycle is broken here
         _context, submit_recorded, submitted_facts)
-    from idmctl.record.db import session  # the ORM: a submit with --eval, or sync
-    from idmctl.record.models import Chain  # the ORM, with session above
 
-    with session() as db:
-        chain = Chain(experiment=resolved.name, spec_hash=spec_hash or resolved.hash, retries_budget=0)
-        db.add(chain)
-        db.flush()
-        chain_id = int(chain.id or 0)
+    chain_id = open_chain(resolved.name, spec_hash or resolved.hash, 0)
     step = int(options.eval_step or 0)
     ctx = replace(_context(resolved, chain_id, 1, scheduler, {}, admitted, code), run_dir=run_dir,
                   log_path=str(run_dir / f"eval-step-{step}-%j.out"))

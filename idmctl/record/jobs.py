@@ -174,19 +174,33 @@ def new_chain(declared: Any, retries: int) -> int:
             fast.execute("INSERT OR IGNORE INTO spec_version (hash, experiment, source_path, resolved_json, registered_at) "
                          "VALUES (?, ?, ?, ?, ?)", (declared.hash, declared.name, str(declared.path),
                                                      declared.canonical_json, db_time()))
-            return insert(fast, "chain", {"experiment": declared.name, "spec_hash": declared.hash, "mlflow_run_id": None,
-                                          "retries_budget": retries, "retries_used": 0, "status": "ACTIVE",
-                                          "created_at": db_time()})
-    from idmctl.record.db import session  # start-up: SQLAlchemy only for a store not at head or the shared one
-    from idmctl.record.models import Chain  # start-up: SQLAlchemy, as above
-    from idmctl.record.specs import register_specs  # start-up: SQLAlchemy, as above
+            return _insert_chain(fast, declared.name, declared.hash, retries)
+    from idmctl.record.specs import register_specs  # start-up: SQLAlchemy only for a store not at head or the shared one
 
     register_specs([declared])
+    return open_chain(declared.name, declared.hash, retries)
+
+
+def open_chain(experiment: str, spec_hash: str, retries: int) -> int:
+    """An ACTIVE chain of an already registered spec version (an eval job's own chain: the training
+    chain's spec hash, ``retries`` 0); returns its id."""
+    with connect() as fast:
+        if fast is not None:  # plain sqlite3: the submit path imports no ORM
+            return _insert_chain(fast, experiment, spec_hash, retries)
+    from idmctl.record.db import session  # start-up: SQLAlchemy only for a store not at head or the shared one
+    from idmctl.record.models import Chain  # start-up: SQLAlchemy, as above
+
     with session() as orm:
-        chain = Chain(experiment=declared.name, spec_hash=declared.hash, retries_budget=retries)
+        chain = Chain(experiment=experiment, spec_hash=spec_hash, retries_budget=retries)
         orm.add(chain)
         orm.flush()
         return int(chain.id or 0)
+
+
+def _insert_chain(fast: Any, experiment: str, spec_hash: str, retries: int) -> int:
+    return insert(fast, "chain", {"experiment": experiment, "spec_hash": spec_hash, "mlflow_run_id": None,
+                                  "retries_budget": retries, "retries_used": 0, "status": "ACTIVE",
+                                  "created_at": db_time()})
 
 
 def insert_job(values: dict[str, Any]) -> int:
