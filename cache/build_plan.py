@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ground.contract import BUILD_MODES, CAUSE_MISSING_WEIGHTS, CAUSE_PT_NORM_MISSING
 from ground.errors import UserError
-from ground.paths import expand_path, free_bytes, why_not_a_directory
+from ground.paths import expand_path, why_not_a_directory
 from ground.spec.loader import ResolvedSpec
 
 HIDDEN_SUFFIX = ".safetensors"

@@ -238,7 +238,7 @@ def compare_stage(resolved: ResolvedSpec, result: QuickstartResult) -> None:
 
 def doctor_stage(result: QuickstartResult) -> None:
     """``idmctl doctor`` first: quiet when every row is OK; otherwise the rows that are not, with their fixes."""
-    from idmctl.ops.doctor import FAIL, OK, run_doctor  # start-up: only this command needs it (4 more project modules)
+    from idmctl.ops.doctor import OK, run_doctor  # start-up: only this command needs it (4 more project modules)
 
     report = run_doctor()
     result.stages["doctor"] = report.as_dict()

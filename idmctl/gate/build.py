@@ -149,7 +149,7 @@ def _disk(job: "EffectiveJob", plan: "BuildPlan", smoke: BuildSmoke | None) -> C
     numbers: dict[str, Any] = {"output_dir": str(plan.output_dir), "todo": plan.todo, "present": plan.present,
                                "total": plan.total, "free_bytes": free}
     if plan.todo is None:
-        return CheckResult("build_disk", Status.WARN, f"episode file not on this machine: files to build unknown",
+        return CheckResult("build_disk", Status.WARN, "episode file not on this machine: files to build unknown",
                            numbers, "run the preflight where data.episodes is mounted")
     if plan.todo == 0:
         return CheckResult("build_disk", Status.PASS, f"all {plan.total} files already built: nothing to write",

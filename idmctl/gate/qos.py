@@ -11,7 +11,7 @@ from collections import defaultdict
 from idmctl.plan.budget import fmt_bandwidth, fmt_seconds, routed_staging_fix, staging, step_estimate
 from idmctl.plan.limits import derive
 from idmctl.core.checks import CheckResult, PreflightContext, QueueWait, Status
-from ground.units import format_bytes, format_duration
+from ground.units import format_duration
 
 NAME = "qos"
 LONG_QUEUE_WAIT_S = 86400.0
@@ -84,7 +84,7 @@ def check(ctx: PreflightContext) -> CheckResult:
             fails.append(f"preemptible {res.qos}: {stage_text} + {ckpt_text} = {format_duration(first_checkpoint)} ≥ "
                          f"preempt cycle {format_duration(cycle)}: no checkpoint survives a preemption")
             fixes.extend([routed_fix] if routed_fix else [])
-            fixes.append(f"checkpoint more often (train.checkpoint_every) or use a non-preemptible QoS")
+            fixes.append("checkpoint more often (train.checkpoint_every) or use a non-preemptible QoS")
         else:
             notes.append(f"{stage_text} + {ckpt_text} < preempt cycle {format_duration(cycle)}")
 

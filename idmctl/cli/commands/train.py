@@ -130,7 +130,7 @@ def _print_summary(doc: dict[str, Any]) -> None:
     console.print(_card_difference(doc))
     console.print(f"KV projectors: {doc['kv_projector_formula']} exactly (the card lists 20.5M for its "
                   f"4 × 5120 → 1024 projectors; the exact product is 20,975,616)")
-    console.print(f"routing: every block cross-attends to one layer, block i → layer ⌊i·N/D⌋")
+    console.print("routing: every block cross-attends to one layer, block i → layer ⌊i·N/D⌋")
     routing = make_table("block", "layer", "cache index", "Cosmos block")
     for row in doc["routing"]:
         routing.add_row(str(row["block"]), str(row["layer"]), str(row["cache_index"]), str(row["cosmos_block"]))

@@ -8,7 +8,7 @@ its record changed since (a fix already recorded stays attached).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
