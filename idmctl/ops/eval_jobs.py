@@ -29,12 +29,12 @@ from ground import contract
 from ground.errors import CheckFailed, UserError
 from ground.paths import atomic_write_text
 from idmctl.core.job_options import JobOptions, JobRequest
-from idmctl.core.job_state import JobState, is_terminal
+from idmctl.core.job_state import is_terminal
 from idmctl.job.code import JobCode
 from idmctl.job.render import render_script
 from idmctl.ops.controller import submit_controller
 from idmctl.ops.executors import executor_for
-from idmctl.record.eval_jobs import eval_jobs_of, store_eval_link
+from idmctl.record.eval_jobs import completed_evals, eval_jobs_of, store_eval_link
 from idmctl.record.jobs import open_chain
 from idmctl.record.stored_json import eval_columns, eval_link, job_options
 
@@ -118,15 +118,6 @@ def submit_with_evals(experiment: str, request: JobRequest, cluster: str | None,
                                    training.forced_reason, training.spec_hash)
                        for step in steps if step not in evaluated]
     return submitted
-
-
-def completed_evals(chain_id: int) -> dict[int, int]:
-    """Checkpoint step → the id of the chain's eval job that scored it (COMPLETED; the newest if several)."""
-    from idmctl.record.db import session  # the ORM: a submit with --eval
-
-    with session() as db:
-        return {int(job.eval_step): int(job.id) for job in eval_jobs_of(db, chain_id)
-                if job.state == JobState.COMPLETED and job.eval_step is not None}
 
 
 def _eval_options(options: JobOptions, step: int, after: str) -> JobOptions:

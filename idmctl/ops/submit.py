@@ -36,8 +36,8 @@ from idmctl.record.preflights import latest_passing, require_pass
 from idmctl.record.stored_json import job_options
 from ground.paths import atomic_write_text, home
 from ground.spec.loader import ResolvedSpec, load_spec
-
 from ground.tracking import flatten
+
 from ground.run_dir import write_run_spec  # torch-free: {"name", "hash", "spec"}
 
 if TYPE_CHECKING:

@@ -8,6 +8,7 @@ from typing import Any
 
 from sqlmodel import Session, select
 
+from idmctl.core.job_state import JobState
 from idmctl.record.db import session
 from idmctl.record.models import Job
 from idmctl.record.stored_json import eval_columns
@@ -15,6 +16,13 @@ from idmctl.record.stored_json import eval_columns
 def eval_jobs_of(db: Session, chain_id: int) -> list[Job]:
     """Every evaluation job recorded for training chain ``chain_id``, oldest first."""
     return list(db.exec(select(Job).where(Job.eval_of_chain == chain_id).order_by(Job.id)).all())
+
+
+def completed_evals(chain_id: int) -> dict[int, int]:
+    """Checkpoint step → the id of the chain's eval job that scored it (COMPLETED; the newest if several)."""
+    with session() as db:
+        return {int(job.eval_step): int(job.id) for job in eval_jobs_of(db, chain_id)
+                if job.state == JobState.COMPLETED and job.eval_step is not None}
 
 
 def store_eval_link(job_id: int, link: dict[str, Any]) -> None:
