@@ -1,0 +1,77 @@
+"""scripts/suite_cpu.py: the CPU seconds of the processes a command starts, grouped by what they run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPT = str(REPO / "scripts" / "suite_cpu.py")
+
+sys.path.insert(0, str(REPO / "scripts"))
+import suite_cpu  # noqa: E402 - a script, not a package: imported from its folder
+
+sys.path.remove(str(REPO / "scripts"))
+
+
+@pytest.mark.parametrize(("command", "expected"), [
+    ("/r/.venv/bin/python -u -c import sys;exec(eval(sys.stdin.readline()))", "pytest worker (the tests' own work)"),
+    ("/r/.venv/bin/python -m trainers.train --run-dir /tmp/x", "python -m trainers.train"),
+    ("/r/.venv/bin/python -m idmctl sync --chain 3", "idmctl sync"),
+    ("/r/.venv/bin/python -m idmctl submit /tmp/s/specs/a.yaml --json", "idmctl submit"),
+    ("/r/.venv/bin/python -m idmctl jobs show 4", "idmctl jobs show"),
+    ("python3 -c import torch", "python -c …"),
+    ("/usr/bin/python3 /work/prof/mkrun.py /tmp/a", "python mkrun.py"),
+    ("/bin/bash /tmp/slurm/spool/n1/job04869/slurm_script", "bash slurm_script"),
+    ("slurmstepd: [4869.batch]", "slurmstepd"),
+    ("", "(no command line)"),
+])
+def test_each_command_line_reports_under_what_it_runs(command: str, expected: str) -> None:
+    assert suite_cpu.kind(command) == expected
+
+
+def test_the_report_ranks_kinds_by_cpu_with_their_share_and_cost_per_process() -> None:
+    rows = [{"pid": 1, "command": "python -m trainers.train --run-dir a", "cpu_s": 12.0},
+            {"pid": 2, "command": "python -m trainers.train --run-dir b", "cpu_s": 14.0},
+            {"pid": 3, "command": "python -m idmctl sync", "cpu_s": 2.0},
+            {"pid": 4, "command": "fio --name x", "cpu_s": 2.0}]
+    assert suite_cpu.report(rows, top=2) == [
+        "CPU time of the processes the command started: 30 s over 4 processes", "",
+        "   CPU s  share  procs  s/proc  kind",
+        "    26.0  86.7%      2   13.00  python -m trainers.train",
+        "     2.0   6.7%      1    2.00  idmctl sync",
+        "     2.0   6.7%                 (1 more kinds)"]
+
+
+def test_a_real_command_is_sampled_its_exit_code_passes_and_the_sample_reports_again(tmp_path: Path) -> None:
+    out = tmp_path / "cpu.json"
+    # A child that burns ~0.8 s of CPU, then the command exits 3.
+    burn = "import time\nend = time.process_time() + 0.8\nwhile time.process_time() < end: pass"
+    command = f"{sys.executable} -c '{burn}'; exit 3"
+    done = subprocess.run([sys.executable, SCRIPT, "run", str(out), "--", "bash", "-c", command],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 3, done.stderr
+    rows = json.loads(out.read_text())
+    burned = [row for row in rows if suite_cpu.kind(row["command"]) == "python -c …"]
+    assert len(burned) == 1 and burned[0]["cpu_s"] >= 0.4, rows  # sampled every 0.2 s: the last slice may be lost
+    assert "python -c …" in done.stderr and "CPU time of the processes the command started" in done.stderr
+    again = subprocess.run([sys.executable, SCRIPT, "report", str(out)], capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0 and again.stdout.splitlines()[0] == done.stderr.splitlines()[0]
+    assert not list(tmp_path.glob(".cpu.json.tmp*"))
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    (tmp_path / "half.json").write_text('[{"pid": 1')
+    for argv, expected in [
+        (["report", str(tmp_path / "half.json")], f"suite_cpu: {tmp_path / 'half.json'}: not a saved sample"),
+        (["report", str(tmp_path / "absent.json")], f"suite_cpu: {tmp_path / 'absent.json'}: not a saved sample"),
+        (["run", str(tmp_path / "new.json"), "--"], "suite_cpu: run needs a command after --"),
+    ]:
+        done = subprocess.run([sys.executable, SCRIPT, *argv], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2 and done.stdout == ""
+        assert len(done.stderr.splitlines()) == 1 and done.stderr.startswith(expected), done.stderr
+    assert not (tmp_path / "new.json").exists()
