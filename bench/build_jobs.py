@@ -91,12 +91,18 @@ def _idle_nodes(timeout_s: float = 600) -> float:
         out = subprocess.run(["sinfo", "-h", "-N", "-n", "n1,n2", "-o", "%N %T"], capture_output=True, text=True,
                              timeout=60).stdout
         states = dict(line.split() for line in out.splitlines() if line.strip())
-        pending = subprocess.run(["squeue", "-h", "-t", "PENDING", "-o", "%i"], capture_output=True, text=True,
-                                 timeout=60).stdout.split()
+        pending = subprocess.run(["squeue", "-h", "-t", "PENDING", "-o", "%i %u %j %r"], capture_output=True,
+                                 text=True, timeout=60).stdout.splitlines()
+        pending = [line.split(maxsplit=3) for line in pending if line.strip()]
         if set(states) == {"n1", "n2"} and all(s == "idle" for s in states.values()) and not pending:
             return time.monotonic() - started
         if time.monotonic() - started > timeout_s:
-            raise RuntimeError(f"n1/n2 not idle within {timeout_s:.0f} s: {states}, {len(pending)} pending")
+            # Name the jobs in the way: a leftover held job (seen: a script killed before its scancel) waits
+            # forever, and only its id says whose it is.
+            named = "; ".join(f"job {job[0]} ({', '.join(job[1:])})" for job in pending) or "none"
+            ids = " ".join(job[0] for job in pending)
+            advice = f" (release or cancel them: scancel {ids})" if pending else ""
+            raise RuntimeError(f"n1/n2 not idle within {timeout_s:.0f} s: {states}; pending: {named}{advice}")
         time.sleep(1.0)
 
 

@@ -119,3 +119,23 @@ def test_fast_mode_writes_each_section(title: str, module: str, tmp_path: Path) 
     assert "not measured: `bench." not in body, f"a bench module failed to import:\n{sections[0]}"
     results = json.loads(out.with_suffix(".json").read_text())
     assert not [name for name, value in results.items() if isinstance(value, dict) and "error" in value], results
+
+
+def test_a_pending_job_in_the_way_of_the_build_rounds_is_named_with_how_to_clear_it(local_slurm: str,
+                                                                                    tmp_path: Path) -> None:
+    """bench.build_jobs waits for idle n1/n2 and an empty queue before each round; a held job (a script
+    killed before its scancel left one) must be named by id, owner and reason, not counted."""
+    from bench.build_jobs import _idle_nodes
+
+    held = subprocess.run(["sbatch", "--parsable", "--hold", "-J", "bench-in-the-way", "-o", str(tmp_path / "o.log"),
+                           "--wrap", "true"], capture_output=True, text=True, timeout=60, check=True).stdout.strip()
+    job = held.split(";")[0]
+    try:
+        with pytest.raises(RuntimeError) as raised:
+            _idle_nodes(timeout_s=0)
+    finally:
+        subprocess.run(["scancel", job], timeout=60, check=True)
+    message = str(raised.value)
+    assert message.startswith("n1/n2 not idle within 0 s: ")
+    assert f"pending: job {job} (" in message and "bench-in-the-way" in message, message
+    assert message.endswith(f"(release or cancel them: scancel {job})"), message
