@@ -181,20 +181,6 @@ def test_sigusr1_then_resume_equals_an_uninterrupted_run_in_one_mlflow_run(tiny_
     assert [step for step, _ in metric_history(run_id, "loss")][-1] == 40
 
 
-def test_injected_nan_stops_at_once_with_marker_and_no_checkpoint(tiny_cache, tmp_path: Path) -> None:
-    run_dir = prepare_run(tiny_cache, tmp_path, "tiny_nan", train={"steps": 8, "checkpoint_every": 1})
-    done = run_trainer(run_dir, **{ENV_INJECT_NAN_AT_STEP: "3"})
-    assert done.returncode == EXIT_NAN, done.stderr[-3000:]
-    assert f"{FAILURE_MARKER} cause=nan_loss step=3" in done.stderr.splitlines()
-    assert json.loads((run_dir / FAILURE_FILE).read_text()) == {"cause": "nan_loss", "step": 3}
-    assert [step for step, _ in complete_checkpoints(run_dir)] == [1, 2]
-    assert not list((run_dir / "checkpoints").glob(".*"))  # no half-written temp file either
-    _, weights = final_weights(run_dir)
-    assert all(torch.isfinite(w).all() for w in weights.values())
-    [run] = mlflow_runs()
-    assert run.info.status == "FAILED" and run.data.tags[tracking.TAG_FAILURE_CAUSE] == CAUSE_NAN_LOSS
-
-
 def test_resumed_data_order_skips_by_index(tiny_cache) -> None:
     from cache.registry import build_dataloader
     from trainers.train import micro_batches
@@ -240,20 +226,33 @@ def test_a_half_written_checkpoint_is_never_resumed(tmp_path: Path) -> None:
     assert latest_checkpoint(tmp_path) == complete
 
 
-def test_rollback_after_a_nan_skips_the_bad_batches_and_finishes(tiny_cache, tmp_path: Path) -> None:
-    run_dir = prepare_run(tiny_cache, tmp_path, "tiny_rollback", train={"steps": 6, "checkpoint_every": 1})
-    first = run_trainer(run_dir, **{ENV_INJECT_NAN_AT_STEP: "3"})
-    assert first.returncode == EXIT_NAN
-    again = run_trainer(run_dir, **{ENV_INJECT_NAN_AT_STEP: "3", ENV_ROLLBACK: "1"})
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert "rollback: resumed at step 2, skipping the batches of steps 3..3" in again.stdout + again.stderr
+def test_an_injected_nan_stops_at_once_fails_again_when_rerun_and_a_rollback_skips_its_batches(tiny_cache,
+                                                                                                 tmp_path: Path) -> None:
+    # One run directory through three starts, each a real trainer process: the NaN attempt, a plain rerun,
+    # the rerun with the rollback flag.
+    run_dir = prepare_run(tiny_cache, tmp_path, "tiny_nan", train={"steps": 6, "checkpoint_every": 1})
+    done = run_trainer(run_dir, **{ENV_INJECT_NAN_AT_STEP: "3"})
+    assert done.returncode == EXIT_NAN, done.stderr[-3000:]
+    assert f"{FAILURE_MARKER} cause=nan_loss step=3" in done.stderr.splitlines()
+    assert json.loads((run_dir / FAILURE_FILE).read_text()) == {"cause": "nan_loss", "step": 3}
+    assert [step for step, _ in complete_checkpoints(run_dir)] == [1, 2]
+    assert not list((run_dir / "checkpoints").glob(".*"))  # no half-written temp file either
+    _, weights = final_weights(run_dir)
+    assert all(torch.isfinite(w).all() for w in weights.values())
+    [run] = mlflow_runs()
+    assert run.info.status == "FAILED" and run.data.tags[tracking.TAG_FAILURE_CAUSE] == CAUSE_NAN_LOSS
+
+    # Without the rollback flag the same hook fails the same step again: the flag is what changes it.
+    again = run_trainer(run_dir, **{ENV_INJECT_NAN_AT_STEP: "3"})
+    assert again.returncode == EXIT_NAN, again.stderr[-3000:]
+    assert [step for step, _ in complete_checkpoints(run_dir)] == [1, 2]
+
+    rolled = run_trainer(run_dir, **{ENV_INJECT_NAN_AT_STEP: "3", ENV_ROLLBACK: "1"})
+    assert rolled.returncode == 0, rolled.stderr[-3000:]
+    assert "rollback: resumed at step 2, skipping the batches of steps 3..3" in rolled.stdout + rolled.stderr
     assert [step for step, _ in complete_checkpoints(run_dir)][-1] == 6
     _, weights = final_weights(run_dir)
     assert all(torch.isfinite(w).all() for w in weights.values())
-    # Without the rollback flag the same hook fails the same step again: the flag is what changes it.
-    plain = prepare_run(tiny_cache, tmp_path, "tiny_no_rollback", train={"steps": 6, "checkpoint_every": 1})
-    assert run_trainer(plain, **{ENV_INJECT_NAN_AT_STEP: "3"}).returncode == EXIT_NAN
-    assert run_trainer(plain, **{ENV_INJECT_NAN_AT_STEP: "3"}).returncode == EXIT_NAN
 
 
 def test_a_resume_from_an_older_checkpoint_supersedes_the_points_after_it(tiny_cache, tmp_path: Path) -> None:
