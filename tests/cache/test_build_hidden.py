@@ -82,20 +82,6 @@ def test_build_captures_every_cached_block_and_skips_on_rerun(quick: tuple[Exper
     assert len(dataset) == 3 * (8 - 2 + 1) and dataset[0]["hidden"].shape == (2, 2, 4, 4, 32)
 
 
-@pytest.mark.slow
-def test_two_ranks_shard_and_match_one(quick: tuple[ExperimentSpec, list[str]], tmp_path: Path) -> None:
-    spec, names = quick
-    build_hidden_cache(spec)
-    single = _files(spec, names)
-    other_root = tmp_path / "two_process_cache"
-    spec2 = spec.model_copy(update={"data": spec.data.model_copy(update={"cache_root": str(other_root)})})
-    summary = build_hidden_cache(spec2, processes=2)
-    assert summary["built"] == 4
-    assert [(r["rank_of_build"], r["built"], r["skipped"], r["device"]) for r in summary["per_process"]] == [
-        (0, 2, 0, "cpu"), (1, 2, 0, "cpu")]
-    assert _files(spec2, names) == single
-
-
 def test_local_weights_load_with_from_pretrained(quick: tuple[ExperimentSpec, list[str]], tmp_path: Path) -> None:
     spec, names = quick
     vae, transformer, _, _ = load_models(spec.data)

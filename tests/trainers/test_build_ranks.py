@@ -96,8 +96,10 @@ def test_two_hidden_ranks_over_gloo_write_the_one_rank_files_bitwise(monkeypatch
     spec2 = spec.model_copy(update={"data": spec.data.model_copy(update={"cache_root": str(two_root)})})
     two = build_hidden_cache(spec2, processes=2)
     # demo k → rank k mod 2: demo_0, demo_2 on rank 0; demo_1 on rank 1; each on its own CPU thread.
-    assert [(r["rank_of_build"], r["built"], r["device"], r["threads"]) for r in two["per_process"]] == [
-        (0, 2, "cpu", max(1, len(os.sched_getaffinity(0)) // 2)), (1, 1, "cpu", max(1, len(os.sched_getaffinity(0)) // 2))]
+    threads = max(1, len(os.sched_getaffinity(0)) // 2)
+    assert [(r["rank_of_build"], r["built"], r["skipped"], r["device"], r["threads"]) for r in two["per_process"]] == [
+        (0, 2, 0, "cpu", threads), (1, 1, 0, "cpu", threads)]
+    assert two["built"] == 3
     assert _hidden_files(two_root) == _hidden_files(expand_path(spec.data.cache_root))
     assert len(_hidden_files(two_root)) == 3
     # A rerun with another world size finds every file finished and writes none.
