@@ -84,8 +84,9 @@ def kind(command: str) -> str:
             return "pytest worker (the tests' own work)"
         module = re.search(r"(?:^|\s)-m\s+([\w.]+)", command)
         if module and module.group(1) == "idmctl":
-            rest = command.split(" -m idmctl", 1)[1].split()
-            return "idmctl " + " ".join(word for word in rest[:2] if not word.startswith(("-", "/")))
+            # The command's first word only: a second word may be a subcommand or an experiment's name.
+            rest = [word for word in command.split(" -m idmctl", 1)[1].split() if not word.startswith("-")]
+            return f"idmctl {rest[0]}" if rest else "idmctl"
         if module:
             return f"python -m {module.group(1)}"
         if re.search(r"(?:^|\s)-c(?:\s|$)", command):
