@@ -32,8 +32,8 @@ CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 SAMPLE_EVERY_S = 0.2
 
 
-def _read_process(pid: str) -> tuple[str, int, str] | None:
-    """(start time in ticks since boot, utime + stime in ticks, command line) of one /proc entry."""
+def _read_process(pid: str) -> tuple[str, int, str, str] | None:
+    """(start time in ticks since boot, utime + stime in ticks, command line, parent pid) of one /proc entry."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
         fields = stat[stat.rindex(")") + 2:].split()
@@ -42,18 +42,19 @@ def _read_process(pid: str) -> tuple[str, int, str] | None:
         command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
     except (OSError, ValueError, IndexError):
         return None  # ended between listdir and read, or not ours to read
-    return started, ticks, command
+    return started, ticks, command, fields[1]
 
 
 def running() -> dict[str, str]:
     """pid → start time of every process now: those the sample leaves out."""
-    return {pid: (_read_process(pid) or ("", 0, ""))[0] for pid in os.listdir("/proc") if pid.isdigit()}
+    return {pid: (_read_process(pid) or ("",))[0] for pid in os.listdir("/proc") if pid.isdigit()}
 
 
 def sample(until: subprocess.Popen, before: dict[str, str]) -> list[dict]:
-    """Sample until ``until`` exits; one row per process started meanwhile (``until`` and its descendants,
-    and anything else the machine started then: on a CI machine, nothing else)."""
+    """Sample until ``until`` exits; one row per process of the command: ``until`` and its descendants (a
+    process is one when its parent was seen as one; an orphan whose parent was never seen is missed)."""
     me = str(os.getpid())
+    ours: set[str] = set()  # pids of the command and its descendants, kept when a parent exits first
     seen: dict[tuple[str, str], dict] = {}
     while until.poll() is None:
         for pid in os.listdir("/proc"):
@@ -62,9 +63,12 @@ def sample(until: subprocess.Popen, before: dict[str, str]) -> list[dict]:
             read = _read_process(pid)
             if read is None:
                 continue
-            started, ticks, command = read
+            started, ticks, command, parent = read
             if before.get(pid) == started:
                 continue  # running before the command began: its counters are not the command's
+            if (pid, started) not in seen and pid != str(until.pid) and parent not in ours:
+                continue  # not a descendant of the command (another test's process on a shared machine)
+            ours.add(pid)
             row = seen.setdefault((pid, started), {"pid": int(pid), "command": command, "cpu_s": 0.0})
             row["cpu_s"] = ticks / CLOCK_TICKS
             if command and row["command"] != command:

@@ -54,11 +54,18 @@ def test_a_real_command_is_sampled_its_exit_code_passes_and_the_sample_reports_a
     # A child that burns ~0.8 s of CPU, then the command exits 3.
     burn = "import time\nend = time.process_time() + 0.8\nwhile time.process_time() < end: pass"
     command = f"{sys.executable} -c '{burn}'; exit 3"
-    done = subprocess.run([sys.executable, SCRIPT, "run", str(out), "--", "bash", "-c", command],
-                          capture_output=True, text=True, timeout=120)
+    # Another process on the machine meanwhile (another test's, on a shared machine) is not the command's.
+    # Its python starts 0.5 s in (after the sampler's first look), as a child of a shell that is not the command.
+    bystander = subprocess.Popen(["bash", "-c", f"sleep 0.5; {sys.executable} -c '{burn}  # bystander'; true"])
+    try:
+        done = subprocess.run([sys.executable, SCRIPT, "run", str(out), "--", "bash", "-c", command],
+                              capture_output=True, text=True, timeout=120)
+    finally:
+        bystander.wait(timeout=60)
     assert done.returncode == 3, done.stderr
     rows = json.loads(out.read_text())
     burned = [row for row in rows if suite_cpu.kind(row["command"]) == "python -c …"]
+    assert not [row for row in rows if "bystander" in row["command"]], rows
     assert len(burned) == 1 and burned[0]["cpu_s"] >= 0.4, rows  # sampled every 0.2 s: the last slice may be lost
     assert "python -c …" in done.stderr and "CPU time of the processes the command started" in done.stderr
     again = subprocess.run([sys.executable, SCRIPT, "report", str(out)], capture_output=True, text=True, timeout=60)
