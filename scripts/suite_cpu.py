@@ -10,9 +10,9 @@ torch, Fabric (torch._dynamo) and MLflow (its SQLite store). This samples every 
 from /proc every 0.2 s and groups them by what they run (``python -m trainers.train``, ``idmctl sync``,
 the pytest workers...), so a change to the suite can be judged by the CPU seconds it removes.
 
-Processes that start and end between two samples are missed (they cost < 0.2 s each); processes that
-were already running when sampling began (kernel threads, daemons) are left out, since their counters
-include time spent before the command. Standard library only: it must run before the .venv exists.
+Only the command and its descendants count: other processes on the machine (another session's, kernel
+threads, daemons started before the command) are left out. Processes that start and end between two
+samples are missed (they cost < 0.2 s each). Standard library only: it must run before the .venv exists.
 """
 
 from __future__ import annotations
@@ -45,12 +45,7 @@ def _read_process(pid: str) -> tuple[str, int, str, str] | None:
     return started, ticks, command, fields[1]
 
 
-def running() -> dict[str, str]:
-    """pid → start time of every process now: those the sample leaves out."""
-    return {pid: (_read_process(pid) or ("",))[0] for pid in os.listdir("/proc") if pid.isdigit()}
-
-
-def sample(until: subprocess.Popen, before: dict[str, str]) -> list[dict]:
+def sample(until: subprocess.Popen) -> list[dict]:
     """Sample until ``until`` exits; one row per process of the command: ``until`` and its descendants (a
     process is one when its parent was seen as one; an orphan whose parent was never seen is missed)."""
     me = str(os.getpid())
@@ -64,8 +59,6 @@ def sample(until: subprocess.Popen, before: dict[str, str]) -> list[dict]:
             if read is None:
                 continue
             started, ticks, command, parent = read
-            if before.get(pid) == started:
-                continue  # running before the command began: its counters are not the command's
             if (pid, started) not in seen and pid != str(until.pid) and parent not in ours:
                 continue  # not a descendant of the command (another test's process on a shared machine)
             ours.add(pid)
@@ -150,12 +143,11 @@ def main(argv: list[str] | None = None) -> int:
         print("suite_cpu: run needs a command after --, e.g. scripts/suite_cpu.py run cpu.json -- scripts/test.sh",
               file=sys.stderr)
         return 2
-    before = running()
     process = subprocess.Popen(command)
     forward = lambda signum, _frame: process.send_signal(signum)  # noqa: E731 - the command decides how to stop
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, forward)
-    rows = sample(process, before)
+    rows = sample(process)
     _write(args.out, rows)
     print("\n".join(report(rows, args.top)), file=sys.stderr)
     return process.wait()
