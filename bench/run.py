@@ -81,18 +81,25 @@ def _section(title: str, items: list[Figure | str]) -> list[str]:
     return lines + [""] + [f"not measured: {why}" for why in unmeasured] + ([""] if unmeasured else [])
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--fast", action="store_true", help="small sizes, few repeats (CI)")
     parser.add_argument("--out", default="BENCHMARKS.md")
     parser.add_argument("--only", nargs="*", help="module names to run")
     parser.add_argument("--update", action="store_true",
                         help="with --only: replace those sections of the existing --out file, keep the rest")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.update and not (args.only and Path(args.out).exists()):
         print(f"bench.run: --update needs --only and an existing {args.out}", file=sys.stderr)
         return 2
-    common.FAST_MODE = args.fast
+    fast_before, common.FAST_MODE = common.FAST_MODE, args.fast
+    try:
+        return _run(args)
+    finally:
+        common.FAST_MODE = fast_before  # a caller in the same process (the suite) gets its mode back
+
+
+def _run(args: argparse.Namespace) -> int:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     command = "python -m bench.run" + (" --fast" if args.fast else "")
     if args.update:

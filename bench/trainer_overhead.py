@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import tempfile
 import time
@@ -44,12 +45,19 @@ def _fabric_step_times(spec_path: Path, run_dir: Path) -> list[float]:
     from ground.paths import mlflow_tracking_uri
     from ground.spec.loader import load_spec
     from ground.run_dir import read_run_spec, write_run_spec
-    from trainers.train import fit, setup_fabric
+    from trainers.train import STOP_SIGNALS, fit, setup_fabric
 
     write_run_spec(run_dir, load_spec(str(spec_path)))
     run = read_run_spec(run_dir)
     fabric = setup_fabric(run.spec)
-    assert fit(fabric, run) == 0
+    # fit() installs the trainer's USR1/TERM handlers for the life of its process (a job's trainer
+    # exits after it); run from bench.run, possibly inside the test suite's worker, they are given back.
+    kept = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    try:
+        assert fit(fabric, run) == 0
+    finally:
+        for sig, handler in kept.items():
+            signal.signal(sig, handler)
     run_id = (run_dir / MLFLOW_RUN_ID_FILE).read_text().strip()
     history = MlflowClient(tracking_uri=mlflow_tracking_uri()).get_metric_history(run_id, "step_time_s")
     return [m.value for m in sorted(history, key=lambda m: m.step)]
