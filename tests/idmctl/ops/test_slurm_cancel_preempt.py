@@ -16,7 +16,7 @@ from sqlmodel import select
 
 from idmctl.record.db import session
 from idmctl.record.models import Chain, Job
-from slurm_support import cluster_changing, sacct_state, sh, squeue_state, text_so_far, wait_until
+from slurm_support import cluster_changing, sh, wait_until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_home")]
 
@@ -77,7 +77,7 @@ def test_where_preemption_cancels_sync_resubmits_the_chain_and_it_resumes(cli, m
     from idmctl.core.job_state import is_terminal
     from idmctl.ops.executors.preempt_mode import CANCEL, preempt_mode
 
-    total_steps = 150  # 0.3 s each: long enough that the preemption lands while it runs
+    total_steps = 150  # 0.3 s each in the first attempt: long enough that the preemption lands while it runs
     monkeypatch.setenv("IDMCTL_TEST_BEHAVIOR", f"steps:{total_steps}:0.3")
     low = _submit(cli, "quickstart", "--entry", "tests.jobs_entry", "--qos", "sub", "-c", "2", "--mem", "500MB",
                   "--exclude", "n2", "-J", "low-cancel")  # --retries 0: a resubmit may not spend a retry
@@ -94,7 +94,9 @@ def test_where_preemption_cancels_sync_resubmits_the_chain_and_it_resumes(cli, m
         assert preempt_mode("sub") == CANCEL
         high = _submit(cli, "quickstart", "--entry", "tests.jobs_entry", "--qos", "core-own", "-c", "2",
                        "--mem", "500MB", "--exclude", "n2", "-J", "high-cancel")
-        monkeypatch.setenv("IDMCTL_TEST_BEHAVIOR", f"steps:{total_steps}:0.3")  # what a resubmit inherits
+        # What the resubmit inherits (sbatch exports sync's environment): the same steps, but quick ones,
+        # since nothing preempts the second attempt: it only has to resume and finish.
+        monkeypatch.setenv("IDMCTL_TEST_BEHAVIOR", f"steps:{total_steps}:0.02")
 
         def resubmitted() -> bool:
             jobs = _chain_jobs(low["chain"])

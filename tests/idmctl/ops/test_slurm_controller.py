@@ -136,8 +136,10 @@ def test_a_node_failure_mid_training_is_resumed_and_the_chain_completes(cli, con
 
 
 @pytest.mark.slow
-def test_a_preempted_attempt_resumes_and_its_chain_completes(cli, controlled: Path,
-                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_preempted_attempt_is_requeued_by_slurm_resumes_and_its_chain_completes(cli, controlled: Path,
+                                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sub job preempted by core-own: Slurm requeues it (one chain, one job, its restarts and runs recorded
+    by the controllers' syncs) and it resumes from its checkpoint, not step 0."""
     total = 24
     monkeypatch.setenv("IDMCTL_TEST_BEHAVIOR", f"steps:{total}:0.3")
     # Both want all of n1's CPUs: the core-own job runs only by preempting the sub job.
@@ -150,9 +152,18 @@ def test_a_preempted_attempt_resumes_and_its_chain_completes(cli, controlled: Pa
                f"the preempted chain {low['chain']} to resume and complete")
     chain, jobs = _chain(low["chain"])
     assert chain.status == "COMPLETED", [(j.attempt, j.state, j.log_tail) for j in jobs]
+    assert len(jobs) == 1, [(j.attempt, j.state) for j in jobs]  # Slurm requeued it: no resubmission
+    (low_job,) = jobs
+    assert low_job.state == "COMPLETED", low_job.log_tail
+    assert low_job.restarts >= 1
+    runs = low_job.runs
+    assert runs[0]["state"] in ("PREEMPTED", "REQUEUED") and runs[-1]["state"] == "COMPLETED", runs
     log = Path(low["log"]).read_text()
     resumed = [int(s) for s in re.findall(r"entry: resumed from step (\d+)", log)]
-    assert resumed and resumed[0] >= 3, log[-2000:]
+    assert resumed and resumed[0] >= 3, log[-2000:]  # from its checkpoint, not step 0
+    assert int((Path(low["script"]).parent / "steps_done.txt").read_text()) == total
     assert f"entry: done {total} steps" in log
     _assert_controlled(jobs)
-    _assert_controlled(_chain(high["chain"])[1])
+    high_jobs = _chain(high["chain"])[1]
+    assert [j.state for j in high_jobs] == ["COMPLETED"], [(j.attempt, j.state, j.log_tail) for j in high_jobs]
+    _assert_controlled(high_jobs)

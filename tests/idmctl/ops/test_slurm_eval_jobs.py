@@ -1,6 +1,7 @@
 """``submit --eval``: an evaluation job per checkpoint on the real local Slurm cluster, after a real
-trainers.train chain that is preempted once, logging into the chain's one MLflow run at each
-checkpoint's step; and a chain that ends early leaves no eval job pending."""
+trainers.train chain that is preempted once (USR1 → checkpoint + exit 75 → self-requeue → resume at the
+checkpointed step → all steps, one job), logging into the chain's one MLflow run at each checkpoint's
+step; and a chain that ends early leaves no eval job pending."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from sqlmodel import select
 from idmctl.record.db import session
 from idmctl.record.models import Chain, Job
 from slurm_support import release_requeued, sh, text_so_far, wait_until
-from test_slurm_jobs import _job, _submit
+from test_slurm_jobs import _chain_jobs, _job, _submit
 from ground.contract import MLFLOW_RUN_ID_FILE
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_home")]
@@ -32,8 +33,10 @@ def _sync_until_final(cli, job_ids: list[int], timeout_s: float) -> list[Job]:
 
 
 @pytest.mark.slow
-def test_eval_job_per_checkpoint_after_a_preempted_chain_logs_into_its_one_run(cli, tiny_cache, slurm_home: Path,
-                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_preempted_trainer_resumes_at_its_checkpoint_and_an_eval_job_per_checkpoint_logs_into_its_one_run(
+        cli, tiny_cache, slurm_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """trainers.train on `sub` preempted by a core-own job: the resume and its exact step count are checked
+    on the same chain whose checkpoints the eval jobs score (one real preempted chain serves both)."""
     total, every = 200, 100
     spec = tiny_cache.spec_file(slurm_home / "specs", "tiny_eval", resources={"cpus": 2, "mem": "1500MB"},
                                 # keep_last 3: the preemption's own checkpoint must not push step 100 out
@@ -56,10 +59,16 @@ def test_eval_job_per_checkpoint_after_a_preempted_chain_logs_into_its_one_run(c
         return "restart 1" in text_so_far(log_path)
 
     wait_until(restarted, 180, "the preempted trainer to restart", poll_s=1.0)
-    training, _, *evaluated = _sync_until_final(cli, [low["job"], high["job"], *(e["job"] for e in evals)], 300)
+    training, preempting, *evaluated = _sync_until_final(cli, [low["job"], high["job"], *(e["job"] for e in evals)], 300)
     log = log_path.read_text()
+    assert preempting.state == "COMPLETED", preempting.log_tail
     assert training.state == "COMPLETED" and training.restarts >= 1, log[-2000:]
     assert "stop signal received: checkpointed step" in log  # preempted once, resumed: one chain, one job
+    checkpointed = [int(s) for s in re.findall(r"stop signal received: checkpointed step (\d+)", log)]
+    resumed = [int(s) for s in re.findall(r"resumed from \S+ at step (\d+)", log)]
+    assert checkpointed and resumed and resumed[0] == checkpointed[0] > 0, log[-3000:]
+    assert f"done: step {total}" in log
+    assert len(_chain_jobs(training.chain_id)) == 1  # Slurm requeued it; the eval jobs have chains of their own
     for job in evaluated:
         eval_log = Path(job.log_path or "").read_text()
         assert job.state == "COMPLETED", eval_log[-2000:]
@@ -152,7 +161,7 @@ def test_a_resumed_chain_gets_eval_jobs_for_the_checkpoints_no_eval_job_scored(c
     """A chain cancelled while held takes its eval jobs with it; `submit --resume C --eval each` sends the
     new attempt and an eval job for each checkpoint not yet scored, waiting on the new attempt. The first
     eval job's row is set COMPLETED by hand: it stands in for an eval job that ran (running one costs a
-    whole training run; test_eval_job_per_checkpoint_after_a_preempted_chain… runs them for real)."""
+    whole training run; test_a_preempted_trainer_resumes_at_its_checkpoint_and_an_eval_job… runs them for real)."""
     spec = tiny_cache.spec_file(slurm_home / "specs", "tiny_eval_resume", resources={"cpus": 1, "mem": "500MB"},
                                 train={"steps": 200, "checkpoint_every": 100, "log_every": 10, "keep_last": 3})
     held: list[str] = []

@@ -1,5 +1,10 @@
 """Submit, sync, retries and requeue against the real local Slurm cluster (scripts/slurm/up.sh):
-two nodes n1/n2, QoS `sub` (preemptible, requeue, GraceTime 10) preempted by `core-own`."""
+two nodes n1/n2, QoS `sub` (preemptible, requeue, GraceTime 10) preempted by `core-own`.
+
+A requeue after a node failure is here; each preemption scenario is driven once, where more of its
+record is checked: the test entry's in test_slurm_controller (requeued, resumed, its chain completed),
+the real trainer's in test_slurm_eval_jobs (resumed at its checkpointed step, then its eval jobs),
+PreemptMode=cancel in test_slurm_cancel_preempt and three preemptions in cli/test_failure_replay."""
 
 from __future__ import annotations
 
@@ -166,75 +171,6 @@ def test_cancel_records_cancelled(cli, monkeypatch: pytest.MonkeyPatch) -> None:
     time.sleep(3)  # a wrongful self-requeue would show within a second or two
     assert squeue_state(job.scheduler_id) in ("", "CANCELLED"), "a cancelled job was requeued"
     assert "requeued" not in log().read_text()
-    assert len(_chain_jobs(job.chain_id)) == 1
-
-
-@pytest.mark.slow
-def test_sub_job_preempted_by_core_own_requeues_and_resumes_from_checkpoint(cli, monkeypatch: pytest.MonkeyPatch) -> None:
-    total_steps = 30
-    monkeypatch.setenv("IDMCTL_TEST_BEHAVIOR", f"steps:{total_steps}:0.3")
-    # Both jobs want all of n1's 2 CPUs, so the core-own job can only run by preempting the sub job.
-    low = _submit(cli, "quickstart", "--entry", "tests.jobs_entry", "--qos", "sub", "-c", "2", "--mem", "500MB",
-                  "--exclude", "n2", "-J", "low")
-    run_dir = Path(low["script"]).parent
-    ckpt = run_dir / "ckpt.json"
-    wait_until(lambda: ckpt.exists() and json.loads(ckpt.read_text())["step"] >= 3, 60, "3 steps of the sub job")
-    monkeypatch.setenv("IDMCTL_TEST_BEHAVIOR", "steps:3:0.2")
-    high = _submit(cli, "quickstart", "--entry", "tests.jobs_entry", "--qos", "core-own", "-c", "2", "--mem", "500MB",
-                   "--exclude", "n2", "-J", "high")
-    low_id = low["scheduler_id"]
-
-    def restarted() -> bool:
-        return "restart 1" in text_so_far(Path(low["log"]))
-
-    def release_and_check() -> bool:
-        release_requeued(low_id)
-        return restarted()
-
-    wait_until(release_and_check, 120, "the sub job to be requeued and restarted", poll_s=1.0)
-    high_job = _sync_until_final(cli, high["job"])
-    low_job = _sync_until_final(cli, low["job"], timeout_s=120)
-    assert high_job.state == "COMPLETED"
-    assert low_job.state == "COMPLETED", low_job.log_tail
-    assert low_job.restarts >= 1
-    runs = low_job.runs
-    assert runs[0]["state"] in ("PREEMPTED", "REQUEUED") and runs[-1]["state"] == "COMPLETED", runs
-    log = Path(low["log"]).read_text()
-    resumed = [int(s) for s in re.findall(r"entry: resumed from step (\d+)", log)]
-    assert resumed and resumed[0] >= 3, log  # resumed from its checkpoint, not step 0
-    assert int((run_dir / "steps_done.txt").read_text()) == total_steps
-    assert f"entry: done {total_steps} steps" in log
-    assert len(_chain_jobs(low_job.chain_id)) == 1  # Slurm requeued it: one chain, one job, restarts counted
-
-
-@pytest.mark.slow
-def test_preempted_real_trainer_resumes_from_its_checkpoint_with_exact_step_count(cli, tiny_cache, slurm_home: Path,
-                                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    """trainers.train on `sub`: USR1 at preemption → checkpoint + exit 75 → self-requeue → resume → all steps."""
-    total = 300
-    spec = tiny_cache.spec_file(slurm_home / "specs", "tiny_preempt", resources={"cpus": 2, "mem": "1500MB"},
-                                train={"steps": total, "checkpoint_every": 150, "log_every": 10})
-    low = _submit(cli, str(spec), "--qos", "sub", "--exclude", "n2")
-    log_path = Path(low["log"])
-    wait_until(lambda: re.search(r"^step \d+/", text_so_far(log_path), re.M), 180,
-               "the trainer's first logged step")
-    monkeypatch.setenv("IDMCTL_TEST_BEHAVIOR", "steps:2:0.1")
-    high = _submit(cli, "quickstart", "--entry", "tests.jobs_entry", "--qos", "core-own", "-c", "2",
-                   "--mem", "500MB", "--exclude", "n2")
-
-    def restarted() -> bool:
-        release_requeued(low["scheduler_id"])
-        return "restart 1" in text_so_far(log_path)
-
-    wait_until(restarted, 180, "the preempted trainer to restart", poll_s=1.0)
-    assert _sync_until_final(cli, high["job"]).state == "COMPLETED"
-    job = _sync_until_final(cli, low["job"], timeout_s=240)
-    log = log_path.read_text()
-    assert job.state == "COMPLETED" and job.restarts >= 1, log[-2000:]
-    checkpointed = [int(s) for s in re.findall(r"stop signal received: checkpointed step (\d+)", log)]
-    resumed = [int(s) for s in re.findall(r"resumed from \S+ at step (\d+)", log)]
-    assert checkpointed and resumed and resumed[0] == checkpointed[0] > 0, log[-3000:]
-    assert f"done: step {total}" in log
     assert len(_chain_jobs(job.chain_id)) == 1
 
 
