@@ -1,5 +1,5 @@
-"""Every `idmctl ...` command a message, hint or doc string names exists (issue 20: the "no job" hint
-named `idmctl jobs sync`, which does not exist)."""
+"""Every `idmctl ...` command a message, hint or doc string names exists (a "no job" hint once named
+`idmctl jobs sync`, which does not exist)."""
 
 from __future__ import annotations
 

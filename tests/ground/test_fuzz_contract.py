@@ -41,7 +41,7 @@ SECRET_URL = f"postgresql://fuzzer:{SECRET}@127.0.0.1:1/team"
 """In the environment (not IDMCTL_DB_URL: the commands would then use that store) during every example."""
 
 COUNTED: dict[str, int] = {"spec": 0, "cli": 0}
-"""Examples each fuzzer ran (printed at the end of the module: the closing note of issue 28 quotes it)."""
+"""Examples each fuzzer ran (printed at the end of the module)."""
 EXITS: dict[str, dict[int, int]] = {"spec": {}, "cli": {}}
 """Exit codes seen per fuzzer: both must reach commands that succeed or fail a check, not only bad input."""
 

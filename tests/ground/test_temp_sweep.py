@@ -1,4 +1,4 @@
-"""A writer SIGKILLed mid-write leaves a hidden ``.<name>.tmp<pid>``; the rerun sweeps it (issue 20 item 4).
+"""A writer SIGKILLed mid-write leaves a hidden ``.<name>.tmp<pid>``; the rerun sweeps it.
 
 Each test kills a real writer process inside its fsync (after the bytes, before the rename), then reruns
 the same writer and checks that no temp file is left and the file under its final name reads back.

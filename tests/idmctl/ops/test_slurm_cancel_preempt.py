@@ -1,4 +1,4 @@
-"""Clusters whose preemption cancels instead of requeueing (issue 19 §5): on the local cluster the QoS
+"""Clusters whose preemption cancels instead of requeueing: on the local cluster the QoS
 `sub` is switched to PreemptMode=cancel inside the test only (the cluster is shared: restored in a
 finally, the window kept to one preemption and one sync), then sync must resubmit the chain itself
 and the new attempt resume from the checkpoint the preempted one wrote."""

@@ -1,4 +1,4 @@
-"""Kills and concurrent use on the real local cluster (issue 20: "nothing lost").
+"""Kills and concurrent use on the real local cluster.
 
 - A real trainer job SIGKILLed mid-run (as by a node reboot or the OOM killer): every checkpoint
   under its final name loads, and the same batch script submitted again resumes from the newest one,

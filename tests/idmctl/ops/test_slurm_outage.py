@@ -1,4 +1,4 @@
-"""Slurm outages never corrupt the job record (issue 20, items 1 and 2), on the real local cluster.
+"""Slurm outages never corrupt the job record, on the real local cluster.
 
 - slurmdbd really stopped (slurm_support.slurmdbd_stopped: a few seconds, restarted in a finally,
   sacct answering again before the test ends) while a requeued job runs: sync and watch name

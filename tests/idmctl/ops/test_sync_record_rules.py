@@ -1,4 +1,4 @@
-"""What sync writes from each kind of answer (issue 20 item 1), on the real store with sacct/squeue text
+"""What sync writes from each kind of answer, on the real store with sacct/squeue text
 in the 22.05 formats idmctl asks for (tests/idmctl/ops/test_slurm_outage.py drives the same rules on the cluster):
 a restart count never goes down, an exit code sacct reported is never cleared, and squeue's word on
 an end makes a job UNCONFIRMED, never final."""
