@@ -1,11 +1,10 @@
 """The hidden-state cache builder: real diffusers Wan VAE + Cosmos transformer (tiny seeded configs,
-random weights; real weights load from local folders), ranks as real torchrun processes over gloo."""
+random weights; real weights load from local folders), a real SIGKILL mid-build, the CLI and the build
+preflight. Two ranks over gloo are tests/trainers/test_build_ranks.py."""
 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +15,7 @@ from cache.episodes import Demo, write_episodes
 from cache.hidden import cache_file, inspect_file, read_hidden
 from cache.registry import build_dataset
 from hidden_quick_spec import use_hidden_quick
+from test_hidden_cache import run_forked
 from ground.errors import UserError
 from ground.paths import expand_path
 from ground.spec import load_spec
@@ -28,7 +28,6 @@ def _frozen_quickstart(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     use_hidden_quick(monkeypatch, tmp_path)
 
 
-REPO = Path(__file__).resolve().parents[2]
 STEPS = [23, 9, 40, 17]
 
 
@@ -118,21 +117,23 @@ def test_geometry_mismatch_and_legacy_format_are_user_errors(quick: tuple[Experi
 def test_crash_mid_build_leaves_only_whole_files(quick: tuple[ExperimentSpec, list[str]]) -> None:
     spec, names = quick
     # SIGKILL the builder inside its second write, after the bytes and before the rename.
-    script = (
-        "import os, signal\n"
-        "calls = []\n"
-        "real_fsync = os.fsync\n"
-        "def fsync(fd):\n"
-        "    calls.append(fd)\n"
-        "    if len(calls) == 2: os.kill(os.getpid(), signal.SIGKILL)\n"
-        "    real_fsync(fd)\n"
-        "os.fsync = fsync\n"
-        "from ground.spec import load_spec\n"
-        "from trainers.build_hidden_cache import build_hidden_cache\n"
-        "build_hidden_cache(load_spec('quickstart').spec)\n"
-    )
-    result = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True)
-    assert result.returncode == -9, result.stderr[-2000:]
+    def killed_in_second_fsync() -> None:
+        import signal
+
+        calls, real_fsync = [], os.fsync
+
+        def fsync(fd: int) -> None:
+            calls.append(fd)
+            if len(calls) == 2:
+                os.kill(os.getpid(), signal.SIGKILL)
+            real_fsync(fd)
+
+        os.fsync = fsync  # in the forked child only
+        build_hidden_cache(load_spec("quickstart").spec)
+
+    # The builder in a child forked from this process (the test's captured stderr has its output): the
+    # same real process and SIGKILL as `python -c`, without a fresh diffusers import and model build.
+    assert run_forked(killed_in_second_fsync, "the builder killed in its second fsync") == -9
     root = expand_path(spec.data.cache_root)
     assert cache_file(root, "demo_0", "safetensors").exists()
     assert not cache_file(root, "demo_1", "safetensors").exists()

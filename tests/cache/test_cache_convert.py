@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import zipfile
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,7 @@ import torch
 import yaml
 
 from cache.convert import convert_dir, convert_file
-from cache.hidden import cache_file, inspect_file, read_hidden, write_legacy
+from cache.hidden import inspect_file, read_hidden, write_legacy
 from cache.registry import build_dataset
 from ground.errors import UserError
 from ground.spec import load_spec
@@ -24,6 +23,7 @@ from idmctl.gate import disk, qos
 from idmctl.core.checks import Measurements, PreflightContext, Status
 from idmctl.gate.runner import gather
 from idmctl.core.profile import load_profile
+from test_hidden_cache import run_forked
 from trainers.tiny_data import tiny_spec, write_tiny_routed_data
 
 REPO = Path(__file__).resolve().parents[2]
@@ -92,20 +92,25 @@ def test_sigkill_mid_conversion_then_rerun_finishes(legacy) -> None:
     _, legacy_root = legacy
     out = legacy_root.parent / "killed"
     # A real SIGKILL at the worst moment of the third file: all bytes written, not yet verified or renamed.
-    script = (
-        "import os, signal, sys\n"
-        "calls = []\n"
-        "real = os.fsync\n"
-        "def fsync(fd):\n"
-        "    calls.append(fd)\n"
-        "    if len(calls) == 3: os.kill(os.getpid(), signal.SIGKILL)\n"
-        "    real(fd)\n"
-        "os.fsync = fsync\n"
-        "from cache.convert import main\n"
-        f"sys.exit(main([{str(legacy_root)!r}, {str(out)!r}, '--blocks', '5,11']))\n"
-    )
-    killed = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True)
-    assert killed.returncode == -9, killed.stderr
+    def killed_in_third_fsync() -> int:
+        import signal
+
+        from cache.convert import main
+
+        calls, real = [], os.fsync
+
+        def fsync(fd: int) -> None:
+            calls.append(fd)
+            if len(calls) == 3:
+                os.kill(os.getpid(), signal.SIGKILL)
+            real(fd)
+
+        os.fsync = fsync  # in the forked child only
+        return main([str(legacy_root), str(out), "--blocks", "5,11"])
+
+    # The converter's entry point in a child forked from this process (the test's captured stderr has
+    # its output): the same real process and SIGKILL as `python -c`, without a fresh torch import.
+    assert run_forked(killed_in_third_fsync, "the converter killed in its third fsync") == -9
     done = sorted(p.name for p in out.glob("*.safetensors"))
     assert done == ["demo_0.safetensors", "demo_1.safetensors"]
     assert any(p.name.startswith(".demo_2.safetensors.tmp") for p in out.iterdir())  # the torn temp, never renamed
