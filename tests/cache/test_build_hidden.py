@@ -132,7 +132,9 @@ def test_crash_mid_build_leaves_only_whole_files(quick: tuple[ExperimentSpec, li
         build_hidden_cache(load_spec("quickstart").spec)
 
     # The builder in a child forked from this process (the test's captured stderr has its output): the
-    # same real process and SIGKILL as `python -c`, without a fresh diffusers import and model build.
+    # same real process and SIGKILL as `python -c`, without a fresh diffusers import. Loading the models
+    # here first imports diffusers in this process, which the rebuild below needs anyway.
+    load_models(spec.data)
     assert run_forked(killed_in_second_fsync, "the builder killed in its second fsync") == -9
     root = expand_path(spec.data.cache_root)
     assert cache_file(root, "demo_0", "safetensors").exists()

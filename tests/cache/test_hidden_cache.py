@@ -31,7 +31,7 @@ from ground.errors import UserError
 BLOCKS = [2, 5, 8, 11, 14, 17]
 
 
-def run_forked(action: Callable[[], object], what: str, deadline_s: float = 120.0) -> int:
+def run_forked(action: Callable[[], object], what: str, deadline_s: float = 300.0) -> int:
     """Run ``action`` in a real process forked from this one (torch and the builders already imported, so
     it starts in milliseconds, not the seconds a fresh interpreter takes) and return its exit status as
     ``subprocess`` reports one: -9 when it was SIGKILLed. Whatever ``action`` patches (``os.fsync``) stays in
