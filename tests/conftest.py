@@ -146,6 +146,19 @@ def signal_dispositions_kept():
     assert not changed, f"the test left {', '.join(changed)} handled differently in the pytest process"
 
 
+@pytest.fixture(autouse=True)
+def torch_threads_kept() -> Iterator[None]:
+    """A data-plane function called in the test's process may size torch's threads for the whole process
+    (a builder rank takes one per CPU it may use; a benchmark measures on one): the worker's later tests,
+    and any child it forks, get the count it had. A forked child computing on more threads than the
+    parent had set up hangs."""
+    torch = sys.modules.get("torch")
+    before = torch.get_num_threads() if torch is not None else None
+    yield
+    if before is not None and torch.get_num_threads() != before:
+        torch.set_num_threads(before)
+
+
 @pytest.fixture
 def cli():
     """Invoke the real CLI in-process: ``cli("exp", "list")`` → click Result."""

@@ -116,17 +116,15 @@ def _assert_one_section(out: Path, title: str) -> None:
 @pytest.fixture
 def process_state_restored(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """A benchmark run in the test's process may set ``$IDMCTL_HOME`` and other variables for the
-    commands it times, and one thread for torch (its reads are measured on one core): every later test
-    on this worker gets the environment, the thread count and the working directory back."""
-    import torch
-
-    environ, threads = dict(os.environ), torch.get_num_threads()
+    commands it times: every later test on this worker gets the environment and the working directory
+    back (torch's thread count, which the read benchmarks set to one, comes back for every test:
+    tests/conftest.py)."""
+    environ = dict(os.environ)
     monkeypatch.chdir(REPO)  # bench.run names the commit of the working directory's tree
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the commands the modules time, as `bench.run` in CI
     yield
     os.environ.clear()
     os.environ.update(environ)
-    torch.set_num_threads(threads)
 
 
 @pytest.mark.slow
