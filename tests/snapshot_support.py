@@ -16,6 +16,7 @@ import pytest
 
 from ground import code_snapshot as snap
 from ground import contract
+from idmctl.core.job_state import is_terminal
 from slurm_support import wait_until
 
 REPO = Path(__file__).resolve().parent.parent
@@ -93,3 +94,47 @@ def sync_until_chain_ends(project: Path, home: Path, chain_id: int, timeout_s: f
     return wait_until(ended, timeout_s, f"chain {chain_id} to end (synced every 2 s)", poll_s=2.0)
 
 
+
+
+def attempt_in_flight(home: Path, chain_id: int) -> bool:
+    """Whether the chain's latest attempt is still queued or running, as its scheduler says: a read of the
+    local executor's state file, or one ``squeue`` (a C binary, milliseconds), not a CLI process."""
+    rows = chain_rows(home, chain_id)
+    if not rows or rows[-1]["scheduler_id"] is None or is_terminal(rows[-1]["state"]):
+        return False
+    scheduler_id = rows[-1]["scheduler_id"]
+    if scheduler_id.startswith("local-"):
+        try:
+            record = json.loads((home / "local-jobs" / f"{scheduler_id}.json").read_text())
+        except (OSError, ValueError):
+            return False
+        pid = record.get("runner_pid")
+        return not is_terminal(record["state"]) and (pid is None or _running(int(pid)))
+    from slurm_support import slurm_conf
+
+    queued = subprocess.run(["squeue", "-h", "-j", scheduler_id, "-o", "%T"], capture_output=True, text=True,
+                            timeout=60, env={**os.environ, "SLURM_CONF": slurm_conf()})
+    return queued.returncode == 0 and bool(queued.stdout.strip())  # squeue lists unfinished jobs only
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def sync_as_attempts_end(project: Path, home: Path, chain_id: int, timeout_s: float) -> str:
+    """``sync_until_chain_ends`` with the copy's ``idmctl sync`` (a CLI process, ~1.7 CPU s) run only
+    when the chain's latest attempt has left the queue: while it runs, a sync would change nothing."""
+    def ended() -> str | None:
+        if attempt_in_flight(home, chain_id):
+            return None
+        done = idmctl(project, home, "sync")
+        assert done.returncode == 0, done.stdout + done.stderr
+        status = chain_status(home, chain_id)
+        return status if status != "ACTIVE" else None
+
+    return wait_until(ended, timeout_s, f"chain {chain_id} to end (synced as each attempt left the queue)",
+                      poll_s=1.0)

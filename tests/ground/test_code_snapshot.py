@@ -183,11 +183,12 @@ def test_gc_keeps_what_an_unfinished_chain_uses_and_frees_the_rest(repo: Path, t
     assert usage(store).snapshots == 1
 
 
-def test_resume_runs_the_chains_snapshot_and_code_current_moves_it_through_the_gate(tiny_cache) -> None:
+def test_resume_runs_the_chains_snapshot_and_code_current_moves_it_through_the_gate(
+        cli, tiny_cache, monkeypatch: pytest.MonkeyPatch) -> None:
     """On the local executor, in a copy of the project whose tree changes between attempts."""
     import tempfile
 
-    from snapshot_support import chain_rows, idmctl, make_project, submitted, sync_until_chain_ends
+    from snapshot_support import chain_rows, idmctl, make_project, submitted, sync_as_attempts_end
 
     home = Path(tempfile.mkdtemp(prefix="idmctl-resume-test-"))
     try:
@@ -196,7 +197,7 @@ def test_resume_runs_the_chains_snapshot_and_code_current_moves_it_through_the_g
         env = {contract.ENV_CLUSTER: "local", "IDMCTL_TEST_BEHAVIOR": "steps:2:0.05"}
         base = ("--entry", "tests.jobs_entry", "--json")
         first = submitted(idmctl(project, home, "submit", spec, *base, "--force", "--reason", "r", **env))
-        assert sync_until_chain_ends(project, home, first["chain"], 120) == "COMPLETED"
+        assert sync_as_attempts_end(project, home, first["chain"], 120) == "COMPLETED"
         admitted = chain_rows(home, first["chain"])[0]["code_version"]
         entry = project / "tests" / "jobs_entry.py"
         entry.write_text(entry.read_text() + "\n# changed after the chain ran\n")
@@ -205,13 +206,13 @@ def test_resume_runs_the_chains_snapshot_and_code_current_moves_it_through_the_g
 
         again = submitted(idmctl(project, home, "submit", spec, *base, "--resume", str(first["chain"]),
                                  "--force", "--reason", "r", **env))
-        assert sync_until_chain_ends(project, home, first["chain"], 120) == "COMPLETED"
+        assert sync_as_attempts_end(project, home, first["chain"], 120) == "COMPLETED"
         refused = idmctl(project, home, "submit", spec, "--entry", "tests.jobs_entry", "--resume",
                          str(first["chain"]), "--code", "current", **env)
         assert refused.returncode == 1 and "preflight required" in refused.stderr, refused.stderr
         moved = submitted(idmctl(project, home, "submit", spec, *base, "--resume", str(first["chain"]),
                                  "--code", "current", "--force", "--reason", "moved on purpose", **env))
-        assert sync_until_chain_ends(project, home, first["chain"], 120) == "COMPLETED"
+        assert sync_as_attempts_end(project, home, first["chain"], 120) == "COMPLETED"
         attempts = chain_rows(home, first["chain"])
         assert [(a["attempt"], a["state"], a["code_version"]) for a in attempts] == [
             (1, "COMPLETED", admitted), (2, "COMPLETED", admitted), (3, "COMPLETED", moved_on)]
@@ -219,11 +220,15 @@ def test_resume_runs_the_chains_snapshot_and_code_current_moves_it_through_the_g
         assert "changed after the chain ran" not in (Path(json.loads(attempts[1]["code"])["directory"])
                                                      / "tests" / "jobs_entry.py").read_text()
 
+        # Refusals of the command line itself, which no edit of the copy's tree bears on: the suite's CLI
+        # in-process (a CLI process of the copy costs seconds each), on the copy's store.
+        monkeypatch.setenv(contract.ENV_HOME, str(home))
+        monkeypatch.setenv(contract.ENV_CLUSTER, "local")
         for args, field in ((("--code", "current"), "--code"), (("--resume", "99"), "--resume"),
                             (("--hold",), "--hold"), (("--resume", str(first["chain"]), "--code", "live"), "--code")):
-            bad = idmctl(project, home, "submit", spec, "--force", "--reason", "r", *args, **env)
+            bad = cli("submit", spec, "--force", "--reason", "r", *args)
             lines = bad.stderr.strip().splitlines()
-            assert bad.returncode == 2 and len(lines) == 1 and field in lines[0], bad.stderr
+            assert bad.exit_code == 2 and len(lines) == 1 and field in lines[0], bad.stderr
         assert len(chain_rows(home, first["chain"])) == 3  # nothing recorded by the refusals
     finally:
         shutil.rmtree(home, ignore_errors=True)

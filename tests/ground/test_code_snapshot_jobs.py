@@ -25,7 +25,7 @@ from ground import contract
 from ground.tracking import TAG_CODE_VERSION
 from slurm_support import sh
 from snapshot_support import BREAKS_THE_TRAINER, REPO, chain_rows, home, idmctl, job_row, project, submitted  # noqa: F401
-from snapshot_support import sync_until_chain_ends
+from snapshot_support import sync_as_attempts_end
 
 pytestmark = pytest.mark.slurm
 
@@ -45,7 +45,7 @@ def test_a_held_job_and_its_resubmission_run_the_admitted_snapshot_after_the_tre
     model.write_text(BREAKS_THE_TRAINER + model.read_text())
     assert snap.code_version(project) != admitted
     sh("scontrol", "release", job["scheduler_id"])
-    ended = sync_until_chain_ends(project, home, job["chain"], timeout_s=300)
+    ended = sync_as_attempts_end(project, home, job["chain"], timeout_s=300)
     attempts = chain_rows(home, job["chain"])
     assert ended == "COMPLETED", [(a["state"], a["reason"], a["log_tail"]) for a in attempts]
     assert [a["state"] for a in attempts] == ["FAILED", "COMPLETED"], attempts
@@ -75,7 +75,7 @@ def test_an_edited_snapshot_or_a_changed_environment_stops_the_job_before_it_run
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fakepkg\nVersion: 1.0\n")
     sh("scontrol", "release", first["scheduler_id"])
-    assert sync_until_chain_ends(project, home, first["chain"], timeout_s=120) == "FAILED"
+    assert sync_as_attempts_end(project, home, first["chain"], timeout_s=120) == "FAILED"
     row = job_row(home, first["job"])
     assert (row["state"], row["exit_code"]) == ("FAILED", f"{contract.EXIT_CODE_MISMATCH}:0"), row
     failures = json.loads(idmctl(project, home, "failures", "--json").stdout)
@@ -91,7 +91,7 @@ def test_an_edited_snapshot_or_a_changed_environment_stops_the_job_before_it_run
     target.unlink()
     target.write_text("print('edited by hand')\n")
     sh("scontrol", "release", second["scheduler_id"])
-    assert sync_until_chain_ends(project, home, second["chain"], timeout_s=120) == "FAILED"
+    assert sync_as_attempts_end(project, home, second["chain"], timeout_s=120) == "FAILED"
     failures = json.loads(idmctl(project, home, "failures", "--json").stdout)
     (failure,) = [f for f in failures if f["job_pk"] == second["job"]]
     assert failure["cause"] == contract.CAUSE_SNAPSHOT_MODIFIED and "edited tests/jobs_entry.py" in "\n".join(failure["evidence_lines"])
@@ -124,7 +124,7 @@ def test_a_resubmission_the_checks_now_refuse_is_not_sent_and_the_chain_says_why
     tiers["qos"]["core-own"]["max_wall"] = "0:01:00"
     profile.write_text(yaml.safe_dump(tiers))
     sh("scontrol", "release", job["scheduler_id"])
-    assert sync_until_chain_ends(project, home, job["chain"], timeout_s=120) == "FAILED"
+    assert sync_as_attempts_end(project, home, job["chain"], timeout_s=120) == "FAILED"
     attempts = chain_rows(home, job["chain"])
     assert [(a["attempt"], a["state"], a["scheduler_id"]) for a in attempts] == [
         (1, "FAILED", job["scheduler_id"]), (2, "SUBMIT_FAILED", None)], attempts
