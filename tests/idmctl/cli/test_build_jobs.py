@@ -57,7 +57,7 @@ def test_build_submit_needs_a_passing_build_preflight(cli, idmctl_home: Path) ->
     spec = write_spec(idmctl_home, "gate")
     refused = cli("submit", str(spec), "--build", "rgb")
     assert refused.exit_code == 1
-    assert f"idmctl preflight gate --cluster local --build rgb" in refused.stderr
+    assert "idmctl preflight gate --cluster local --build rgb" in refused.stderr
     training = cli("preflight", str(spec), "--no-smoke", "--json")  # a training preflight does not unlock a build
     assert json.loads(training.stdout)["smoke_flags"] == {}
     ff = cli("preflight", str(spec), "--build", "ff", "--json")
@@ -143,12 +143,23 @@ def _until_final(cli, job_id: int, timeout_s: float = 180):
     from slurm_support import wait_until
 
     def ended():
+        with session() as db:
+            job = db.get(Job, job_id)
+        if job is not None and job.scheduler_id and _queued(job.scheduler_id):
+            return None  # the scheduler still has it: a sync (in-process, but squeue + sacct + the store) would change nothing
         assert cli("sync").exit_code == 0
         with session() as db:
             job = db.get(Job, job_id)
         return job if job is not None and is_terminal(job.state) else None
 
-    return wait_until(ended, timeout_s, f"build job {job_id} to end", poll_s=1.0)
+    return wait_until(ended, timeout_s, f"build job {job_id} to end (synced once Slurm no longer lists it)", poll_s=1.0)
+
+
+def _queued(scheduler_id: str) -> bool:
+    """Whether Slurm still lists the job as pending or running (squeue lists unfinished jobs only)."""
+    from slurm_support import sh
+
+    return bool(sh("squeue", "-h", "-j", scheduler_id, "-o", "%T", check=False).strip())
 
 
 def _build_metrics(run_dir: Path) -> tuple[dict[str, str], dict[str, list[tuple[int, float]]]]:
@@ -296,6 +307,8 @@ def test_hidden_build_job_through_the_gate_builds_every_demo(cli, tmp_path: Path
     from ground.paths import expand_path
     from ground.spec import load_spec
     from hidden_quick_spec import use_hidden_quick
+    from idmctl.core.job_state import is_terminal
+    from idmctl.ops.executors.local import LocalExecutor
     from slurm_support import wait_until
 
     use_hidden_quick(monkeypatch, tmp_path)
@@ -315,10 +328,13 @@ def test_hidden_build_job_through_the_gate_builds_every_demo(cli, tmp_path: Path
     job = json.loads(submitted.stdout)
 
     def ended() -> bool:
+        status = LocalExecutor().status([job["scheduler_id"]]).get(job["scheduler_id"])
+        if status is None or not is_terminal(status.state):
+            return False  # its runner's state file says it runs: a sync would change nothing
         assert cli("sync").exit_code == 0
         return json.loads(cli("jobs", "--json").stdout)[0]["state"] not in ("PENDING", "RUNNING")
 
-    wait_until(ended, 240, "the local hidden build job to end", poll_s=1.0)
+    wait_until(ended, 240, "the local hidden build job to end (synced once its state file says so)", poll_s=1.0)
     row = json.loads(cli("jobs", "--json").stdout)[0]
     assert (row["state"], row["build"]) == ("COMPLETED", "hidden"), Path(job["log"]).read_text()[-3000:]
     root = expand_path(spec.data.cache_root)
