@@ -94,8 +94,6 @@ def sync_until_chain_ends(project: Path, home: Path, chain_id: int, timeout_s: f
     return wait_until(ended, timeout_s, f"chain {chain_id} to end (synced every 2 s)", poll_s=2.0)
 
 
-
-
 def attempt_in_flight(home: Path, chain_id: int) -> bool:
     """Whether the chain's latest attempt is still queued or running, as its scheduler says: a read of the
     local executor's state file, or one ``squeue`` (a C binary, milliseconds), not a CLI process."""
