@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 from ground.contract import ENV_EXPERIMENTS, ENV_HOME
+from ground.processes import alive
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -65,7 +66,7 @@ def sweep_dead_temp_files(directory: Path, of: str | None = None) -> int:
     removed = 0
     for tmp in temp_files(directory, of):
         pid_text = tmp.name.rpartition(".tmp")[2].split(".")[0]
-        if pid_text.isdigit() and int(pid_text) != os.getpid() and _pid_alive(int(pid_text)):
+        if pid_text.isdigit() and int(pid_text) != os.getpid() and alive(int(pid_text)):
             continue
         try:
             if tmp.is_dir() and not tmp.is_symlink():  # a checkpoint directory being filled (trainers.checkpoint)
@@ -76,16 +77,6 @@ def sweep_dead_temp_files(directory: Path, of: str | None = None) -> int:
         except FileNotFoundError:
             continue
     return removed
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def atomic_write_text(path: Path, text: str) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from ground.processes import alive
 from net_support import free_port
 
 ENV_FILE = Path(os.environ.get("IDMCTL_SLURM_ROOT", "/tmp/idmctl-slurm")) / "env"
@@ -110,11 +111,10 @@ SLURMDBD_BACK_S = 60
 
 
 def _alive(pid: int, comm: str) -> bool:
-    """A daemon is alive when /proc/PID is that program and not a zombie (PID 1 reaps late, gotcha 6)."""
+    """A daemon is alive when /proc/PID is that program and not a zombie: PID 1 reaps a stopped daemon late."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return Path(f"/proc/{pid}/comm").read_text().strip() == comm and stat.rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
+        return alive(pid) and Path(f"/proc/{pid}/comm").read_text().strip() == comm
+    except OSError:
         return False
 
 

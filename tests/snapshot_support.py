@@ -16,6 +16,7 @@ import pytest
 
 from ground import code_snapshot as snap
 from ground import contract
+from ground.processes import alive
 from idmctl.core.job_state import is_terminal
 from slurm_support import wait_until
 
@@ -107,20 +108,12 @@ def attempt_in_flight(home: Path, chain_id: int) -> bool:
         except (OSError, ValueError):
             return False
         pid = record.get("runner_pid")
-        return not is_terminal(record["state"]) and (pid is None or _running(int(pid)))
+        return not is_terminal(record["state"]) and (pid is None or alive(int(pid)))
     from slurm_support import slurm_conf
 
     queued = subprocess.run(["squeue", "-h", "-j", scheduler_id, "-o", "%T"], capture_output=True, text=True,
                             timeout=60, env={**os.environ, "SLURM_CONF": slurm_conf()})
     return queued.returncode == 0 and bool(queued.stdout.strip())  # squeue lists unfinished jobs only
-
-
-def _running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def sync_as_attempts_end(project: Path, home: Path, chain_id: int, timeout_s: float) -> str:

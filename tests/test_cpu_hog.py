@@ -7,18 +7,11 @@ import os
 import subprocess
 from pathlib import Path
 
+from ground.processes import alive
 from slurm_support import wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 HOG = str(REPO / "scripts" / "cpu_hog.sh")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 def test_wrapping_a_command_passes_its_exit_code_and_stops_the_loops(tmp_path: Path) -> None:
@@ -30,7 +23,7 @@ def test_wrapping_a_command_passes_its_exit_code_and_stops_the_loops(tmp_path: P
     assert "cpu_hog: 2 busy loop(s)" in done.stderr
     loops = [int(p) for p in (tmp_path / "loops").read_text().split()]
     assert len(loops) == 2
-    assert not any(_alive(pid) for pid in loops)
+    assert not any(alive(pid) for pid in loops)
 
 
 def test_start_and_stop_keep_the_loops_in_between(tmp_path: Path) -> None:
@@ -39,11 +32,11 @@ def test_start_and_stop_keep_the_loops_in_between(tmp_path: Path) -> None:
     try:
         assert started.returncode == 0, started.stderr
         pids = [int(p) for p in (tmp_path / "hog.pids").read_text().split()]
-        assert len(pids) == 1 and _alive(pids[0])
+        assert len(pids) == 1 and alive(pids[0])
         again = subprocess.run([HOG, "start"], env=env, capture_output=True, text=True, timeout=30)
         assert again.returncode == 1 and "already running" in again.stderr
     finally:
         stopped = subprocess.run([HOG, "stop"], env=env, capture_output=True, text=True, timeout=30)
     assert stopped.returncode == 0 and "stopped 1 busy loop(s)" in stopped.stdout
     assert not (tmp_path / "hog.pids").exists()
-    wait_until(lambda: not _alive(pids[0]), 10, f"busy loop {pids[0]} to end after `stop`", poll_s=0.05)
+    wait_until(lambda: not alive(pids[0]), 10, f"busy loop {pids[0]} to end after `stop`", poll_s=0.05)

@@ -32,14 +32,7 @@ from pathlib import Path
 
 from ground.contract import CAUSE_HANG, EXIT_HANG, FAILURE_MARKER, STACKS_SIGNAL
 from ground.heartbeat import read, threshold_s
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8") as handle:
-            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has exited (kill -0 still succeeds on one)
-    except OSError:
-        return False
+from ground.processes import alive
 
 
 def _descendants(root: int) -> list[int]:
@@ -93,14 +86,14 @@ def watch(run_dir: Path, trainer_pid: int, k: float, floor: float, poll: float, 
     node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
     print(f"idmctl: watchdog on {node}: hang when the heartbeat stops for max({k:g} × s/step, {floor:g} s), "
           f"checked every {poll:g} s", flush=True)
-    while _alive(trainer_pid):
+    while alive(trainer_pid):
         time.sleep(poll)
         beat = read(run_dir)
         if beat is None or beat.at < started - 1:
             continue  # not armed: no beat of this attempt yet (stage-in, imports, a previous attempt's file)
         now = time.time()
         silent, limit = now - beat.at, threshold_s(beat, k, floor)
-        if silent <= limit or not _alive(trainer_pid):
+        if silent <= limit or not alive(trainer_pid):
             continue
         # From here on the job script's TERM (sent when the killed trainer exits) must not cut the verdict short.
         signal.signal(signal.SIGTERM, signal.SIG_IGN)

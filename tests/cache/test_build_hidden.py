@@ -15,7 +15,7 @@ from cache.episodes import Demo, write_episodes
 from cache.hidden import cache_file, inspect_file, read_hidden
 from cache.registry import build_dataset
 from hidden_quick_spec import use_hidden_quick
-from test_hidden_cache import run_forked
+from fork_support import run_forked, sigkill_at_fsync
 from ground.errors import UserError
 from ground.paths import expand_path
 from ground.spec import load_spec
@@ -118,17 +118,7 @@ def test_crash_mid_build_leaves_only_whole_files(quick: tuple[ExperimentSpec, li
     spec, names = quick
     # SIGKILL the builder inside its second write, after the bytes and before the rename.
     def killed_in_second_fsync() -> None:
-        import signal
-
-        calls, real_fsync = [], os.fsync
-
-        def fsync(fd: int) -> None:
-            calls.append(fd)
-            if len(calls) == 2:
-                os.kill(os.getpid(), signal.SIGKILL)
-            real_fsync(fd)
-
-        os.fsync = fsync  # in the forked child only
+        sigkill_at_fsync(2)
         build_hidden_cache(load_spec("quickstart").spec)
 
     # The builder in a child forked from this process (the test's captured stderr has its output): the

@@ -23,7 +23,7 @@ from idmctl.gate import disk, qos
 from idmctl.core.checks import Measurements, PreflightContext, Status
 from idmctl.gate.runner import gather
 from idmctl.core.profile import load_profile
-from test_hidden_cache import run_forked
+from fork_support import run_forked, sigkill_at_fsync
 from trainers.tiny_data import tiny_spec, write_tiny_routed_data
 
 REPO = Path(__file__).resolve().parents[2]
@@ -93,19 +93,9 @@ def test_sigkill_mid_conversion_then_rerun_finishes(legacy) -> None:
     out = legacy_root.parent / "killed"
     # A real SIGKILL at the worst moment of the third file: all bytes written, not yet verified or renamed.
     def killed_in_third_fsync() -> int:
-        import signal
-
         from cache.convert import main
 
-        calls, real = [], os.fsync
-
-        def fsync(fd: int) -> None:
-            calls.append(fd)
-            if len(calls) == 3:
-                os.kill(os.getpid(), signal.SIGKILL)
-            real(fd)
-
-        os.fsync = fsync  # in the forked child only
+        sigkill_at_fsync(3)
         return main([str(legacy_root), str(out), "--blocks", "5,11"])
 
     # The converter's entry point in a child forked from this process (the test's captured stderr has

@@ -4,12 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import struct
-import sys
-import time
-import traceback
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -25,44 +20,11 @@ from cache.hidden import (
     write_legacy,
 )
 from cache.convert import convert_file
+from fork_support import run_forked, sigkill_at_fsync
 from hidden_quick_spec import use_hidden_quick
 from ground.errors import UserError
 
 BLOCKS = [2, 5, 8, 11, 14, 17]
-
-
-def run_forked(action: Callable[[], object], what: str, deadline_s: float = 300.0) -> int:
-    """Run ``action`` in a real process forked from this one (torch and the builders already imported, so
-    it starts in milliseconds, not the seconds a fresh interpreter takes) and return its exit status as
-    ``subprocess`` reports one: -9 when it was SIGKILLed. Whatever ``action`` patches (``os.fsync``) stays in
-    the child. The child runs on one CPU and one torch thread: GNU OpenMP's thread pool does not survive a
-    fork, and a child that computes on it can hang (builders size their threads from the CPUs they may use)."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    pid = os.fork()
-    if pid == 0:  # the child: it never returns into pytest
-        code = 1
-        try:
-            os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
-            torch.set_num_threads(1)
-            result = action()
-            code = result if isinstance(result, int) else 0
-        except BaseException:
-            traceback.print_exc()  # into this test's captured stderr
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
-    deadline = time.monotonic() + deadline_s
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return os.waitstatus_to_exitcode(status)
-        if time.monotonic() > deadline:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            pytest.fail(f"timed out after {deadline_s:.0f} s waiting for {what} to end")
-        time.sleep(0.01)
 
 
 def _hidden(layers: int = 6, frames: int = 8, h: int = 3, w: int = 4, c: int = 16,
@@ -184,7 +146,7 @@ def test_crash_before_rename_leaves_nothing_that_reads_as_cached(tmp_path: Path)
     target = tmp_path / "demo_0.safetensors"
     # A real SIGKILL at the worst moment: every byte written, the rename not yet done.
     def killed_in_fsync() -> None:
-        os.fsync = lambda fd: os.kill(os.getpid(), signal.SIGKILL)
+        sigkill_at_fsync(1)
         write_hidden(target, torch.zeros(6, 8, 3, 4, 16), BLOCKS, {})
 
     assert run_forked(killed_in_fsync, "the writer killed in its fsync") == -9

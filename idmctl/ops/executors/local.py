@@ -23,6 +23,7 @@ from ground.errors import CheckFailed, UserError
 from idmctl.core.executor import JobStatus, RunRecord, SchedulerRefusal, one_line
 from idmctl.core.job_state import JobState, is_terminal
 from ground.paths import atomic_write_text, home
+from ground.processes import alive
 
 
 
@@ -73,7 +74,7 @@ class LocalExecutor:
                 continue
             state = record["state"]
             pid = record.get("runner_pid")
-            if not is_terminal(state) and pid and not _alive(int(pid)):
+            if not is_terminal(state) and pid and not alive(int(pid)):
                 # The runner died without writing an end (killed -9, host reboot).
                 state, record["exit_code"], record["reason"] = JobState.FAILED.value, "0:9", "RunnerLost"
             parse = lambda key: datetime.fromisoformat(record[key]) if record.get(key) else None  # noqa: E731
@@ -110,14 +111,6 @@ class LocalExecutor:
             if time.monotonic() > deadline:
                 raise CheckFailed(f"local job {scheduler_id} still {status.state if status else 'unknown'} after {timeout_s:.0f} s")
             time.sleep(poll_s)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def _run_job(script: str, log: str, state_path: Path) -> int:
