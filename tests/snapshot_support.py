@@ -16,9 +16,9 @@ import pytest
 
 from ground import code_snapshot as snap
 from ground import contract
-from ground.processes import alive
 from idmctl.core.job_state import is_terminal
-from slurm_support import wait_until
+from idmctl.ops.executors.local import LocalExecutor
+from slurm_support import slurm_conf, wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@x", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@x"}
@@ -102,15 +102,17 @@ def attempt_in_flight(home: Path, chain_id: int) -> bool:
     if not rows or rows[-1]["scheduler_id"] is None or is_terminal(rows[-1]["state"]):
         return False
     scheduler_id = rows[-1]["scheduler_id"]
-    if scheduler_id.startswith("local-"):
+    if scheduler_id.startswith("local-"):  # the local executor's own reading of its state file, in that home
+        outer = os.environ.get(contract.ENV_HOME)
+        os.environ[contract.ENV_HOME] = str(home)
         try:
-            record = json.loads((home / "local-jobs" / f"{scheduler_id}.json").read_text())
-        except (OSError, ValueError):
-            return False
-        pid = record.get("runner_pid")
-        return not is_terminal(record["state"]) and (pid is None or alive(int(pid)))
-    from slurm_support import slurm_conf
-
+            status = LocalExecutor().status([scheduler_id]).get(scheduler_id)
+        finally:
+            if outer is None:
+                os.environ.pop(contract.ENV_HOME)
+            else:
+                os.environ[contract.ENV_HOME] = outer
+        return status is not None and not is_terminal(status.state)
     queued = subprocess.run(["squeue", "-h", "-j", scheduler_id, "-o", "%T"], capture_output=True, text=True,
                             timeout=60, env={**os.environ, "SLURM_CONF": slurm_conf()})
     return queued.returncode == 0 and bool(queued.stdout.strip())  # squeue lists unfinished jobs only

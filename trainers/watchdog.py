@@ -123,7 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--poll", type=float, required=True, help="Seconds between heartbeat reads.")
     parser.add_argument("--dump-wait", type=float, default=1.0, help="Seconds the ranks get to write their stacks.")
     args = parser.parse_args(argv)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # the job script ends us when the trainer exits
+    # The job script ends us when the trainer exits. At once and quietly: a SystemExit raised by the handler
+    # can land in the interpreter's own shutdown, which prints it to the job log as a traceback.
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     return watch(args.run_dir, args.trainer_pid, args.k, args.floor, args.poll, args.dump_wait)
 
 

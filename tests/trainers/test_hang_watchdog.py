@@ -65,6 +65,28 @@ def test_the_watchdog_dumps_and_kills_a_local_deadlock(tmp_path: Path, capsys: p
     assert f"{contract.FAILURE_MARKER} cause=hang " in capsys.readouterr().err
 
 
+def test_a_term_during_the_watchdogs_own_shutdown_leaves_the_job_log_clean(tmp_path: Path) -> None:
+    """The job script TERMs the watchdog when the trainer exits; a trainer that fails in its first second
+    exits before the watchdog has finished. The TERM lands in the watchdog's interpreter shutdown here on
+    purpose (an atexit callback sends it): no traceback may reach the log, where it would read as the
+    job's failure."""
+    import os
+    import subprocess
+    import sys
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a trainer pid that has exited: watch() returns at once and the interpreter shuts down
+    code = ("import atexit, os, signal, sys, time\n"
+            "from trainers.watchdog import main\n"
+            "atexit.register(lambda: (os.kill(os.getpid(), signal.SIGTERM), time.sleep(5)))\n"
+            "sys.exit(main(sys.argv[1:]))\n")
+    done = subprocess.run([sys.executable, "-c", code, "--run-dir", str(tmp_path), "--trainer-pid", str(gone.pid),
+                           "--k", "10", "--floor", "600", "--poll", "0.01"], cwd=REPO, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == "" and done.stdout.startswith("idmctl: watchdog on "), done.stdout + done.stderr
+
+
 @pytest.mark.slow
 @pytest.mark.slurm
 def test_a_deadlocked_job_is_dumped_killed_classified_and_resumed(

@@ -285,14 +285,22 @@ def parse_traceback(lines: list[str]) -> dict[str, Any]:
     """Exception type, message and the innermost project frame of the last traceback in ``lines``.
 
     When the last traceback is a re-raise from a DataLoader worker ("Original Traceback"), its
-    frames are the worker's; a frame is "project" unless it is in site-packages or the stdlib.
+    frames are the worker's; a frame is "project" unless it is in site-packages or the stdlib. A
+    traceback under "Exception ignored in: ..." is one Python swallowed (the process went on): never
+    the failure: in a local job's log the watchdog, TERMed while its interpreter shut down, printed
+    "SystemExit: 0" after the trainer's TypeError, and that had become the evidence.
     """
     blocks: list[tuple[list[dict[str, str]], dict[str, str] | None]] = []
     frames: list[dict[str, str]] | None = None
+    ignored = after_ignored = False
     for line in lines:
         stripped = line.strip()
         if stripped.endswith("Traceback (most recent call last):"):
-            frames = []
+            frames, ignored = [], after_ignored
+            continue
+        after_ignored = stripped.startswith("Exception ignored in")
+        if after_ignored:
+            frames = None
             continue
         if frames is None:
             if not _FRAME.match(line):
@@ -305,8 +313,9 @@ def parse_traceback(lines: list[str]) -> dict[str, Any]:
         if line.startswith((" ", "\t")) or not stripped:
             continue  # source line or caret markers under a frame
         exception = _EXCEPTION.match(stripped)
-        blocks.append((frames, exception.groupdict() if exception else {"type": stripped, "message": ""}))
-        frames = None
+        if not ignored:
+            blocks.append((frames, exception.groupdict() if exception else {"type": stripped, "message": ""}))
+        frames, ignored = None, False
     if not blocks:
         return {}
     last_frames, exception = blocks[-1]

@@ -227,6 +227,30 @@ def test_parse_traceback_without_project_frames() -> None:
     assert parse_traceback(lines) == {"exception_type": "ZeroDivisionError", "message": "division by zero"}
 
 
+def test_a_traceback_python_ignored_is_never_the_evidence() -> None:
+    """A local job's log: the trainer's TypeError, then the watchdog's "Exception ignored in" report of a
+    SystemExit it raised while its interpreter shut down. The job failed of the TypeError."""
+    log = ("Traceback (most recent call last):\n"
+           '  File "/w/cache/dataset.py", line 568, in __init__\n'
+           "TypeError: __init__() got an unexpected keyword argument 'selected_layer_indices'\n"
+           "idmctl: watchdog on vm: hang when the heartbeat stops for max(10 × s/step, 600 s), checked every 30 s\n"
+           "Exception ignored in: <module 'threading' from '/usr/lib/python3.11/threading.py'>\n"
+           "Traceback (most recent call last):\n"
+           '  File "/usr/lib/python3.11/threading.py", line 1541, in _shutdown\n'
+           "    def _shutdown():\n"
+           "    \n"
+           '  File "/w/trainers/watchdog.py", line 126, in <lambda>\n'
+           "    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\n"
+           "                                             ^^^^^^^^^^^\n"
+           "SystemExit: 0\n"
+           "idmctl: trainer exited 1 at 2026-12-02T15:45:30+00:00\n")
+    assert parse_traceback(log.splitlines()) == {
+        "exception_type": "TypeError", "message": "__init__() got an unexpected keyword argument 'selected_layer_indices'",
+        "frame": "/w/cache/dataset.py:568", "function": "__init__"}
+    only_ignored = log.splitlines()[4:]
+    assert parse_traceback(only_ignored) == {}
+
+
 def test_bad_taxonomy_is_a_user_error(tmp_path: Path) -> None:
     bad = tmp_path / "taxonomy.yaml"
     bad.write_text("causes:\n  - {name: x, meaning: m, fix: f, caught_by: none, action: stop,"
