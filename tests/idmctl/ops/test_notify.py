@@ -117,7 +117,7 @@ def test_each_decision_of_sync_arrives_once_with_job_cause_evidence_fix_and_what
     assert stopped["job"] == f"quickstart#{stops['chain']} attempt 1, local job {stops['scheduler_id']} (idmctl job {stops['job']})"
     assert stopped["cause"] == "python_exception"
     assert stopped["evidence"] == ("TypeError: __init__() got an unexpected keyword argument 'selected_layer_indices' "
-                                   "at /work/main/cache/dataset.py:568")
+                                   "at /home/team/idm/cache/dataset.py:568")
     assert stopped["fix"] == get_cause("python_exception").fix
     assert stopped["done"] == f"chain stopped: {dict(report['stopped'])[stops['job']]}"
     assert stopped["title"] == f"idmctl: quickstart chain {stops['chain']} stopped (python_exception)"

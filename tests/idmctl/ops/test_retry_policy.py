@@ -60,7 +60,7 @@ SAMPLES: dict[str, tuple[str, str, str, bool]] = {
                                          "field=latent.pt_norm_path: FF needs the PT norm file", True),
     "loader_config": ("FAILED", "1:0", "ValueError: persistent_workers option needs num_workers > 0", True),
     "python_exception": ("FAILED", "1:0", "Traceback (most recent call last):\n"
-                                          '  File "/work/main/cache/dataset.py", line 568, in __init__\n'
+                                          '  File "/home/team/idm/cache/dataset.py", line 568, in __init__\n'
                                           "TypeError: HiddenMultiLayer.__init__() got an unexpected keyword "
                                           "argument 'selected_layer_indices'", True),
     "cancelled": ("CANCELLED", "0:15", "", True),

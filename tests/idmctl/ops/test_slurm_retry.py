@@ -13,7 +13,7 @@ from idmctl.record.db import session
 from idmctl.record.models import NodeExclusion
 
 TRACEBACK = """Traceback (most recent call last):
-  File "/work/main/cache/dataset.py", line 568, in __init__
+  File "/home/team/idm/cache/dataset.py", line 568, in __init__
 TypeError: HiddenMultiLayer.__init__() got an unexpected keyword argument 'selected_layer_indices'
 srun: error: n1: task 0: Exited with exit code 1"""
 

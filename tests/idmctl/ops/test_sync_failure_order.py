@@ -23,7 +23,7 @@ from idmctl.record.db import session
 from idmctl.record.models import Chain, Failure, Job
 
 NAN = (f"{contract.FAILURE_MARKER} cause=nan_loss step=12", contract.EXIT_NAN)
-EXCEPTION = ("Traceback (most recent call last):\n  File \"/work/main/cache/dataset.py\", line 568, in __init__\n"
+EXCEPTION = ("Traceback (most recent call last):\n  File \"/home/team/idm/cache/dataset.py\", line 568, in __init__\n"
              "TypeError: __init__() got an unexpected keyword argument 'selected_layer_indices'", 1)
 PREEMPTED = (f"entry: checkpointed at step 3 on signal, exiting {contract.EXIT_REQUEUE}", contract.EXIT_REQUEUE)
 
