@@ -194,7 +194,7 @@ if __name__ == "__main__":
     main()
 
 
-# -- bench.run adapter (issue 11, figure 3): the figures above, plus a full ``torch.load`` of the
+# -- bench.run adapter: the figures above, plus a full ``torch.load`` of the
 # legacy .pt (no mmap: what the card's N=12 runs did per sample) against fio on the same cold-cache terms. ------
 
 _slice_figures = run

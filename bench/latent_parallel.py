@@ -82,7 +82,7 @@ def _one_round(root: Path, demos: int, steps: int, size: int) -> dict[str, float
 
 
 def measure(fast: bool) -> dict[str, float | list[float]]:
-    # Full mode was (8, 25, 64, 3): one round took ~12 min on the shared 2-core machine (bench #11 cut it
+    # Full mode was (8, 25, 64, 3): one round took ~12 min on the shared 2-core machine (cut to this
     # so the whole suite fits in minutes; the ratio, not the absolute time, is the figure).
     demos, steps, size, rounds = (3, 9, 32, 1) if fast else (4, 13, 32, 3)
     results: dict[str, list[float]] = {}
@@ -126,8 +126,8 @@ if __name__ == "__main__":
     sys.exit(main())
 
 
-# -- bench.run adapter (issue 11, figure 4): the speed-up as the issue states it (sequential ÷
-# parallel, ≥ 1.8× on two cores), from the same rounds as the figures above. ---------------------
+# -- bench.run adapter: the speed-up figure (sequential ÷ parallel wall time, target ≥ 1.8× on two
+# cores), from the same rounds as the figures above. ----------------------------------------------
 
 _build_figures = run
 

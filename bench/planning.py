@@ -1,4 +1,4 @@
-"""Planning before a run (issue 18): a sweep's static preflight in one process, and ETAs in `idmctl jobs`.
+"""Planning before a run: a sweep's static preflight in one process, and ETAs in `idmctl jobs`.
 
 Figures, each beside its reference measured in the same run:
 - ``idmctl preflight SWEEP --no-smoke`` of a 12-variant sweep (one process: CLI start, the torch import

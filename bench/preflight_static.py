@@ -1,6 +1,6 @@
 """Preflight static checks (everything but the smoke) for ``latent_c_n4`` on the card profile.
 
-Target (issue 6): under 2 s. Figures: a whole ``idmctl preflight latent_c_n4 --cluster card
+Target: under 2 s. Figures: a whole ``idmctl preflight latent_c_n4 --cluster card
 --no-smoke`` process (CLI start, torch import for introspection, store, checks, recording), the
 same checks in a warm process, and the reference ``python -c "import torch"`` measured in the same
 run, since importing the trainer's registries (torch) is most of a cold preflight.
@@ -74,7 +74,7 @@ if __name__ == "__main__":
         print(figure.as_dict())
 
 
-# -- bench.run adapter (issue 11, figure 2): the static figures above, plus the quickstart's full
+# -- bench.run adapter: the static figures above, plus the quickstart's full
 # preflight with the real smoke on CPU, on real data written in the quickstart's geometry. --------
 
 _static_figures = run

@@ -60,7 +60,7 @@ if __name__ == "__main__":
     main()
 
 
-# -- bench.run adapter (issue 11, figure 7): a real submit on the local Slurm with a cached preflight,
+# -- bench.run adapter: a real submit on the local Slurm with a cached preflight,
 # as whole processes side by side — `idmctl submit` vs raw `sbatch` of the very script it wrote vs
 # submitit submitting the same command. Every job is cancelled right after it is submitted, outside
 # the timed span, so the shared test cluster's queue is left as it was. -----------------------------
@@ -164,7 +164,7 @@ def _submit_figures(fast: bool) -> list[Figure | str] | str:
 
 
 def _checks_in_process(spec: Path, home: Path, repeats: int) -> Figure:
-    """The submit-time checks (issue 14): every static check on the effective job plus the smoke
+    """The submit-time checks: every static check on the effective job plus the smoke
     re-judged from the preflight's measurement, in-process, as ``submit`` runs them."""
     import statistics
 
@@ -187,7 +187,7 @@ def _checks_in_process(spec: Path, home: Path, repeats: int) -> Figure:
     per_check = {name: statistics.median(a.check_ms[name] for a in admissions) for name in admissions[0].check_ms}
     shown = ", ".join(f"{name} {ms:.2f}" for name, ms in per_check.items())
     return Figure("submit-time checks on the effective job (in-process, quickstart data)", "s", samples,
-                  target="tens of ms (issue 14: ~40 ms)", note=f"median ms per part: {shown}")
+                  target="tens of ms (~40 ms)", note=f"median ms per part: {shown}")
 
 
 def _snapshot_figures(fast: bool) -> list[Figure]:

@@ -114,7 +114,7 @@ if __name__ == "__main__":
     main()
 
 
-# -- bench.run adapter (issue 11, figure 6): Slurm calls per sync as a count figure beside the
+# -- bench.run adapter: Slurm calls per sync as a count figure beside the
 # seconds, against the naive loop's one sacct call per job. -----------------------------------------
 
 _calls_per_sync: list[int] = []

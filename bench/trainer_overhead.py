@@ -127,7 +127,7 @@ if __name__ == "__main__":
     main()
 
 
-# -- bench.run adapter (issue 11, figure 5): steps/s as the issue states it (Fabric ÷ bare ≥ 0.95),
+# -- bench.run adapter: steps/s as a ratio (Fabric ÷ bare, target ≥ 0.95),
 # and the data-wait fraction of a step with an N=4 loader (layers 0-3 routed), from the trainer's
 # own MLflow metric. -------------------------------------------------------------------------------
 

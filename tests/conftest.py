@@ -79,7 +79,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def _group_in_node_id(item: pytest.Item) -> None:
     """xdist's loadgroup scheduler reads a test's group from its node id (``…::test@local_slurm``), which
     xdist 3.8 writes into ``item._nodeid``; pytest 9.2's structured node ids no longer read that field
-    (pytest-xdist issue 1386), so every group was silently ignored and two cluster tests ran at once on
+    (a pytest-xdist bug), so every group was silently ignored and two cluster tests ran at once on
     the two workers (seen: test_build_jobs' preempted and parallel builds side by side). Write the
     suffix where pytest reads the id, as the upstream fix does; a no-op where xdist already did."""
     names = sorted({str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))

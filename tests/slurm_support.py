@@ -79,7 +79,7 @@ def squeue_state(job_id: str) -> str:
 
 
 def release_requeued(job_id: str) -> None:
-    """Let a requeued job start in 2 s instead of after its ``cred_expire + 1`` s hold (slurm-notes 2).
+    """Let a requeued job start in 2 s instead of after the ``cred_expire + 1`` s hold Slurm puts it under.
 
     Not at once: slurmd revokes the old run's credential with one-second resolution, so a run started in
     the second of the requeue is refused ("Killing non-startable batch JobId=…: Job credential revoked")

@@ -249,7 +249,7 @@ def test_the_print_checker_sees_every_way_to_print(tmp_path: Path) -> None:
 
 CITATION = re.compile(r"\bissue \d+|§\s*\d|slurm-notes|\bgotcha \d+", re.IGNORECASE)
 """Names of documents a clone of the repository does not have: a comment says what happened instead."""
-CITATION_ROOTS = ("ground", "cache", "trainers", "idmctl", "scripts")
+CITATION_ROOTS = ("ground", "cache", "trainers", "idmctl", "scripts", "bench", "tests")
 
 
 def comment_citations(path: Path) -> list[int]:

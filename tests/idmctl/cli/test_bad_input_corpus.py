@@ -1,4 +1,4 @@
-"""The bad-input corpus (issue 20): every spec file in tests/data/bad_specs and every case in
+"""The bad-input corpus: every spec file in tests/data/bad_specs and every case in
 tests/data/bad_inputs/cases.yaml (flags, cluster files, stores, caches, Click usage) must give one
 line on stderr, exit 2, no traceback, and leave the store exactly as it was.
 

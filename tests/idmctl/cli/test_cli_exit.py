@@ -1,5 +1,5 @@
-"""``idmctl.cli.main`` freezes the heap instead of letting the interpreter garbage-collect it at exit
-(issue 15), so it closes the store connections itself first: a finished command leaves the store file
+"""``idmctl.cli.main`` freezes the heap instead of letting the interpreter garbage-collect it at exit,
+so it closes the store connections itself first: a finished command leaves the store file
 whole, its WAL checkpointed and removed, exactly as the interpreter's last collection used to."""
 
 from __future__ import annotations

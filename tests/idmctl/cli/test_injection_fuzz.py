@@ -1,5 +1,5 @@
 """Every spec field and flag that reaches the batch script, fuzzed with control characters and shell
-metacharacters (issue 20 item 5: a trailing newline passed `$`, and `--exclude $'n2\\n,n2'` ended the
+metacharacters (before, a trailing newline passed `$`, and `--exclude $'n2\\n,n2'` ended the
 #SBATCH header early, so --output, --requeue and --signal were ignored).
 
 For each case the rendering either refuses (exit 2, one line, no traceback, nothing written) or, where

@@ -1,4 +1,4 @@
-"""More than one node (issue 14 §4): per-node io/qos/disk arithmetic, and a real 2-node Fabric job."""
+"""More than one node: per-node io/qos/disk arithmetic, and a real 2-node Fabric job."""
 
 from __future__ import annotations
 

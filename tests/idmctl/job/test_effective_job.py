@@ -10,7 +10,7 @@ from idmctl.job.effective import apply_flags, build
 
 
 def test_card_example_qos_sub_is_judged_on_the_effective_job(cli, idmctl_home) -> None:
-    """Issue 14: `submit latent_c_n4 --qos sub` after a core-own preflight — the 2.2 h stage-in on a 1 h
+    """The card example: `submit latent_c_n4 --qos sub` after a core-own preflight — the 2.2 h stage-in on a 1 h
     preempt cycle (card A 6054/6108/6158). --dry-run shows the verdicts submit would reach."""
     result = cli("submit", "latent_c_n4", "--cluster", "card", "--qos", "sub", "--dry-run")
     assert result.exit_code == 0, result.output

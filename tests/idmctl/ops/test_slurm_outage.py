@@ -8,7 +8,7 @@
   (conf_with_unreachable), so the real clients fail as against a stopped slurmctld without stopping
   the controller other engineers' jobs are using.
 - sacct lagging behind squeue: a `sacct` shim first on PATH runs the real sacct and drops one job's
-  lines, which makes Slurm's ~1 s lag (slurm-notes 9) deterministic. The job becomes UNCONFIRMED, is
+  lines, which makes sacct's ~1 s lag behind squeue deterministic. The job becomes UNCONFIRMED, is
   never finalised from squeue, and the next sync with the real sacct confirms it.
 """
 

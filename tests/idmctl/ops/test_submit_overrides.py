@@ -1,4 +1,4 @@
-"""Submit-time flags are checked on the job as submitted (issue 14 §1), on the real local Slurm.
+"""Submit-time flags are checked on the job as submitted, on the real local Slurm.
 
 A passing preflight of the spec on ``core-own`` must not let ``submit --qos sub`` send a long-staging
 job to the preemptible tier (card A jobs 6054/6108/6158: 2.2 h stage-in, 1 h preempt cycle, preempted

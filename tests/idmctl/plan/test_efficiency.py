@@ -1,4 +1,4 @@
-"""The efficiency report per job (issue 19 §3): sacct's figures parsed from lines copied from the local
+"""The efficiency report per job: sacct's figures parsed from lines copied from the local
 Slurm 22.05 cluster, then a real trainer job whose report sync writes, `jobs show` prints, MLflow keeps
 and the next submit of the experiment turns into --mem/--time suggestions."""
 

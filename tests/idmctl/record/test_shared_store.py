@@ -1,4 +1,4 @@
-"""The team's shared store (IDMCTL_DB_URL=postgresql://…, issue 19 §6) on the real PostgreSQL that
+"""The team's shared store (IDMCTL_DB_URL=postgresql://…) on the real PostgreSQL that
 scripts/postgres/up.sh starts, beside the embedded SQLite store: concurrent writers as two users with
 nothing lost, the submit path (sqlite3 on SQLite) going through the ORM, ``--user`` filters, and the
 one-line errors for a store that cannot be used."""
@@ -57,7 +57,8 @@ def test_eight_writers_as_two_users_lose_nothing(store_backend: str, idmctl_home
     start, ready = tmp_path / "go", tmp_path / "ready"
     ready.mkdir()
     # Every writer's open is a first open of an empty store: migrations from empty under concurrency
-    # (SQLite: the init lock of issue 20; PostgreSQL: an advisory lock).
+    # (SQLite: the init lock, without which concurrent first opens crashed with "table chain already exists";
+    # PostgreSQL: an advisory lock).
     users = ["alice", "bob"] * (WRITERS // 2)
     procs = [subprocess.Popen([sys.executable, "-c", WRITE, str(start), str(ready / str(k)), str(JOBS_EACH)],
                               env=_as(user), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -156,7 +157,7 @@ def test_wrong_password_and_wrong_scheme(cli, monkeypatch) -> None:
 
 def test_a_store_from_a_newer_schema_is_refused(cli, store_backend: str) -> None:
     if store_backend != "postgresql":
-        pytest.skip("the SQLite case is the store's own (issue 20)")
+        pytest.skip("the SQLite case is in the bad-input corpus (store_newer_schema)")
     with store_db.open_store().begin() as connection:
         connection.execute(text("UPDATE alembic_version SET version_num = '0999'"))
     store_db._shared_engine.cache_clear()

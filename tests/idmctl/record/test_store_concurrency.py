@@ -1,4 +1,4 @@
-"""Sixteen processes opening one brand-new store at once (issue 20 item 3): before the init lock, 8
+"""Sixteen processes opening one brand-new store at once: before the init lock, 8
 concurrent `idmctl jobs` on a fresh IDMCTL_HOME crashed 31 of 80 times ("table chain already exists")."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`idmctl ui` beyond loopback (issue 20 item 8): `--host 0.0.0.0` served an open write endpoint (a remote
+"""`idmctl ui` beyond loopback: `--host 0.0.0.0` served an open write endpoint (a remote
 runs/set-tag with a spoofed Host header returned 200) and printed no warning. Now it needs MLflow's own
 basic-auth (`--auth`) or the loudly warned `--insecure-no-auth`. Real `mlflow server` processes."""
 
