@@ -10,8 +10,10 @@ torch, Fabric (torch._dynamo) and MLflow (its SQLite store). This samples every 
 from /proc every 0.2 s and groups them by what they run (``python -m trainers.train``, ``idmctl sync``,
 the pytest workers...), so a change to the suite can be judged by the CPU seconds it removes.
 
-Only the command and its descendants count: other processes on the machine (another session's, kernel
-threads, daemons started before the command) are left out. Processes that start and end between two
+Only the command and its descendants count, and the Slurm jobs it ran: every ``slurmstepd`` that started
+after the command did, with its children (the job scripts, trainers and builders slurmd starts, which are
+no descendants of the command). Other processes on the machine (another session's, kernel threads,
+daemons started before the command) are left out. Processes that start and end between two
 samples are missed (they cost < 0.2 s each). Standard library only: it must run before the .venv exists.
 """
 
@@ -47,10 +49,13 @@ def _read_process(pid: str) -> tuple[str, int, str, str] | None:
 
 def sample(until: subprocess.Popen) -> list[dict]:
     """Sample until ``until`` exits; one row per process of the command: ``until`` and its descendants (a
-    process is one when its parent was seen as one; an orphan whose parent was never seen is missed)."""
+    process is one when its parent was seen as one; an orphan whose parent was never seen is missed), and
+    each ``slurmstepd`` started after ``until`` with its descendants."""
     me = str(os.getpid())
     ours: set[str] = set()  # pids of the command and its descendants, kept when a parent exits first
     seen: dict[tuple[str, str], dict] = {}
+    first = _read_process(str(until.pid))
+    began = int(first[0]) if first else 0  # ticks since boot: a slurmstepd started later runs the command's jobs
     while until.poll() is None:
         for pid in os.listdir("/proc"):
             if not pid.isdigit() or pid == me:
@@ -59,7 +64,8 @@ def sample(until: subprocess.Popen) -> list[dict]:
             if read is None:
                 continue
             started, ticks, command, parent = read
-            if (pid, started) not in seen and pid != str(until.pid) and parent not in ours:
+            job_step = command.startswith("slurmstepd") and int(started) >= began
+            if (pid, started) not in seen and pid != str(until.pid) and parent not in ours and not job_step:
                 continue  # not a descendant of the command (another test's process on a shared machine)
             ours.add(pid)
             row = seen.setdefault((pid, started), {"pid": int(pid), "command": command, "cpu_s": 0.0})

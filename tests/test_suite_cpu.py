@@ -73,6 +73,23 @@ def test_a_real_command_is_sampled_its_exit_code_passes_and_the_sample_reports_a
     assert not list(tmp_path.glob(".cpu.json.tmp*"))
 
 
+def test_a_slurm_job_the_command_ran_is_sampled_though_slurmd_started_it(tmp_path: Path, local_slurm: str) -> None:
+    """A job's processes are children of slurmd (started long before the command), not of the command:
+    the sampler counts the job's slurmstepd and what it runs, and still not a bystander."""
+    out = tmp_path / "cpu.json"
+    burn = "import time\nend = time.process_time() + 0.8\nwhile time.process_time() < end: pass  # in the job"
+    (tmp_path / "burn.py").write_text(burn)
+    sbatch = ["sbatch", "--wait", "--qos", "core-own", "--mem", "200M", "-o", str(tmp_path / "job.out"),
+              "--chdir", str(tmp_path), f"--wrap={sys.executable} {tmp_path / 'burn.py'}"]
+    done = subprocess.run([sys.executable, SCRIPT, "run", str(out), "--", *sbatch], capture_output=True, text=True,
+                          timeout=180)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = json.loads(out.read_text())
+    burned = [row for row in rows if row["command"].endswith("burn.py") and not row["command"].startswith("sbatch")]
+    assert len(burned) == 1 and burned[0]["cpu_s"] >= 0.4, rows
+    assert any(suite_cpu.kind(row["command"]) == "slurmstepd" for row in rows), rows
+
+
 def test_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
     (tmp_path / "half.json").write_text('[{"pid": 1')
     for argv, expected in [
