@@ -103,15 +103,9 @@ def attempt_in_flight(home: Path, chain_id: int) -> bool:
         return False
     scheduler_id = rows[-1]["scheduler_id"]
     if scheduler_id.startswith("local-"):  # the local executor's own reading of its state file, in that home
-        outer = os.environ.get(contract.ENV_HOME)
-        os.environ[contract.ENV_HOME] = str(home)
-        try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv(contract.ENV_HOME, str(home))
             status = LocalExecutor().status([scheduler_id]).get(scheduler_id)
-        finally:
-            if outer is None:
-                os.environ.pop(contract.ENV_HOME)
-            else:
-                os.environ[contract.ENV_HOME] = outer
         return status is not None and not is_terminal(status.state)
     queued = subprocess.run(["squeue", "-h", "-j", scheduler_id, "-o", "%T"], capture_output=True, text=True,
                             timeout=60, env={**os.environ, "SLURM_CONF": slurm_conf()})
