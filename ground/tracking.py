@@ -7,8 +7,6 @@ No mlflow import here: this module only names things.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 MLFLOW_EXPERIMENT = "idmctl"
@@ -118,28 +116,6 @@ def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             flat[dotted] = value
     return flat
-
-
-@contextmanager
-def store_init_lock() -> Iterator[None]:
-    """Serialise first use of the MLflow SQLite store across processes.
-
-    MLflow runs its schema migrations on first connect; several jobs opening a new store at once
-    crash inside them ("duplicate column name"). A flock beside the store makes the first one migrate
-    while the others wait.
-    """
-    import fcntl
-
-    from ground.paths import home
-
-    lock_path = home() / ".mlflow-init.lock"
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock_path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 # Evaluation protocols and decisions (issue: metrics of different protocols were ranked in one table)

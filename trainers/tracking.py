@@ -14,6 +14,7 @@ from typing import Any
 from ground import tracking as names
 from ground.errors import UserError
 from ground.contract import ENV_ATTEMPT, ENV_CHAIN_ID, MLFLOW_RUN_ID_FILE
+from ground.mlflow_store import store_init_lock
 from ground.mlflow_view import ensure_experiment, ensure_goal_view
 from ground.paths import atomic_write_text, mlflow_artifacts_dir, mlflow_tracking_uri
 from ground.spec.schema import Goal
@@ -48,7 +49,7 @@ class RunLogger:
     def __init__(self, run_dir: Path, name: str, spec_hash: str, canonical: dict[str, Any], code_version: str):
         from mlflow.tracking import MlflowClient
 
-        with names.store_init_lock():  # the first connect runs MLflow's schema migrations
+        with store_init_lock():  # the first connect seeds or migrates the store
             self.client = MlflowClient(tracking_uri=mlflow_tracking_uri())
             self.client.search_experiments(max_results=1)
         id_file = run_dir / MLFLOW_RUN_ID_FILE
@@ -86,7 +87,7 @@ class RunLogger:
             raise UserError("the chain has no MLflow run yet: no training attempt has started", file=str(id_file),
                             hint="an evaluation job runs after the training attempt that writes its checkpoint")
         logger = cls.__new__(cls)
-        with names.store_init_lock():
+        with store_init_lock():
             logger.client = MlflowClient(tracking_uri=mlflow_tracking_uri())
         logger.run_id, logger.resumed = id_file.read_text().strip(), True
         return logger

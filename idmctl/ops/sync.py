@@ -18,6 +18,7 @@ from pathlib import Path
 from ground import heartbeat
 from ground import tracking as names
 from ground.contract import CAUSE_HANG
+from ground.mlflow_store import store_init_lock
 from ground.paths import mlflow_tracking_uri
 from ground.trainer_stats import attempt_totals
 from idmctl.core.notice import warn
@@ -294,7 +295,7 @@ def _log_efficiency(job_ids: list[int]) -> None:
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient  # heavy (~1.3 s): only when a job with a run ended
 
-    with names.store_init_lock():
+    with store_init_lock():
         client = MlflowClient(tracking_uri=mlflow_tracking_uri())
     for attempt, run_id, data in todo:
         found = EfficiencyReport.from_dict(data)

@@ -21,6 +21,7 @@ import yaml
 
 from ground import tracking
 from ground.errors import UserError
+from ground.mlflow_store import store_init_lock
 from ground.paths import experiments_dir, home, mlflow_tracking_uri
 from ground.spec.loader import BASELINES_FILE, load_experiments, load_spec, resolve_spec_path
 from ground.protocols import UNRECORDED
@@ -170,7 +171,7 @@ def load_runs(tracking_uri: str | None = None) -> list[CompareRow]:
         return []
     from mlflow.tracking import MlflowClient
 
-    with tracking.store_init_lock():
+    with store_init_lock():
         client = MlflowClient(tracking_uri=tracking_uri or mlflow_tracking_uri())
     experiment = client.get_experiment_by_name(tracking.MLFLOW_EXPERIMENT)
     if experiment is None:

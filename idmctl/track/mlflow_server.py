@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ground.errors import CheckFailed, UserError
+from ground.mlflow_store import store_init_lock
 from ground.redact import redacted
 from ground.paths import atomic_write_text, home, mlflow_artifacts_dir, mlflow_tracking_uri
 
@@ -203,6 +204,8 @@ def start_server(host: str = "127.0.0.1", port: int = 5000, extra_hosts: list[st
     command = server_command(host, port, extra_hosts, auth)
     check_port_free(host, port)
     mlflow_artifacts_dir().mkdir(parents=True, exist_ok=True)
+    with store_init_lock():
+        pass  # a new store is seeded from the empty schema, so the server does not run MLflow's migrations
     log_path = home() / "mlflow-server.log"
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **(auth_env() if auth else {})}
     env.pop("MLFLOW_TRACKING_URI", None)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 
 from ground import tracking
+from ground.mlflow_store import store_init_lock
 from ground.mlflow_view import (ensure_experiment, ensure_goal_view, goal_views, run_page_url,
                                 runs_chart_url)
 from ground.paths import mlflow_artifacts_dir, mlflow_tracking_uri
@@ -30,7 +31,7 @@ def runs_chart_link(base_url: str, metric_keys: list[str] | None = None) -> str:
     metrics), then return the URL of the runs chart view on ``base_url``."""
     from mlflow.tracking import MlflowClient
 
-    with tracking.store_init_lock():  # the first connect runs MLflow's schema migrations
+    with store_init_lock():  # the first connect seeds or migrates the store
         client = MlflowClient(tracking_uri=mlflow_tracking_uri())
         client.search_experiments(max_results=1)
     artifacts = mlflow_artifacts_dir()

@@ -11,9 +11,9 @@ from ground.contract import ENV_HOME
 
 OPEN_STORE = """
 from mlflow.tracking import MlflowClient
-from ground import tracking
+from ground.mlflow_store import store_init_lock
 from ground.paths import mlflow_tracking_uri
-with tracking.store_init_lock():
+with store_init_lock():
     client = MlflowClient(tracking_uri=mlflow_tracking_uri())
     client.search_experiments(max_results=1)
 client.create_run(client.get_experiment_by_name("Default").experiment_id)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from idmctl.ops.failures.classify import get_cause
 from ground.paths import mlflow_tracking_uri
 from ground.tracking import TAG_FAILURE_CAUSE, TAG_SLURM_STATE
-from ground.tracking import store_init_lock
+from ground.mlflow_store import store_init_lock
 
 
 def mark_run_failed(run_id: str, cause: str, slurm_state: str, tracking_uri: str | None = None) -> str:
