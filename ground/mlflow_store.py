@@ -22,20 +22,15 @@ from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
 
-from ground.paths import home, mlflow_tracking_uri, temp_path
+from ground.paths import home, mlflow_tracking_uri, temp_path, user_cache_dir
 
 SQLITE_PREFIX = "sqlite:///"
 INIT_LOCK_NAME = ".mlflow-init.lock"
 
 
-def cache_dir() -> Path:
-    """The user's cache of derived files that any run can rebuild: ``$XDG_CACHE_HOME/idmctl``."""
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "idmctl"
-
-
 def template_path() -> Path:
     """The empty-schema template for the installed MLflow: one file per version, as migrations differ."""
-    return cache_dir() / f"mlflow-{metadata.version('mlflow')}-empty-store.sqlite"
+    return user_cache_dir() / f"mlflow-{metadata.version('mlflow')}-empty-store.sqlite"
 
 
 def sqlite_file(uri: str) -> Path | None:

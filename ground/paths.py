@@ -34,6 +34,12 @@ def home() -> Path:
     return Path(data_home) / "idmctl"
 
 
+def user_cache_dir() -> Path:
+    """Files derived from the installed packages that any run may rebuild (the empty MLflow store):
+    ``$XDG_CACHE_HOME/idmctl``, shared by every ``$IDMCTL_HOME`` of the user."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "idmctl"
+
+
 def db_path() -> Path:
     return home() / "idmctl.sqlite"
 
