@@ -10,11 +10,15 @@ import pytest
 from ground.mlflow_store import seed_new_store, store_init_lock, template_path
 
 
-def _schema(path: Path) -> tuple[list[tuple[str, str]], list[tuple[str]]]:
+def _schema(path: Path) -> tuple[dict[str, list[str]], list[tuple[str]]]:
+    """Each table's and index's definition as its sorted clauses, and the alembic revision. Sorted: two
+    stores MLflow builds itself may list a table's constraints in another order (its batch migrations
+    rebuild tables from sets, so the order follows the process's string hash seed)."""
     with sqlite3.connect(path) as db:
-        tables = db.execute("SELECT name, sql FROM sqlite_master WHERE sql IS NOT NULL ORDER BY name").fetchall()
+        rows = db.execute("SELECT name, sql FROM sqlite_master WHERE sql IS NOT NULL").fetchall()
         revision = db.execute("SELECT version_num FROM alembic_version").fetchall()
-    return tables, revision
+    clauses = {name: sorted(line.strip().rstrip(",").strip() for line in sql.splitlines()) for name, sql in rows}
+    return clauses, revision
 
 
 @pytest.fixture
