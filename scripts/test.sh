@@ -31,6 +31,17 @@ already_up=0
 if [[ -f "$SLURM_ROOT/env" ]] && (source "$SLURM_ROOT/env" && scontrol ping >/dev/null 2>&1); then already_up=1; fi
 scripts/slurm/up.sh
 source "$SLURM_ROOT/env"
+# A cluster this run started had no one on it: any job its controller still lists is left from a run
+# that was killed with the cluster (its job steps gone with it), and slurmctld would keep that job
+# RUNNING on its node for minutes. Seen: a killed suite's requeued build held n1 for 18 min and the
+# next suite's two-node and idle-node waits timed out.
+if [[ "$already_up" == 0 ]]; then
+  mapfile -t stale < <(squeue -h -o %i)
+  if ((${#stale[@]})); then
+    echo "test: cancelling job(s) ${stale[*]} left in the controller's state by an earlier run" >&2
+    scancel "${stale[@]}" || true
+  fi
+fi
 # A private PostgreSQL for the shared-store tests (IDMCTL_DB_URL): the same up-once, stop-if-ours rule.
 PG_ROOT="${IDMCTL_PG_ROOT:-/tmp/idmctl-pg}"
 pg_already_up=0
