@@ -34,11 +34,8 @@ def template_path() -> Path:
 
 
 def sqlite_file(uri: str) -> Path | None:
-    """The file behind a ``sqlite:///`` URI (None for a server, PostgreSQL or in-memory store)."""
-    if not uri.startswith(SQLITE_PREFIX) or "?" in uri:
-        return None
-    path = uri[len(SQLITE_PREFIX):]
-    return Path(path) if path and path != ":memory:" else None
+    """The path behind a ``sqlite:///`` tracking URI (None for a server, PostgreSQL or another backend)."""
+    return Path(uri[len(SQLITE_PREFIX):]) if uri.startswith(SQLITE_PREFIX) else None
 
 
 def build_template(path: Path) -> None:
@@ -63,8 +60,9 @@ def build_template(path: Path) -> None:
 def seed_new_store(uri: str | None = None) -> bool:
     """Start a store that does not exist yet as a copy of the template (built first when missing).
     Returns whether it seeded; any store that exists, or that is not a SQLite file, is left to MLflow."""
-    store = sqlite_file(uri or mlflow_tracking_uri())
-    if store is None or store.exists():
+    uri = uri or mlflow_tracking_uri()
+    store = sqlite_file(uri)
+    if store is None or "?" in uri or store == Path(":memory:") or store.exists():
         return False
     template = template_path()
     seeding = temp_path(store)

@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ground.contract import ENV_CLUSTER, ENV_HOME
+from ground.mlflow_store import sqlite_file
 from ground.paths import REPO_ROOT, clusters_dir, db_path, home, mlflow_tracking_uri, nearest_existing
 from ground.units import format_bytes
 from idmctl.record.peek import UnreadableStore, mlflow_experiment, shared_revision, sqlite_state
@@ -237,17 +238,17 @@ def _mlflow_versions_dir() -> Path | None:
 
 def check_mlflow() -> Row:
     uri = mlflow_tracking_uri()
-    if not uri.startswith("sqlite:///"):
-
+    store = sqlite_file(uri)
+    if store is None:
         return Row("mlflow store", WARN, f"{redacted(uri)} (a server or another backend: not checked here)",
                    "unset MLFLOW_TRACKING_URI to use the SQLite store beside idmctl's")
     versions = _mlflow_versions_dir()
     if versions is None:
         return Row("mlflow store", FAIL, f"{uri}; mlflow is not installed", "scripts/setup.sh")
-    row = _store_row("mlflow store", Path(uri[len("sqlite:///"):]), migration_head(versions),
+    row = _store_row("mlflow store", store, migration_head(versions),
                      "the next training run (or `idmctl ui`)")
     if row.status == OK and "not created" not in row.detail:
-        row.detail += _experiment_note(Path(uri[len("sqlite:///"):]))
+        row.detail += _experiment_note(store)
     return row
 
 

@@ -21,7 +21,7 @@ import yaml
 
 from ground import tracking
 from ground.errors import UserError
-from ground.mlflow_store import store_init_lock
+from ground.mlflow_store import sqlite_file, store_init_lock
 from ground.paths import experiments_dir, home, mlflow_tracking_uri
 from ground.spec.loader import BASELINES_FILE, load_experiments, load_spec, resolve_spec_path
 from ground.protocols import UNRECORDED
@@ -159,10 +159,8 @@ def _baseline_row(entry: Any, index: int, path: Path) -> CompareRow:
 
 def has_tracking_store() -> bool:
     """False when the default SQLite store was never created: no runs, and no need to import mlflow."""
-    uri = mlflow_tracking_uri()
-    if not uri.startswith("sqlite:///"):
-        return True
-    return Path(uri.removeprefix("sqlite:///")).exists()
+    store = sqlite_file(mlflow_tracking_uri())
+    return store is None or store.exists()
 
 
 def load_runs(tracking_uri: str | None = None) -> list[CompareRow]:
