@@ -1,12 +1,11 @@
 """The first opening of the MLflow SQLite store: one process at a time, and seeded from an empty schema.
 
 MLflow builds a new SQLite store by running every one of its schema migrations (~2.9 s of CPU on 2 cores
-for MLflow 3.17, ~65 tables) and opens an existing one in ~0.1 s. Every new ``$IDMCTL_HOME`` pays the
-migrations in its first trainer, ``idmctl compare`` or ``idmctl ui``; a Slurm job pays them on the
-compute node inside its wall clock. So the migrations run once per MLflow version, into a template kept
-in the user's cache directory, and a new store starts as a copy of it: the same tables and alembic
-revision MLflow itself would have written, with no experiment in it, so that MLflow creates the
-default experiment on first open with this home's own artifact root, exactly as for a store it built.
+for MLflow 3.17, ~65 tables) and opens an existing one in ~0.1 s. So the migrations run once per MLflow
+version, into a template (ground/sqlite_template.py), and a new store starts as a copy of it: the same
+tables and alembic revision MLflow itself would have written, with no experiment in it, so that MLflow
+creates the default experiment on first open with this home's own artifact root, exactly as for a store
+it built.
 
 Importing MLflow is needed only to build the template; seeding a store from it is a file copy.
 """
@@ -14,15 +13,14 @@ Importing MLflow is needed only to build the template; seeding a store from it i
 from __future__ import annotations
 
 import fcntl
-import os
-import shutil
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
 
-from ground.paths import home, mlflow_tracking_uri, temp_path, user_cache_dir
+from ground.paths import home, mlflow_tracking_uri, user_cache_dir
+from ground.sqlite_template import seed_from_template
 
 SQLITE_PREFIX = "sqlite:///"
 INIT_LOCK_NAME = ".mlflow-init.lock"
@@ -43,18 +41,11 @@ def build_template(path: Path) -> None:
     artifact location names the template's folder, and MLflow recreates it on a store's first open."""
     from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore  # heavy: only for a missing template
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    building = temp_path(path)
-    building.unlink(missing_ok=True)
-    try:
-        store = SqlAlchemyStore(f"{SQLITE_PREFIX}{building}", str(path.parent / "unused-artifacts"))
-        store.engine.dispose()
-        with sqlite3.connect(building) as db:
-            db.execute("DELETE FROM experiment_tags")
-            db.execute("DELETE FROM experiments")
-        os.replace(building, path)  # a template is whole or absent: a killed build leaves only its temp file
-    finally:
-        building.unlink(missing_ok=True)
+    store = SqlAlchemyStore(f"{SQLITE_PREFIX}{path}", str(path.parent / "unused-artifacts"))
+    store.engine.dispose()
+    with sqlite3.connect(path) as db:
+        db.execute("DELETE FROM experiment_tags")
+        db.execute("DELETE FROM experiments")
 
 
 def seed_new_store(uri: str | None = None) -> bool:
@@ -62,21 +53,9 @@ def seed_new_store(uri: str | None = None) -> bool:
     Returns whether it seeded; any store that exists, or that is not a SQLite file, is left to MLflow."""
     uri = uri or mlflow_tracking_uri()
     store = sqlite_file(uri)
-    if store is None or "?" in uri or store == Path(":memory:") or store.exists():
+    if store is None or "?" in uri or store == Path(":memory:"):
         return False
-    template = template_path()
-    seeding = temp_path(store)
-    try:
-        if not template.exists():
-            build_template(template)
-        store.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(template, seeding)
-        os.replace(seeding, store)
-    except (OSError, sqlite3.Error):
-        # A cache that cannot be written (a read-only home, a full disk): MLflow migrates the store itself.
-        seeding.unlink(missing_ok=True)
-        return False
-    return True
+    return seed_from_template(store, template_path(), build_template)
 
 
 @contextmanager

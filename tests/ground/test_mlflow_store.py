@@ -2,23 +2,12 @@
 
 from __future__ import annotations
 
-import sqlite3
 from pathlib import Path
 
 import pytest
 
 from ground.mlflow_store import seed_new_store, store_init_lock, template_path
-
-
-def _schema(path: Path) -> tuple[dict[str, list[str]], list[tuple[str]]]:
-    """Each table's and index's definition as its sorted clauses, and the alembic revision. Sorted: two
-    stores MLflow builds itself may list a table's constraints in another order (its batch migrations
-    rebuild tables from sets, so the order follows the process's string hash seed)."""
-    with sqlite3.connect(path) as db:
-        rows = db.execute("SELECT name, sql FROM sqlite_master WHERE sql IS NOT NULL").fetchall()
-        revision = db.execute("SELECT version_num FROM alembic_version").fetchall()
-    clauses = {name: sorted(line.strip().rstrip(",").strip() for line in sql.splitlines()) for name, sql in rows}
-    return clauses, revision
+from test_sqlite_template import schema_of
 
 
 @pytest.fixture
@@ -40,7 +29,7 @@ def test_a_seeded_store_is_the_one_mlflow_builds_with_this_homes_default_experim
         client = MlflowClient(tracking_uri=f"sqlite:///{idmctl_home / 'mlflow.sqlite'}")
         default = client.get_experiment("0")
     assert template_path().parent == own_cache / "idmctl" and template_path().exists()
-    assert _schema(idmctl_home / "mlflow.sqlite") == _schema(built)
+    assert schema_of(idmctl_home / "mlflow.sqlite") == schema_of(built)
     # The template's own default experiment was dropped: MLflow made this home's on first open.
     assert default.name == "Default" and default.artifact_location.startswith(str(Path.cwd()))
     assert str(own_cache) not in default.artifact_location

@@ -13,3 +13,4 @@ with engine.connect() as connection:
     context.configure(connection=connection, target_metadata=SQLModel.metadata, render_as_batch=True)
     with context.begin_transaction():
         context.run_migrations()
+engine.dispose()  # no pooled connection left open on the file: a template copy must see it whole
