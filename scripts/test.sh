@@ -24,39 +24,10 @@ else
   [[ $setup_rc == 0 && $deps_rc == 0 ]] || exit 1
   rm -rf "$setup_logs"
 fi
-# The local Slurm cluster for the `slurm`-marked tests: up once, stopped on exit (only if this run
-# started it). In CI its absence fails those tests instead of skipping them.
-SLURM_ROOT="${IDMCTL_SLURM_ROOT:-/tmp/idmctl-slurm}"
-already_up=0
-if [[ -f "$SLURM_ROOT/env" ]] && (source "$SLURM_ROOT/env" && scontrol ping >/dev/null 2>&1); then already_up=1; fi
-scripts/slurm/up.sh
-source "$SLURM_ROOT/env"
-# A cluster this run started had no one on it: any job its controller still lists is left from a run
-# that was killed with the cluster (its job steps gone with it), and slurmctld would keep that job
-# RUNNING on its node for minutes. Seen: a killed suite's requeued build held n1 for 18 min and the
-# next suite's two-node and idle-node waits timed out.
-if [[ "$already_up" == 0 ]]; then
-  mapfile -t stale < <(squeue -h -o %i)
-  if ((${#stale[@]})); then
-    echo "test: cancelling job(s) ${stale[*]} left in the controller's state by an earlier run" >&2
-    scancel "${stale[@]}" || true
-  fi
-fi
-# A private PostgreSQL for the shared-store tests (IDMCTL_DB_URL): the same up-once, stop-if-ours rule.
-PG_ROOT="${IDMCTL_PG_ROOT:-/tmp/idmctl-pg}"
-pg_already_up=0
-if [[ -s "$PG_ROOT/data/postmaster.pid" ]] && kill -0 "$(head -1 "$PG_ROOT/data/postmaster.pid")" 2>/dev/null; then pg_already_up=1; fi
-scripts/postgres/up.sh
-source "$PG_ROOT/env"
-stop_ours() {
-  if [[ "$already_up" == 0 ]]; then scripts/slurm/down.sh; fi
-  if [[ "$pg_already_up" == 0 ]]; then scripts/postgres/down.sh; fi
-}
-trap stop_ours EXIT
-# Two xdist workers; every test on the shared Slurm cluster runs in one group, one at a time
-# (tests/conftest.py). A run that picks tests by name (`-k EXPR`, `FILE::TEST`) runs in this process
-# instead: no workers to start, and breakpoints and -s work as usual. `-n N` given here wins (still
-# grouped: `--dist loadgroup` unless --dist is given too); `-p no:xdist` turns the workers off.
+# Two xdist workers, each with a Slurm cluster of its own (below), on which its Slurm tests run one at a
+# time (tests/conftest.py). A run that picks tests by name (`-k EXPR`, `FILE::TEST`) runs in this process
+# instead: no workers to start, and breakpoints and -s work as usual. `-n N` given here wins (one cluster for
+# all N workers: its tests grouped on one of them, `--dist loadgroup` unless --dist is given too); `-p no:xdist` turns the workers off.
 workers=(-n 2)
 dist=(--dist loadgroup)
 previous=""
@@ -71,5 +42,49 @@ for arg in "$@"; do
   esac
   previous=$arg
 done
+# Local Slurm clusters for the `slurm`-marked tests: up once, stopped on exit (only those this run
+# started). In CI their absence fails those tests instead of skipping them. One cluster per worker
+# (IDMCTL_SLURM_ROOTS: tests/conftest.py points worker k at the k-th), so that the Slurm tests, which
+# spend their time waiting on the scheduler's timers (GraceTime, requeue holds, TIMEOUT, sacct's lag),
+# wait on two clusters at once instead of one after another on one (1,032 s of the suite's tests did).
+# The second cluster has its own root, ports, MariaDB and job ids (FirstJobId 5001: its jobs' MASTER_PORT,
+# 15000 + id % 10000, and their cgroups never meet the first's).
+SLURM_ROOT="${IDMCTL_SLURM_ROOT:-/tmp/idmctl-slurm}"
+SLURM_PORT="${IDMCTL_SLURM_PORT:-17010}"
+slurm_roots=("$SLURM_ROOT")
+if [[ "${workers[*]}" == "-n 2" ]]; then slurm_roots+=("$SLURM_ROOT-2"); fi
+slurm_ours=()
+cluster_up() {  # cluster_up INDEX: bring up the INDEX-th cluster, cancel what a killed run left on it
+  local root="${slurm_roots[$1]}" port=$((SLURM_PORT + 20 * $1)) first=$((1 + 5000 * $1)) up=0 stale
+  if [[ -f "$root/env" ]] && (source "$root/env" && scontrol ping >/dev/null 2>&1); then up=1; fi
+  IDMCTL_SLURM_ROOT="$root" IDMCTL_SLURM_PORT="$port" IDMCTL_SLURM_FIRST_JOB_ID="$first" scripts/slurm/up.sh
+  # A cluster this run started had no one on it: any job its controller still lists is left from a run
+  # that was killed with the cluster (its job steps gone with it), and slurmctld would keep that job
+  # RUNNING on its node for minutes. Seen: a killed suite's requeued build held n1 for 18 min and the
+  # next suite's two-node and idle-node waits timed out.
+  if [[ "$up" == 0 ]]; then
+    slurm_ours+=("$root")
+    mapfile -t stale < <(source "$root/env" && squeue -h -o %i)
+    if ((${#stale[@]})); then
+      echo "test: cancelling job(s) ${stale[*]} left in $root's controller state by an earlier run" >&2
+      (source "$root/env" && scancel "${stale[@]}") || true
+    fi
+  fi
+}
+for index in "${!slurm_roots[@]}"; do cluster_up "$index"; done
+source "$SLURM_ROOT/env"
+export IDMCTL_SLURM_ROOTS="${slurm_roots[*]}"
+# A private PostgreSQL for the shared-store tests (IDMCTL_DB_URL): the same up-once, stop-if-ours rule.
+PG_ROOT="${IDMCTL_PG_ROOT:-/tmp/idmctl-pg}"
+pg_already_up=0
+if [[ -s "$PG_ROOT/data/postmaster.pid" ]] && kill -0 "$(head -1 "$PG_ROOT/data/postmaster.pid")" 2>/dev/null; then pg_already_up=1; fi
+scripts/postgres/up.sh
+source "$PG_ROOT/env"
+stop_ours() {
+  local root
+  for root in "${slurm_ours[@]}"; do IDMCTL_SLURM_ROOT="$root" scripts/slurm/down.sh; done
+  if [[ "$pg_already_up" == 0 ]]; then scripts/postgres/down.sh; fi
+}
+trap stop_ours EXIT
 # --durations=25: every run ends with where its time went (a later --durations in "$@" wins).
 .venv/bin/python -m pytest "${workers[@]}" "${dist[@]}" --durations=25 "$@"

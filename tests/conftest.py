@@ -1,17 +1,18 @@
 """Shared fixtures: every test gets its own ``$IDMCTL_HOME``; CLI tests drive typer's CliRunner; tests on
 the shared local Slurm cluster take ``local_slurm`` (or ``slurm_home``) and run one at a time.
 
-scripts/test.sh runs the suite on two pytest-xdist workers (``--dist loadgroup``). Each worker is its
-own process with its own temporary directory, so environment variables, the working directory and
-module-level caches never cross workers; what the workers do share is the machine: the local Slurm
-cluster, PostgreSQL (each test gets a database of its own: tests/pg_support.py), ports (always
-picked free, never fixed) and /dev/shm. Every ``slurm``-marked test that runs jobs joins one
-``xdist_group`` (slurm_support.SLURM_GROUP), so a test that stops slurmdbd, changes a QoS or fills the
-queue never overlaps another job test on the cluster. A test that only reads the cluster is marked
-``cluster_reader`` instead: it stays out of the group and runs on either worker, beside the job
-tests, holding the cluster's state lock shared so that it never runs during a change
-(slurm_support.cluster_changing). xdist's loadgroup puts the largest work unit first, so the group's
-worker starts on the cluster at once and the other worker takes everything else.
+scripts/test.sh runs the suite on two pytest-xdist workers (``--dist loadgroup``), each with a local
+Slurm cluster of its own (tests/slurm_support.py points worker gwK at the K-th of ``IDMCTL_SLURM_ROOTS``).
+Each worker is its own process with its own temporary directory, so environment variables, the working
+directory and module-level caches never cross workers; what the workers do share is the machine:
+PostgreSQL (each test gets a database of its own: tests/pg_support.py), ports (always picked free, never
+fixed) and /dev/shm. A worker runs one test at a time, so a test that stops slurmdbd, changes a QoS or
+fills the queue never overlaps another job test on its cluster. With one cluster for all workers (a run
+that brought up one by hand, or ``-n 3``), every ``slurm``-marked test that runs jobs joins one
+``xdist_group`` (slurm_support.SLURM_GROUP) instead: one worker runs them one after another. A test that
+only reads the cluster is marked ``cluster_reader``: it stays out of the group and runs on either worker,
+beside the job tests, holding the cluster's state lock shared so that it never runs during a change
+(slurm_support.cluster_changing).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ground.contract import ENV_CLUSTER, ENV_EXPERIMENTS, ENV_HOME, ENV_NOTIFY
-from slurm_support import SLURM_GROUP, cluster_reading
+from slurm_support import cluster_group_marks, cluster_reading
 
 # Tests share helpers by module name across the mirrored folders (tests/idmctl/ops/test_eval_jobs.py:
 # `from test_train import run_trainer`, which lives in tests/trainers/): every test folder is on sys.path
@@ -69,7 +70,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.slurm)
         if (item.get_closest_marker("slurm") is not None and item.get_closest_marker("xdist_group") is None
                 and item.get_closest_marker("cluster_reader") is None):
-            item.add_marker(pytest.mark.xdist_group(SLURM_GROUP))
+            for mark in cluster_group_marks():
+                item.add_marker(mark)
     yield
     if config.getoption("loadgroup", default=False):
         for item in items:

@@ -19,12 +19,51 @@ import pytest
 from ground.processes import alive
 from net_support import free_port
 
+
+
+def _clusters() -> list[str]:
+    """The local clusters scripts/test.sh brought up, one per worker (``IDMCTL_SLURM_ROOTS``, space-separated
+    roots); empty when it named none (a cluster brought up by hand, or none)."""
+    return os.environ.get("IDMCTL_SLURM_ROOTS", "").split()
+
+
+def _use_this_workers_cluster() -> None:
+    """Point this pytest process, and every command it starts, at its own cluster: worker gwK takes the
+    K-th of ``IDMCTL_SLURM_ROOTS`` (modulo their number), a process that is no worker the first. Set in
+    the environment before anything reads it: the fixtures, the benchmark modules and the CLI all find
+    the cluster through ``SLURM_CONF`` and ``IDMCTL_SLURM_ROOT``."""
+    roots = _clusters()
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not roots or not worker.startswith("gw"):
+        return
+    root = roots[int(worker[2:]) % len(roots)]
+    os.environ["IDMCTL_SLURM_ROOT"] = root
+    os.environ["SLURM_CONF"] = str(Path(root) / "etc" / "slurm.conf")
+
+
+_use_this_workers_cluster()
+
+
+def cluster_per_worker() -> bool:
+    """Whether every worker has a cluster of its own: then its Slurm tests need no group, since a worker
+    runs one test at a time. Decided alike in every worker (each collects the tests itself)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    return workers > 1 and len(_clusters()) >= workers
+
+
 ENV_FILE = Path(os.environ.get("IDMCTL_SLURM_ROOT", "/tmp/idmctl-slurm")) / "env"
-# The pytest-xdist group of every test that uses the shared cluster (tests/conftest.py puts each
-# ``slurm``-marked test in it): one worker runs them one after another, so a test that stops slurmdbd,
-# changes a QoS or fills both nodes never overlaps another one's jobs. A test that reaches the cluster
-# without needing it (the benchmarks measure sbatch when it is there) joins it by name.
+# With one cluster for all workers, the pytest-xdist group of every test that uses it (tests/conftest.py
+# puts each ``slurm``-marked test in it): one worker runs them one after another, so a test that stops
+# slurmdbd, changes a QoS or fills both nodes never overlaps another one's jobs. A test that reaches the
+# cluster without needing it (the benchmarks measure sbatch when it is there) joins it by name
+# (``cluster_group_marks``). With a cluster per worker no test needs the group.
 SLURM_GROUP = "local_slurm"
+
+
+def cluster_group_marks() -> list[pytest.MarkDecorator]:
+    """The marks that keep a test off every other job test's cluster time: the group, unless each worker
+    has a cluster of its own."""
+    return [] if cluster_per_worker() else [pytest.mark.xdist_group(SLURM_GROUP)]
 
 
 def slurm_conf() -> str:

@@ -7,7 +7,10 @@
 # Idempotent: daemons already alive (checked by pid file, /proc state and comm) are left alone.
 # `--clean` stops everything and wipes the state first. Exports land in $ROOT/env (source it).
 # Knobs: IDMCTL_SLURM_ROOT (default /tmp/idmctl-slurm), IDMCTL_SLURM_PORT (first of 10 ports,
-# default 17010), IDMCTL_SLURM_DBD=0 (no accounting: no QoS, no sacct), IDMCTL_SLURM_CGROUP=no.
+# default 17010; MariaDB's port moves with it, 3307 for the default), IDMCTL_SLURM_FIRST_JOB_ID (default
+# 1), IDMCTL_SLURM_DBD=0 (no accounting: no QoS, no sacct), IDMCTL_SLURM_CGROUP=no. A second cluster on
+# the same host (scripts/test.sh starts one per pytest worker) takes its own root and port, and job ids
+# of its own: both clusters' nodes are named n1/n2, and slurmd's cgroups are per node name and job id.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -18,7 +21,8 @@ WITH_DBD="${IDMCTL_SLURM_DBD:-1}"
 CLUSTER=idmctl
 NODES=(n1 n2)
 HOST="$(hostname -s)"
-DB_PORT=3307
+DB_PORT=$((3307 + PORT - 17010))
+FIRST_JOB_ID="${IDMCTL_SLURM_FIRST_JOB_ID:-1}"
 
 if [[ "${1:-}" == "--clean" ]]; then
   "$HERE/down.sh" || true
@@ -96,6 +100,7 @@ ETC="$ROOT/etc"
   echo "MailProg=/bin/true"
   echo "ReturnToService=2"
   echo "MinJobAge=300"
+  echo "FirstJobId=$FIRST_JOB_ID"
   echo "InactiveLimit=0"
   echo "KillWait=5"
   echo "SchedulerType=sched/backfill"

@@ -14,7 +14,7 @@ import pytest
 
 from bench.common import Figure
 from bench.run import MODULES, _section
-from slurm_support import SLURM_GROUP
+from slurm_support import cluster_group_marks
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -81,7 +81,7 @@ def test_gpu_proof_says_why_without_a_gpu(monkeypatch: pytest.MonkeyPatch):
 
 # The modules that time real sbatch/sacct calls on the shared cluster (the others never reach it). Those
 # that put jobs on it join the cluster tests' xdist group (submit_overhead's real submissions ask for
-# core-own, which may preempt a job test's sub job); one that only reads the cluster (sync_jobs: one sacct
+# core-own, which may preempt a job test's sub job: unless each worker has a cluster of its own); one that only reads the cluster (sync_jobs: one sacct
 # and one scontrol per sync of recorded jobs, nothing submitted) holds the cluster's state lock shared
 # and runs on either worker, like the other modules.
 ON_THE_SHARED_CLUSTER = {"bench.build_jobs", "bench.sync_jobs", "bench.submit_overhead"}
@@ -91,7 +91,7 @@ READS_THE_SHARED_CLUSTER = {"bench.sync_jobs"}
 def _cluster_marks(module: str) -> list[pytest.MarkDecorator]:
     if module in READS_THE_SHARED_CLUSTER:
         return [pytest.mark.cluster_reader]
-    return [pytest.mark.xdist_group(SLURM_GROUP)] if module in ON_THE_SHARED_CLUSTER else []
+    return cluster_group_marks() if module in ON_THE_SHARED_CLUSTER else []
 
 
 def test_the_modules_on_the_shared_cluster_are_the_ones_that_read_slurm_conf() -> None:
