@@ -1,10 +1,9 @@
 """A new SQLite store starts as a copy of an empty-schema template, built once per schema.
 
-Both stores under ``$IDMCTL_HOME`` build their schema by running migrations on first open: MLflow's
-(~2.9 s of CPU for MLflow 3.17, ~65 tables) and idmctl's own Alembic history (~0.1–0.4 s). Every new
-home pays them in its first command, and a Slurm job pays them on the compute node inside its wall
-clock. So the migrations run once, into a template in the user's cache directory named after the schema
-it holds, and a new store is a file copy of it. Whatever cannot be cached (a read-only or full cache
+MLflow builds its SQLite store by running its migrations on first open (~2.9 s of CPU for MLflow 3.17,
+~65 tables): every new home pays them in its first command, and a Slurm job pays them on the compute
+node inside its wall clock. So the migrations run once, into a template in the user's cache directory
+named after the schema it holds, and a new store is a file copy of it. Whatever cannot be cached (a read-only or full cache
 directory) leaves the migrations to the caller, exactly as before.
 """
 
