@@ -26,8 +26,9 @@ else
 fi
 # Two xdist workers, each with a Slurm cluster of its own (below), on which its Slurm tests run one at a
 # time (tests/conftest.py). A run that picks tests by name (`-k EXPR`, `FILE::TEST`) runs in this process
-# instead: no workers to start, and breakpoints and -s work as usual. `-n N` given here wins (one cluster for
-# all N workers: its tests grouped on one of them, `--dist loadgroup` unless --dist is given too); `-p no:xdist` turns the workers off.
+# instead: no workers to start, and breakpoints and -s work as usual. `-n N` given here wins (one cluster
+# for all N workers: its tests grouped on one of them, `--dist loadgroup` unless --dist is given too);
+# `-p no:xdist` turns the workers off.
 workers=(-n 2)
 dist=(--dist loadgroup)
 previous=""
@@ -44,7 +45,7 @@ for arg in "$@"; do
 done
 # Local Slurm clusters for the `slurm`-marked tests: up once, stopped on exit (only those this run
 # started). In CI their absence fails those tests instead of skipping them. One cluster per worker
-# (IDMCTL_SLURM_ROOTS: tests/conftest.py points worker k at the k-th), so that the Slurm tests, which
+# (IDMCTL_SLURM_ROOTS: tests/slurm_support.py points worker gwK at the K-th), so that the Slurm tests, which
 # spend their time waiting on the scheduler's timers (GraceTime, requeue holds, TIMEOUT, sacct's lag),
 # wait on two clusters at once instead of one after another on one (1,032 s of the suite's tests did).
 # The second cluster has its own root, ports, MariaDB and job ids (FirstJobId 5001: its jobs' MASTER_PORT,

@@ -20,7 +20,6 @@ from ground.processes import alive
 from net_support import free_port
 
 
-
 def _clusters() -> list[str]:
     """The local clusters scripts/test.sh brought up, one per worker (``IDMCTL_SLURM_ROOTS``, space-separated
     roots); empty when it named none (a cluster brought up by hand, or none)."""
@@ -38,7 +37,19 @@ def _use_this_workers_cluster() -> None:
         return
     root = roots[int(worker[2:]) % len(roots)]
     os.environ["IDMCTL_SLURM_ROOT"] = root
-    os.environ["SLURM_CONF"] = str(Path(root) / "etc" / "slurm.conf")
+    conf = _conf_in(Path(root) / "env")
+    if conf:
+        os.environ["SLURM_CONF"] = conf
+
+
+def _conf_in(env_file: Path) -> str | None:
+    """The ``SLURM_CONF`` a cluster's env file (scripts/slurm/up.sh writes it) exports, if it exists."""
+    if not env_file.exists():
+        return None
+    for line in env_file.read_text().splitlines():
+        if line.startswith("export SLURM_CONF="):
+            return line.split("=", 1)[1]
+    return None
 
 
 _use_this_workers_cluster()
@@ -67,11 +78,7 @@ def cluster_group_marks() -> list[pytest.MarkDecorator]:
 
 
 def slurm_conf() -> str:
-    conf = os.environ.get("SLURM_CONF")
-    if not conf and ENV_FILE.exists():
-        for line in ENV_FILE.read_text().splitlines():
-            if line.startswith("export SLURM_CONF="):
-                conf = line.split("=", 1)[1]
+    conf = os.environ.get("SLURM_CONF") or _conf_in(ENV_FILE)
     if not conf or not Path(conf).exists():
         if os.environ.get("CI"):
             pytest.fail("CI needs the local Slurm cluster: SLURM_CONF is not set (scripts/test.sh brings it up)")

@@ -26,4 +26,3 @@ def upgrade(url: str) -> None:
     config.set_main_option("script_location", str(MIGRATIONS_DIR))
     config.set_main_option("sqlalchemy.url", url)
     command.upgrade(config, "head")
-

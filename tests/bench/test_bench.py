@@ -80,10 +80,10 @@ def test_gpu_proof_says_why_without_a_gpu(monkeypatch: pytest.MonkeyPatch):
 
 
 # The modules that time real sbatch/sacct calls on the shared cluster (the others never reach it). Those
-# that put jobs on it join the cluster tests' xdist group (submit_overhead's real submissions ask for
-# core-own, which may preempt a job test's sub job: unless each worker has a cluster of its own); one that only reads the cluster (sync_jobs: one sacct
-# and one scontrol per sync of recorded jobs, nothing submitted) holds the cluster's state lock shared
-# and runs on either worker, like the other modules.
+# that put jobs on it join the cluster tests' xdist group unless each worker has a cluster of its own
+# (submit_overhead's real submissions ask for core-own, which may preempt a job test's sub job); one that
+# only reads the cluster (sync_jobs: one sacct and one scontrol per sync of recorded jobs, nothing
+# submitted) holds the cluster's state lock shared and runs on either worker, like the other modules.
 ON_THE_SHARED_CLUSTER = {"bench.build_jobs", "bench.sync_jobs", "bench.submit_overhead"}
 READS_THE_SHARED_CLUSTER = {"bench.sync_jobs"}
 
