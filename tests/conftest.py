@@ -73,9 +73,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             for mark in cluster_group_marks():
                 item.add_marker(mark)
     yield
+    _longest_first(items)
     if config.getoption("loadgroup", default=False):
         for item in items:
             _group_in_node_id(item)
+
+
+def _longest_first(items: list[pytest.Item]) -> None:
+    """The `slow` and `slurm` tests first, each part in its collection order. xdist hands a worker its next
+    test when it runs low, in this order, so a long test collected last (the trainer tests sit at the end of
+    the tree) ran alone while the other workers had finished: the 84 such tests held 2,750 s of the suite's
+    3,530 s of test time (-n 3, 80 tests ≥ 15 s). Started first, they finish beside the short ones."""
+    def is_long(item: pytest.Item) -> bool:
+        return item.get_closest_marker("slow") is not None or item.get_closest_marker("slurm") is not None
+
+    items[:] = [item for item in items if is_long(item)] + [item for item in items if not is_long(item)]
 
 
 def _group_in_node_id(item: pytest.Item) -> None:

@@ -63,6 +63,7 @@ def test_smoke_runs_the_gpu_precision_on_cpu(tiny_cache) -> None:
     assert fp32["losses"] != report["losses"]  # bf16 rounding changes the numbers: the autocast was on
 
 
+@pytest.mark.slow
 def test_gpu_sh_runs_the_whole_proof_on_cpu_and_says_it_was_not_a_gpu(tmp_path: Path) -> None:
     out = tmp_path / "proof"
     done = subprocess.run(["bash", str(REPO_ROOT / "bench" / "gpu.sh"), "--device", "cpu", str(out)],

@@ -150,6 +150,7 @@ def test_cli_build_then_inspect(cli, quick: tuple[ExperimentSpec, list[str]]) ->
     assert "built by        text_conditioning: zeros" in shown.output
 
 
+@pytest.mark.slow
 def test_the_spec_names_the_models_the_build_job_and_its_preflight_load(
         quick: tuple[ExperimentSpec, list[str]], tmp_path: Path, cli) -> None:
     """``data.models`` is where a build job (``submit --build hidden``) finds real weights: the builder

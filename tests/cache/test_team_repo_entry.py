@@ -217,6 +217,7 @@ def _interrupt_after_step_2(root: Path, run_dir: Path, tmp_path: Path) -> tuple[
     return code, "".join(seen) + stderr.read()
 
 
+@pytest.mark.slow
 def test_a_preempted_run_checkpoints_exits_75_and_resumes_where_it_stopped(tiny_cache, tmp_path: Path) -> None:
     root = fixed_copy(tmp_path)
     spec = team_spec(tiny_cache, selected=[0, 2])

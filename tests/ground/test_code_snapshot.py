@@ -183,6 +183,7 @@ def test_gc_keeps_what_an_unfinished_chain_uses_and_frees_the_rest(repo: Path, t
     assert usage(store).snapshots == 1
 
 
+@pytest.mark.slow
 def test_resume_runs_the_chains_snapshot_and_code_current_moves_it_through_the_gate(
         cli, tiny_cache, monkeypatch: pytest.MonkeyPatch) -> None:
     """On the local executor, in a copy of the project whose tree changes between attempts."""

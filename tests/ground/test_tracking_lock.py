@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from ground.contract import ENV_HOME
 
 OPEN_STORE = """
@@ -21,6 +23,7 @@ print("ok")
 """
 
 
+@pytest.mark.slow
 def test_three_processes_initialise_one_new_store_without_crashing(idmctl_home: Path):
     env = {**os.environ, ENV_HOME: str(idmctl_home)}
     procs = [subprocess.Popen([sys.executable, "-c", OPEN_STORE], env=env, stdout=subprocess.PIPE,

@@ -130,6 +130,7 @@ def reported_steps(read_end: int) -> list[int]:
     return [int.from_bytes(data[i:i + 4], "little") for i in range(0, len(data) - len(data) % 4, 4)]
 
 
+@pytest.mark.slow
 def test_fifty_sigkills_during_saves_always_resume_from_the_newest_whole_checkpoint(fabric, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     run_dir.mkdir()

@@ -73,6 +73,7 @@ def _busy_children(pid: int) -> list[int]:
     return busy
 
 
+@pytest.mark.slow
 def test_frames_under_load_resets_and_collections_are_never_noise_and_are_functions_of_the_state(cpu_hog) -> None:
     from trainers.sim.env import Camera, frame_gradient, is_noise, make_env
 

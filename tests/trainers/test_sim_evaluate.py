@@ -46,6 +46,7 @@ class OraclePolicy:
         return torch.stack([self.by_hidden[h.numpy().tobytes()] for h in hidden])
 
 
+@pytest.mark.slow
 def test_oracle_actions_replay_exactly_and_an_untrained_model_does_not(sim_spec) -> None:
     from trainers.evaluate import ChunkPolicy
     from trainers.sim.evaluate import SimEEFEvaluator

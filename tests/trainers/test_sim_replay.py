@@ -40,6 +40,7 @@ def test_demo_file_has_robomimic_layout_with_frames_and_env_args(demo_file: Path
         assert np.linalg.norm(eef[-1] - eef[0]) > 0.02
 
 
+@pytest.mark.slow
 def test_replaying_recorded_actions_reproduces_the_eef_track(demo_file: Path) -> None:
     from trainers.sim.replay import replay_episodes
 

@@ -226,6 +226,7 @@ def test_a_half_written_checkpoint_is_never_resumed(tmp_path: Path) -> None:
     assert latest_checkpoint(tmp_path) == complete
 
 
+@pytest.mark.slow
 def test_an_injected_nan_stops_at_once_fails_again_when_rerun_and_a_rollback_skips_its_batches(tiny_cache,
                                                                                                  tmp_path: Path) -> None:
     # One run directory through three starts, each a real trainer process: the NaN attempt, a plain rerun,
@@ -255,6 +256,7 @@ def test_an_injected_nan_stops_at_once_fails_again_when_rerun_and_a_rollback_ski
     assert all(torch.isfinite(w).all() for w in weights.values())
 
 
+@pytest.mark.slow
 def test_a_resume_from_an_older_checkpoint_supersedes_the_points_after_it(tiny_cache, tmp_path: Path) -> None:
     """Attempt 1 logs steps 1..10 and stops at step 11 (a NaN: no checkpoint of it; a node that died hard
     looks the same) with its last checkpoint at step 8. Attempt 2, the chain's rollback, resumes from 8

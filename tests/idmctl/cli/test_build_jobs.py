@@ -53,6 +53,7 @@ def slot_dir(spec: Path, slot: str) -> Path:
 
 # -- in-process: the gate, bad input, a real ENOSPC --------------------------------------------------
 
+@pytest.mark.slow
 def test_build_submit_needs_a_passing_build_preflight(cli, idmctl_home: Path) -> None:
     spec = write_spec(idmctl_home, "gate")
     refused = cli("submit", str(spec), "--build", "rgb")
@@ -108,6 +109,7 @@ def test_latent_build_of_a_spec_without_latent_section_is_bad_input(cli) -> None
     assert ":latent: --build pt needs a latent section" in result.stderr and result.stderr.count("\n") == 1
 
 
+@pytest.mark.slow
 def test_real_enospc_prints_the_disk_full_marker_and_classifies(idmctl_home: Path) -> None:
     """The latent builder on an 8 KiB tmpfs (2 pages; 9 files of 1.3 kB need 9) (its own mount namespace): the kernel's ENOSPC, not a quote."""
     from idmctl.ops.failures.classify import classify

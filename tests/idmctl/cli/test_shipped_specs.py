@@ -41,6 +41,7 @@ def test_every_shipped_spec_is_listed_here() -> None:
 
 
 @pytest.mark.parametrize("experiment", sorted(MAKE_DATA))
+@pytest.mark.slow
 def test_a_cpu_scale_spec_goes_from_nothing_to_a_passing_preflight(cli, idmctl_home: Path, experiment: str) -> None:
     assert not idmctl_home.exists()
     for step in MAKE_DATA[experiment]:

@@ -26,6 +26,7 @@ def run_eval(run_dir: Path, step: int) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, env=trainer_env(), cwd=REPO_ROOT, timeout=300)
 
 
+@pytest.mark.slow
 def test_eval_job_scores_a_checkpoint_into_the_chains_run_at_its_step(tiny_cache, tmp_path: Path) -> None:
     from mlflow.tracking import MlflowClient
 

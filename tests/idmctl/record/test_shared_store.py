@@ -166,6 +166,7 @@ def test_a_store_from_a_newer_schema_is_refused(cli, store_backend: str) -> None
     assert "upgrade idmctl to the team's version" in line and "://***@" in line
 
 
+@pytest.mark.slow
 def test_trainer_logs_to_a_shared_mlflow_server_backed_by_postgresql(tiny_cache, tmp_path: Path, monkeypatch) -> None:
     """`idmctl ui`'s server on a PostgreSQL backend (the team's `mlflow` database: MLflow keeps its own
     alembic_version, so never the store's database), the real trainer logging to it over HTTP, and
