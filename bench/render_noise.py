@@ -32,7 +32,8 @@ only the cyclic garbage collector frees them, at an allocation count rather than
 program. When it does, it deletes the current env's framebuffer and leaves no context current:
 every frame until the next reset is garbage, so rendering again cannot help. Load only changes
 when the collector runs. EGL on Mesa is reliable once each renderer owns its context
-(``mujoco.Renderer`` makes it current for every frame and is closed explicitly), so the project
+(``trainers.sim.env.Camera``, like ``mujoco.Renderer``, makes it current for every frame and is closed
+explicitly), so the project
 stays on EGL rather than OSMesa.
 """
 

@@ -90,25 +90,24 @@ class LiftPolicy:
         return np.concatenate([delta, np.zeros(3), [gripper]])
 
 
-def _record_one(env: Any, name: str, horizon: int, camera_size: int, image_key: str) -> RecordedDemo:
+def _record_one(env: Any, camera: Camera, name: str, horizon: int, image_key: str) -> RecordedDemo:
     started = time.perf_counter()
     env.reset()
+    camera.follow(env.sim)  # a hard reset built a new model (the cube's size changes; meshes do not)
     settle_controllers(env)
     obs = env._get_observations(force_update=True)
     table_z = float(obs["cube_pos"][2])
     policy = LiftPolicy()
     model_file = env.sim.model.get_xml()
     actions, states, observations = [], [], {key: [] for key in (*OBS_KEYS, image_key)}
-    # A hard reset builds a new model: one camera per episode, closed before the next reset.
-    with Camera(env.sim, camera_size) as camera:
-        for _ in range(horizon):
-            states.append(np.array(env.sim.get_state().flatten()))
-            for key in OBS_KEYS:
-                observations[key].append(np.array(obs[key]))
-            observations[image_key].append(camera.frame())
-            action = policy.act(obs)
-            actions.append(action)
-            obs, _, _, _ = env.step(action)
+    for _ in range(horizon):
+        states.append(np.array(env.sim.get_state().flatten()))
+        for key in OBS_KEYS:
+            observations[key].append(np.array(obs[key]))
+        observations[image_key].append(camera.frame())
+        action = policy.act(obs)
+        actions.append(action)
+        obs, _, _, _ = env.step(action)
     lifted = float(obs["cube_pos"][2]) > table_z + 0.04
     return RecordedDemo(
         name=name,
@@ -140,15 +139,20 @@ def collect_demos(
     env = make_env(env_name, seed=seed)
     image_key = f"{CAMERA}_image"
     demos = []
+    camera = None
     try:
+        # One camera for every demo: its render context outlives the hard resets (~1 s of CPU a demo saved).
+        camera = Camera(env.sim, camera_size)
         for index in range(n):
-            demo = _record_one(env, f"demo_{index}", horizon, camera_size, image_key)
+            demo = _record_one(env, camera, f"demo_{index}", horizon, image_key)
             demos.append(demo)
             if progress is not None:
                 progress(demo, index, n)
         env_args = {"env_name": env_name, "type": 1, "env_version": _robosuite_version(),
                     "env_kwargs": env_kwargs(env, camera_size)}
     finally:
+        if camera is not None:
+            camera.close()
         env.close()
     n_valid = default_valid(n) if valid is None else valid
     names = [d.name for d in demos]

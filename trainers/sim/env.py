@@ -9,9 +9,9 @@ the thread's current context. Every later frame until the next reset is then wha
 buffer held: noise, or a stale copy of the previous frame. That was the quickstart's "agentview
 camera renders noise twice in a row" (details and the experiments: ``bench/render_noise.py``).
 
-:class:`Camera` renders with MuJoCo's own ``mujoco.Renderer``, which makes its context current on
-every frame and is closed explicitly by whoever opened it; robosuite envs are built without a
-renderer (``has_offscreen_renderer=False``).
+:class:`Camera` renders with MuJoCo's own GL calls (what ``mujoco.Renderer`` does), making its context
+current on every frame; it is closed explicitly by whoever opened it, and robosuite envs are built
+without a renderer (``has_offscreen_renderer=False``).
 """
 
 from __future__ import annotations
@@ -104,13 +104,42 @@ def is_noise(frame: np.ndarray) -> bool:
     return frame_gradient(frame) > NOISE_GRADIENT
 
 
-class Camera:
-    """Square frames of one fixed camera of a robosuite sim, upright, rendered by ``mujoco.Renderer``.
+RENDER_ASSET_PREFIXES = ("tex_", "mesh_", "hfield_", "skin_", "flex_")
+"""Model fields whose arrays a render context holds copies of (textures, meshes, height fields, skins,
+flexes: what ``mjr_makeContext`` uploads). Geoms, bodies and materials are read per frame from the scene."""
 
-    Bound to the sim's model: a hard ``env.reset()`` builds a new model, so open a camera after the
-    reset and close it before the next one (``with Camera(env.sim, 64) as camera: ...``). Same
-    scene as robosuite's camera observation (visual meshes, not collision meshes); ``fast`` turns
-    off shadows, reflections and multisampling (a step with a frame 2.0× as fast on llvmpipe: bench/sim.py).
+
+def render_assets(model: Any) -> bytes:
+    """A digest of everything a render context copies from ``model``: two models with equal digests draw
+    the same picture of equal positions from one context. Lift's hard reset changes the cube's size (a
+    box geom, drawn from the scene), never a mesh or a texture, so its digest stays the same."""
+    import hashlib
+
+    digest = hashlib.blake2b(digest_size=16)
+    for name in sorted(dir(model)):
+        value = getattr(model, name) if name.startswith(RENDER_ASSET_PREFIXES) else None
+        if isinstance(value, np.ndarray):
+            digest.update(name.encode())
+            digest.update(str(value.shape).encode())
+            digest.update(np.ascontiguousarray(value).tobytes())
+    for name in ("ntex", "nmesh", "nhfield", "nskin", "nflex"):
+        digest.update(f"{name}={getattr(model, name)}".encode())
+    visual = model.vis
+    digest.update(np.array([visual.global_.offwidth, visual.global_.offheight, visual.quality.offsamples,
+                            visual.quality.shadowsize]).tobytes())
+    return digest.digest()
+
+
+class Camera:
+    """Square frames of one fixed camera of a robosuite sim, upright, rendered by MuJoCo's own GL calls.
+
+    A hard ``env.reset()`` builds a new model: call :meth:`follow` with the new sim after each one. The
+    render context (a GL context and MuJoCo's copy of the model's meshes and textures: ~1 s of llvmpipe
+    CPU for the Panda's 352k mesh vertices) is kept when the new model's render assets are the same
+    (:func:`render_assets`) and rebuilt otherwise. Same scene as robosuite's camera observation (visual
+    meshes, not collision meshes); ``fast`` turns off shadows, reflections and multisampling (a step with
+    a frame 2.0× as fast on llvmpipe: bench/sim.py). Close it explicitly (``with Camera(env.sim, 64) as
+    camera: ...``): the GL context is made current before every frame and freed by whoever opened it.
 
     Every frame is checked: one that nothing was drawn into, or that is noise, raises
     :class:`RenderError` rather than entering a data set.
@@ -120,28 +149,60 @@ class Camera:
         prepare_robosuite()
         import mujoco
 
-        model = sim.model._model
-        self._model, self._data = model, sim.data._data
-        self._scratch = mujoco.MjData(model)
-        self._camera_id = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_CAMERA, camera)
-        if self._camera_id < 0:
-            raise ValueError(f"the model has no camera {camera!r}")
-        self.camera, self.size = camera, size
+        self.camera, self.size, self.fast = camera, size, fast
+        self.contexts_made = 0
+        """Render contexts built so far: 1 plus one per :meth:`follow` onto a model with other assets."""
+        self._gl: Any = None
+        self._context: Any = None
+        self._assets = b""
         self._option = mujoco.MjvOption()
         self._option.geomgroup[0] = 0  # collision meshes (robosuite: render_collision_mesh=False)
         self._option.geomgroup[1] = 1  # visual meshes (robosuite: render_visual_mesh=True)
+        self._rect = mujoco.MjrRect(0, 0, size, size)
+        self.follow(sim)
+
+    def follow(self, sim: Any) -> None:
+        """Draw ``sim`` from now on (after a hard reset, the new one): the render context is rebuilt only
+        when the new model's meshes, textures or offscreen buffer differ from the last one's."""
+        import mujoco
+
+        model = sim.model._model
+        camera_id = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_CAMERA, self.camera)
+        if camera_id < 0:
+            raise ValueError(f"the model has no camera {self.camera!r}")
+        if model.vis.global_.offwidth < self.size or model.vis.global_.offheight < self.size:
+            raise ValueError(f"a {self.size}×{self.size} frame exceeds the model's offscreen buffer "
+                             f"({model.vis.global_.offwidth}×{model.vis.global_.offheight})")
         # The context's framebuffer takes the model's multisampling when it is made: 4 samples (robosuite's
         # default) cost 45 ms of llvmpipe CPU per 64×64 frame, none 26 ms. The model keeps its own value.
         samples = model.vis.quality.offsamples
-        if fast:
+        if self.fast:
             model.vis.quality.offsamples = 0
         try:
-            self._renderer = mujoco.Renderer(model, height=size, width=size)
+            assets = render_assets(model)
+            if self._context is None or assets != self._assets:
+                self._make_context(model)
+                self._assets = assets
         finally:
             model.vis.quality.offsamples = samples
-        if fast:
-            self._renderer.scene.flags[mujoco.mjtRndFlag.mjRND_SHADOW] = 0
-            self._renderer.scene.flags[mujoco.mjtRndFlag.mjRND_REFLECTION] = 0
+        self._model, self._data, self._camera_id = model, sim.data._data, camera_id
+        self._scratch = mujoco.MjData(model)
+        self._scene = mujoco.MjvScene(model, maxgeom=10_000)
+        if self.fast:
+            self._scene.flags[mujoco.mjtRndFlag.mjRND_SHADOW] = 0
+            self._scene.flags[mujoco.mjtRndFlag.mjRND_REFLECTION] = 0
+
+    def _make_context(self, model: Any) -> None:
+        import mujoco
+        from mujoco.rendering.classic.gl_context import GLContext
+
+        self._free_context()
+        if self._gl is None:
+            self._gl = GLContext(self.size, self.size)
+        self._gl.make_current()
+        self._context = mujoco.MjrContext(model, mujoco.mjtFontScale.mjFONTSCALE_150.value)
+        mujoco.mjr_setBuffer(mujoco.mjtFramebuffer.mjFB_OFFSCREEN.value, self._context)
+        self.contexts_made += 1
 
     def frame(self) -> np.ndarray:
         """The camera's view of the sim's current positions, (size, size, 3) uint8, rows top-down.
@@ -150,17 +211,9 @@ class Camera:
         is a function of ``sim.get_state()`` alone (after ``mj_step`` the sim's own geom poses lag
         its joint positions by one physics substep) and the sim's data is never touched.
         """
-        import mujoco
-
-        if self._renderer is None:
+        if self._context is None:
             raise RenderError(f"the {self.camera} camera is closed")
-        scratch = self._scratch
-        scratch.qpos[:] = self._data.qpos
-        scratch.mocap_pos[:] = self._data.mocap_pos
-        scratch.mocap_quat[:] = self._data.mocap_quat
-        mujoco.mj_fwdPosition(self._model, scratch)
-        self._renderer.update_scene(scratch, camera=self._camera_id, scene_option=self._option)
-        frame = self._renderer.render(out=np.zeros((self.size, self.size, 3), dtype=np.uint8))
+        frame = self._render()
         if not frame.any():
             raise RenderError(f"the {self.camera} camera drew nothing (MUJOCO_GL={os.environ.get('MUJOCO_GL')}): "
                               f"run `idmctl doctor`")
@@ -169,10 +222,41 @@ class Camera:
                               f"{NOISE_GRADIENT:.0f}; MUJOCO_GL={os.environ.get('MUJOCO_GL')}): run `idmctl doctor`")
         return frame
 
+    def _render(self) -> np.ndarray:
+        import mujoco
+
+        scratch = self._scratch
+        scratch.qpos[:] = self._data.qpos
+        scratch.mocap_pos[:] = self._data.mocap_pos
+        scratch.mocap_quat[:] = self._data.mocap_quat
+        mujoco.mj_fwdPosition(self._model, scratch)
+        mujoco.mjv_updateScene(self._model, scratch, self._option, None, self._view(),
+                               mujoco.mjtCatBit.mjCAT_ALL.value, self._scene)
+        self._gl.make_current()
+        mujoco.mjr_render(self._rect, self._scene, self._context)
+        pixels = np.zeros((self.size, self.size, 3), dtype=np.uint8)
+        mujoco.mjr_readPixels(pixels, None, self._rect, self._context)
+        return np.ascontiguousarray(np.flipud(pixels))  # OpenGL's rows run bottom-up
+
+    def _view(self) -> Any:
+        import mujoco
+
+        view = mujoco.MjvCamera()
+        view.type = mujoco.mjtCamera.mjCAMERA_FIXED
+        view.fixedcamid = self._camera_id
+        return view
+
+    def _free_context(self) -> None:
+        if self._context is not None:
+            self._gl.make_current()  # MuJoCo frees the context's GL objects in whatever context is current
+            self._context.free()
+            self._context = None
+
     def close(self) -> None:
-        if self._renderer is not None:
-            self._renderer.close()
-            self._renderer = None
+        if self._gl is not None:
+            self._free_context()
+            self._gl.free()
+            self._gl = None
 
     def __enter__(self) -> Camera:
         return self
@@ -181,7 +265,7 @@ class Camera:
         self.close()
 
     def __del__(self) -> None:
-        # A camera left open is closed by the garbage collector: mujoco's close frees our context only.
+        # A camera left open is closed by the garbage collector: it frees its own context only.
         try:
             self.close()
         except Exception:
