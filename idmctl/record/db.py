@@ -23,7 +23,7 @@ from sqlmodel import Session, create_engine
 from ground.contract import ENV_HOME
 from ground.errors import UserError
 from ground.paths import db_path
-from idmctl.record.migrate import known_revisions, upgrade
+from idmctl.record.migrate import known_revisions, seed_new_store, upgrade
 from idmctl.record.url import shared_url
 
 from idmctl.record.head import HEAD_REVISION  # noqa: E402  (re-exported: store_db.HEAD_REVISION)
@@ -121,6 +121,8 @@ def _engine_for(path: str) -> Engine:
     db_file = Path(path)
     if _stored_revision(db_file) != HEAD_REVISION:  # cheap check without the lock: the usual case
         with _init_lock(db_file):
+            if not db_file.exists():
+                seed_new_store(db_file)
             stored = _stored_revision(db_file)
             if stored is not None and stored not in known_revisions():
                 raise UserError(f"the store is at schema {stored}, newer than this idmctl knows (head {HEAD_REVISION})",

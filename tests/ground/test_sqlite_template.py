@@ -70,3 +70,32 @@ def test_a_cache_that_cannot_be_written_seeds_nothing(tmp_path: Path) -> None:
     calls: list[Path] = []
     assert seed_from_template(tmp_path / "s.sqlite", cache / "t.sqlite", _build_counting(calls)) is False
     assert not (tmp_path / "s.sqlite").exists()
+
+
+def test_a_seeded_idmctl_store_is_the_one_alembic_migrates(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from idmctl.record import db as store_db
+    from idmctl.record.migrate import template_path, upgrade
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    migrated = tmp_path / "migrated.sqlite"
+    upgrade(f"sqlite:///{migrated}")
+    seeded = tmp_path / "home" / "idmctl.sqlite"
+    store_db.open_store(seeded)
+    assert template_path().parent == tmp_path / "cache" / "idmctl" and template_path().exists()
+    assert schema_of(seeded) == schema_of(migrated)
+    assert schema_of(seeded)[1] == [(store_db.HEAD_REVISION,)]
+    # WAL already, as every connection of ours sets it: concurrent first connections switching a DELETE-mode
+    # store at once get "database is locked" without a busy wait.
+    with closing(sqlite3.connect(template_path())) as template:
+        assert template.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+    assert not Path(f"{template_path()}-wal").exists()
+
+
+def test_an_unwritable_cache_still_gets_a_migrated_idmctl_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from idmctl.record import db as store_db
+
+    (tmp_path / "cache").write_text("not a directory")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    store_db.open_store(tmp_path / "home" / "idmctl.sqlite")
+    with sqlite3.connect(tmp_path / "home" / "idmctl.sqlite") as db:
+        assert db.execute("SELECT version_num FROM alembic_version").fetchone() == (store_db.HEAD_REVISION,)

@@ -45,8 +45,9 @@ def test_sixteen_simultaneous_first_opens_all_succeed_and_every_write_lands(idmc
     wait_until(lambda: len(list(ready.iterdir())) == FIRST_OPENS, 240, f"{FIRST_OPENS} processes to import idmctl")
     start.touch()
     results = [proc.communicate(timeout=300) for proc in procs]
-    failures = [err.strip().splitlines()[-1] for proc, (out, err) in zip(procs, results) if proc.returncode != 0]
-    assert not failures, f"{len(failures)} of {FIRST_OPENS} first opens failed: {failures[:3]}"
+    failures = [err.strip() for proc, (out, err) in zip(procs, results) if proc.returncode != 0]
+    assert not failures, (f"{len(failures)} of {FIRST_OPENS} first opens failed; last lines: "
+                          f"{[failure.splitlines()[-1:] for failure in failures[:3]]}; the first in full:\n{failures[0]}")
     # The same on SQLite (init lock) and on the team's PostgreSQL (advisory lock; IDMCTL_DB_URL is inherited).
     from sqlalchemy import text
 
