@@ -33,7 +33,10 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.usefixtures("slur
 
 def _trainer_pid(run_dir: Path) -> int | None:
     """The trainer process of this test's job: `python -m trainers.train --run-dir RUN_DIR` (a process
-    this test started through Slurm; found by its unique run directory, killed by pid)."""
+    this test started through Slurm; found by its unique run directory, killed by pid). Not the `srun`
+    that launched it, whose command line holds the same words: killing srun has Slurm stop the step with
+    SIGTERM, the trainer's cue to checkpoint and exit 75, and that checkpoint could land after the job
+    had ended (seen: the survivors ended at step 15 and the rerun resumed at 16)."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -41,7 +44,8 @@ def _trainer_pid(run_dir: Path) -> int | None:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"trainers.train" in argv and str(run_dir).encode() in argv:
+        if (b"trainers.train" in argv and str(run_dir).encode() in argv
+                and Path(argv[0].decode(errors="replace")).name != "srun"):
             return int(entry.name)
     return None
 
@@ -60,6 +64,7 @@ def test_trainer_sigkilled_on_the_cluster_leaves_only_whole_checkpoints_and_the_
     os.kill(pid, signal.SIGKILL)
     wait_until(lambda: sacct_state(job["scheduler_id"]) not in ("", "RUNNING", "PENDING", "COMPLETING"), 120,
                f"job {job['scheduler_id']} to end after the kill")
+    wait_until(lambda: _trainer_pid(run_dir) is None, 60, "no trainer process of the job left")
     survivors = complete_checkpoints(run_dir)
     assert survivors, "the kill came after two checkpoints"
     for step, path in survivors:  # a name is a promise: every checkpoint under its name is whole
