@@ -3,9 +3,9 @@
 Both stores under ``$IDMCTL_HOME`` build their schema by running migrations on first open: MLflow's
 (~2.9 s of CPU for MLflow 3.17, ~65 tables) and idmctl's own Alembic history (~0.1–0.4 s). Every new
 home pays them in its first command, and a Slurm job pays them on the compute node inside its wall
-clock. So the migrations run once, into a template in the user's cache directory
-named after the schema it holds, and a new store is a file copy of it. Whatever cannot be cached (a
-read-only or full cache directory) leaves the migrations to the caller, exactly as before.
+clock. So the migrations run once, into a template in the user's cache directory named after the schema
+it holds, and a new store is a file copy of it. Whatever cannot be cached (a read-only or full cache
+directory) leaves the migrations to the caller, exactly as before.
 """
 
 from __future__ import annotations

@@ -150,8 +150,7 @@ class Camera:
         import mujoco
 
         self.camera, self.size, self.fast = camera, size, fast
-        self.contexts_made = 0
-        """Render contexts built so far: 1 plus one per :meth:`follow` onto a model with other assets."""
+        self.contexts_made = 0  # 1, plus one per follow() onto a model with other render assets
         self._gl: Any = None
         self._context: Any = None
         self._assets = b""
@@ -185,7 +184,10 @@ class Camera:
                 self._assets = assets
         finally:
             model.vis.quality.offsamples = samples
-        self._model, self._data, self._camera_id = model, sim.data._data, camera_id
+        self._model, self._data = model, sim.data._data
+        self._view = mujoco.MjvCamera()
+        self._view.type = mujoco.mjtCamera.mjCAMERA_FIXED
+        self._view.fixedcamid = camera_id
         self._scratch = mujoco.MjData(model)
         self._scene = mujoco.MjvScene(model, maxgeom=10_000)
         if self.fast:
@@ -230,21 +232,13 @@ class Camera:
         scratch.mocap_pos[:] = self._data.mocap_pos
         scratch.mocap_quat[:] = self._data.mocap_quat
         mujoco.mj_fwdPosition(self._model, scratch)
-        mujoco.mjv_updateScene(self._model, scratch, self._option, None, self._view(),
+        mujoco.mjv_updateScene(self._model, scratch, self._option, None, self._view,
                                mujoco.mjtCatBit.mjCAT_ALL.value, self._scene)
         self._gl.make_current()
         mujoco.mjr_render(self._rect, self._scene, self._context)
         pixels = np.zeros((self.size, self.size, 3), dtype=np.uint8)
         mujoco.mjr_readPixels(pixels, None, self._rect, self._context)
         return np.ascontiguousarray(np.flipud(pixels))  # OpenGL's rows run bottom-up
-
-    def _view(self) -> Any:
-        import mujoco
-
-        view = mujoco.MjvCamera()
-        view.type = mujoco.mjtCamera.mjCAMERA_FIXED
-        view.fixedcamid = self._camera_id
-        return view
 
     def _free_context(self) -> None:
         if self._context is not None:
