@@ -12,17 +12,25 @@
 # BENCHMARKS.md on machines without a GPU. `--device cpu` runs every line at reduced sizes (CI:
 # tests/bench/test_gpu_bench.py); its figures say "not measured on a GPU".
 #
-# The device image has torch, numpy, pyyaml and lightning but not pydantic. Before the run, on the
-# developer machine, put its wheels in .whl/ (ignored: echo /.whl/ >> .git/info/exclude) and carry it:
-#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 -d .whl \
-#       pydantic pydantic-core annotated-types typing-inspection
+# The device image (Python 3.12) has torch, numpy, pyyaml, lightning, transformers and huggingface_hub
+# 1.x, but not pydantic, diffusers, h5py, safetensors or lightning_fabric. Before the run, on the
+# developer machine, put their wheels in .whl/ (ignored: echo /.whl/ >> .git/info/exclude), name .whl in
+# the run's carry, and leave huggingface_hub out: the image's transformers refuses hub 2.x at import
+# (diffusers then fails to import its Wan VAE), and its hub 1.x is one diffusers accepts:
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
+#       --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 -d .whl \
+#       pydantic pydantic-core annotated-types typing-inspection typing-extensions diffusers h5py safetensors \
+#       lightning-fabric lightning-utilities importlib-metadata zipp regex filelock fsspec tqdm packaging \
+#       pillow requests urllib3 certifi idna charset-normalizer click anyio h11 truststore pyyaml
+# (the versions .venv has: `pip freeze` there). Measured this way on a lent H200 on 2026-12-04: the
+# whole script took 72 s, bench/gpu_result.json and bench/gpu_proof.json are that run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PY="${PYTHON:-python3}"
 [[ -x .venv/bin/python ]] && .venv/bin/python -c "import torch" 2>/dev/null && PY=.venv/bin/python
-if ! "$PY" -c "import pydantic, yaml" 2>/dev/null; then
-  compgen -G ".whl/*.whl" >/dev/null || { echo "gpu.sh: error: pydantic missing and no .whl/ to install it from (see the header)" >&2; exit 2; }
+if ! "$PY" -c "import pydantic, yaml, diffusers, h5py, safetensors, lightning_fabric" 2>/dev/null; then
+  compgen -G ".whl/*.whl" >/dev/null || { echo "gpu.sh: error: pydantic, diffusers, h5py, safetensors or lightning_fabric missing and no .whl/ to install them from (see the header)" >&2; exit 2; }
   "$PY" -m pip install --quiet --no-deps --no-index --target .whl/site .whl/*.whl
   export PYTHONPATH="$PWD/.whl/site${PYTHONPATH:+:$PYTHONPATH}"
 fi
