@@ -24,11 +24,17 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-from typer.testing import CliRunner
+from ground.startup import settled, starting
 
-from ground.contract import ENV_CLUSTER, ENV_EXPERIMENTS, ENV_HOME, ENV_NOTIFY
-from slurm_support import cluster_group_marks, cluster_reading
+# Collection imports torch, MLflow, diffusers and robosuite through the test modules: each worker starts
+# as a trainer does, with the collector off until then (ground/startup.py), and collects again afterwards.
+starting()
+
+import pytest  # noqa: E402
+from typer.testing import CliRunner  # noqa: E402
+
+from ground.contract import ENV_CLUSTER, ENV_EXPERIMENTS, ENV_HOME, ENV_NOTIFY  # noqa: E402
+from slurm_support import cluster_group_marks, cluster_reading  # noqa: E402
 
 # Tests share helpers by module name across the mirrored folders (tests/idmctl/ops/test_eval_jobs.py:
 # `from test_train import run_trainer`, which lives in tests/trainers/): every test folder is on sys.path
@@ -77,6 +83,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if config.getoption("loadgroup", default=False):
         for item in items:
             _group_in_node_id(item)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    settled()
 
 
 def _longest_first(items: list[pytest.Item]) -> None:

@@ -36,9 +36,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import torch
+from ground.startup import settled, starting
 
-from cache.episodes import EpisodeFile
+if __name__ == "__main__":
+    starting()  # before torch and diffusers: their imports are most of a builder's start
+import torch  # noqa: E402  (after starting(), on purpose)
+
+from cache.episodes import EpisodeFile  # noqa: E402
 from cache.hidden import cache_file, check_matches, inspect_file, write_hidden
 from cache.latent.encoder import thread_count_invariant
 from ground.errors import UserError
@@ -128,6 +132,7 @@ def build_shard(spec: ExperimentSpec, rank: BuildRank, model_dir: str | None = N
     built_by = {"vae": str(vae_id), "transformer": str(tr_id)}
     todo = [demo for demo in mine if not is_cached(cache_file(root, demo, "safetensors"), data, built_by)]
     text = TextConditioning(spec, transformer.config.text_embed_dim, text_encoder_dir)
+    settled()  # the models are loaded: the loop below is the build
     for demo in tqdm(todo, desc=f"hidden cache [{index}/{world}]", disable=not show_progress):
         with rank.autocast(), thread_count_invariant(rank.device):
             hidden, stride = encode_demo(vae, transformer, text.for_demo(episodes, demo), episodes, demo, data,

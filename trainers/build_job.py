@@ -43,6 +43,7 @@ from ground.contract import (BUILD_MODES, ENV_CODE_VERSION, EXIT_OK, EXIT_REQUEU
 from ground.errors import UserError
 from ground.paths import REPO_ROOT
 from ground.spec.loader import ResolvedSpec
+from ground.startup import settled
 
 
 def builder_argv(run_dir: Path, mode: str, processes: int, port: int,
@@ -110,6 +111,7 @@ def run_job(run_dir: Path, mode: str, processes: int) -> int:
     print(f"build_job: {mode} of {resolved.name}: {before.total} files, {before.present} already built, "
           f"{processes} process(es) → {before.output_dir}", flush=True)
     logger = _logger(run_dir, resolved, mode)
+    settled()  # MLflow is set up: from here the job waits on its builders
     env = {**os.environ, "PYTHONPATH": f"{REPO_ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     started = time.time()
     argv, env = builder_argv(run_dir, mode, processes, _port(os.environ.get("SLURM_JOB_ID")), env)
@@ -262,5 +264,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from ground.startup import starting
+
+    starting()  # before MLflow: its import is most of a build job's start
     sys.exit(main())
 

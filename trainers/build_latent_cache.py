@@ -28,6 +28,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ground.startup import settled
+
 if TYPE_CHECKING:
     from ground.spec.loader import ResolvedSpec
 
@@ -76,6 +78,7 @@ def build(spec_name: "str | ResolvedSpec", mode: str, *, rank: int = 0, world_si
         pt_meta = share(pt_meta_for(latent) if rank == 0 else None)
     dataset = LatentCacheDataset(resolved.spec, build_only_slot=None if mode == "all" else mode, pt_meta=pt_meta,
                                  device=device)
+    settled()  # the encoders are loaded: the loop below is the build
     if rank == 0:  # alone, before anyone writes: a writer on another node has a pid this node cannot see
         for slot in slots:
             remove_dead_temp_files(dataset.layout.slot_dir(slot))
@@ -188,6 +191,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from ground.startup import starting
+
+    starting()  # before torch and diffusers: their imports are most of a builder's start
     sys.exit(main())
 
 

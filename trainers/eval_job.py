@@ -28,6 +28,7 @@ from ground.contract import EXIT_REQUEUE
 from ground.code_snapshot import refuse_unadmitted_code
 from ground.errors import UserError
 from ground.run_dir import RunSpec, read_run_spec
+from ground.startup import settled
 from trainers.checkpoint import checkpoint_path, complete_checkpoints, state_file, verify
 
 if TYPE_CHECKING:
@@ -67,6 +68,7 @@ def evaluate(run: RunSpec, step: int) -> dict[str, float]:
     logger = RunLogger.attach(run.run_dir)  # before the work: a chain with no run has nowhere to log
     model = load_weights(run, step, device)
     policy = ChunkPolicy(model, device, seed=spec.train.seed)
+    settled()  # the model and the MLflow run are loaded: the evaluation itself follows
     results: dict[str, float] = {}
     for evaluator in build_evaluators(spec, device):
         results.update(evaluator.evaluate(policy, list(spec.eval.episodes)))
@@ -109,4 +111,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from ground.startup import starting
+
+    starting()  # before torch, Fabric and MLflow: their imports are most of an evaluation's start
     sys.exit(main())

@@ -16,9 +16,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
+from ground.startup import settled, starting
 
-from ground.spec.schema import ExperimentSpec
+if __name__ == "__main__":
+    starting()  # before torch: its import is most of a smoke's start
+import torch  # noqa: E402  (after starting(), on purpose)
+
+from ground.spec.schema import ExperimentSpec  # noqa: E402
 
 
 def _device() -> torch.device:
@@ -78,6 +82,7 @@ def run_smoke(spec: ExperimentSpec, steps: int = 3, batch_size: int = 2, device:
     batches = iter(loader)
     losses, step_seconds = [], []
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_bf16)
+    settled()
     for step in range(steps):
         try:
             batch = next(batches)

@@ -43,6 +43,9 @@ from typing import TYPE_CHECKING, Any
 # remember the signal; StopSignals honours one that came first.
 EARLY_SIGNALS: list[int] = []
 if __name__ == "__main__":
+    from ground.startup import starting
+
+    starting()  # before torch: its import is most of a trainer's start
     for _sig in (signal.SIGUSR1, signal.SIGTERM):
         signal.signal(_sig, lambda signum, _frame: EARLY_SIGNALS.append(signum))
 
@@ -53,6 +56,7 @@ from ground.code_snapshot import refuse_unadmitted_code
 from ground.errors import UserError
 from ground.paths import atomic_write_text, sweep_dead_temp_files
 from ground.spec.schema import ExperimentSpec
+from ground.startup import settled
 from ground.run_events import START, append_event
 from ground.tracking import best_metric
 from trainers.checkpoint import Retention, checkpoint_bytes, checkpoint_dir, resume, save_checkpoint
@@ -240,6 +244,7 @@ def fit(fabric: "Fabric", run: RunSpec) -> int:
     inject_nan_at = 0 if nan_step is not None else int(os.environ.get(ENV_INJECT_NAN_AT_STEP, "0"))
     window = _Window()
     totals = _StatsKeeper(run.run_dir, fabric.device) if rank == 0 else None
+    settled()
 
     while state["step"] < spec.train.steps:
         step = state["step"] + 1
