@@ -31,7 +31,7 @@ fi
 # (`-k EXPR`, `FILE::TEST`) runs in this process instead: no workers to start, and breakpoints and -s work
 # as usual. `-n N` given here wins (one cluster for all N workers: its tests grouped on one of them,
 # `--dist loadgroup` unless --dist is given too); `-p no:xdist` turns the workers off.
-WORKERS=3
+WORKERS=4
 workers=(-n "$WORKERS")
 dist=(--dist loadgroup)
 previous=""
