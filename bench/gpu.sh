@@ -28,8 +28,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PY="${PYTHON:-python3}"
-[[ -x .venv/bin/python ]] && .venv/bin/python -c "import torch" 2>/dev/null && PY=.venv/bin/python
-if ! "$PY" -c "import pydantic, yaml, diffusers, h5py, safetensors, lightning_fabric" 2>/dev/null; then
+[[ -x .venv/bin/python ]] && .venv/bin/python -c "import importlib.util as u, sys; sys.exit(u.find_spec('torch') is None)" 2>/dev/null && PY=.venv/bin/python
+# find_spec, not import: importing diffusers alone costs ~4 s of CPU, and the run imports them all anyway.
+if ! "$PY" -c "import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in
+    ('pydantic', 'yaml', 'diffusers', 'h5py', 'safetensors', 'lightning_fabric')))" 2>/dev/null; then
   compgen -G ".whl/*.whl" >/dev/null || { echo "gpu.sh: error: pydantic, diffusers, h5py, safetensors or lightning_fabric missing and no .whl/ to install them from (see the header)" >&2; exit 2; }
   "$PY" -m pip install --quiet --no-deps --no-index --target .whl/site .whl/*.whl
   export PYTHONPATH="$PWD/.whl/site${PYTHONPATH:+:$PYTHONPATH}"

@@ -24,10 +24,11 @@ else
   [[ $setup_rc == 0 && $deps_rc == 0 ]] || exit 1
   rm -rf "$setup_logs"
 fi
-# Three xdist workers, each with a Slurm cluster of its own (below), on which its Slurm tests run one at a
-# time (tests/conftest.py). Three on two cores, not two: a third of the suite's wall time is tests waiting
-# on a scheduler's timers or a child process, and a third worker keeps both cores busy through those waits
-# (pytest 20:31 against 22:36 on two, 86 % of two cores against 77 %). A run that picks tests by name
+# Four xdist workers, each with a Slurm cluster of its own (below), on which its Slurm tests run one at a
+# time (tests/conftest.py). More workers than cores: much of the suite's wall time is tests waiting on a
+# scheduler's timers or a child process, and the extra workers keep both cores busy through those waits
+# (two workers: pytest 22:36, 77 % of two cores; three: 20:31, 86 %; on 2026-12-04, three: 13:14 and four:
+# 11:45 for the same code, an hour apart). A run that picks tests by name
 # (`-k EXPR`, `FILE::TEST`) runs in this process instead: no workers to start, and breakpoints and -s work
 # as usual. `-n N` given here wins (one cluster for all N workers: its tests grouped on one of them,
 # `--dist loadgroup` unless --dist is given too); `-p no:xdist` turns the workers off.
