@@ -7,6 +7,7 @@
 - ``tracking``  MLflow experiment, tag, param and metric names
 - ``geometry``  cache geometry: bytes per sample for a layer/frame selection
 - ``run_dir``   a run directory's ``spec.json``
+- ``startup``   a heavy process's start with the garbage collector off until it is set up
 - ``units``, ``paths``, ``errors``
 
 Imports point one way: ``ground`` imports nothing of ``idmctl``, ``cache`` or ``trainers``; the data

@@ -3,9 +3,10 @@
 A trainer, cache builder or build job spends most of its start importing torch, Fabric, MLflow and
 diffusers: ~540,000 objects that live as long as the process, which CPython's collector walks again and
 again while they pile up. Off until the process has built what it works with, then those objects frozen
-out of every later collection, the start costs ~20 % less CPU: importing torch + Fabric + MLflow's SQLite
-store took 4.8–5.0 s of user CPU with the collector and 3.7–4.0 s without (2026-12-04, 2 cores). The
-price: the ~10,000 objects in reference cycles that the imports leave behind (7.5 MB) are never freed.
+out of every later collection, the start costs less CPU: importing torch + Fabric + MLflow's SQLite store
+took 4.8–5.0 s of user CPU with the collector and 3.7–4.0 s without, and a whole tiny trainer run 5.5–6.4 s
+before and 3.6–3.9 s after (2026-12-04, 2 cores, 4 runs each). The price: the ~10,000 objects in
+reference cycles that the imports leave behind (7.5 MB) are never freed.
 
 ``starting()`` goes at the top of a ``__main__``, before the heavy imports; ``settled()`` where the
 process's loop begins. Called in a process that never called ``starting()`` (a library call from the
