@@ -43,7 +43,7 @@ from ground.contract import (BUILD_MODES, ENV_CODE_VERSION, EXIT_OK, EXIT_REQUEU
 from ground.errors import UserError
 from ground.paths import REPO_ROOT
 from ground.spec.loader import ResolvedSpec
-from ground.startup import settled
+from ground.startup import settled, starting
 
 
 def builder_argv(run_dir: Path, mode: str, processes: int, port: int,
@@ -264,8 +264,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from ground.startup import starting
-
     starting()  # before MLflow: its import is most of a build job's start
     sys.exit(main())
 

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ground.startup import settled
+from ground.startup import settled, starting
 
 if TYPE_CHECKING:
     from ground.spec.loader import ResolvedSpec
@@ -191,8 +191,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from ground.startup import starting
-
     starting()  # before torch and diffusers: their imports are most of a builder's start
     sys.exit(main())
 

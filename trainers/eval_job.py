@@ -28,7 +28,7 @@ from ground.contract import EXIT_REQUEUE
 from ground.code_snapshot import refuse_unadmitted_code
 from ground.errors import UserError
 from ground.run_dir import RunSpec, read_run_spec
-from ground.startup import settled
+from ground.startup import settled, starting
 from trainers.checkpoint import checkpoint_path, complete_checkpoints, state_file, verify
 
 if TYPE_CHECKING:
@@ -111,7 +111,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from ground.startup import starting
-
     starting()  # before torch, Fabric and MLflow: their imports are most of an evaluation's start
     sys.exit(main())

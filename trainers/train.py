@@ -37,14 +37,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ground.startup import settled, starting
+
 # A preemption notice (USR1) or a scancel (TERM) can arrive while torch is still importing — 6–9 s
 # on a loaded node — and Python's default action for both is to die: no checkpoint, no requeue, the
 # job ends FAILED 10:0 (seen on the shared test cluster). Until fit() installs the real handler,
 # remember the signal; StopSignals honours one that came first.
 EARLY_SIGNALS: list[int] = []
 if __name__ == "__main__":
-    from ground.startup import starting
-
     starting()  # before torch: its import is most of a trainer's start
     for _sig in (signal.SIGUSR1, signal.SIGTERM):
         signal.signal(_sig, lambda signum, _frame: EARLY_SIGNALS.append(signum))
@@ -56,7 +56,6 @@ from ground.code_snapshot import refuse_unadmitted_code
 from ground.errors import UserError
 from ground.paths import atomic_write_text, sweep_dead_temp_files
 from ground.spec.schema import ExperimentSpec
-from ground.startup import settled
 from ground.run_events import START, append_event
 from ground.tracking import best_metric
 from trainers.checkpoint import Retention, checkpoint_bytes, checkpoint_dir, resume, save_checkpoint
