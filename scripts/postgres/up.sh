@@ -2,7 +2,9 @@
 # Bring up a private PostgreSQL 15 cluster for the tests (and for trying a team store locally):
 # initdb into $ROOT/data, listening on 127.0.0.1:$PORT and a socket in $ROOT/run, one login role
 # `idmctl` (password `idmctl`, CREATEDB so each test can make its own database) owning the
-# databases `idmctl` and `mlflow`. Exports land in $ROOT/env (source it): IDMCTL_TEST_PG_URL is a
+# databases `idmctl` and `mlflow`, and a member of pg_signal_backend so a test's
+# `DROP DATABASE … WITH (FORCE)` may end an autovacuum worker that has just connected to the new
+# database (a CI run of 2026-12-04 failed a teardown on exactly that). Exports land in $ROOT/env (source it): IDMCTL_TEST_PG_URL is a
 # URL the tests create their own databases with.
 #
 # PostgreSQL refuses to run as root: as root the server runs as the `postgres` system user (Debian's
@@ -69,6 +71,9 @@ fi
 psql_admin() { as_owner "$BIN/psql" -h "$ROOT/run" -p "$PORT" -U postgres -d postgres -v ON_ERROR_STOP=1 -qtA "$@"; }
 if [[ -z "$(psql_admin -c "SELECT 1 FROM pg_roles WHERE rolname='$ROLE'")" ]]; then
   psql_admin -c "CREATE ROLE $ROLE LOGIN CREATEDB PASSWORD '$PASSWORD'"
+fi
+if [[ "$(psql_admin -c "SELECT pg_has_role('$ROLE', 'pg_signal_backend', 'MEMBER')")" != t ]]; then
+  psql_admin -c "GRANT pg_signal_backend TO $ROLE"
 fi
 for db in idmctl mlflow; do
   if [[ -z "$(psql_admin -c "SELECT 1 FROM pg_database WHERE datname='$db'")" ]]; then
