@@ -19,7 +19,7 @@ import yaml
 
 from ground.contract import ENV_CLUSTER
 from ground.tracking import TAG_CODE_VERSION
-from slurm_support import release_requeued, text_so_far, wait_until
+from slurm_support import release_requeued, sh, text_so_far, wait_until
 from snapshot_support import chain_rows, home, idmctl, job_row, project, submitted, sync_until_chain_ends  # noqa: F401
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -76,7 +76,13 @@ def test_the_team_repo_fails_as_6321_then_6262_and_once_fixed_runs_and_resumes_o
     assert smoke["status"] == "PASS" and smoke["numbers"]["entry"].startswith("bash scripts/") and \
         len(smoke["numbers"]["losses"]) == 3, smoke
 
-    # On the preemptible QoS, holding both of n1's CPUs: a core-own job that needs n1 can only run by
+    # The preemptor is submitted first, held, and released once the team's job is under way: a submit is a
+    # whole `idmctl` process, and under a CPU hog one took longer than the team's 10,000 steps had left
+    # (the job COMPLETED 3 s before the preemptor reached Slurm); a release is one RPC.
+    blocker = submitted(idmctl(project, home, "submit", "quickstart", "--entry", "tests.jobs_entry", "--qos", "core-own",
+                               "-c", "2", "--mem", "300MB", "--exclude", "n2", "--force", "--reason", "the preemptor",
+                               "--hold", "--json", **{**slurm_env, "IDMCTL_TEST_BEHAVIOR": "steps:3:0.2"}))
+    # On the preemptible QoS, holding both of n1's CPUs: the core-own job, which needs n1, can only run by
     # preempting it. No --force: the gate let the team's job in (--qos/-c/--exclude re-checked at submit).
     job = submitted(idmctl(project, home, "submit", SPEC, "--qos", "sub", "-c", "2", "--exclude", "n2", "--json",
                            **slurm_env))
@@ -86,15 +92,19 @@ def test_the_team_repo_fails_as_6321_then_6262_and_once_fixed_runs_and_resumes_o
         return [int(n) for n in re.findall(r"^IDMCTL_STEP step=(\d+)", text_so_far(log), re.M)]
 
     wait_until(lambda: max(steps_logged(), default=0) >= 50, 180, "the team's trainer to report step 50 in the job log")
-    blocker = submitted(idmctl(project, home, "submit", "quickstart", "--entry", "tests.jobs_entry", "--qos", "core-own",
-                               "-c", "2", "--mem", "300MB", "--exclude", "n2", "--force", "--reason", "the preemptor",
-                               "--json", **{**slurm_env, "IDMCTL_TEST_BEHAVIOR": "steps:3:0.2"}))
+    sh("scontrol", "release", blocker["scheduler_id"])
 
     def released_and_resumed() -> bool:
         release_requeued(job["scheduler_id"])
         return "resumed from checkpoint-" in text_so_far(log)
 
-    wait_until(released_and_resumed, 240, "the preempted team job to be requeued and resume from its checkpoint")
+    def seen() -> str:
+        states = {name: sh("sacct", "-n", "-X", "-P", "-j", ran["scheduler_id"], "-o", "State", check=False).split()
+                  for name, ran in (("team job", job), ("preemptor", blocker))}
+        return (f"the preempted team job to be requeued and resume from its checkpoint (Slurm states {states}; "
+                f"log tail: {text_so_far(log)[-600:]!r})")
+
+    wait_until(released_and_resumed, 240, seen)
     assert sync_until_chain_ends(project, home, job["chain"], timeout_s=300) == "COMPLETED", text_so_far(log)[-3000:]
     assert sync_until_chain_ends(project, home, blocker["chain"], timeout_s=60) == "COMPLETED"
     row = job_row(home, job["job"])
