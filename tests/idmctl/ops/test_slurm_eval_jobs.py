@@ -41,6 +41,13 @@ def test_a_preempted_trainer_resumes_at_its_checkpoint_and_an_eval_job_per_check
     spec = tiny_cache.spec_file(slurm_home / "specs", "tiny_eval", resources={"cpus": 2, "mem": "1500MB"},
                                 # keep_last 3: the preemption's own checkpoint must not push step 100 out
                                 train={"steps": total, "checkpoint_every": every, "log_every": 10, "keep_last": 3})
+    # The preemptor waits held and is released at the trainer's first logged step: a release is one RPC,
+    # where a submit at that point had the 200 tiny steps racing a whole `idmctl submit` (the team-repo
+    # test lost that race under a CPU hog).
+    monkeypatch.setenv("IDMCTL_TEST_BEHAVIOR", "steps:2:0.1")
+    high = _submit(cli, "quickstart", "--entry", "tests.jobs_entry", "--qos", "core-own", "-c", "2",
+                   "--mem", "500MB", "--exclude", "n2", "--hold")
+    monkeypatch.delenv("IDMCTL_TEST_BEHAVIOR")
     low = _submit(cli, str(spec), "--qos", "sub", "--exclude", "n2", "--eval", "each")
     evals = low["evals"]
     assert [e["step"] for e in evals] == [100, 200]
@@ -50,9 +57,7 @@ def test_a_preempted_trainer_resumes_at_its_checkpoint_and_an_eval_job_per_check
         assert line.startswith("PENDING|Dependency|afterok:" + low["scheduler_id"]), line
     log_path = Path(low["log"])
     wait_until(lambda: re.search(r"^step \d+/", text_so_far(log_path), re.M), 180, "the trainer's first logged step")
-    monkeypatch.setenv("IDMCTL_TEST_BEHAVIOR", "steps:2:0.1")
-    high = _submit(cli, "quickstart", "--entry", "tests.jobs_entry", "--qos", "core-own", "-c", "2",
-                   "--mem", "500MB", "--exclude", "n2")
+    sh("scontrol", "release", high["scheduler_id"])
 
     def restarted() -> bool:
         release_requeued(low["scheduler_id"])
