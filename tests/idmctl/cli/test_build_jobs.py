@@ -250,20 +250,23 @@ def test_two_rank_build_over_two_nodes_writes_the_one_rank_files(cli, slurm_home
 @pytest.mark.slow
 def test_build_preempted_on_sub_resumes_skipping_finished_files(cli, slurm_home: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    from slurm_support import release_requeued, text_so_far, wait_until
+    from slurm_support import release_requeued, sh, text_so_far, wait_until
 
-    # 12 demos × 19 starts = 228 RGB files: ~40 s at the ~6 files/s seen here, so the preemption (a few
-    # seconds after the core-own submit) lands mid-build.
-    spec = write_spec(slurm_home, "pre", demos=12, steps=41)
-    total = 228
-    low = _submit(cli, spec, "--build", "rgb", "--qos", "sub", "-c", "2", "--exclude", "n2", "--mem", "1500MB")
-    rgb_dir = slot_dir(spec, "rgb")
-    wait_until(lambda: len(files_in(rgb_dir)) >= 3, 180, "the sub build's first 3 files")
+    # 8 demos × 19 starts = 152 RGB files: ~25 s at the ~6 files/s seen here. The preemptor waits held and
+    # is released at the third file, so the preemption lands within Slurm's 5 s scheduling interval,
+    # mid-build, however slowly a submit runs under load.
+    spec = write_spec(slurm_home, "pre", demos=8, steps=41)
+    total = 152
     monkeypatch.setenv("IDMCTL_TEST_BEHAVIOR", "steps:2:0.1")
     # Wants both of n1's CPUs: it can only run by preempting the build.
     high = cli("submit", "quickstart", "--entry", "tests.jobs_entry", "--qos", "core-own", "-c", "2",
-               "--mem", "500MB", "--exclude", "n2", "--force", "--reason", "preempt the build", "--json")
+               "--mem", "500MB", "--exclude", "n2", "--force", "--reason", "preempt the build", "--json", "--hold")
     assert high.exit_code == 0, high.stderr
+    monkeypatch.delenv("IDMCTL_TEST_BEHAVIOR")
+    low = _submit(cli, spec, "--build", "rgb", "--qos", "sub", "-c", "2", "--exclude", "n2", "--mem", "1500MB")
+    rgb_dir = slot_dir(spec, "rgb")
+    wait_until(lambda: len(files_in(rgb_dir)) >= 3, 180, "the sub build's first 3 files")
+    sh("scontrol", "release", json.loads(high.stdout)["scheduler_id"])
     log = Path(low["log"])
 
     def restarted() -> bool:

@@ -200,10 +200,13 @@ def test_replay_preempted_three_times_in_one_chain(cli, tmp_path: Path, monkeypa
     log = Path(low["log"])
     monkeypatch.setenv("IDMCTL_TEST_BEHAVIOR", "steps:1:0.1")
     for preemption in range(1, 4):
+        # Each preemptor waits held and is released once the run steps: a release is one RPC, where a
+        # submit at that point spends the sub job's 18 s of work (three of them, under a CPU hog).
+        high = submit(cli, "quickstart", "--entry", "tests.jobs_entry", "--qos", "core-own", "-c", "2",
+                      "--mem", "300MB", "--exclude", "n2", "-J", f"own_{preemption}", "--hold")
         wait_until(lambda: squeue_state(low_id) == "RUNNING" and "entry: step" in text_so_far(log).split(
             f"restart {preemption - 1}")[-1], 90, f"run {preemption} of the sub job to step")
-        high = submit(cli, "quickstart", "--entry", "tests.jobs_entry", "--qos", "core-own", "-c", "2",
-                      "--mem", "300MB", "--exclude", "n2", "-J", f"own_{preemption}")
+        sh("scontrol", "release", high["scheduler_id"])
 
         def requeued_and_released() -> bool:
             if f"restart {preemption}" in text_so_far(log):
