@@ -4,8 +4,8 @@
 # `idmctl` (password `idmctl`, CREATEDB so each test can make its own database) owning the
 # databases `idmctl` and `mlflow`, and a member of pg_signal_backend so a test's
 # `DROP DATABASE … WITH (FORCE)` may end an autovacuum worker that has just connected to the new
-# database (a CI run of 2026-12-04 failed a teardown on exactly that). Exports land in $ROOT/env (source it): IDMCTL_TEST_PG_URL is a
-# URL the tests create their own databases with.
+# database (a CI run of 2026-12-04 failed a teardown on exactly that). Exports land in $ROOT/env
+# (source it): IDMCTL_TEST_PG_URL is a URL the tests create their own databases with.
 #
 # PostgreSQL refuses to run as root: as root the server runs as the `postgres` system user (Debian's
 # package creates it), otherwise as the calling user. Idempotent: a live server (pid file + /proc
