@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import pytest
 from sqlalchemy import text
 from sqlmodel import select
 
+from fork_support import failures_of, start_forked
 from ground.contract import ENV_DB_URL, ENV_HOME
 from idmctl.record import db as store_db
 from idmctl.record import session
@@ -25,27 +27,27 @@ from slurm_support import wait_until
 REPO = Path(__file__).resolve().parents[3]
 WRITERS = 8
 JOBS_EACH = 15
-# Each writer waits on a start file so all eight open the (new, unmigrated) store at the same moment.
-WRITE = """
-import os, sys, time
-from datetime import datetime, timezone
-open(sys.argv[2], "w").close()
-while not os.path.exists(sys.argv[1]):
-    time.sleep(0.005)
-from idmctl.record import session
-from idmctl.record.models import Chain, Failure, Job
-for k in range(int(sys.argv[3])):
-    with session() as db:
-        chain = Chain(experiment="shared", spec_hash=f"h{os.getpid()}")
-        db.add(chain)
-        db.flush()
-        job = Job(chain_id=chain.id, experiment="shared", scheduler_id=f"{os.getpid()}-{k}", state="FAILED",
-                  exit_code="1:0", started_at=datetime.now(timezone.utc), ended_at=datetime.now(timezone.utc))
-        db.add(job)
-        db.flush()
-        db.add(Failure(job_id=job.id, cause="python_exception", evidence=f"writer {os.getpid()} job {k}"))
-print("ok")
-"""
+
+
+def _write(start: Path, ready: Path, jobs: int) -> None:
+    """One writer: ready, then at the start signal ``jobs`` chains, each with a failed job and its failure."""
+    from datetime import datetime, timezone
+
+    from idmctl.record.models import Chain
+
+    ready.touch()
+    while not start.exists():
+        time.sleep(0.005)
+    for k in range(jobs):
+        with session() as db:
+            chain = Chain(experiment="shared", spec_hash=f"h{os.getpid()}")
+            db.add(chain)
+            db.flush()
+            job = Job(chain_id=chain.id, experiment="shared", scheduler_id=f"{os.getpid()}-{k}", state="FAILED",
+                      exit_code="1:0", started_at=datetime.now(timezone.utc), ended_at=datetime.now(timezone.utc))
+            db.add(job)
+            db.flush()
+            db.add(Failure(job_id=job.id, cause="python_exception", evidence=f"writer {os.getpid()} job {k}"))
 
 
 def _as(user: str) -> dict[str, str]:
@@ -59,15 +61,16 @@ def test_eight_writers_as_two_users_lose_nothing(store_backend: str, idmctl_home
     # Every writer's open is a first open of an empty store: migrations from empty under concurrency
     # (SQLite: the init lock, without which concurrent first opens crashed with "table chain already exists";
     # PostgreSQL: an advisory lock).
+    # Forked from this process (the store's modules imported, no store opened): real processes with their
+    # own engines and connections, without ~1 s of imports each.
     users = ["alice", "bob"] * (WRITERS // 2)
-    procs = [subprocess.Popen([sys.executable, "-c", WRITE, str(start), str(ready / str(k)), str(JOBS_EACH)],
-                              env=_as(user), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for k, user in enumerate(users)]
-    wait_until(lambda: len(list(ready.iterdir())) == WRITERS, 240, f"{WRITERS} writers to import idmctl")
+    writers = [start_forked(lambda k=k: _write(start, ready / str(k), JOBS_EACH), f"writer {k} ({user})",
+                            output=tmp_path / f"writer{k}.log", env={"LOGNAME": user, "USER": user})
+               for k, user in enumerate(users)]
+    wait_until(lambda: len(list(ready.iterdir())) == WRITERS, 240, f"{WRITERS} forked writers to be ready")
     start.touch()
-    results = [proc.communicate(timeout=300) for proc in procs]
-    failed = [err.strip().splitlines()[-3:] for proc, (_, err) in zip(procs, results) if proc.returncode != 0]
-    assert not failed, f"{len(failed)} of {WRITERS} writers failed: {failed[:3]}"
+    failed = failures_of(writers)
+    assert not failed, f"{len(failed)} of {WRITERS} writers failed; the first:\n{failed[0]}"
     with session() as db:
         jobs = db.exec(select(Job)).all()
         failures = db.exec(select(Failure)).all()

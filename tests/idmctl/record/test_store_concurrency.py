@@ -4,50 +4,49 @@ concurrent `idmctl jobs` on a fresh IDMCTL_HOME crashed 31 of 80 times ("table c
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
+import time
 from pathlib import Path
 
+import alembic.command  # noqa: F401  (imported before the fork: the children's first opens migrate at once)
+import alembic.config  # noqa: F401
 import pytest
 
+from fork_support import failures_of, start_forked
 from ground.contract import ENV_HOME
-
 from idmctl.record.db import HEAD_REVISION
+from idmctl.record.models import Fix
 from slurm_support import wait_until
 
 FIRST_OPENS = 16
-# Every process waits on a shared start file so that all of them open the store at the same moment
-# (process start-up on 2 shared cores otherwise spreads them over seconds).
-OPEN_AND_WRITE = """
-import os, sys, time
-import alembic.command, alembic.config
-from idmctl.record.db import session
-from idmctl.record.models import Fix
-start = sys.argv[1]
-open(sys.argv[2], "w").close()
-while not os.path.exists(start):
-    time.sleep(0.005)
-with session() as db:
-    db.add(Fix(note=f"writer {os.getpid()}"))
-print("ok")
-"""
+
+
+def _open_and_write(start: Path, ready: Path) -> None:
+    """One process's first open of the store, and a write: after the others are ready, at the same moment."""
+    from idmctl.record.db import session
+
+    ready.touch()
+    while not start.exists():
+        time.sleep(0.005)
+    with session() as db:
+        db.add(Fix(note=f"writer {os.getpid()}"))
 
 
 @pytest.mark.slow
 def test_sixteen_simultaneous_first_opens_all_succeed_and_every_write_lands(idmctl_home: Path, tmp_path: Path,
                                                                           store_backend: str):
-    start = tmp_path / "go"
-    env = {**os.environ, ENV_HOME: str(idmctl_home), "PYTHONPATH": str(Path(__file__).parents[3])}
-    ready = tmp_path / "ready"
+    # Sixteen processes forked from this one, which has imported SQLAlchemy, Alembic and the store's modules
+    # but opened no store: each makes its own engine and connection, and all of them first-open the store
+    # at once (a fresh interpreter each spent ~1 s of CPU importing that; seen in the suite: 31 s for both
+    # backends). A start file holds them back until the last one is ready.
+    start, ready = tmp_path / "go", tmp_path / "ready"
     ready.mkdir()
-    procs = [subprocess.Popen([sys.executable, "-c", OPEN_AND_WRITE, str(start), str(ready / str(k))], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for k in range(FIRST_OPENS)]
-    wait_until(lambda: len(list(ready.iterdir())) == FIRST_OPENS, 240, f"{FIRST_OPENS} processes to import idmctl")
+    children = [start_forked(lambda k=k: _open_and_write(start, ready / str(k)), f"first open {k}",
+                             output=tmp_path / f"open{k}.log", env={ENV_HOME: str(idmctl_home)})
+                for k in range(FIRST_OPENS)]
+    wait_until(lambda: len(list(ready.iterdir())) == FIRST_OPENS, 240, f"{FIRST_OPENS} forked processes to be ready")
     start.touch()
-    results = [proc.communicate(timeout=300) for proc in procs]
-    failures = [err.strip() for proc, (out, err) in zip(procs, results) if proc.returncode != 0]
-    assert not failures, (f"{len(failures)} of {FIRST_OPENS} first opens failed; last lines: "
-                          f"{[failure.splitlines()[-1:] for failure in failures[:3]]}; the first in full:\n{failures[0]}")
+    failures = failures_of(children)
+    assert not failures, f"{len(failures)} of {FIRST_OPENS} first opens failed; the first in full:\n{failures[0]}"
     # The same on SQLite (init lock) and on the team's PostgreSQL (advisory lock; IDMCTL_DB_URL is inherited).
     from sqlalchemy import text
 
