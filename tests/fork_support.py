@@ -94,6 +94,19 @@ def failures_of(children: list[Forked], deadline_s: float = 300.0) -> list[str]:
     return failed
 
 
+def sigkill_at_fsync_of(marker: str) -> None:
+    """From now on this process SIGKILLs itself in the ``os.fsync`` of a file whose path holds ``marker``
+    (``".demo_1.safetensors.tmp"``: that file's bytes written, not yet renamed). Only inside a forked action."""
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        if marker in os.readlink(f"/proc/self/fd/{fd}"):
+            os.kill(os.getpid(), signal.SIGKILL)
+        real_fsync(fd)
+
+    os.fsync = fsync
+
+
 def sigkill_at_fsync(nth: int) -> None:
     """From now on this process SIGKILLs itself in its ``nth`` ``os.fsync``: a writer's bytes are all written
     and not yet renamed into place, the worst moment to die. Call it only inside ``run_forked``'s action."""

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from cache.episodes import Demo, EpisodeFile, write_episodes
+from fork_support import run_forked, sigkill_at_fsync_of
 from ground.paths import REPO_ROOT, expand_path, sweep_dead_temp_files, temp_files
 
 KILL_IN_FSYNC_OF = """
@@ -82,6 +83,7 @@ def test_a_killed_hidden_cache_build_is_swept_by_the_rerun(tmp_path: Path, monke
 
     from ground.spec import load_spec
     from trainers.build_hidden_cache import build_hidden_cache
+    from trainers.cosmos_encode import load_models
 
     use_hidden_quick(monkeypatch, tmp_path)
     spec = load_spec("quickstart").spec
@@ -89,9 +91,16 @@ def test_a_killed_hidden_cache_build_is_swept_by_the_rerun(tmp_path: Path, monke
         **d.obs, "robot0_agentview_image": np.zeros((6, 24, 24, 3), dtype=np.uint8)}) for d in _demos()],
         {"env_name": "Lift"}, {"train": ["demo_0"], "valid": ["demo_1"]})
     root = expand_path(spec.data.cache_root)
-    _killed(".demo_1.safetensors.tmp", "from ground.spec import load_spec\n"
-            "from trainers.build_hidden_cache import build_hidden_cache\n"
-            "build_hidden_cache(load_spec('quickstart').spec)\n")
+
+    def killed_in_the_fsync_of_demo_1() -> None:
+        sigkill_at_fsync_of(".demo_1.safetensors.tmp")
+        build_hidden_cache(load_spec("quickstart").spec)
+
+    # The builder in a child forked from this process: the same real process and SIGKILL as a fresh
+    # `python -c`, without its ~10 s of CPU importing torch and diffusers again. Loading the models here
+    # first imports diffusers in this process, which the rebuild below needs anyway.
+    load_models(spec.data)
+    assert run_forked(killed_in_the_fsync_of_demo_1, "the hidden builder killed in demo_1's fsync") == -9
     assert [p.name.split(".tmp")[0] for p in temp_files(root)] == [".demo_1.safetensors"]
     summary = build_hidden_cache(spec)
     assert (summary["built"], summary["skipped"]) == (1, 1)
