@@ -131,6 +131,28 @@ def test_shm_enospc_from_dataloader_workers_overflowing_a_small_dev_shm(tmp_path
     assert found.detail["frame"] == f"{script}:11"
 
 
+# The log of the suite's replay of 5845 when the DataLoader's main process hung after a worker's ENOSPC
+# (copied from its job log): the worker's traceback, then the watchdog's hang marker 125 s later.
+SHM_ENOSPC_THEN_HANG = """\
+idmctl: watchdog on n1: hang when the heartbeat stops for max(10 × s/step, 120 s), checked every 5 s
+replay_shm_overflow 0770b149aade: world 1, grad_accum 1, fresh start at step 0
+Traceback (most recent call last):
+RuntimeError: unable to allocate shared memory(shm) for file </torch_8431_1006298694_5>: No space left on device (28)
+idmctl: watchdog: no heartbeat for 125.0 s since step 0 at 2026-12-07T03:52:23.361+00:00 > max(10 × no step timed yet, 120 s) = 120.0 s; dumping every rank's Python stacks (SIGUSR2)
+IDMCTL_FAILURE cause=hang node=n1 step=0 last_beat=2026-12-07T03:52:23.361+00:00 silent_s=125.0 threshold_s=120.0 k=10 floor_s=120 s_per_step=none
+srun: error: n1: task 0: Killed
+idmctl: trainer exited 79 at 2026-12-07T03:54:30+00:00
+"""
+
+
+def test_a_hang_after_a_dev_shm_enospc_is_the_enospc() -> None:
+    found = classify("FAILED", exit_code="79:0", log_tail=SHM_ENOSPC_THEN_HANG, started=True)
+    assert found.cause == "shm_enospc"  # stop and fix the loader, not exclude the node and hang again
+    assert any("No space left on device" in line for line in found.evidence)
+    alone = "\n".join(line for line in SHM_ENOSPC_THEN_HANG.splitlines() if "No space left" not in line)
+    assert classify("FAILED", exit_code="79:0", log_tail=alone, started=True).cause == "hang"
+
+
 @pytest.mark.skipif(not can_mount_tmpfs(), reason="needs root and unshare to mount a private tmpfs")
 def test_stage_failed_from_a_real_cp_into_a_full_disk(tmp_path: Path) -> None:
     source = tmp_path / "cache.bin"

@@ -34,6 +34,8 @@ SAMPLES: dict[str, tuple[str, str, str, bool]] = {
                                    "DUE TO NODE FAILURE, SEE SLURMCTLD LOG FOR DETAILS ***", True),
     "node_unfit": ("FAILED", f"{contract.EXIT_NODE_UNFIT}:0", f"{contract.FAILURE_MARKER} cause=node_unfit node=n2 "
                    "phase=stage check=shm shm_free_bytes=0 shm_need_bytes=4194304 stale_segments=3", True),
+    "shm_enospc": ("FAILED", "1:0", "RuntimeError: unable to write to file </torch_1234_567_0>: "
+                                    "No space left on device (28) /dev/shm", True),
     "hang": ("FAILED", f"{contract.EXIT_HANG}:0", f"{contract.FAILURE_MARKER} cause=hang node=n2 step=5 silent_s=31", True),
     "timeout": ("FAILED", "1:0", "slurmstepd: error: *** JOB 58 ON n1 CANCELLED AT 2026-11-30T10:01:02 "
                                  "DUE TO TIME LIMIT ***", True),
@@ -43,8 +45,6 @@ SAMPLES: dict[str, tuple[str, str, str, bool]] = {
                                       "'/scratch/cache/x.pt': No space left on device", True),
     "nan_loss": ("FAILED", f"{contract.EXIT_NAN}:0", f"{contract.FAILURE_MARKER} cause=nan_loss step=12", True),
     "oom_cuda": ("FAILED", "1:0", "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", True),
-    "shm_enospc": ("FAILED", "1:0", "RuntimeError: unable to write to file </torch_1234_567_0>: "
-                                    "No space left on device (28) /dev/shm", True),
     # The build job's markers (trainers.build_job / the builders), as they print them.
     "disk_full": ("FAILED", "1:0", f"{contract.FAILURE_MARKER} cause={contract.CAUSE_DISK_FULL} path=/cache/"
                                    "5x32x32_rgb/.demo_3_s0.safetensors.tmp77: No space left on device", True),
