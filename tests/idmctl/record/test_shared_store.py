@@ -21,7 +21,7 @@ from fork_support import failures_of, start_forked
 from ground.contract import ENV_DB_URL, ENV_HOME
 from idmctl.record import db as store_db
 from idmctl.record import session
-from idmctl.record.models import Failure, Job
+from idmctl.record.models import Chain, Failure, Job
 from slurm_support import wait_until
 
 REPO = Path(__file__).resolve().parents[3]
@@ -32,8 +32,6 @@ JOBS_EACH = 15
 def _write(start: Path, ready: Path, jobs: int) -> None:
     """One writer: ready, then at the start signal ``jobs`` chains, each with a failed job and its failure."""
     from datetime import datetime, timezone
-
-    from idmctl.record.models import Chain
 
     ready.touch()
     while not start.exists():
@@ -106,7 +104,7 @@ def test_submit_to_the_shared_store_goes_through_the_orm(store_backend: str, tin
     from ground.spec.loader import load_spec
     from idmctl.record.preflights import code_version, record_run
     from idmctl.core.profile import load_profile
-    from idmctl.record.models import Chain, SpecVersion
+    from idmctl.record.models import SpecVersion
 
     spec = str(tiny_cache.spec_path)
     resolved = load_spec(spec)

@@ -13,7 +13,7 @@ import pytest
 
 from fork_support import failures_of, start_forked
 from ground.contract import ENV_HOME
-from idmctl.record.db import HEAD_REVISION
+from idmctl.record.db import HEAD_REVISION, session
 from idmctl.record.models import Fix
 from slurm_support import wait_until
 
@@ -22,8 +22,6 @@ FIRST_OPENS = 16
 
 def _open_and_write(start: Path, ready: Path) -> None:
     """One process's first open of the store, and a write: after the others are ready, at the same moment."""
-    from idmctl.record.db import session
-
     ready.touch()
     while not start.exists():
         time.sleep(0.005)
