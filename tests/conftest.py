@@ -1,7 +1,7 @@
 """Shared fixtures: every test gets its own ``$IDMCTL_HOME``; CLI tests drive typer's CliRunner; tests on
 the shared local Slurm cluster take ``local_slurm`` (or ``slurm_home``) and run one at a time.
 
-scripts/test.sh runs the suite on two pytest-xdist workers (``--dist loadgroup``), each with a local
+scripts/test.sh runs the suite on four pytest-xdist workers (``--dist loadgroup``), each with a local
 Slurm cluster of its own (tests/slurm_support.py points worker gwK at the K-th of ``IDMCTL_SLURM_ROOTS``).
 Each worker is its own process with its own temporary directory, so environment variables, the working
 directory and module-level caches never cross workers; what the workers do share is the machine:
@@ -25,6 +25,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ground.startup import settled, starting
+
+# OpenMP threads that finish a parallel region sleep at once instead of spinning, waiting for the next.
+# libgomp's default is to spin (up to 300,000 iterations a wait while threads ≤ cores), and on this
+# suite's two cores, shared by four workers and the trainers, builders and jobs they start, a spinning
+# thread only takes the core from another process: perf over a whole run (2026-12-07) found 10 % of all
+# CPU samples spinning in libgomp, most in the workers' in-process builds and the latent builders.
+# Set before any test module loads torch (libgomp reads it once, at load), and inherited by every process
+# the tests start, Slurm jobs included (sbatch exports the submitting environment).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 # Collection imports torch, MLflow, diffusers and robosuite through the test modules: each worker starts
 # as a trainer does, with the collector off until then (ground/startup.py), and collects again afterwards.
