@@ -45,6 +45,6 @@ from trainers.sim.env import prepare_robosuite; prepare_robosuite(); import robo
   touch "$stamp"
 fi
 # PYTHONDONTWRITEBYTECODE may be set on these machines: compile our own modules once so every CLI
-# start does not recompile them (stale .pyc files are simply ignored by Python). ground/ was missing here:
-# a fresh clone's suite found 8 of its 29 modules without .pyc, recompiled by every process importing them.
+# start does not recompile them (stale .pyc files are simply ignored by Python). Every package of ours
+# that a process imports: ground/, the floor both planes stand on, included.
 .venv/bin/python -m compileall -q -j 0 ground idmctl cache trainers bench >/dev/null || true
