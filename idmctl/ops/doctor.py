@@ -321,6 +321,24 @@ def check_slurm() -> Row:
     return Row("slurm", OK, f"{cluster}: sbatch at {tools['sbatch']}; controller and accounting answer")
 
 
+def check_cluster_settings() -> Row:
+    """What the cluster's own settings (``scontrol show config``, QoS and partition grace times) mean for
+    idmctl's jobs: whether a preempted job is signalled first and has time to checkpoint, and the rest."""
+    from idmctl.ops.cluster_settings import WARN as SETTING_WARN, judge, read_cluster
+
+    _, scheduler, _ = _cluster()
+    if scheduler != "slurm" or not shutil.which("scontrol"):
+        return Row("cluster settings", OK, "not read: no Slurm here (jobs run on this machine)")
+    config, qos, partitions = read_cluster()
+    if not config.strip():
+        return Row("cluster settings", WARN, "`scontrol show config` gave nothing: preemption notice, GraceTime "
+                   "and job containers unknown", "check that slurmctld answers (`scontrol ping`)")
+    findings = judge(config, qos, partitions)
+    warned = [f for f in findings if f.status == SETTING_WARN]
+    detail = "; ".join(f"{f.setting} {'(WARN) ' if f.status == SETTING_WARN else ''}{f.meaning}" for f in findings)
+    return Row("cluster settings", WARN if warned else OK, detail, "; ".join(dict.fromkeys(f.fix for f in warned)))
+
+
 RENDER_CODE = """
 import json, time
 started = time.perf_counter()
@@ -397,7 +415,8 @@ def check_code_store() -> Row:
 
 CHECKS: tuple[tuple[str, Callable[[], Row]], ...] = (
     ("python", check_python), ("packages", check_packages), (ENV_HOME, check_home), ("store", check_store),
-    ("mlflow store", check_mlflow), ("slurm", check_slurm), ("rendering", check_render), ("/dev/shm", check_shm),
+    ("mlflow store", check_mlflow), ("slurm", check_slurm), ("cluster settings", check_cluster_settings),
+    ("rendering", check_render), ("/dev/shm", check_shm),
     ("scratch", check_scratch), ("code store", check_code_store),
 )
 
