@@ -7,7 +7,7 @@ the class in use was HiddenMultiLayer (line 568) → TypeError after a 2 h stage
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +15,7 @@ from ground.errors import UserError
 from ground.paths import REPO_ROOT
 from ground.spec.schema import ClassRef, class_label
 from idmctl.core.checks import CheckResult, PreflightContext, Status
+from idmctl.gate import kwargs_flow
 from trainers import registry as model_registry
 
 NAME = "introspection"
@@ -174,6 +175,8 @@ def check(ctx: PreflightContext) -> CheckResult:
         return CheckResult(NAME, Status.FAIL, f"cannot import the trainer's registries: {exc}", {},
                            "fix the import error (run `python -c 'import cache.registry, trainers.registry'`)")
     bound: list[str] = []
+    warns: list[str] = []
+    warn_fixes: list[str] = []
     numbers: dict[str, Any] = {}
     for role, target, kwargs in targets:
         numbers[role] = {"class": getattr(target, "__name__", repr(target)), "where": where(target),
@@ -182,6 +185,23 @@ def check(ctx: PreflightContext) -> CheckResult:
             bound.append(f"collate {_qualified(target)}")
             continue
         error = bind_error(target, kwargs)
+        if error is None and inspect.isclass(target):
+            spec_names = _spec_kwargs(ctx, role, kwargs)
+            flow = _flow(target, spec_names)
+            if flow:
+                numbers[role]["kwargs_flow"] = {f.name: f.verdict for f in flow}
+            for fate in (f for f in flow if f.verdict == kwargs_flow.REJECTED):
+                fails.append(f"{role}: `{fate.name}` is taken by {_qualified(target)}'s **kwargs and passed on: "
+                             f"{fate.path}{fate.where}, which does not take it → TypeError at construction")
+                fixes.append(f"remove `{fate.name}` from {_field(role)} init_args, or add it to {fate.where}")
+            for fate in (f for f in flow if f.verdict == kwargs_flow.SWALLOWED):
+                hint = _hint(target, fate.name)
+                warns.append(f"{role}: `{fate.name}` goes nowhere: {fate.path}{fate.where} takes it by **kwargs and "
+                             f"neither reads it nor passes it to a base that does{'; ' + hint if hint else ''}")
+                warn_fixes.append(f"give {fate.where.split(' (')[0]}.__init__ a `{fate.name}` parameter (or read it), "
+                                  f"or remove it from {_field(role)} init_args")
+            if any(f.verdict == kwargs_flow.REJECTED for f in flow):
+                continue
         if error is None:
             bound.append(f"{role} {_qualified(target)} binds {len(kwargs)} kwarg{'s' if len(kwargs) != 1 else ''} ({', '.join(sorted(kwargs))})")
             continue
@@ -201,4 +221,55 @@ def check(ctx: PreflightContext) -> CheckResult:
                      "configuring it")
     if fails:
         return CheckResult(NAME, Status.FAIL, "; ".join(fails), numbers, "; ".join(dict.fromkeys(fixes)))
+    if warns:
+        return CheckResult(NAME, Status.WARN, "kwargs bind: " + "; ".join(bound) + "; but " + "; ".join(warns), numbers,
+                           "; ".join(dict.fromkeys(warn_fixes)))
     return CheckResult(NAME, Status.PASS, "kwargs bind: " + "; ".join(bound), numbers)
+
+
+def _field(role: str) -> str:
+    return "data.dataset" if role == "dataset" else "model.name"
+
+
+def _spec_kwargs(ctx: PreflightContext, role: str, kwargs: dict[str, Any]) -> list[str]:
+    """The kwargs the spec itself wrote (a team class's ``init_args``; idmctl adds ``split`` on its own)."""
+    chosen = ctx.spec.data.dataset if role == "dataset" else ctx.spec.model.name
+    if isinstance(chosen, ClassRef):
+        return [name for name in kwargs if name in chosen.init_args]
+    return list(kwargs)
+
+
+def _flow(target: type, names: list[str]) -> list["kwargs_flow.Fate"]:
+    """Where each kwarg ``**kwargs`` takes goes (none to follow when the class has no ``**kwargs``)."""
+    try:
+        params = inspect.signature(target).parameters
+    except (TypeError, ValueError):
+        return []
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return []
+    return [f for f in kwargs_flow.follow(target, names) if f.verdict != kwargs_flow.BOUND or f.path]
+
+
+def _hint(target: type, name: str) -> str:
+    """The look-alike class that has the parameter, else the parameter of ``target`` it is a misspelling of."""
+    import difflib
+    import sys
+
+    module = sys.modules.get(getattr(target, "__module__", ""), None)
+    classes = [obj for obj in vars(module).values() if inspect.isclass(obj) and obj is not target
+               and obj.__module__ == target.__module__] if module is not None else []
+    takers = [cls for cls in classes if _takes(cls, name)]
+    if takers:
+        return f"it is a parameter of {' and '.join(f'{cls.__name__} ({where(cls)})' for cls in takers)}, a look-alike class"
+    own = [n for cls in target.__mro__ if "__init__" in vars(cls) and cls is not object
+           for n, p in _parameters(vars(cls)["__init__"]).items()
+           if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY) and n != "self"]
+    close = difflib.get_close_matches(name, own, n=1)
+    return f"did you mean `{close[0]}`?" if close else ""
+
+
+def _parameters(function: Any) -> "Mapping[str, inspect.Parameter]":
+    try:
+        return inspect.signature(function).parameters
+    except (TypeError, ValueError):
+        return {}
