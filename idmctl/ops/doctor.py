@@ -152,8 +152,16 @@ def check_home(mounts_text: str | None = None) -> Row:
                    f"set {ENV_HOME} to a directory you can write on a local disk")
     where = f"{path} ({fstype} on {point})"
     if fstype in NETWORK_FILESYSTEMS or fstype.startswith("nfs"):
-        return Row(ENV_HOME, FAIL, f"{where}: a network filesystem; SQLite on it corrupts",
-                   f"set {ENV_HOME} to a local disk (e.g. ~/.local/share/idmctl on the login node's disk)")
+        sqlite_here = [name for name, local in (("the store", not os.environ.get(ENV_DB_URL)),
+                                                ("MLflow's store", mlflow_tracking_uri().startswith("sqlite:")))
+                       if local]
+        if sqlite_here:
+            return Row(ENV_HOME, FAIL, f"{where}: a network filesystem; {' and '.join(sqlite_here)} would be SQLite "
+                       "on it, and SQLite on NFS corrupts",
+                       f"set {ENV_HOME} to a local disk, or keep it here (compute nodes see run directories there) "
+                       f"with the team's PostgreSQL ({ENV_DB_URL}) and an MLflow server (MLFLOW_TRACKING_URI)")
+        return Row(ENV_HOME, OK, f"{where}, writable: a shared filesystem, as run directories need (the store is "
+                   "PostgreSQL, MLflow a server)")
     return Row(ENV_HOME, OK, f"{where}, writable")
 
 
@@ -421,7 +429,42 @@ CHECKS: tuple[tuple[str, Callable[[], Row]], ...] = (
 )
 
 
-def run_doctor(*, render: bool = True, debug: bool = False) -> DoctorReport:
+@dataclass(frozen=True)
+class NodeProbe:
+    """``doctor --nodes``: probe every node of a partition from the node itself."""
+
+    partition: str | None = None
+    """The partition whose nodes are probed (None: the cluster's default)."""
+    qos: str | None = None
+    """The QoS the probe jobs run under (None: the user's default)."""
+    deadline_s: float = 120.0
+    """How long to wait for every node's answer before reporting a node as never started."""
+    cache: str | None = None
+    """A cache mount every node must see (e.g. the spec's cache root); None: not checked."""
+    scratch: str | None = None
+    """Where jobs stage (``$SLURM_TMPDIR`` expanded on the node); None: stage.dest's default."""
+
+
+def check_nodes(request: NodeProbe) -> list[Row]:
+    """One row per node: what a job there can read, write and reach (idmctl.ops.node_probe)."""
+    from ground.spec.schema import StageSpec  # start-up: pydantic and yaml, only for this option
+    from idmctl.core.profile import load_profile
+    from idmctl.job.code import store_for
+    from idmctl.ops.node_probe import probe_nodes
+
+    _, scheduler, _ = _cluster()
+    if scheduler != "slurm" or not shutil.which("sbatch"):
+        return [Row("nodes", FAIL, "--nodes needs a Slurm cluster profile and sbatch on PATH",
+                    f"set {ENV_CLUSTER} to the cluster's profile and load Slurm's environment")]
+    scratch = request.scratch or str(StageSpec.model_fields["dest"].default)
+    code_store = store_for(load_profile(None)[0])
+    code_store.mkdir(parents=True, exist_ok=True)
+    found = probe_nodes(home=home(), code_store=code_store, scratch=scratch, cache=request.cache,
+                        partition=request.partition, qos=request.qos, deadline_s=request.deadline_s)
+    return [Row(f"node {row.node}", row.status, row.detail, row.fix) for row in found]
+
+
+def run_doctor(*, render: bool = True, debug: bool = False, nodes: NodeProbe | None = None) -> DoctorReport:
     started = time.perf_counter()
     rows = []
     for name, check in CHECKS:
@@ -435,4 +478,6 @@ def run_doctor(*, render: bool = True, debug: bool = False) -> DoctorReport:
                 raise
             rows.append(Row(name, FAIL, f"the check itself failed: {type(exc).__name__}: {exc}",
                             "run `idmctl --debug doctor` and report it"))
+    if nodes is not None:
+        rows.extend(check_nodes(nodes))
     return DoctorReport(rows, time.perf_counter() - started)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
@@ -13,13 +13,36 @@ from idmctl.cli.output import console, emit_json, make_table, styled
 def doctor(
     as_json: options.Json = False,
     no_render: Annotated[bool, typer.Option("--no-render", help="Skip the one-frame render (~5 s).")] = False,
+    nodes: Annotated[bool, typer.Option("--nodes", help="Also probe every node of the partition from the node "
+                                        "itself (a 2-minute job per node): run directories, code store, cache, "
+                                        "store, MLflow, scratch.")] = False,
+    partition: Annotated[Optional[str], typer.Option("--partition", help="With --nodes: the partition to probe "
+                                                     "(default: the cluster's default).")] = None,
+    qos: Annotated[Optional[str], typer.Option("--qos", help="With --nodes: the QoS the probe jobs use.")] = None,
+    cache: Annotated[Optional[str], typer.Option("--cache", help="With --nodes: a cache mount every node must "
+                                                 "see.")] = None,
+    nodes_deadline: Annotated[str, typer.Option("--nodes-deadline", help="With --nodes: how long to wait for "
+                                                "every node's answer, e.g. 2m.")] = "2m",
 ) -> None:
     """Python and packages, $IDMCTL_HOME, both stores, Slurm and the cluster profile, rendering, /dev/shm and
     scratch. Exit 1 when something required is missing (a FAIL row); WARN rows do not fail."""
     from idmctl.cli.app import debug_on  # start-up: only this command needs it (3 more project modules)
     from idmctl.ops.doctor import run_doctor  # start-up: only this command needs it (7 more project modules)
 
-    report = run_doctor(render=not no_render, debug=debug_on())
+    from ground.errors import UserError
+    from ground.units import parse_duration
+    from idmctl.ops.doctor import NodeProbe
+
+    probe = None
+    if nodes:
+        try:
+            deadline = parse_duration(nodes_deadline)
+        except ValueError:
+            raise UserError(f"not a duration: {nodes_deadline!r}", field="--nodes-deadline", hint="e.g. 90s or 2m")
+        if deadline <= 0:
+            raise UserError(f"{nodes_deadline!r} is no time to wait", field="--nodes-deadline", hint="e.g. 90s or 2m")
+        probe = NodeProbe(partition=partition, qos=qos, deadline_s=deadline, cache=cache)
+    report = run_doctor(render=not no_render, debug=debug_on(), nodes=probe)
     if as_json:
         emit_json(report.as_dict())
     else:

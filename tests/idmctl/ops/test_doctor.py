@@ -90,8 +90,16 @@ def test_a_network_filesystem_home_fails(monkeypatch, tmp_path: Path) -> None:
     assert mount_of(Path("/dev/shmother"), mounts) == ("/", "ext4")
     monkeypatch.setenv(ENV_HOME, str(tmp_path / "idmctl"))
     row = check_home(mounts)
-    assert row.status == "FAIL" and "nfs4" in row.detail and "SQLite on it corrupts" in row.detail
+    assert row.status == "FAIL" and "nfs4" in row.detail and "SQLite on NFS corrupts" in row.detail
+    assert "the store and MLflow's store would be SQLite" in row.detail
     assert "local disk" in row.fix
+    # With the team's PostgreSQL and an MLflow server nothing SQLite lives there: NFS is where run
+    # directories and code snapshots belong, so compute nodes see them.
+    monkeypatch.setenv("IDMCTL_DB_URL", "postgresql://idmctl@db.example:5432/idmctl")
+    assert check_home(mounts).status == "FAIL"  # MLflow's store would still be SQLite there
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://mlflow.example:5000")
+    row = check_home(mounts)
+    assert row.status == "OK" and "a shared filesystem, as run directories need" in row.detail
 
 
 def test_migration_heads_are_read_from_the_files() -> None:
