@@ -1,7 +1,9 @@
 """Byte sizes, bandwidths and durations: parsed from specs and profiles, printed with units.
 
 Decimal units (kB, MB, GB, TB) are powers of 1000 and binary ones (KiB, MiB, GiB, TiB) powers of
-1024, as the lab cards mix them ("264 MB", "3.56 GiB"). Durations accept Slurm's forms
+1024, as the lab cards mix them ("264 MB", "3.56 GiB"). A job's memory is Slurm's quantity and is read
+as Slurm reads it (:func:`parse_slurm_mem`): its K, M, G, T (with or without a trailing B) are 1024-based,
+so ``--mem 1600GB`` asks for the 1600 GiB card A's sbatch got. Durations accept Slurm's forms
 (``MM``, ``MM:SS``, ``HH:MM:SS``, ``D-HH``, ``D-HH:MM``, ``D-HH:MM:SS``) and ``90s``, ``2h``, ``18d``.
 """
 
@@ -35,6 +37,42 @@ def parse_bytes(value: int | float | str) -> int:
     if not math.isfinite(amount):  # "1e400" is inf: int() of it was an OverflowError traceback
         raise ValueError(f"not a finite size: {value!r}")
     return int(amount)
+
+
+_SLURM_MEM = re.compile(r"^([0-9]+)([KMGT]?)(I?B)?$", re.IGNORECASE)
+SLURM_MEM_UNITS = {"K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
+"""Slurm's memory suffixes (``--mem``, ``RealMemory``): 1024-based; a bare number is M (MiB)."""
+SLURM_MEM_HELP = ("Slurm's units: K, M, G, T = KiB, MiB, GiB, TiB (1024-based; 1600GB is 1600 GiB, as sbatch "
+                  "reads it); a bare number is MiB; whole numbers only")
+"""What a memory size means, said once: ``--help``, the runbook and every refusal quote it."""
+
+
+def parse_slurm_mem(value: int | str) -> int:
+    """Bytes of a memory size as Slurm reads it (``--mem``/``resources.mem``): ``1600GB``/``1600G``/``1600GiB``
+    → 1600 × 1024³; ``4096`` → 4096 MiB. Slurm's grammar is a whole number, one of K/M/G/T and an optional
+    B (``GiB`` is accepted too: it means exactly Slurm's G). Anything else (``1.5G``, ``1PB``, ``1 XB``)
+    is a ValueError naming the units, never a silently different allocation."""
+    if isinstance(value, bool):
+        raise ValueError(f"not a memory size: {value!r}")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(f"not a memory size: {value!r}")
+        return value * 2**20
+    match = _SLURM_MEM.fullmatch(str(value).strip())
+    if not match or (match.group(3) and not match.group(2)):
+        raise ValueError(f"{value!r} is not a size Slurm reads ({SLURM_MEM_HELP})")
+    unit = match.group(2).upper() or "M"
+    return int(match.group(1)) * SLURM_MEM_UNITS[unit]
+
+
+def slurm_mem(value: int | str) -> str:
+    """A memory size in Slurm's own words: the number and unit as written (``1600GB`` → ``1600G``,
+    ``400MiB`` → ``400M``), so the ``#SBATCH`` line says what the spec says."""
+    size = parse_slurm_mem(value)
+    for unit in ("T", "G", "M", "K"):
+        if size % SLURM_MEM_UNITS[unit] == 0 and size // SLURM_MEM_UNITS[unit] > 0:
+            return f"{size // SLURM_MEM_UNITS[unit]}{unit}"
+    return "0"
 
 
 def parse_bandwidth(value: int | float | str) -> float:

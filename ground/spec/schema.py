@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from ground.units import parse_bytes, parse_duration
+from ground.units import parse_duration, parse_slurm_mem
 
 
 # Upper bounds are sanity guards, far above any run on the cards: a 1 KB spec with `depth: 1e12` grew
@@ -298,7 +298,8 @@ class ResourcesSpec(Strict):
     cpus: int = Field(default=1, ge=1, le=MAX_COUNT)
     """CPUs per node (``-c``)."""
     mem: str = "1GB"
-    """Memory per node (``--mem``), e.g. 1600GB."""
+    """Memory per node (``--mem``) as Slurm reads it: K, M, G, T are 1024-based (1600GB = 1600G = 1600 GiB,
+    card A's allocation), a bare number is MiB, whole numbers only."""
     qos: str = Field(pattern=f"^{SLURM_NAME}$")
     """Quality-of-service tier, from the cluster profile."""
     partition: str | None = Field(default=None, pattern=f"^{SLURM_NAME}$")
@@ -348,7 +349,8 @@ class ResourcesSpec(Strict):
 
     @property
     def mem_bytes(self) -> int:
-        return parse_bytes(self.mem)
+        """As Slurm reads ``--mem`` (1024-based K/M/G/T)."""
+        return parse_slurm_mem(self.mem)
 
     @property
     def time_limit_seconds(self) -> float | None:
@@ -493,10 +495,11 @@ class Goal(Strict):
 
 
 def check_job_mem(value: str) -> int:
-    """``--mem``/``resources.mem``: a finite size of 1 MiB (Slurm reads ``--mem=0`` as the whole node) … :data:`MAX_JOB_MEM`."""
-    size = parse_bytes(value)
+    """``--mem``/``resources.mem``: a size as Slurm reads it (``ground.units.parse_slurm_mem``: 1600GB is
+    1600 GiB) of 1 MiB (Slurm reads ``--mem=0`` as the whole node) … :data:`MAX_JOB_MEM`."""
+    size = parse_slurm_mem(value)
     if size < 2**20:
-        raise ValueError(f"{value!r} is less than 1 MiB (Slurm reads --mem=0 as the whole node; give a size, e.g. 4GB)")
+        raise ValueError(f"{value!r} is less than 1 MiB (Slurm reads --mem=0 as the whole node; give a size, e.g. 4G)")
     if size > MAX_JOB_MEM:
         raise ValueError(f"{value!r} is more than {MAX_JOB_MEM // 2**40} TiB, past any node (a typo?)")
     return size

@@ -16,7 +16,7 @@ from typing import Any
 
 from ground import contract
 from ground.errors import UserError
-from ground.units import parse_bytes, parse_duration
+from ground.units import parse_duration, parse_slurm_mem
 
 _GRES = re.compile(r"^gpu:(\d{1,3})$")
 
@@ -141,7 +141,7 @@ class JobOptions:
     cpus_per_node: int
     """CPUs per node; each rank gets ``cpus_per_node // ranks_per_node`` (at least 1)."""
     mem: str
-    """Memory per node as written (e.g. ``4GB``)."""
+    """Memory per node as written (e.g. ``4GB``), read as Slurm reads it (``ground.units.parse_slurm_mem``)."""
     gpus_per_node: int
     """``--gres=gpu:N``; 0 asks for none."""
     time_limit: str | None
@@ -183,8 +183,8 @@ class JobOptions:
 
     @property
     def mem_mib(self) -> int:
-        # Slurm's M suffix is MiB; round up so the job never gets less than the spec asked for.
-        return math.ceil(parse_bytes(self.mem) / 2**20)
+        """MiB as Slurm reads ``mem`` (``1600GB`` → 1,638,400: Slurm's G is 1024 MiB)."""
+        return math.ceil(parse_slurm_mem(self.mem) / 2**20)
 
     @property
     def time_seconds(self) -> float:

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from ground.contract import ENV_CLUSTER
 from ground.errors import UserError
 from ground.paths import clusters_dir, exists
-from ground.units import parse_bandwidth, parse_bytes, parse_duration
+from ground.units import parse_bandwidth, parse_bytes, parse_duration, parse_slurm_mem
 
 
 class _Strict(BaseModel):
@@ -62,15 +62,22 @@ class NodeFacts(_Strict):
     gpus: int = Field(ge=0)
     cpus: int = Field(ge=1)
     mem: str
+    """Memory a job can have on one node, as Slurm reads it (``RealMemory``: 1024-based K/M/G/T, bare = MiB)."""
     shm: str
     """Size of /dev/shm (DataLoader worker batches pass through it)."""
     scratch: str
     """Node-local staging space (NVMe /tmp)."""
 
-    @field_validator("mem", "shm", "scratch")
+    @field_validator("shm", "scratch")
     @classmethod
     def _size(cls, value: str) -> str:
         parse_bytes(value)
+        return value
+
+    @field_validator("mem")
+    @classmethod
+    def _mem(cls, value: str) -> str:
+        parse_slurm_mem(value)
         return value
 
     @property
@@ -83,7 +90,7 @@ class NodeFacts(_Strict):
 
     @property
     def mem_bytes(self) -> int:
-        return parse_bytes(self.mem)
+        return parse_slurm_mem(self.mem)
 
 
 class StorageFacts(_Strict):

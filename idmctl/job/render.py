@@ -22,7 +22,7 @@ from ground.paths import REPO_ROOT, expand_path
 from ground.spec.loader import ResolvedSpec
 from ground.stage import layer_set, model_identity, spec_identity
 from ground.spec.schema import MAX_COUNT, NODE_LIST, SLURM_NAME, check_job_mem, check_job_time
-from ground.units import slurm_time
+from ground.units import slurm_mem, slurm_time
 from idmctl.core.job_options import JobOptions, JobRequest, flag_of
 from idmctl.job.template import fill
 from idmctl.plan.shm import need_bytes
@@ -253,7 +253,7 @@ def _sbatch_lines(options: JobOptions, log_path: str) -> list[str]:
         ("nodes", options.nodes),
         ("ntasks-per-node", options.ranks_per_node),
         ("cpus-per-task", options.cpus_per_task),
-        ("mem", f"{options.mem_mib}M"),
+        ("mem", slurm_mem(options.mem)),  # Slurm's own words: 1600GB → 1600G, the card's allocation
         ("gres", f"gpu:{options.gpus_per_node}" if options.gpus_per_node else None),
         ("time", slurm_time(options.time_seconds)),
         ("exclude", ",".join(options.exclude) or None),

@@ -4,7 +4,7 @@
 #SBATCH --nodes=1
 #SBATCH --ntasks-per-node=8
 #SBATCH --cpus-per-task=14
-#SBATCH --mem=1525879M
+#SBATCH --mem=1600G
 #SBATCH --gres=gpu:8
 #SBATCH --time=0-12:00:00
 #SBATCH --exclude=worker-5

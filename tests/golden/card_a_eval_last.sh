@@ -4,20 +4,20 @@
 #SBATCH --nodes=1
 #SBATCH --ntasks-per-node=1
 #SBATCH --cpus-per-task=112
-#SBATCH --mem=1525879M
+#SBATCH --mem=1600G
 #SBATCH --gres=gpu:1
 #SBATCH --time=30-00:00:00
 #SBATCH --exclude=worker-5
 #SBATCH --output=/home/operator/idmctl/runs/latent_c_n4/7/eval-step-60000-%j.out
 #SBATCH --open-mode=append
 #SBATCH --requeue
-#SBATCH --signal=B:USR1@64
+#SBATCH --signal=B:USR1@61
 #SBATCH --dependency=afterok:4242
 #SBATCH --kill-on-invalid-dep=yes
-# idmctl: step time 21.1 s/step (data-bound lower bound; compute unmeasured (no GPU smoke); estimate: data 21.1 s/step); checkpoint write unknown (no smoke or earlier run measured one)
-# idmctl: time limit = 30-00:00:00 (from resources.time_limit 30-00:00:00); derived would be: (stage-in 2.2 h + 60,000 steps × 21.1 s/step + cold page cache 112.7 s) × 1.25 margin = 18.5 d → 18-11:00:00 (a lower bound: the step time holds no compute)
-# idmctl: checkpoint interval = 500 steps (from train.checkpoint_every 500); derived would be: non-preemptible core-own: lose at most 4.0 h to a failure → interval ≤ 4.0 h; 4.0 h ÷ 21.1 s/step = 681 steps
-# idmctl: signal lead = 64 s (derived): (21.1 s step + unmeasured write) × 3 = 63.4 s → 64 s
+# idmctl: step time 20.1 s/step (data-bound lower bound; compute unmeasured (no GPU smoke); estimate: data 20.1 s/step); checkpoint write unknown (no smoke or earlier run measured one)
+# idmctl: time limit = 30-00:00:00 (from resources.time_limit 30-00:00:00); derived would be: (stage-in 2.2 h + 60,000 steps × 20.1 s/step + cold page cache 2.0 min) × 1.25 margin = 17.6 d → 17-13:59:00 (a lower bound: the step time holds no compute)
+# idmctl: checkpoint interval = 500 steps (from train.checkpoint_every 500); derived would be: non-preemptible core-own: lose at most 4.0 h to a failure → interval ≤ 4.0 h; 4.0 h ÷ 20.1 s/step = 715 steps
+# idmctl: signal lead = 61 s (derived): (20.1 s step + unmeasured write) × 3 = 60.4 s → 61 s
 set -uo pipefail
 export IDMCTL_HOME=/home/operator/idmctl
 export IDMCTL_CHAIN_ID=8

@@ -4,7 +4,7 @@
 #SBATCH --nodes=2
 #SBATCH --ntasks-per-node=8
 #SBATCH --cpus-per-task=14
-#SBATCH --mem=1525879M
+#SBATCH --mem=1600G
 #SBATCH --gres=gpu:8
 #SBATCH --time=30-00:00:00
 #SBATCH --exclude=worker-5
@@ -12,11 +12,11 @@
 #SBATCH --open-mode=append
 #SBATCH --requeue
 #SBATCH --signal=B:USR1@60
-# idmctl: step time 10.6 s/step (data-bound lower bound; compute unmeasured (no GPU smoke); estimate: data 10.6 s/step); checkpoint write unknown (no smoke or earlier run measured one)
-# idmctl: time limit = 30-00:00:00 (from resources.time_limit 30-00:00:00); derived would be: (stage-in 4.4 h + 60,000 steps × 10.6 s/step + cold page cache 112.7 s) × 1.25 margin = 9.4 d → 9-09:40:00 (a lower bound: the step time holds no compute)
-# idmctl: checkpoint interval = 500 steps (from train.checkpoint_every 500); derived would be: non-preemptible core-extra: lose at most 4.0 h to a failure → interval ≤ 4.0 h; 4.0 h ÷ 10.6 s/step = 1,363 steps
-# idmctl: signal lead = 60 s (derived): (10.6 s step + unmeasured write) × 3 = 31.7 s, at least 60 s (Slurm's timer) → 60.0 s
-# idmctl: resources.time_limit 30-00:00:00 asks for 30.0 d, 3.2× the derived 9.4 d: a longer queue wait and a hung job found late
+# idmctl: step time 10.1 s/step (data-bound lower bound; compute unmeasured (no GPU smoke); estimate: data 10.1 s/step); checkpoint write unknown (no smoke or earlier run measured one)
+# idmctl: time limit = 30-00:00:00 (from resources.time_limit 30-00:00:00); derived would be: (stage-in 4.4 h + 60,000 steps × 10.1 s/step + cold page cache 2.0 min) × 1.25 margin = 9.0 d → 8-23:09:00 (a lower bound: the step time holds no compute)
+# idmctl: checkpoint interval = 500 steps (from train.checkpoint_every 500); derived would be: non-preemptible core-extra: lose at most 4.0 h to a failure → interval ≤ 4.0 h; 4.0 h ÷ 10.1 s/step = 1,431 steps
+# idmctl: signal lead = 60 s (derived): (10.1 s step + unmeasured write) × 3 = 30.2 s, at least 60 s (Slurm's timer) → 60.0 s
+# idmctl: resources.time_limit 30-00:00:00 asks for 30.0 d, 3.3× the derived 9.0 d: a longer queue wait and a hung job found late
 set -uo pipefail
 export IDMCTL_HOME=/home/operator/idmctl
 export IDMCTL_CHAIN_ID=1

@@ -4,20 +4,20 @@
 #SBATCH --nodes=1
 #SBATCH --ntasks-per-node=8
 #SBATCH --cpus-per-task=14
-#SBATCH --mem=1525879M
+#SBATCH --mem=1600G
 #SBATCH --gres=gpu:8
 #SBATCH --time=30-00:00:00
 #SBATCH --exclude=worker-5
 #SBATCH --output=/home/operator/idmctl/runs/latent_c_n4_routed/1/slurm-%j.out
 #SBATCH --open-mode=append
 #SBATCH --requeue
-#SBATCH --signal=B:USR1@64
-# idmctl: step time 21.1 s/step (data-bound lower bound; compute unmeasured (no GPU smoke); estimate: data 21.1 s/step); checkpoint write unknown (no smoke or earlier run measured one)
-# idmctl: time limit = 30-00:00:00 (from resources.time_limit 30-00:00:00); derived would be: (stage-in 44.1 min + 60,000 steps × 21.1 s/step + cold page cache 112.7 s) × 1.25 margin = 18.4 d, capped at QoS sub max wall 3.0 d → 3-00:00:00 (a lower bound: the step time holds no compute)
-# idmctl: checkpoint interval = 500 steps (from train.checkpoint_every 500); derived would be: preemptible sub: expected loss interval/2 ≤ 10% of the 60.0 min cycle → interval ≤ 12.0 min; 12.0 min ÷ 21.1 s/step = 34 steps
-# idmctl: signal lead = 64 s (derived): (21.1 s step + unmeasured write) × 3 = 63.4 s → 64 s
+#SBATCH --signal=B:USR1@61
+# idmctl: step time 20.1 s/step (data-bound lower bound; compute unmeasured (no GPU smoke); estimate: data 20.1 s/step); checkpoint write unknown (no smoke or earlier run measured one)
+# idmctl: time limit = 30-00:00:00 (from resources.time_limit 30-00:00:00); derived would be: (stage-in 44.1 min + 60,000 steps × 20.1 s/step + cold page cache 2.0 min) × 1.25 margin = 17.5 d, capped at QoS sub max wall 3.0 d → 3-00:00:00 (a lower bound: the step time holds no compute)
+# idmctl: checkpoint interval = 500 steps (from train.checkpoint_every 500); derived would be: preemptible sub: expected loss interval/2 ≤ 10% of the 60.0 min cycle → interval ≤ 12.0 min; 12.0 min ÷ 20.1 s/step = 35 steps
+# idmctl: signal lead = 61 s (derived): (20.1 s step + unmeasured write) × 3 = 60.4 s → 61 s
 # idmctl: resources.time_limit 30-00:00:00 asks for 30.0 d, 10.0× the derived 3.0 d: a longer queue wait and a hung job found late
-# idmctl: train.checkpoint_every 500 = 2.9 h of work, > 2× the 12.0 min the derivation allows: a failure loses 88.0 min on average
+# idmctl: train.checkpoint_every 500 = 2.8 h of work, > 2× the 12.0 min the derivation allows: a failure loses 83.8 min on average
 set -uo pipefail
 export IDMCTL_HOME=/home/operator/idmctl
 export IDMCTL_CHAIN_ID=1

@@ -4,7 +4,7 @@
 #SBATCH --nodes=1
 #SBATCH --ntasks-per-node=1
 #SBATCH --cpus-per-task=2
-#SBATCH --mem=3815M
+#SBATCH --mem=4G
 #SBATCH --time=0-00:30:00
 #SBATCH --output=/home/operator/idmctl/runs/quickstart/1/local-%j.out
 #SBATCH --open-mode=append

@@ -4,7 +4,7 @@
 #SBATCH --nodes=1
 #SBATCH --ntasks-per-node=1
 #SBATCH --cpus-per-task=1
-#SBATCH --mem=1908M
+#SBATCH --mem=2G
 #SBATCH --time=0-00:10:00
 #SBATCH --output=/home/operator/idmctl/runs/team_n4/1/slurm-%j.out
 #SBATCH --open-mode=append

@@ -6,12 +6,13 @@ from typing import Annotated
 
 import typer
 
+from ground.units import SLURM_MEM_HELP
 from idmctl.core.job_options import JobRequest, parse_gres
 
 Qos = Annotated[str | None, typer.Option("--qos", help="QoS tier (default resources.qos).")]
 Gres = Annotated[str | None, typer.Option("--gres", help="gpu:N per node (default resources.gpus_per_node).")]
 Cpus = Annotated[int | None, typer.Option("-c", "--cpus", help="CPUs per node (default resources.cpus).")]
-Mem = Annotated[str | None, typer.Option("--mem", help="Memory per node, e.g. 1600GB (default resources.mem).")]
+Mem = Annotated[str | None, typer.Option("--mem", help=f"Memory per node, e.g. 1600GB (default resources.mem). {SLURM_MEM_HELP}.")]
 Exclude = Annotated[str | None, typer.Option("--exclude", help="Comma-separated nodes to avoid.")]
 JobName = Annotated[str | None, typer.Option("-J", "--job-name", help="Job name (default the experiment).")]
 Time = Annotated[str | None, typer.Option("--time", help="Time limit, Slurm format (default resources.time_limit).")]

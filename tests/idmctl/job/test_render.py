@@ -38,7 +38,7 @@ def test_dry_run_renders_header_stage_and_srun_from_spec_and_flags(cli, tmp_path
         "#SBATCH --nodes=1",
         "#SBATCH --ntasks-per-node=2",  # one rank per GPU
         "#SBATCH --cpus-per-task=1",  # 2 CPUs per node / 2 ranks
-        "#SBATCH --mem=1908M",  # 2 GB = 2,000,000,000 B / 2^20 = 1907.35 → 1908 MiB
+        "#SBATCH --mem=2G",  # 2GB as Slurm reads it (G = 1024 MiB), in Slurm's own words
         "#SBATCH --gres=gpu:2",
         "#SBATCH --time=0-01:00:00",
         "#SBATCH --exclude=n2,worker-5",
