@@ -90,8 +90,9 @@ class Executor(Protocol):
         """Ask the scheduler whether it would accept the script, submitting nothing: its words when it
         would, :class:`SchedulerRefusal` when it would not."""
 
-    def status(self, scheduler_ids: list[str]) -> dict[str, JobStatus]:
-        """States of many jobs with a bounded number of scheduler calls (ids it does not know are left out)."""
+    def status(self, scheduler_ids: list[str], submitted: dict[str, datetime] | None = None) -> dict[str, JobStatus]:
+        """States of many jobs with a bounded number of scheduler calls (ids it does not know are left out);
+        ``submitted`` (id → when the store saw it submitted) tells a reused id's older job apart."""
 
     def cancel(self, scheduler_id: str) -> None:
         """Stop the job."""

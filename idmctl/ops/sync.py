@@ -158,7 +158,11 @@ def sync(retry: bool = True, chain_id: int | None = None) -> SyncReport:
         by_executor[job.executor].append(job)
     # Every executor answers before any row is written: when one does not (SchedulerUnreachable), the
     # store is left exactly as it was.
-    answers = [(group, executor_for(name).status([job.scheduler_id for job in group if job.scheduler_id]))
+    # Each id with the time the store saw it submitted: the scheduler matches the id by that time too (an
+    # id reused after a controller reset is another job), and a job it does not list stays as it was.
+    answers = [(group, executor_for(name).status([job.scheduler_id for job in group if job.scheduler_id],
+                                                 {job.scheduler_id: job.submitted_at for job in group
+                                                  if job.scheduler_id and job.submitted_at}))
                for name, group in by_executor.items()]
     ended: list[int] = []
     for group, statuses in answers:

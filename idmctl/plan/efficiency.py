@@ -3,8 +3,8 @@ the trainer's own (data-wait fraction, peak memory, GPU utilisation), and what t
 same experiment should ask for instead, with the numbers.
 
 - CPU efficiency = TotalCPU ÷ (Elapsed × AllocCPUS), as ``seff`` computes it;
-- memory efficiency = peak memory per node ÷ ReqMem, where the peak is the largest step's MaxRSS × its
-  tasks per node (MaxRSS is one task's peak, so this is an upper bound for a node);
+- memory efficiency = peak memory per node × nodes ÷ ReqMem (the job's total), where the peak is the
+  largest step's MaxRSS × its tasks per node (MaxRSS is one task's peak, so this is an upper bound);
 - elapsed against the time limit.
 
 Sacct prints sizes in binary units (``2862M`` is MiB, ``360120K`` KiB) and CPU time as
@@ -39,6 +39,20 @@ def slurm_bytes(text: str | None) -> int | None:
     """``2862M`` → 2862 MiB; sacct's K/M/G are binary; an old ``n``/``c`` suffix (per node/CPU) is dropped."""
     match = _SIZE.match((text or "").strip())
     return int(float(match.group(1)) * _POWERS[match.group(2)]) if match else None
+
+
+def job_req_mem(text: str | None, nodes: int, alloc_cpus: int | None) -> int | None:
+    """sacct's ReqMem as the job's total: 21.08 and later print the total; 20.11 and earlier a per-node
+    (``4000Mn``) or per-CPU (``4000Mc``) figure, multiplied out here (per CPU unknown without AllocCPUS)."""
+    text = (text or "").strip()
+    size = slurm_bytes(text)
+    if size is None or not text:
+        return None
+    if text.endswith("n"):
+        return size * max(1, nodes)
+    if text.endswith("c"):
+        return size * alloc_cpus if alloc_cpus else None
+    return size
 
 
 def slurm_seconds(text: str | None) -> float | None:
@@ -97,8 +111,9 @@ class EfficiencyReport:
             out.append(f"CPU efficiency {self.cpu_eff:.0%}: TotalCPU {self.total_cpu_s:,.1f} s ÷ (Elapsed "
                        f"{self.elapsed_s:,.0f} s × {self.alloc_cpus} CPUs)")
         if self.mem_eff is not None:
+            nodes = f" × {self.nodes} nodes" if self.nodes > 1 else ""
             out.append(f"memory efficiency {self.mem_eff:.0%}: peak {format_bytes(self.peak_rss_bytes or 0, True)} "
-                       f"({self.peak_step}) ÷ ReqMem {format_bytes(self.req_mem_bytes or 0, True)}")
+                       f"({self.peak_step}){nodes} ÷ ReqMem {format_bytes(self.req_mem_bytes or 0, True)}")
         elif self.req_mem_bytes:
             out.append(f"memory efficiency: no MaxRSS recorded (steps shorter than sacct's sampling); "
                        f"ReqMem {format_bytes(self.req_mem_bytes, True)}")
@@ -134,8 +149,8 @@ def report(job_label: str, run: dict[str, Any], options: dict[str, Any], trainer
     result.limit_s = slurm_seconds(usage.get("Timelimit"))
     result.total_cpu_s = slurm_seconds(usage.get("TotalCPU"))
     result.alloc_cpus = int(usage["AllocCPUS"]) if usage.get("AllocCPUS", "").isdigit() else None
-    result.req_mem_bytes = slurm_bytes(usage.get("ReqMem"))
     result.nodes = int(usage["NNodes"]) if usage.get("NNodes", "").isdigit() else 1
+    result.req_mem_bytes = job_req_mem(usage.get("ReqMem"), result.nodes, result.alloc_cpus)
     for step, values in (run.get("step_usage") or {}).items():
         rss = slurm_bytes(values.get("MaxRSS"))
         if not rss:
@@ -155,7 +170,8 @@ def report(job_label: str, run: dict[str, Any], options: dict[str, Any], trainer
     if result.elapsed_s and result.alloc_cpus and result.total_cpu_s is not None:
         result.cpu_eff = result.total_cpu_s / (result.elapsed_s * result.alloc_cpus)
     if result.peak_rss_bytes and result.req_mem_bytes:
-        result.mem_eff = result.peak_rss_bytes / result.req_mem_bytes
+        # ReqMem is the job's total (all nodes); the peak is per node: compare like with like.
+        result.mem_eff = result.peak_rss_bytes * result.nodes / result.req_mem_bytes
     if result.elapsed_s is not None and result.limit_s:
         result.time_frac = result.elapsed_s / result.limit_s
     if trainer is not None:

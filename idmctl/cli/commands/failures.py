@@ -109,11 +109,12 @@ def jobs_import(
     as_json: JsonOpt = False,
 ) -> None:
     """Pull jobs not submitted by idmctl from sacct into the store (imported), and classify their failures."""
-    from idmctl.ops.failures.importer import import_and_classify, parse_history, sacct_history  # start-up: pulls sqlalchemy and pydantic
+    from idmctl.ops.failures.importer import import_windows  # start-up: pulls sqlalchemy and pydantic
     from idmctl.ops.failures.postmortem import parse_since  # start-up: pulls sqlalchemy and pydantic
 
-    records = parse_history(sacct_history(parse_since(since)))
-    result, failed_runs = import_and_classify(records)
+    # sacct in time windows, a bounded number of lines and a deadline per call (a year of a busy cluster
+    # is ~100,000 jobs); each window's jobs are stored as they come.
+    result, failed_runs = import_windows(parse_since(since))
     if as_json:
         emit_json(result)
         return

@@ -64,7 +64,8 @@ class LocalExecutor:
             raise SchedulerRefusal("bash -n", one_line(result.stderr) or f"exit {result.returncode}")
         return "the script parses (no scheduler to ask)"
 
-    def status(self, scheduler_ids: list[str]) -> dict[str, JobStatus]:
+    def status(self, scheduler_ids: list[str], submitted: dict[str, datetime] | None = None) -> dict[str, JobStatus]:
+        # Local ids are never reused (a state file per id): ``submitted`` has nothing to tell apart.
         statuses: dict[str, JobStatus] = {}
         for scheduler_id in scheduler_ids:
             path = _state_path(scheduler_id)

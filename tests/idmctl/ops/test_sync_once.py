@@ -35,8 +35,8 @@ from idmctl.ops.sync import sync
 barrier, me, timeout_s = Path(sys.argv[1]), sys.argv[2], float(sys.argv[3])
 real_status = LocalExecutor.status
 
-def status_then_wait_for_the_other(self, scheduler_ids):
-    found = real_status(self, scheduler_ids)
+def status_then_wait_for_the_other(self, scheduler_ids, submitted=None):
+    found = real_status(self, scheduler_ids, submitted)
     (barrier / me).touch()  # both syncs now hold the ended status, neither has written
     deadline = time.monotonic() + timeout_s
     while len(list(barrier.iterdir())) < 2:
