@@ -175,8 +175,14 @@ class ControllerJob(_Strict):
     schedule: str = "*/10 * * * *"
     """How often ``idmctl controller install``'s scrontab entry syncs every chain (cron fields): a hang the
     job's own watchdog could not report is still found."""
+    outage_tries: int = Field(default=6, ge=0, le=20)
+    """Follow-up controllers left, at most, after one that could not reach the store (0: none; the chain
+    then waits for a sync). Each that still finds the store down leaves the next, until this many ran."""
+    outage_backoff: str = "2m"
+    """How long after a controller that found the store down its first follow-up starts; each next one
+    waits twice as long. 2m × (1 + 2 + 4 + 8 + 16 + 32) = 126 min covered by the 6 default tries."""
 
-    @field_validator("time_limit")
+    @field_validator("time_limit", "outage_backoff")
     @classmethod
     def _duration(cls, value: str) -> str:
         parse_duration(value)

@@ -1,9 +1,16 @@
 """The controller job's script: part ``controller`` of ``templates/job.sh.tmpl``, its ``#SBATCH`` header
 from a :class:`JobRequest` (one CPU, the profile's QoS/partition, ``--dependency=afterany:<attempt>``,
-``--kill-on-invalid-dep=yes``). Every value is validated or shell-quoted here, as in ``render.py``."""
+``--kill-on-invalid-dep=yes``). Every value is validated or shell-quoted here, as in ``render.py``.
+
+It runs from the chain's code snapshot (``repo_root``: ``python -m idmctl`` imports the snapshot's idmctl,
+taxonomy included, before any installed one), so a ``git pull`` of the live clone never changes how a queued
+chain is classified. A follow-up after a store outage (``follow_up`` > 0) has no dependency (its attempt
+ended already, and Slurm forgets an ended job after MinJobAge) and starts at ``begin``.
+"""
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import sys
@@ -20,6 +27,8 @@ from idmctl.job.template import fill
 
 ENV_CONTROLLER_JOB = "IDMCTL_CONTROLLER_JOB_ID"
 """The controller job's own Slurm id, kept under this name once its script drops the ``SLURM_*`` variables."""
+ENV_CONTROLLER = "IDMCTL_CONTROLLER"
+"""JSON of :class:`FollowUp`: what a controller needs to leave a follow-up with no store to read it from."""
 _BEGIN = re.compile(r"^now\+\d{1,6}$")
 
 
@@ -41,10 +50,51 @@ class ControllerContext:
     """``now+SECONDS``: start no sooner (a controller re-armed while sacct has not recorded the end yet)."""
     python: str = sys.executable
     repo_root: Path = REPO_ROOT
+    """Where ``python -m idmctl`` runs from: the chain's code snapshot (the live tree only for an attempt
+    submitted before snapshots, or one whose snapshot is gone)."""
+    follow_up: int = 0
+    """0: the controller that follows the attempt; n > 0: the n-th follow-up after a store outage."""
+    origin: str | None = None
+    """A follow-up's first controller (the one that found the store down): it ran, it waits on nothing."""
+    label: str | None = None
+    """Names the script file where the attempt number alone would collide (an eval job's controller)."""
+
+
+@dataclass(frozen=True)
+class FollowUp:
+    """What the running controller knows of itself (``$IDMCTL_CONTROLLER``), to submit its follow-up after
+    a store outage without reading the store."""
+
+    attempt: int
+    run_dir: str
+    """The attempt's run directory: the follow-up's script and log go there."""
+    follow_up: int = 0
+    """Which try this controller is (0: the one that followed the attempt)."""
+    origin: str | None = None
+    """The first controller of this outage's series, once there is a series."""
+    label: str | None = None
+
+    def encoded(self) -> str:
+        return json.dumps({"attempt": self.attempt, "run_dir": self.run_dir, "follow_up": self.follow_up,
+                           "origin": self.origin, "label": self.label}, separators=(",", ":"))
+
+    @classmethod
+    def decoded(cls, text: str | None) -> "FollowUp | None":
+        """From ``$IDMCTL_CONTROLLER``; None when unset or unreadable (a controller script of an older idmctl)."""
+        try:
+            data = json.loads(text or "")
+            return cls(int(data["attempt"]), str(data["run_dir"]), int(data.get("follow_up") or 0),
+                       data.get("origin") or None, data.get("label") or None)
+        except (ValueError, TypeError, KeyError):
+            return None
 
 
 def controller_request(ctx: ControllerContext, qos: str | None, time_limit: str, mem: str) -> JobRequest:
-    """The controller's request: one CPU, after the attempt, killed if that dependency can never hold."""
+    """The controller's request: one CPU, after the attempt, killed if that dependency can never hold. A
+    follow-up has none: its attempt ended before the first controller ran."""
+    if ctx.follow_up:
+        return JobRequest(qos=qos, time_limit=time_limit, mem=mem, cpus_per_node=1,
+                          job_name=f"idmctl-controller-{ctx.chain_id}")
     return JobRequest(qos=qos, time_limit=time_limit, mem=mem, cpus_per_node=1, job_name=f"idmctl-controller-{ctx.chain_id}",
                       dependency=f"afterany:{ctx.after}", kill_on_invalid_dep=True)
 
@@ -56,7 +106,7 @@ def render_controller_script(request: JobRequest, ctx: ControllerContext) -> str
     if ctx.partition is not None:
         check_name(ctx.partition, "controller.partition", where)
     check_name(request.job_name or "", "controller job name", where)
-    if not DEPENDENCY.fullmatch(request.dependency or ""):
+    if not ctx.follow_up and not DEPENDENCY.fullmatch(request.dependency or ""):
         raise UserError(f"{request.dependency!r} is not a job dependency", field="controller.dependency",
                         hint="afterany:<job id>")
     if ctx.begin is not None and not _BEGIN.fullmatch(ctx.begin):
@@ -82,8 +132,9 @@ def render_controller_script(request: JobRequest, ctx: ControllerContext) -> str
     ]
     header = ["#SBATCH --" + name + ("" if value is True else f"={value}") for name, value in directives if value is not None]
     q = shlex.quote
+    me = FollowUp(ctx.attempt, str(Path(ctx.log_path).parent), ctx.follow_up, ctx.origin, ctx.label)
     env = {contract.ENV_HOME: str(ctx.idmctl_home), **({contract.ENV_CLUSTER: ctx.cluster} if ctx.cluster else {}),
-           "PYTHONUNBUFFERED": "1"}
+           ENV_CONTROLLER: me.encoded(), "PYTHONUNBUFFERED": "1"}
     return fill("controller", {
         "ENV_CONTROLLER_JOB": ENV_CONTROLLER_JOB,
         "sbatch_header": "\n".join(header),

@@ -5,23 +5,32 @@ attempt's end, and the resubmitted attempt gets a controller of its own. Nothing
 anywhere else. A controller is not an attempt: it has no Job row (its id is a fact on the attempt it
 follows, ``record.job_facts``), spends no retry and is never a failure.
 
-A controller that cannot reach the store exits non-zero with one line and writes nothing: the scheduler
-kept every state it would have read, so the next controller or a manual ``idmctl sync`` catches up from
-sacct. A chain that ends cancels the controllers still waiting on it; ``--kill-on-invalid-dep`` removes
-one whose attempt vanished.
+A controller that cannot reach the store writes nothing to it: the scheduler kept every state it would
+have read. It leaves a follow-up instead (:func:`submit_follow_up`: the same controller, no dependency,
+``--begin`` after the profile's ``controller.outage_backoff``, doubling, at most ``controller.outage_tries``
+of them), tells the team (``idmctl.ops.notify``, which reads no store), and exits non-zero with one line;
+the follow-up that finds the store again catches up from sacct. A chain that ends cancels the controllers
+still waiting on it; ``--kill-on-invalid-dep`` removes one whose attempt vanished.
+
+Every controller runs the chain's code snapshot (the attempt's ``code`` column), never the live clone: a
+queued chain is classified and resubmitted by the idmctl that admitted it until ``submit --resume CHAIN
+--code current`` moves it on (the resumed attempt's snapshot, and so its controller's, is the tree then).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from ground.code_snapshot import MANIFEST
 from ground.errors import CheckFailed
-from ground.paths import atomic_write_text, home
+from ground.paths import REPO_ROOT, atomic_write_text, home
+from ground.units import parse_duration
 from idmctl.core.notice import warn
-from idmctl.core.profile import ClusterProfile, load_profile
-from idmctl.job.controller_script import ControllerContext, controller_request, render_controller_script
+from idmctl.core.profile import ClusterProfile, ControllerJob, load_profile
+from idmctl.job.controller_script import ControllerContext, FollowUp, controller_request, render_controller_script
 from idmctl.ops.executors import executor_for
 from idmctl.record.job_facts import CONTROLLER, record_fact
 
@@ -33,28 +42,94 @@ def submit_controller(job_id: int, chain_id: int, attempt: int, after: str, run_
     """Submit the controller that follows attempt ``after`` (scheduler id) of ``chain_id``; returns its id,
     or None where the profile has none (a local executor, ``controller.enabled: false``). A controller that
     sbatch refuses is a warning, never a failed submit: the attempt runs, a manual sync still serves it.
-    ``label`` names the script file where the attempt number alone would collide (an eval job)."""
+    ``label`` names the script file where the attempt number alone would collide (an eval job). It runs
+    the code snapshot recorded on job ``job_id`` (:func:`code_root`)."""
     profile = load_profile(cluster)[0]
     if not wanted(profile):
         return None
-    settings = profile.controller
+    root, version = code_root(_recorded_code(job_id))
     ctx = ControllerContext(chain_id=chain_id, attempt=attempt, after=after, log_path=str(run_dir / CONTROLLER_LOG),
-                            idmctl_home=home(), cluster=cluster, partition=settings.partition,
-                            begin=f"now+{begin_s}" if begin_s else None)
-    script = render_controller_script(controller_request(ctx, settings.qos, settings.time_limit, settings.mem), ctx)
+                            idmctl_home=home(), cluster=cluster, partition=profile.controller.partition,
+                            begin=f"now+{begin_s}" if begin_s else None, repo_root=root, label=label)
     # An eval job's chain shares the training chain's run directory: its controller script is named apart.
     path = run_dir / f"controller-{label or attempt}.sbatch"
-    atomic_write_text(path, script)
     submitted_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
     try:
-        scheduler_id = executor_for("slurm").submit(path, ctx.log_path)
+        scheduler_id = _sbatch(ctx, profile.controller, path)
     except CheckFailed as exc:
         warn(f"warning: no controller for job {after} (chain {chain_id}): {exc}; run `idmctl sync` for this chain")
         record_fact(job_id, CONTROLLER, {"error": str(exc)[:300], "submitted_at": submitted_at})
         return None
     record_fact(job_id, CONTROLLER, {"scheduler_id": scheduler_id, "after": after, "submitted_at": submitted_at,
-                                     "script": str(path)})
+                                     "script": str(path), "code": {"version": version, "directory": str(root)}})
     return scheduler_id
+
+
+def _sbatch(ctx: ControllerContext, settings: ControllerJob, path: Path) -> str:
+    """Render the controller's script to ``path`` and submit it; CheckFailed when sbatch refuses it."""
+    script = render_controller_script(controller_request(ctx, settings.qos, settings.time_limit, settings.mem), ctx)
+    atomic_write_text(path, script)
+    return executor_for("slurm").submit(path, ctx.log_path)
+
+
+def _recorded_code(job_id: int) -> dict | None:
+    from idmctl.record.jobs import job_by_id  # the store: submit and sync hold it open already
+
+    row = job_by_id(job_id)
+    code = getattr(row, "code", None) if row is not None else None
+    return code if isinstance(code, dict) else None
+
+
+def code_root(code: dict | None) -> tuple[Path, str | None]:
+    """Where a controller of an attempt with this ``code`` record runs idmctl from, and that code's version:
+    the chain's snapshot; the live clone (version None) for an attempt submitted before snapshots, or
+    whose snapshot is gone (a warning: the chain is then classified by whatever the clone holds now)."""
+    directory = (code or {}).get("directory")
+    if directory and (Path(directory) / MANIFEST).is_file():
+        return Path(directory), (code or {}).get("version")
+    if directory:
+        warn(f"warning: the chain's code snapshot {directory} is gone: its controller runs the live clone {REPO_ROOT}")
+    return REPO_ROOT, None
+
+
+@dataclass(frozen=True)
+class FollowedUp:
+    """A follow-up controller left by one that could not reach the store."""
+
+    scheduler_id: str | None
+    """None: none was left (the tries are spent, or sbatch refused it: ``why``)."""
+    follow_up: int
+    """Which try it is (1 for the first), or the try that found no one left to follow."""
+    of: int
+    """The profile's ``controller.outage_tries``."""
+    begin_s: int = 0
+    why: str = ""
+
+
+def follow_up_delay_s(settings: ControllerJob, follow_up: int) -> int:
+    """Seconds before follow-up ``follow_up`` (1-based) starts: the backoff, doubled for each try before it."""
+    return int(round(parse_duration(settings.outage_backoff) * 2 ** (follow_up - 1)))
+
+
+def submit_follow_up(chain_id: int, after: str, me: FollowUp, my_id: str, cluster: str | None) -> FollowedUp:
+    """Leave the controller that tries again after this one found the store down: no store is read or
+    written (the profile is a file, sbatch talks to slurmctld). The follow-up runs this same code (the
+    running controller's own tree, the chain's snapshot) and starts after the backoff."""
+    settings = load_profile(cluster)[0].controller
+    nxt = me.follow_up + 1
+    if nxt > settings.outage_tries:
+        return FollowedUp(None, me.follow_up, settings.outage_tries, why=f"{settings.outage_tries} follow-ups ran")
+    begin = follow_up_delay_s(settings, nxt)
+    run_dir = Path(me.run_dir)
+    ctx = ControllerContext(chain_id=chain_id, attempt=me.attempt, after=after, log_path=str(run_dir / CONTROLLER_LOG),
+                            idmctl_home=home(), cluster=cluster, partition=settings.partition,
+                            begin=f"now+{max(begin, 1)}", follow_up=nxt, origin=me.origin or my_id or None,
+                            label=me.label)
+    try:
+        scheduler_id = _sbatch(ctx, settings, run_dir / f"controller-{me.label or me.attempt}-follow-up-{nxt}.sbatch")
+    except (CheckFailed, OSError) as exc:
+        return FollowedUp(None, nxt, settings.outage_tries, begin, why=str(exc))
+    return FollowedUp(scheduler_id, nxt, settings.outage_tries, begin)
 
 
 def wanted(profile: ClusterProfile) -> bool:
@@ -107,3 +182,16 @@ def controller_line(followed: dict) -> str:
     if not isinstance(last, dict):
         return text + ": waiting for the attempt to end"
     return text + f", last ran {last.get('at')}: {last.get('result')}"
+
+
+def controller_code_line(followed: dict, attempt_code: dict | None) -> str:
+    """One line for ``idmctl jobs show``: which idmctl the attempt's controller runs (and so which taxonomy
+    classifies the attempt): the chain's snapshot, or the live clone."""
+    job = f"controller job {followed.get('scheduler_id') or '— (none submitted)'}"
+    if "code" not in followed:
+        return f"{job} runs the live clone (submitted before controllers ran from the chain's snapshot)"
+    code = followed.get("code") or {}
+    if not code.get("version"):
+        return f"{job} runs the live clone {code.get('directory')} (the attempt has no code snapshot)"
+    whose = "this attempt's snapshot" if code.get("version") == (attempt_code or {}).get("version") else "a snapshot"
+    return f"{job} runs idmctl from {whose} {code['version']} in {code.get('directory')}, not the live clone"

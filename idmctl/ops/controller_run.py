@@ -1,6 +1,10 @@
 """What a controller job runs (``idmctl sync --chain ID --controller-for ATTEMPT``): sync the chain, record
 the run on the attempt it followed, then re-arm, leave it to the next attempt's own controller, or, the
-chain ended, cancel the controllers still waiting (``idmctl.ops.controller`` submits them)."""
+chain ended, cancel the controllers still waiting (``idmctl.ops.controller`` submits them).
+
+A controller whose sync finds the store (or the scheduler) not answering leaves a follow-up
+(``controller.submit_follow_up``) and tells the team, both without the store; the first one that finds it
+again records its run with how many follow-ups it took, and says so to the team."""
 
 from __future__ import annotations
 
@@ -12,8 +16,10 @@ from pathlib import Path
 from ground.errors import CheckFailed, UserError
 from idmctl.core.executor import UNCONFIRMED, SchedulerUnreachable
 from idmctl.core.job_state import is_terminal
-from idmctl.job.controller_script import ENV_CONTROLLER_JOB
-from idmctl.ops.controller import cancel_controllers, chain_state, submit_controller
+from ground.contract import ENV_CLUSTER
+from idmctl.job.controller_script import ENV_CONTROLLER, ENV_CONTROLLER_JOB, FollowUp
+from idmctl.ops.controller import FollowedUp, cancel_controllers, chain_state, submit_controller, submit_follow_up
+from idmctl.ops import notify
 from idmctl.ops.sync import sync
 from idmctl.record.job_facts import CONTROLLER, record_fact
 
@@ -43,36 +49,71 @@ def run_controller(chain_id: int, after: str) -> ControllerRun:
     re-arm (the attempt goes on), leave it to the next attempt's own controller, or, the chain ended,
     cancel the controllers still waiting."""
     me = os.environ.get(ENV_CONTROLLER_JOB) or os.environ.get("SLURM_JOB_ID", "")
+    myself = FollowUp.decoded(os.environ.get(ENV_CONTROLLER))
     try:
         report = sync(chain_id=chain_id)
     except (UserError, SchedulerUnreachable) as exc:
-        raise ControllerFailed(f"error: controller for chain {chain_id} (after job {after}): {_one_line(exc)}; nothing was "
-                               "recorded: the next controller or `idmctl sync` catches up from sacct") from exc
+        raise _unreached(chain_id, after, _one_line(exc), myself, me) from exc
     except Exception as exc:  # SQLAlchemy's OperationalError and kin: the store went away mid-sync
         if type(exc).__module__.split(".")[0] != "sqlalchemy":
             raise
-        raise ControllerFailed(f"error: controller for chain {chain_id} (after job {after}): the store did not answer "
-                               f"({type(exc).__name__}); nothing was recorded: the next controller or `idmctl sync` "
-                               "catches up from sacct") from exc
+        raise _unreached(chain_id, after, f"the store did not answer ({type(exc).__name__})", myself, me) from exc
     result = _summary(report)
     status, attempts = chain_state(chain_id)
     attempted = next((a for a in attempts if a["scheduler_id"] == after), None)
     if attempted is not None:
         record_fact(attempted["id"], CONTROLLER, {"last_run": {
             "at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "result": result, "ok": True,
-            "scheduler_id": me or None}})
+            "scheduler_id": me or None,
+            **({"follow_up": myself.follow_up, "outage_from": myself.origin} if myself and myself.follow_up else {})}})
+    if myself is not None and myself.follow_up:
+        _tell(notify.CONTROLLER_CAUGHT_UP, f"idmctl: chain {chain_id}'s controller caught up after a store outage",
+              [f"chain: {chain_id} (after job {after})",
+               f"done: follow-up {myself.follow_up} (controller job {me or '?'}) found the store again: {result}"], "success")
     if status != "ACTIVE":
         return ControllerRun(chain_id, after, result, cancelled=tuple(cancel_controllers(chain_id, keep=me)))
     latest = attempts[-1] if attempts else None
     if latest is None or is_terminal(latest["state"]) or not latest["scheduler_id"]:
         return ControllerRun(chain_id, after, result)
     follower = (latest["controller"] or {}).get("scheduler_id")
-    if follower and follower != me:
+    # A follow-up stands in for the controller that found the store down: that one ran, it waits on nothing.
+    if follower and follower not in (me, myself.origin if myself else None):
         return ControllerRun(chain_id, after, result)  # the attempt's own controller waits on it
     begin = REARM_BEGIN_S if latest["state"] == UNCONFIRMED else None
     rearmed = submit_controller(latest["id"], chain_id, latest["attempt"], latest["scheduler_id"],
                                 Path(latest["script_path"]).parent, latest["cluster"], begin_s=begin)
     return ControllerRun(chain_id, after, result, rearmed=rearmed)
+
+
+def _unreached(chain_id: int, after: str, why: str, myself: FollowUp | None, me: str) -> ControllerFailed:
+    """The one line of a controller whose sync could not run, after leaving its follow-up and telling the
+    team (neither reads the store). Outside a controller job (``myself`` None: a person ran the hidden
+    flag) nothing is left behind."""
+    head = f"error: controller for chain {chain_id} (after job {after}): {why}; nothing was recorded: "
+    if myself is None:
+        return ControllerFailed(head + "the next controller or `idmctl sync` catches up from sacct")
+    left = submit_follow_up(chain_id, after, myself, me, os.environ.get(ENV_CLUSTER))
+    next_step = _next_step(left, chain_id)
+    if left.scheduler_id is None:
+        _tell(notify.CONTROLLER_GAVE_UP, f"idmctl: chain {chain_id} waits for a sync: its store did not answer",
+              [f"chain: {chain_id} (after job {after})", f"cause: {why}",
+               f"done: no follow-up controller left ({left.why}); run `idmctl sync --chain {chain_id}` once the "
+               "store answers"], "failure")
+    elif myself.follow_up == 0:
+        _tell(notify.CONTROLLER_OUTAGE, f"idmctl: chain {chain_id}'s controller could not reach the store",
+              [f"chain: {chain_id} (after job {after})", f"cause: {why}", f"done: {next_step}"], "warning")
+    return ControllerFailed(head + next_step)
+
+
+def _next_step(left: FollowedUp, chain_id: int) -> str:
+    if left.scheduler_id is None:
+        return f"no follow-up controller left ({left.why}); run `idmctl sync --chain {chain_id}` once the store answers"
+    return (f"follow-up controller job {left.scheduler_id} (try {left.follow_up} of {left.of}) starts in "
+            f"{left.begin_s} s and catches up from sacct")
+
+
+def _tell(event: str, title: str, lines: list[str], level: str) -> None:
+    notify.announce(notify.Message(event, title, [f"event: {event}", *lines], level))
 
 
 def _summary(report: object) -> str:

@@ -38,6 +38,10 @@ TIMEOUT_S = 3.0
 most 2 × 3 s per URL, once per event."""
 FAILURE, STOPPED, COMPLETED, VERDICT = "failure", "chain_stopped", "chain_completed", "verdict"
 """The events, as the first word of each message's ``event:`` line (and the store's claim)."""
+CONTROLLER_OUTAGE, CONTROLLER_GAVE_UP, CONTROLLER_CAUGHT_UP = (
+    "controller_outage", "controller_gave_up", "controller_caught_up")
+"""A chain's controller and the store (``idmctl.ops.controller_run``): it could not reach it and left a
+follow-up; no follow-up is left; a follow-up found it again. Sent with no claim: the store may be down."""
 TAG_VERDICT_NOTIFIED = "idmctl.notified.verdict"
 """On each run decide tagged: the verdict last announced for it, so the same verdict is announced once."""
 APPRISE_LOGGER = "apprise"
@@ -184,6 +188,15 @@ def send(message: Message, targets: list[Target]) -> list[str]:
             warn(line)
             failed.append(line)
     return failed
+
+
+def announce(message: Message) -> None:
+    """Send ``message`` to the configured targets, reading no store (a controller that cannot reach it
+    says so this way). Never raises: a warning line instead."""
+    try:
+        send(message, _targets_or_warn())
+    except Exception as exc:  # a notification is never worth more than the line that says it failed
+        warn(f"warning: no notification ({message.event}): {type(exc).__name__}: {exc}")
 
 
 def _targets_or_warn() -> list[Target]:

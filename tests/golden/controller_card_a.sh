@@ -18,6 +18,7 @@
 set -uo pipefail
 export IDMCTL_HOME=/home/operator/idmctl
 export IDMCTL_CLUSTER=/opt/idmctl/src/clusters/card.yaml
+export IDMCTL_CONTROLLER='{"attempt":2,"run_dir":"/home/operator/idmctl/runs/latent_c_n4/7","follow_up":0,"origin":null,"label":null}'
 export PYTHONUNBUFFERED=1
 cd /opt/idmctl/src || exit 1
 echo "idmctl: controller ${SLURM_JOB_ID:-local} for chain 7 after job 6108 on $(hostname) at $(date -Is)"

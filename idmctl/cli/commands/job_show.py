@@ -32,7 +32,8 @@ def show(
         emit_json({"job": row.id, "chain": row.chain_id, "attempt": row.attempt, "experiment": row.experiment,
                    "scheduler_id": row.scheduler_id, "state": row.state, "exit_code": row.exit_code,
                    "nodes": row.node_list, "qos": row.qos, "reason": row.reason, "code": code or None,
-                   "admission_failed": admitted.get("failed"), "efficiency": efficiency})
+                   "admission_failed": admitted.get("failed"), "controller": row.controller or None,
+                   "efficiency": efficiency})
         return
     console.print(f"job {row.id} ({row.executor} {row.scheduler_id or '—'}) chain {row.chain_id} attempt {row.attempt}  "
                   f"{row.experiment}  {row.state} {row.exit_code or ''} on {row.node_list or '—'}  qos {row.qos or '—'}",
@@ -44,6 +45,10 @@ def show(
                       markup=False)
     else:
         console.print(f"code: {row.code_version or '—'} (the live tree: submitted before code snapshots)", markup=False)
+    if isinstance(row.controller, dict):
+        from idmctl.ops.controller import controller_code_line  # start-up: only a job a controller follows
+
+        console.print(f"controller: {controller_code_line(row.controller, code)}", markup=False)
     if row.reason:
         console.print(f"reason: {row.reason}", markup=False)
     if not efficiency:
