@@ -65,6 +65,11 @@ ENV_SMOKE_STEPS = "IDMCTL_SMOKE_STEPS"
 """Set only by the preflight's smoke: run exactly this many optimizer steps, report each, and exit 0."""
 ENV_SMOKE_BATCH = "IDMCTL_SMOKE_BATCH"
 """Set only by the smoke: the per-device batch size to use for those steps."""
+ENV_NPROC_PER_NODE = "IDMCTL_NPROC_PER_NODE"
+"""Set for an entry started once per node (``code.launch: per_node``): the ranks it starts on its node, one per
+GPU (``torchrun --nproc_per_node "$IDMCTL_NPROC_PER_NODE"``); the smoke sets 1, its one GPU."""
+ENV_NNODES = "IDMCTL_NNODES"
+"""Set with ``IDMCTL_NPROC_PER_NODE``: the nodes of the job (``torchrun --nnodes``)."""
 STEP_MARKER = "IDMCTL_STEP"
 """One stdout line per optimizer step: ``IDMCTL_STEP step=<int> loss=<float> seconds=<float>
 [peak_mem_bytes=<int>]`` (``trainers.entry_helper.Reporter.step`` prints it). The smoke's step time,
@@ -95,6 +100,14 @@ ENV_RANK_DIGESTS = "IDMCTL_TEST_RANK_DIGESTS"
 SPEC_FILE = "spec.json"
 FAILURE_FILE = "failure.json"
 MLFLOW_RUN_ID_FILE = "mlflow_run_id"
+TRACKING_SPOOL_FILE = "tracking_spool.jsonl"
+"""Every MLflow write of the chain, one JSON line each, in order, before it reaches MLflow (``ground.tracking_spool``):
+what the tracking server has not taken yet waits here through an outage."""
+TRACKING_SPOOL_FACTS = "tracking_spool.json"
+"""The spool's facts: sent offset, records dropped (spool full) or refused, outage start, records left unflushed
+when a job exited (``ground.tracking_spool.spool_status`` reads it for ``jobs show``)."""
+ENV_TRACKING_SPOOL_MAX_BYTES = "IDMCTL_TRACKING_SPOOL_MAX_BYTES"
+"""The spool's size limit in bytes (default ``ground.tracking_spool.MAX_BYTES``, 64 MiB)."""
 PROGRESS_FILE = "progress.json"
 """Rank 0's heartbeat: step / total, recent s/step, checkpoint write time (``ground.progress``); read by
 ``idmctl jobs``/``watch`` for the ETA and by preflight for the step times of earlier runs."""

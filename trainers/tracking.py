@@ -1,22 +1,30 @@
 """MLflow logging for one training chain: every attempt (Slurm requeue) logs to ONE run.
 
-The run id lives in ``<run_dir>/mlflow_run_id``: the first attempt creates the run and writes it
-(atomically); later attempts reopen it. Names come from :mod:`ground.tracking`. Only rank 0 logs.
+The run id lives in ``<run_dir>/mlflow_run_id``: the first write to reach MLflow creates the run and
+writes it (atomically); later attempts reopen it. Names come from :mod:`ground.tracking`. Only rank 0 logs.
+
+Training never waits on the tracking server: every write is a line appended to the run directory's
+spool (``ground.tracking_spool``, tens of microseconds) and a daemon thread ships the spool to MLflow.
+When the server does not answer, the job log says so once, the lines wait in order, and they go
+when it answers again (this process, a later attempt, or the control plane's ``flush_spool``).
 """
 
 from __future__ import annotations
 
+import atexit
 import os
+import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from ground import tracking as names
-from ground.errors import UserError
+from ground import tracking_spool as spool
 from ground.contract import ENV_ATTEMPT, ENV_CHAIN_ID, MLFLOW_RUN_ID_FILE
-from ground.mlflow_store import store_init_lock
-from ground.mlflow_view import ensure_experiment, ensure_goal_view
-from ground.paths import atomic_write_text, mlflow_artifacts_dir, mlflow_tracking_uri
+from ground.errors import UserError
+from ground.paths import mlflow_artifacts_dir, mlflow_tracking_uri
+from ground.redact import redacted
 from ground.spec.schema import Goal
 
 _MAX_PARAM_CHARS = 6000
@@ -43,105 +51,175 @@ def chain_id(env: dict[str, str] | None = None) -> int | None:
     return int(value) if value else None
 
 
+class _Shipper(threading.Thread):
+    """Ships the spool to MLflow: at once when woken after an append, every ``backoff`` seconds (1, 2, 4 … 30)
+    while the server does not answer. Says so in the job log once per outage, and once when it is over."""
+
+    BACKOFF_MAX_S = 30.0
+
+    def __init__(self, run_dir: Path, client: Any):
+        super().__init__(name="idmctl-tracking", daemon=True)
+        self.run_dir = run_dir
+        self.wake = threading.Event()
+        self.closing = False
+        self.backoff: float | None = None
+        """None while the server answers; seconds to the next try during an outage."""
+        self.last: spool.FlushResult | None = None
+        self._client = client
+
+    def run(self) -> None:
+        while True:
+            self.wake.wait(self.backoff)
+            self.wake.clear()
+            closing = self.closing
+            self._flush()
+            if closing:
+                return
+
+    def _flush(self) -> None:
+        try:
+            if self._client is None:
+                self._client = spool.open_client()
+            result = spool.flush_spool(self.run_dir, client=self._client)
+        except Exception as exc:  # noqa: BLE001 (opening the store failed: an outage like any other)
+            result = spool.FlushResult(pending=spool.Spool(self.run_dir).pending_records(), error=str(exc))
+        self.last = result
+        if result.error is None:
+            if self.backoff is not None:
+                _say(f"tracking server answers again: {result.sent} spooled records sent to MLflow")
+            self.backoff = None
+        else:
+            if self.backoff is None:
+                _say(f"tracking server unreachable ({redacted(mlflow_tracking_uri())}: {result.error}): "
+                     f"spooling to {spool.Spool(self.run_dir).path}; training goes on, the spool "
+                     "is sent when the server answers")
+            self.backoff = min(self.BACKOFF_MAX_S, 2 * self.backoff if self.backoff else 1.0)
+
+
+def _say(line: str) -> None:
+    print(f"idmctl: {line}", file=sys.stderr, flush=True)
+
+
 class RunLogger:
-    """Rank 0's handle on the chain's MLflow run."""
+    """Rank 0's handle on the chain's MLflow run: every method appends to the spool and returns."""
+
+    CLOSE_WAIT_S = 2 * spool.HTTP_TIMEOUT_S + 2
+    """How long closing waits for the last send: two timed-out requests (a flush's first record and the
+    run's store) and a margin; what is still spooled then stays for the next flusher."""
 
     def __init__(self, run_dir: Path, name: str, spec_hash: str, canonical: dict[str, Any], code_version: str):
-        from mlflow.tracking import MlflowClient
-
-        with store_init_lock():  # the first connect seeds or migrates the store
-            self.client = MlflowClient(tracking_uri=mlflow_tracking_uri())
-            self.client.search_experiments(max_results=1)
-        id_file = run_dir / MLFLOW_RUN_ID_FILE
-        if id_file.exists():
-            self.run_id = id_file.read_text().strip()
-            self.client.update_run(self.run_id, status="RUNNING")
-            self.resumed = True
+        self.run_dir = Path(run_dir)
+        self.spool = spool.Spool(self.run_dir)
+        self.resumed = (self.run_dir / MLFLOW_RUN_ID_FILE).exists()
+        records: list[dict[str, Any]] = []
+        if self.resumed:
+            records.append(spool.status_record("RUNNING"))
         else:
-            experiment_id = self._experiment_id(name, canonical)
-            spec = canonical
-            tags = {
-                names.TAG_EXPERIMENT: name, names.TAG_SPEC_HASH: spec_hash,
-                names.TAG_ROUTING_N: str(len(spec["data"]["selected_layer_indices"])),
-                names.TAG_QOS: str(spec["resources"]["qos"]),
-            }
-            chain = chain_id()
-            if chain is not None:
-                tags[names.TAG_CHAIN] = str(chain)
-            run = self.client.create_run(experiment_id, run_name=names.run_name(name, chain), tags=tags)
-            self.run_id = run.info.run_id
-            self._log_params(names.flatten(canonical))
-            atomic_write_text(id_file, self.run_id + "\n")
-            self.resumed = False
-        for key, value in {names.TAG_CODE_VERSION: code_version, **attempt_tags()}.items():
-            self.client.set_tag(self.run_id, key, value)
+            records.append(self._create_record(name, spec_hash, canonical))
+        records.append(spool.tags_record({names.TAG_CODE_VERSION: code_version, **attempt_tags()}))
+        self._start(records)
 
     @classmethod
     def attach(cls, run_dir: Path) -> "RunLogger":
         """The chain's existing run, reopened to add results (an evaluation job): its status, attempt tags
         and start points are the training attempts' and stay as they are."""
-        from mlflow.tracking import MlflowClient
-
         id_file = Path(run_dir) / MLFLOW_RUN_ID_FILE
-        if not id_file.exists():
+        if not id_file.exists() and not spool.Spool(Path(run_dir)).pending_records():
             raise UserError("the chain has no MLflow run yet: no training attempt has started", file=str(id_file),
                             hint="an evaluation job runs after the training attempt that writes its checkpoint")
         logger = cls.__new__(cls)
-        with store_init_lock():
-            logger.client = MlflowClient(tracking_uri=mlflow_tracking_uri())
-        logger.run_id, logger.resumed = id_file.read_text().strip(), True
+        logger.run_dir, logger.spool, logger.resumed = Path(run_dir), spool.Spool(Path(run_dir)), True
+        logger._start([])
         return logger
 
-    def _experiment_id(self, name: str, canonical: dict[str, Any]) -> str:
-        """The ``idmctl`` experiment (created when missing) with idmctl's chart view charting this spec's
-        metrics, and the spec's goal view (its goal's metric first) when it has a goal."""
-        artifacts = mlflow_artifacts_dir()
-        artifacts.mkdir(parents=True, exist_ok=True)
+    def _start(self, records: list[dict[str, Any]]) -> None:
+        self._closed = False
+        # MLflow is imported and its client made here, in the main thread: a DataLoader worker forked
+        # while the shipping thread held an import lock would deadlock on its first import.
+        try:
+            client = spool.open_client()
+        except Exception:  # noqa: BLE001 (the store cannot be opened now: the shipper retries)
+            client = None
+        self._shipper = _Shipper(self.run_dir, client)
+        self._write(*records)  # before the thread starts: the first flush sends them, and earlier attempts' lines
+        self._shipper.start()
+        self._shipper.wake.set()
+        atexit.register(self.close)
+
+    @property
+    def run_id(self) -> str | None:
+        """The run's id once its creation reached MLflow (None before)."""
+        id_file = self.run_dir / MLFLOW_RUN_ID_FILE
+        return id_file.read_text().strip() if id_file.exists() else None
+
+    def _create_record(self, name: str, spec_hash: str, canonical: dict[str, Any]) -> dict[str, Any]:
+        """The run as the first attempt creates it: tags, the flattened spec as params, and the chart and
+        goal views of the ``idmctl`` experiment charting this spec's metrics."""
+        tags = {
+            names.TAG_EXPERIMENT: name, names.TAG_SPEC_HASH: spec_hash,
+            names.TAG_ROUTING_N: str(len(canonical["data"]["selected_layer_indices"])),
+            names.TAG_QOS: str(canonical["resources"]["qos"]),
+        }
+        chain = chain_id()
+        if chain is not None:
+            tags[names.TAG_CHAIN] = str(chain)
         evaluation = canonical.get("eval") or {}
         episodes = [int(n) for n in evaluation.get("episodes") or []]
         keys = [names.eef_metric(n) for n in episodes] + [names.M_LOSS]
         if evaluation.get("simulator"):
             keys += [names.eef_metric(n, simulator=True) for n in episodes]
-        experiment_id = ensure_experiment(self.client, artifacts.as_uri(), keys)
+        goal = None
         if canonical.get("goal"):
-            goal = Goal.parse(str(canonical["goal"]))
-            ensure_goal_view(self.client, experiment_id, name, str(goal), goal.metric, keys)
-        return experiment_id
+            parsed = Goal.parse(str(canonical["goal"]))
+            goal = (str(parsed), parsed.metric)
+        params = [(key, str(value)[:_MAX_PARAM_CHARS]) for key, value in sorted(names.flatten(canonical).items())]
+        return spool.create_record(name, names.run_name(name, chain), tags, params,
+                                   mlflow_artifacts_dir().as_uri(), keys, goal)
 
-    def _log_params(self, flat: dict[str, Any]) -> None:
-        from mlflow.entities import Param
-
-        params = [Param(key, str(value)[:_MAX_PARAM_CHARS]) for key, value in sorted(flat.items())]
-        for start in range(0, len(params), 100):  # log_batch takes at most 100 params per call
-            self.client.log_batch(self.run_id, params=params[start:start + 100])
+    def _write(self, *records: dict[str, Any]) -> None:
+        dropped = self.spool.append(*records)
+        if dropped and self.spool.facts().dropped_records == dropped:
+            _say(f"tracking spool {self.spool.path} is full ({spool.max_bytes()} bytes): newer metrics are "
+                 f"dropped and counted in {self.spool.facts_path.name} until the server takes the spooled ones")
+        if self._shipper.backoff is None:  # during an outage the shipper keeps its own backoff
+            self._shipper.wake.set()
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        from mlflow.entities import Metric
-
-        stamp = int(time.time() * 1000)
-        batch = [Metric(key, float(value), stamp, step) for key, value in metrics.items()]
-        self.client.log_batch(self.run_id, metrics=batch)
+        self._write(spool.metrics_record(metrics, step))
 
     def log_episodes(self, metric: str, step: int, protocol: dict[str, Any], episodes: list[tuple[str, float]]) -> None:
         """One evaluation's per-episode errors as a JSON artifact, and the protocol its metric is under as a tag."""
         document = {"metric": metric, "step": step, "protocol": protocol, "unit": "mm",
                     "episodes": [{"episode": name, "error_mm": float(value)} for name, value in episodes]}
-        self.client.log_dict(self.run_id, document, names.episodes_artifact(metric, step))
-        self.client.set_tag(self.run_id, names.protocol_tag(metric), str(protocol["name"]))
+        self._write(spool.dict_record(document, names.episodes_artifact(metric, step)),
+                    spool.tags_record({names.protocol_tag(metric): str(protocol["name"])}))
 
     def start_attempt(self, start_step: int) -> None:
         """Record that an attempt starts training at ``start_step`` (its checkpoint; 0 when fresh), before
         it logs any point: readers drop the earlier attempts' points past it (ground.tracking.surviving)."""
-        from mlflow.entities import Metric
-
-        ordinal = len(self.client.get_metric_history(self.run_id, names.M_ATTEMPT_START)) + 1
-        self.client.log_batch(self.run_id, metrics=[
-            Metric(names.M_ATTEMPT_START, float(ordinal), int(time.time() * 1000), start_step)])
-        self.client.set_tag(self.run_id, names.TAG_ATTEMPT_START_STEP, str(start_step))
+        self._write(spool.attempt_start_record(start_step))
 
     def set_tag(self, key: str, value: str) -> None:
-        self.client.set_tag(self.run_id, key, value)
+        self._write(spool.tags_record({key: value}))
 
     def finish(self, status: str) -> None:
-        """``FINISHED``, ``FAILED`` or ``KILLED`` (preempted: a later attempt reopens the run)."""
-        self.client.set_terminated(self.run_id, status=status)
+        """``FINISHED``, ``FAILED`` or ``KILLED`` (preempted: a later attempt reopens the run); then :meth:`close`."""
+        self._write(spool.status_record(status))
+        self.close()
+
+    def close(self, wait_s: float | None = None) -> spool.FlushResult | None:
+        """Send what is spooled, waiting at most ``wait_s`` (:data:`CLOSE_WAIT_S`). Records still spooled
+        after it are a recorded fact (``tracking_spool.json``'s ``unflushed_at``) and one job-log line, never
+        an error: the next attempt or the control plane sends them."""
+        if self._closed:
+            return self._shipper.last
+        self._closed = True
+        self._shipper.closing = True
+        self._shipper.wake.set()
+        self._shipper.join(self.CLOSE_WAIT_S if wait_s is None else wait_s)
+        pending = self.spool.pending_records()
+        if pending:
+            self.spool.update_facts(unflushed_at=spool.utc_now(), unflushed_records=pending)
+            _say(f"{pending} tracking records stay spooled in {self.spool.path} (the tracking server did not take "
+                 "them): the next attempt, the controller or `idmctl sync` sends them")
+        return self._shipper.last
