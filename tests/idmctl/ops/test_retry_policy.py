@@ -32,11 +32,21 @@ SAMPLES: dict[str, tuple[str, str, str, bool]] = {
                   f"entry: checkpointed at step 3 on signal, exiting {contract.EXIT_REQUEUE}", True),
     "node_fail": ("FAILED", "1:0", "slurmstepd: error: *** JOB 57 ON n2 CANCELLED AT 2026-11-30T10:01:02 "
                                    "DUE TO NODE FAILURE, SEE SLURMCTLD LOG FOR DETAILS ***", True),
+    # The new causes' samples are lines of the failure corpus (tests/idmctl/ops/failure_corpus), as published:
+    # huggingface/accelerate#1192 (issue body), NVIDIA/nccl-tests#252 (ismailguzel's comment), lyulyul/shine-cluster#30.
+    "gpu_hardware": ("FAILED", "1:0", "RuntimeError: CUDA error: uncorrectable ECC error encountered", True),
+    "network_fault": ("FAILED", "1:0", "kolyoz2:25146:25854 [0] ib_plugin.c:1105 NCCL WARN NET/IB : Got completion from "
+                                       "peer 10.0.35.1<49189> with error 4, opcode 5327, len 5327, vendor err 81 (Send)", True),
+    "driver_mismatch": ("FAILED", "1:0", "Failed to initialize NVML: Driver/library version mismatch", True),
     "node_unfit": ("FAILED", f"{contract.EXIT_NODE_UNFIT}:0", f"{contract.FAILURE_MARKER} cause=node_unfit node=n2 "
                    "phase=stage check=shm shm_free_bytes=0 shm_need_bytes=4194304 stale_segments=3", True),
     "shm_enospc": ("FAILED", "1:0", "RuntimeError: unable to write to file </torch_1234_567_0>: "
                                     "No space left on device (28) /dev/shm", True),
     "hang": ("FAILED", f"{contract.EXIT_HANG}:0", f"{contract.FAILURE_MARKER} cause=hang node=n2 step=5 silent_s=31", True),
+    # OFA-Sys/OFA#271 (JamesZhutheThird's comment)
+    "collective_timeout": ("FAILED", "1:0", "[E ProcessGroupNCCL.cpp:737] [Rank 1] Watchdog caught collective operation "
+                           "timeout: WorkNCCL(SeqNum=469508, OpType=ALLREDUCE, Timeout(ms)=1800000) ran for 1802212 "
+                           "milliseconds before timing out.", True),
     "timeout": ("FAILED", "1:0", "slurmstepd: error: *** JOB 58 ON n1 CANCELLED AT 2026-11-30T10:01:02 "
                                  "DUE TO TIME LIMIT ***", True),
     "oom_host": ("FAILED", "1:0", "slurmstepd: error: Detected 1 oom_kill event in StepId=21.0. "
@@ -45,6 +55,8 @@ SAMPLES: dict[str, tuple[str, str, str, bool]] = {
                                       "'/scratch/cache/x.pt': No space left on device", True),
     "nan_loss": ("FAILED", f"{contract.EXIT_NAN}:0", f"{contract.FAILURE_MARKER} cause=nan_loss step=12", True),
     "oom_cuda": ("FAILED", "1:0", "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", True),
+    # NOAA-EPIC/EAGLE#121 (issue body)
+    "checkpoint_write_failed": ("FAILED", "1:0", "OSError: [Errno 122] Disk quota exceeded", True),
     # The build job's markers (trainers.build_job / the builders), as they print them.
     "disk_full": ("FAILED", "1:0", f"{contract.FAILURE_MARKER} cause={contract.CAUSE_DISK_FULL} path=/cache/"
                                    "5x32x32_rgb/.demo_3_s0.safetensors.tmp77: No space left on device", True),
@@ -109,9 +121,39 @@ def test_the_card_causes_keep_their_documented_actions() -> None:
     """What runbook.md promises; a change here is a change of policy, made in the yaml."""
     actions = {cause.name: cause.action for cause in load_taxonomy()}
     assert {name for name, action in actions.items() if action != "stop"} == {
-        "preempted", "timeout", "node_fail", "node_unfit", "hang", "nan_loss"}
+        "preempted", "timeout", "node_fail", "node_unfit", "hang", "nan_loss",
+        "gpu_hardware", "network_fault", "driver_mismatch", "collective_timeout", "checkpoint_write_failed"}
     assert (actions["node_fail"], get_cause("node_fail").exclude_node_for_s) == ("exclude_node_and_resume", 6 * 3600)
     assert (actions["nan_loss"], get_cause("nan_loss").max_per_chain) == ("rollback", 1)
+
+
+def test_the_v2_causes_refine_older_ones_and_say_what_sync_does() -> None:
+    """Taxonomy v2: each new cause narrows an older one and has the action its failure calls for: a node's
+    fault leaves the node out (a broken driver for a day), a collective timeout leaves the suspect node out
+    like a hang, a failed save is retried once and then stops."""
+    v2 = {"gpu_hardware": ("node_fail", "exclude_node_and_resume", 24 * 3600, 3),
+          "network_fault": ("node_fail", "exclude_node_and_resume", 6 * 3600, 3),
+          "driver_mismatch": ("node_fail", "exclude_node_and_resume", 24 * 3600, 2),
+          "collective_timeout": ("hang", "exclude_node_and_resume", 2 * 3600, 2),
+          "checkpoint_write_failed": ("disk_full", "resume", None, 1)}
+    for name, (refines, action, exclude_s, limit) in v2.items():
+        cause = get_cause(name)
+        assert (cause.refines, cause.action, cause.exclude_node_for_s, cause.max_per_chain) == \
+            (refines, action, exclude_s, limit), name
+        assert cause.meaning and cause.fix and cause.caught_by
+    assert "admins" in get_cause("driver_mismatch").fix
+    assert decide("checkpoint_write_failed", NODE, 5, earlier_for_cause=1).action == "stop"
+    assert all(get_cause(name).refines is None for name in SAMPLES if name not in v2)
+
+
+def test_refines_must_name_another_cause(tmp_path: Path) -> None:
+    bad = tmp_path / "taxonomy.yaml"
+    bad.write_text("causes:\n  - {name: x, meaning: m, fix: f, caught_by: none, action: stop, mlflow_status: FAILED,"
+                   " refines: node_fial, rules: [{state: [FAILED]}]}\n"
+                   "  - {name: unknown, meaning: m, fix: f, caught_by: none, action: stop, mlflow_status: FAILED, rules: []}\n")
+    with pytest.raises(UserError) as raised:
+        load_taxonomy(bad)
+    assert raised.value.line().startswith(f"error: {bad}:causes[0].refines: refines 'node_fial' is not another cause")
 
 
 @pytest.mark.parametrize("entry,error", [
