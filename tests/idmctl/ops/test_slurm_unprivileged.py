@@ -1,0 +1,127 @@
+"""A team without root: two unprivileged users, each with a home of their own, on the local Slurm and the
+team's PostgreSQL store. Everything else in the suite runs as root, which hides permission faults; here
+idmctl runs exactly as a team member starts it (``runuser``: their uid, their groups, their $HOME).
+
+The users are made by the test (useradd; Slurm associations under account ``team``), so it needs root to
+set up and is skipped without it. The project's interpreter is pyenv's under /root, which is 0700 on
+Debian: for the duration of this module /root (and any other ancestor of the interpreter) is made
+traversable to others (o+x, never readable) and restored afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pg_support import fresh_database
+from slurm_support import cluster_changing, squeue_state, wait_until
+
+pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("local_slurm")]
+REPO = Path(__file__).resolve().parents[3]
+USERS = ("idmctl-alice", "idmctl-bob")
+ACCOUNT = "team"
+
+
+def _ancestors_to_open() -> list[tuple[Path, int]]:
+    """Folders on the way to the interpreter (and the checkout) that others cannot traverse."""
+    closed = []
+    for target in (Path(os.path.realpath(sys.executable)), REPO):
+        for folder in target.parents:
+            mode = folder.stat().st_mode
+            if not mode & stat.S_IXOTH:
+                closed.append((folder, mode))
+    return list(dict.fromkeys(closed))
+
+
+@pytest.fixture(scope="module")
+def team() -> Iterator[dict[str, Path]]:
+    if os.geteuid() != 0 or shutil.which("useradd") is None or shutil.which("runuser") is None:
+        pytest.skip("making unprivileged users needs root, useradd and runuser")
+    for user in USERS:
+        if subprocess.run(["id", user], capture_output=True).returncode != 0:
+            subprocess.run(["useradd", "-m", "-s", "/bin/bash", user], check=True)
+    with cluster_changing():  # an association added while a reader lists them would be a surprise to it
+        accounts = subprocess.run(["sacctmgr", "-n", "-P", "list", "account", "format=account"],
+                                  capture_output=True, text=True, check=True).stdout.split()
+        if ACCOUNT not in accounts:
+            subprocess.run(["sacctmgr", "-i", "add", "account", ACCOUNT, "Description=the team",
+                            "Organization=idmctl"], check=True, capture_output=True)
+        for user in USERS:
+            subprocess.run(["sacctmgr", "-i", "add", "user", user, f"account={ACCOUNT}"], capture_output=True)
+            subprocess.run(["sacctmgr", "-i", "modify", "user", user, "set", "qos+=core-own,core-extra,share,sub",
+                            "DefaultQOS=share"], check=True, capture_output=True)
+    opened = _ancestors_to_open()
+    for folder, mode in opened:
+        folder.chmod(mode | stat.S_IXOTH)
+    homes = {}
+    for user in USERS:
+        home = Path(tempfile.mkdtemp(prefix="idmctl-", dir=f"/home/{user}"))
+        shutil.chown(home, user, user)
+        homes[user] = home
+    try:
+        yield homes
+    finally:
+        for folder, mode in opened:
+            folder.chmod(mode)
+        for home in homes.values():
+            shutil.rmtree(home, ignore_errors=True)
+
+
+def _as(user: str, home: Path, *args: str, db_url: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """``idmctl ARGS`` as USER, from the checkout, with only what a login shell would give them."""
+    environment = {"HOME": f"/home/{user}", "USER": user, "LOGNAME": user, "PATH": os.environ["PATH"],
+                   "SLURM_CONF": os.environ["SLURM_CONF"], "IDMCTL_HOME": str(home), "IDMCTL_CLUSTER": "local-slurm",
+                   "IDMCTL_DB_URL": db_url, "COLUMNS": "200", **env}
+    return subprocess.run(["runuser", "-u", user, "--", "env", "-i", *(f"{k}={v}" for k, v in environment.items()),
+                           sys.executable, "-m", "idmctl", *args],
+                          cwd=REPO, capture_output=True, text=True, timeout=180)
+
+
+def test_a_member_runs_the_loop_and_another_cannot_cancel_their_job(team: dict[str, Path]) -> None:
+    alice, bob = USERS
+    with fresh_database() as db_url:
+        done = _as(alice, team[alice], "submit", "quickstart", "--entry", "tests.jobs_entry", "--force", "--reason",
+                   "as a team member", "--qos", "core-own", "--json", db_url=db_url)
+        assert done.returncode == 0, done.stderr
+        submitted = json.loads(done.stdout)
+        log = Path(submitted["log"])
+        assert log.parent.owner() == alice  # the run directory is the member's, in their own home
+
+        def ended() -> dict | None:
+            synced = _as(alice, team[alice], "sync", db_url=db_url)
+            assert synced.returncode == 0, synced.stderr
+            rows = json.loads(_as(alice, team[alice], "jobs", "--json", db_url=db_url).stdout)
+            return rows[0] if rows[0]["state"] == "COMPLETED" else None
+
+        row = wait_until(ended, 120, f"{alice}'s job {submitted['scheduler_id']} to complete", poll_s=1.0)
+        assert row["user"] == alice
+
+        # A long one, which bob sees in the team's store and tries to cancel: Slurm refuses a job that is
+        # not his, and the record is left as it was.
+        done = _as(alice, team[alice], "submit", "quickstart", "--entry", "tests.jobs_entry", "--force", "--reason",
+                   "to be cancelled", "--qos", "core-own", "--json", db_url=db_url,
+                   IDMCTL_TEST_BEHAVIOR="steps:600:0.2")
+        assert done.returncode == 0, done.stderr
+        running = json.loads(done.stdout)
+        wait_until(lambda: squeue_state(running["scheduler_id"]) == "RUNNING", 60,
+                   f"{alice}'s job {running['scheduler_id']} to start")
+        seen = json.loads(_as(bob, team[bob], "jobs", "--user", alice, "--json", db_url=db_url).stdout)
+        assert {r["job"] for r in seen} == {submitted["job"], running["job"]}
+        refused = _as(bob, team[bob], "cancel", str(running["job"]), db_url=db_url)
+        assert refused.returncode == 1, refused.stdout + refused.stderr
+        lines = [line for line in refused.stderr.splitlines() if line.strip()]
+        assert len(lines) == 1 and "scancel" in lines[0] and "Traceback" not in refused.stderr, refused.stderr
+        assert squeue_state(running["scheduler_id"]) == "RUNNING"
+        own = _as(alice, team[alice], "cancel", str(running["job"]), db_url=db_url)
+        assert own.returncode == 0, own.stderr
+        wait_until(lambda: squeue_state(running["scheduler_id"]) in ("", "CANCELLED", "COMPLETING"), 60,
+                   f"{alice}'s job {running['scheduler_id']} to leave the queue after her own cancel")
