@@ -93,10 +93,15 @@ class SmokeMeasurement:
     checkpoint_s: float | None = None
     """Seconds to write the model + optimizer state once, as the trainer's checkpoint holds them."""
     checkpoint_bytes: int | None = None
+    loader_cpu_s_per_gb: float | None = None
+    """The loader's CPU seconds (every thread) per GB of hidden states it read on the job's own data
+    path (``trainers.smoke.measure_loader_cpu``); the plan's loader term. None: not measured."""
     entry: str | None = None
     """The job's own entry whose reports these are (None: idmctl's trainer, through ``trainers.smoke``)."""
     preflight_run: int | None = None
     """The recorded preflight run this smoke was read back from (None: this preflight's own smoke)."""
+    where: str | None = None
+    """Where it ran when not on this host: ``Slurm job 812 on gpu-07 (partition debug)`` (``--smoke-on cluster``)."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -1,0 +1,124 @@
+"""The smoke where the GPUs are: ``idmctl preflight EXP --smoke-on cluster``.
+
+A login node often has no GPU, so the smoke it runs measures the CPU and every plan says "compute
+unmeasured". Here the very smoke ``run_smoke`` runs (``python -m trainers.smoke`` from the code snapshot
+submit will hand the job) goes to the cluster as a short job on the profile's smoke QoS/partition, one
+node and the job's own device kind, and its report is the smoke: the plan then counts measured compute,
+and the record says on which node and job it was measured.
+
+It waits for the job with a deadline (pending included): a smoke job that never starts, fails or runs
+out of time is a FAIL with the job's id, partition and log tail; nothing else is recorded.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ground.paths import atomic_write_text, home
+from ground.spec.loader import ResolvedSpec
+from idmctl.core.checks import SmokeMeasurement
+from idmctl.core.job_state import is_terminal
+from idmctl.gate.tracebacks import last_frame_and_exception
+
+CALL_TIMEOUT_S = 30.0
+LOG_TAIL_LINES = 8
+
+
+@dataclass(frozen=True)
+class SmokeJob:
+    """Where and how big the smoke job is (the cluster profile's ``smoke_job``, overridable per call)."""
+
+    qos: str | None = None
+    """A QoS for short tests (a debug tier); None: the user's default."""
+    partition: str | None = None
+    """The partition with the job's GPUs; None: the default partition."""
+    gpus: int = 1
+    """GPUs on the one node (the smoke runs one rank); 0 on a CPU-only cluster."""
+    cpus: int = 4
+    mem: str = "16G"
+    """As Slurm reads it (1024-based)."""
+    time_limit: str = "0:15:00"
+    """Slurm's limit for the job; the wait's deadline adds the queue."""
+
+
+def _sh(args: list[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(args, capture_output=True, text=True, timeout=CALL_TIMEOUT_S)
+
+
+def _state(job_id: str) -> tuple[str, str]:
+    """(state, node or pending reason) from squeue while queued, sacct after."""
+    queued = _sh(["squeue", "-h", "-j", job_id, "-o", "%T|%R"]).stdout.strip()
+    if queued:
+        state, _, where = queued.partition("|")
+        return state, where
+    ended = _sh(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State,NodeList"]).stdout.strip().splitlines()
+    if not ended:
+        return "UNKNOWN", ""
+    state, _, node = ended[0].partition("|")
+    return state.split()[0], node
+
+
+def _tail(path: Path) -> str:
+    try:
+        lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return "(no log)"
+    return " | ".join(lines[-LOG_TAIL_LINES:]) or "(empty log)"
+
+
+def run_smoke_on_cluster(resolved: ResolvedSpec, job: SmokeJob, deadline_s: float, *, code_dir: Path,
+                         extra_sbatch: list[str] | None = None, poll_s: float = 2.0) -> SmokeMeasurement:
+    """The smoke of ``resolved`` as a one-node Slurm job from ``code_dir`` (a code snapshot every node
+    sees), waited for at most ``deadline_s``. ``extra_sbatch`` is for tests (a begin time in the future)."""
+    from idmctl.gate.smoke import _report_from_stdout  # the same report the smoke on this host reads
+
+    started = time.perf_counter()
+    folder = home() / "smokes" / f"{resolved.name}-{os.getpid()}-{int(time.time())}"
+    folder.mkdir(parents=True, exist_ok=True)
+    spec_file = folder / f"{resolved.name}.json"
+    atomic_write_text(spec_file, resolved.canonical_json)
+    log = folder / "smoke.out"
+    command = (f"cd {shlex.quote(str(code_dir))} && PYTHONPATH={shlex.quote(str(code_dir))} exec "
+               f"{shlex.quote(sys.executable)} -m trainers.smoke --spec-json {shlex.quote(str(spec_file))}")
+    args = ["sbatch", "--parsable", "-J", f"idmctl-smoke-{resolved.name}", "-N", "1", "-n", "1", "-c", str(job.cpus),
+            f"--mem={job.mem}", f"--time={job.time_limit}", "-o", str(log)]
+    args += [f"--gres=gpu:{job.gpus}"] if job.gpus else []
+    args += [f"--qos={job.qos}"] if job.qos else []
+    args += [f"--partition={job.partition}"] if job.partition else []
+    where = f"partition {job.partition}" if job.partition else "the default partition"
+    submitted = _sh([*args, *(extra_sbatch or []), "--wrap", command])
+    if submitted.returncode != 0:
+        words = (submitted.stderr or submitted.stdout).strip().splitlines()
+        return SmokeMeasurement(ok=False, error=f"the smoke job was refused in {where}: {words[-1] if words else ''}",
+                                wall_s=time.perf_counter() - started, where=f"Slurm, {where}")
+    job_id = submitted.stdout.strip().split(";")[0]
+    deadline = time.monotonic() + deadline_s
+    state, detail = _state(job_id)
+    while not is_terminal(state) and time.monotonic() < deadline:
+        time.sleep(poll_s)
+        state, detail = _state(job_id)
+    wall = time.perf_counter() - started
+    if not is_terminal(state):
+        _sh(["scancel", job_id])
+        return SmokeMeasurement(ok=False, wall_s=wall, where=f"Slurm job {job_id}, {where}",
+                                error=f"smoke job {job_id} not done after {deadline_s:.0f} s in {where} "
+                                      f"({state} {detail}); cancelled")
+    text = log.read_text(errors="replace") if log.exists() else ""
+    report = _report_from_stdout(text)
+    here = f"Slurm job {job_id} on {detail or '?'} ({where})"
+    # A report means the smoke ran to the end (it exits 1 on non-finite losses, which the check judges).
+    if report is None:
+        error = last_frame_and_exception(text) if "Traceback" in text else _tail(log)
+        return SmokeMeasurement(ok=False, wall_s=wall, where=here, error=f"smoke job {job_id} ended {state}: {error}")
+    return SmokeMeasurement(
+        ok=True, losses=[float(x) for x in report.get("losses", [])], device=str(report.get("device", "cpu")),
+        batch_size=int(report.get("batch_size", 2)), dataset_s=report.get("dataset_s"), sample_s=report.get("sample_s"),
+        model_s=report.get("model_s"), step_s=report.get("step_s"), peak_mem_bytes=report.get("peak_mem_bytes"),
+        params=report.get("params"), wall_s=wall, checkpoint_s=report.get("checkpoint_s"),
+        checkpoint_bytes=report.get("checkpoint_bytes"), where=here)
