@@ -264,7 +264,7 @@ MAX_SCAN_CHARS = 4_000
 """Patterns see at most this much of one line (a 10 MB line of progress bars is not read whole)."""
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
-_PREFIX = re.compile(r"^(?:\[\d+\] )?(?:\[(?:rank|default)\d+\]:|\[\d+,\d+\]<std(?:out|err)>:|\s{0,4}\d{1,5}: (?=\S| {2}File))*")
+_PREFIX = re.compile(r"^(?:\[\d+\] )?(?:\[(?:rank|default)\d+\]: ?|\[\d+,\d+\]<std(?:out|err)>:|\s{0,4}\d{1,5}: (?=\S| {2}File))*")
 """What launchers put before each line: a log collector's ``[80746] ``, torch's ``[rank3]:``, torchrun's
 ``[default0]:``, ``srun --label``'s ``0: `` (right-aligned), Open MPI's ``[1,0]<stderr>:``."""
 
@@ -311,17 +311,27 @@ def _choose(taxonomy: _Taxonomy, facts: dict[str, Any], lines: list[str], hits: 
         return root[1], root[0]
     claimed = {i for i, (_, name, _) in hits.items() if not by_name[name].generic}
     generic_causes = [name for _, name, _ in hits.values() if by_name[name].generic]
-    for name in dict.fromkeys(sorted(generic_causes, key=lambda n: [c.name for c in taxonomy.causes].index(n))):
+    names = [c.name for c in taxonomy.causes]
+    generic_causes = list(dict.fromkeys(sorted(generic_causes, key=names.index)))
+    for name in generic_causes:
         skip = [noise[i] or i in claimed for i in range(len(lines))]
         blocks = _traceback_blocks(lines, skip)
         if blocks:
             return name, blocks[-1].exception_index
-        plain = [i for i, (_, hit, _) in sorted(hits.items()) if hit == name and not _is_traceback_line(lines[i])]
+        plain = [i for i, (_, hit, _) in sorted(hits.items()) if hit == name and not _is_traceback_line(lines[i])
+                 and not noise[i]]
         if plain:
-            return name, plain[0]
+            return name, plain[-1]
     cascades = [(i, name) for i, (_, name, role) in sorted(hits.items()) if role == CASCADE]
     if cascades:
         return cascades[0][1], cascades[0][0]
+    # A traceback cut before its exception line: its innermost frame. Not in a cancelled job's log: there it is
+    # the interrupt's (Ctrl-C, scancel's signal) more often than the failure's.
+    for name in generic_causes if facts["state"] != JobState.CANCELLED else []:
+        frames = [i for i, (_, hit, _) in sorted(hits.items()) if hit == name and _FRAME.match(lines[i])]
+        headers = [i for i, (_, hit, _) in sorted(hits.items()) if hit == name]
+        if frames or headers:
+            return name, (frames or headers)[-1]
     return (generic, None) if generic is not None else None
 
 

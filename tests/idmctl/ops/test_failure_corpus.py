@@ -147,7 +147,6 @@ def test_every_label_is_a_cause_of_the_taxonomy() -> None:
     load_cases(known=_known_causes())  # the fields were checked by the fixture; now the labels
 
 
-@pytest.mark.xfail(reason="interim: the corpus misses are tuned in the next commits", strict=False)
 def test_classifier_on_the_corpus(corpus: list[Case]) -> None:
     results = score(corpus)
     text = report(results)
