@@ -71,12 +71,21 @@ class Tree:
     root: Path
     files: tuple[TreeFile, ...]
     digest: str
+    """Of every file: what the snapshot freezes, and the name of its folder."""
     commit: str | None
     external: tuple[tuple[str, Path], ...] = ()
     """(prefix, folder) of every code root outside the project."""
+    key: str = ""
+    """Of what runs (:func:`runs`) and of the Python environment: the code version, the gate's key."""
 
     @property
     def version(self) -> str:
+        """The code version a preflight is recorded for and a job is admitted with (see :func:`code_key`)."""
+        return (self.key or self.digest)[:VERSION_LENGTH]
+
+    @property
+    def snapshot_id(self) -> str:
+        """The snapshot's folder name: the whole tree (a README edit is frozen too, and relocks nothing)."""
         return self.digest[:VERSION_LENGTH]
 
     def source(self, rel: str) -> Path:
@@ -185,6 +194,48 @@ def digest_of(files: tuple[TreeFile, ...] | list[TreeFile]) -> str:
     return digest.hexdigest()
 
 
+DOC_SUFFIXES = (".md", ".rst")
+DOC_DIRS = frozenset({"docs", "doc"})
+SPEC_DIR = "experiments"
+
+
+def runs(path: str) -> bool:
+    """Whether file ``path`` of a tree is code a job could run: anything but documentation (``*.md``,
+    ``*.rst``, a ``docs/`` folder) and experiment specs (a YAML under ``experiments/``: each spec is keyed
+    by its own hash, extends included, so another spec's edit must not relock this one). The project's
+    packages, the taxonomy, the job templates, tests a spec may name as its entry and every file of a code
+    root count."""
+    parts = path.split("/")
+    if path.endswith(DOC_SUFFIXES) or DOC_DIRS.intersection(parts[:-1]):
+        return False
+    return not (path.endswith((".yaml", ".yml")) and SPEC_DIR in parts[:-1])
+
+
+_ENV_DIGEST: list[str] = []
+
+
+def _environment_key() -> str:
+    """This interpreter's environment digest (``environment``), once per process: known by the install
+    stamp when recorded, else listed (~0.2 s) and recorded where a home exists."""
+    if not _ENV_DIGEST:
+        try:
+            store = default_store()
+            digest = known_environment(store) or (record_environment(store) if store.parent.is_dir()
+                                                  else environment_digest(environment()))
+        except OSError:
+            digest = environment_digest(environment())
+        _ENV_DIGEST.append(digest)
+    return _ENV_DIGEST[0]
+
+
+def code_key(files: tuple[TreeFile, ...] | list[TreeFile]) -> str:
+    """The gate's key: the digest of the files that run (:func:`runs`) and of the Python environment.
+    Editing the README or another experiment's spec leaves it; editing ``trainers/model.py``, a file of a
+    code root, the taxonomy, a job template or the installed packages changes it."""
+    running = digest_of([f for f in files if runs(f.path)])
+    return hashlib.sha256(f"code {running}\nenvironment {_environment_key()}\n".encode()).hexdigest()
+
+
 def tree(root: Path | None = None) -> Tree:
     """The code root (the project by default) as it is on disk now."""
     from ground.paths import REPO_ROOT
@@ -204,7 +255,7 @@ def tree(root: Path | None = None) -> Tree:
             atomic_write_text(cache, json.dumps({k: v for k, v in known.items() if k in listed_now}))
         except OSError:  # a read-only home: the digest is still right, only slower next time
             pass
-    return Tree(root, files, digest_of(files), commit)
+    return Tree(root, files, digest_of(files), commit, key=code_key(files))
 
 
 def code_tree(roots: list[Path] | tuple[Path, ...] = ()) -> Tree:
@@ -223,7 +274,7 @@ def code_tree(roots: list[Path] | tuple[Path, ...] = ()) -> Tree:
         prefix = f"{EXTERNAL_DIR}/{folder.name}-{hashlib.sha256(str(folder).encode()).hexdigest()[:8]}"
         files += [replace(f, path=f"{prefix}/{f.path}") for f in part.files]
         external.append((prefix, folder))
-    return Tree(project.root, tuple(files), digest_of(files), project.commit, tuple(external))
+    return Tree(project.root, tuple(files), digest_of(files), project.commit, tuple(external), key=code_key(files))
 
 
 def code_version(root: Path | None = None) -> str:
@@ -270,11 +321,11 @@ class SnapshotError(RuntimeError):
 def materialize(snapshot: Tree, store: Path | None = None) -> Path:
     """The snapshot's directory, created if absent; idempotent and safe against a concurrent submit."""
     store = store or default_store()
-    final = snapshot_dir(snapshot.version, store)
+    final = snapshot_dir(snapshot.snapshot_id, store)
     if (final / MANIFEST).exists():
         return final
     (store / SNAPSHOTS_DIR).mkdir(parents=True, exist_ok=True)
-    building = store / SNAPSHOTS_DIR / f".{snapshot.version}.{os.getpid()}.{time.monotonic_ns()}.tmp"
+    building = store / SNAPSHOTS_DIR / f".{snapshot.snapshot_id}.{os.getpid()}.{time.monotonic_ns()}.tmp"
     try:
         for item in snapshot.files:
             dest = building / item.path
@@ -433,8 +484,10 @@ def verify_snapshot(directory: Path, admitted: str) -> None:
     """The snapshot holds exactly the code its job was admitted for."""
     manifest = read_manifest(directory)
     digest, changes = differences(directory)
-    if manifest.get("version") != admitted or digest[:VERSION_LENGTH] != admitted or changes:
-        evidence = changes or [f"digest {digest[:VERSION_LENGTH]} on disk, manifest {manifest.get('version')}"]
+    # The version is the key of what runs; the folder holds the whole tree, whose digest the manifest keeps.
+    if manifest.get("version") != admitted or digest != manifest.get("digest") or changes:
+        evidence = changes or [f"digest {digest[:VERSION_LENGTH]} on disk, manifest {str(manifest.get('digest'))[:VERSION_LENGTH]} "
+                               f"(code version {manifest.get('version')})"]
         raise _fail(contract.CAUSE_SNAPSHOT_MODIFIED, f"the code in {directory} is not the admitted {admitted}", evidence)
 
 

@@ -90,7 +90,7 @@ def planned(snapshot: Tree, profile: "ClusterProfile", spec: "ExperimentSpec") -
     """What :func:`freeze` would give, writing nothing (``submit --dry-run``)."""
 
     store = store_for(profile)
-    directory = snapshot_dir(snapshot.version, store)
+    directory = snapshot_dir(snapshot.snapshot_id, store)
     dirs = tuple(str(p) for p in snapshot.import_dirs(directory, spec_roots(spec)))
     env_digest = known_environment(store) or environment_digest(environment())
     return JobCode(snapshot.version, str(directory), str(store), env_digest, snapshot.commit, dirs)

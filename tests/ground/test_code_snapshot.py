@@ -90,20 +90,23 @@ def test_snapshots_share_unchanged_files_and_are_read_only(repo: Path, tmp_path:
     assert second != first and (second / "pkg" / "model.py").read_text() == "WIDTH = 6\n"
     assert (first / "pkg" / "model.py").read_text() == "WIDTH = 4\n"  # the first snapshot did not move
     assert os.stat(first / "run.sh").st_ino == os.stat(second / "run.sh").st_ino  # one object, two links
-    assert snap.read_manifest(second)["version"] == second.name
+    # The folder is named by the whole tree; the manifest also keeps the code version (what runs).
+    assert snap.read_manifest(second)["digest"][:snap.VERSION_LENGTH] == second.name
+    assert snap.read_manifest(second)["version"] == snap.tree(repo).version
     assert not [p for p in (store / snap.SNAPSHOTS_DIR).iterdir() if p.name.startswith(".")], "no temp folder left"
 
 
 def test_an_edited_snapshot_is_refused_with_the_file_named(repo: Path, tmp_path: Path) -> None:
     store = tmp_path / "store"
-    directory = snap.materialize(snap.tree(repo), store)
-    snap.verify_snapshot(directory, directory.name)
+    frozen = snap.tree(repo)
+    directory = snap.materialize(frozen, store)
+    snap.verify_snapshot(directory, frozen.version)
     target = directory / "pkg" / "model.py"
     target.unlink()  # the hard link is read-only; replacing it is what an editor's save does
     target.write_text("raise SystemExit('edited')\n")
     (directory / "pkg" / "extra.py").write_text("")
     with pytest.raises(snap.SnapshotError) as caught:
-        snap.verify_snapshot(directory, directory.name)
+        snap.verify_snapshot(directory, frozen.version)
     message = str(caught.value)
     assert message.startswith(f"{contract.FAILURE_MARKER} cause={contract.CAUSE_SNAPSHOT_MODIFIED} ")
     assert "edited pkg/model.py" in message and "added pkg/extra.py" in message
@@ -114,9 +117,10 @@ def test_an_edited_snapshot_is_refused_with_the_file_named(repo: Path, tmp_path:
 def test_modules_imported_from_outside_the_snapshot_are_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """This test process imported ``ground`` from the work tree: inside a job that is the live tree an
     editable install pulls back in, and the trainer's start-up check names it."""
-    directory = snap.materialize(snap.tree(REPO), tmp_path / "store")
+    frozen = snap.tree(REPO)
+    directory = snap.materialize(frozen, tmp_path / "store")
     monkeypatch.setenv(contract.ENV_SNAPSHOT, str(directory))
-    monkeypatch.setenv(contract.ENV_CODE_VERSION, directory.name)
+    monkeypatch.setenv(contract.ENV_CODE_VERSION, frozen.version)
     with pytest.raises(snap.SnapshotError) as caught:
         snap.verify_running(check_environment=False)
     assert str(caught.value).startswith(f"{contract.FAILURE_MARKER} cause={contract.CAUSE_SNAPSHOT_MODIFIED} modules "
@@ -127,9 +131,9 @@ def test_modules_imported_from_outside_the_snapshot_are_named(tmp_path: Path, mo
     verified = subprocess.run([sys.executable, "-m", "ground.code_snapshot", "verify"], cwd=directory,
                               capture_output=True, text=True, timeout=60,
                               env={**os.environ, contract.ENV_SNAPSHOT: str(directory),
-                                   contract.ENV_CODE_VERSION: directory.name})
+                                   contract.ENV_CODE_VERSION: frozen.version})
     assert verified.returncode == 0, verified.stdout + verified.stderr
-    assert f"idmctl: code {directory.name} verified" in verified.stdout
+    assert f"idmctl: code {frozen.version} verified" in verified.stdout
 
 
 def test_a_changed_environment_names_the_packages_that_differ(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -163,6 +167,7 @@ def test_gc_keeps_what_an_unfinished_chain_uses_and_frees_the_rest(repo: Path, t
     from idmctl.record.models import Chain, Job
 
     store = tmp_path / "store"
+    admitted = snap.tree(repo).version
     used = snap.materialize(snap.tree(repo), store)
     (repo / "pkg" / "model.py").write_text("WIDTH = 8\n" * 1000)
     unused = snap.materialize(snap.tree(repo), store)
@@ -171,15 +176,15 @@ def test_gc_keeps_what_an_unfinished_chain_uses_and_frees_the_rest(repo: Path, t
         chain = Chain(experiment="x", spec_hash="h", retries_budget=0)
         db.add(chain)
         db.flush()
-        code = JobCode(used.name, str(used), str(store), "e")
-        db.add(Job(chain_id=chain.id, attempt=1, experiment="x", spec_hash="h", code_version=used.name, executor="slurm",
+        code = JobCode(admitted, str(used), str(store), "e")
+        db.add(Job(chain_id=chain.id, attempt=1, experiment="x", spec_hash="h", code_version=admitted, executor="slurm",
                    state="PENDING", code=code.as_dict(), created_at=datetime.now(timezone.utc)))
     preview = collect(store, dry_run=True)
     assert (preview.kept, preview.removed, preview.freed_bytes) == ([used.name], [unused.name], len("WIDTH = 8\n") * 1000)
     assert unused.exists()
     done = collect(store)
     assert done.removed == [unused.name] and not unused.exists() and used.exists()
-    snap.verify_snapshot(used, used.name)  # nothing the kept snapshot links to was removed
+    snap.verify_snapshot(used, admitted)  # nothing the kept snapshot links to was removed
     assert usage(store).snapshots == 1
 
 
