@@ -1,5 +1,5 @@
 """Data plane: episode files, feature caches, datasets and their I/O accounting.
 
-``ground.geometry`` is pure Python (the control plane's preflight imports it); every other module
-may import torch.
+``ground.geometry`` and ``cache.prefetch`` are pure Python (the control plane's preflight imports
+them); every other module may import torch.
 """

@@ -5,7 +5,8 @@ demo, plus the action chunk that starts at the window's first timestep. Cache fr
 episode timestep ``f × frame_stride`` (``frame_stride`` is in each cache file's metadata), so the
 chunk starts at ``t0 = s × frame_stride``:
 
-- ``hidden``      (N, T_w, H, W, C) float32, cache indices ``selected_layer_indices``
+- ``hidden``      (N, T_w, H, W, C) in the cache's dtype (bf16 for card A), cache indices
+  ``selected_layer_indices``: never converted on the host; the model converts it on its device
 - ``actions``     (action_horizon, A) float32, actions ``t0 .. t0 + action_horizon - 1``, zero past the end
 - ``action_mask`` (action_horizon,) bool, False past the episode's last action
 - ``eef_pos``     (action_horizon + 1, 3) float32, recorded ``robot0_eef_pos`` at ``t0 .. t0 + action_horizon``;
@@ -13,6 +14,9 @@ chunk starts at ``t0 = s × frame_stride``:
 - ``demo`` str, ``start`` int (the window's first cache frame)
 
 Files are opened lazily inside the process that reads them (each DataLoader worker its own).
+The trainer's ``num_workers 0`` path does not go through ``__getitem__`` for the hidden states:
+:class:`cache.batches.BatchLoader` reads each sample's :meth:`~HiddenMultiLayerDataset.hidden_ranges`
+straight into a preallocated batch buffer and takes the rest from :meth:`~HiddenMultiLayerDataset.targets`.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from torch.utils.data import Dataset
 
 from cache.episodes import EpisodeFile
 from cache.hidden import (CacheFileInfo, CacheFormat, cache_file, check_matches, file_positions, inspect_file,
-                          read_hidden)
+                          read_hidden, selection_ranges)
 from ground.errors import UserError
 
 EEF_KEY = "robot0_eef_pos"
@@ -103,7 +107,34 @@ class _CacheIndex:
                 "eef_pos": torch.from_numpy(eef)}
 
 
-class HiddenMultiLayerDataset(Dataset):
+class _WindowSamples(Dataset):
+    """What both datasets share: a sample is a window of one demo's cache file; its ``hidden`` is the
+    exact byte ranges of the chosen layers (:meth:`hidden_ranges`), the rest comes from the episodes."""
+
+    index: _CacheIndex
+    frame_window: int
+    action_horizon: int
+
+    def __len__(self) -> int:
+        return len(self.index.windows)
+
+    def hidden_shape(self) -> tuple[tuple[int, ...], torch.dtype]:
+        """One sample's ``hidden`` shape and dtype (the cache's: every file was checked against the spec)."""
+        info, positions = self.index.entries[0].info, self.index.entries[0].positions
+        return (len(positions), self.frame_window, info.height, info.width, info.channels), info.torch_dtype
+
+    def hidden_ranges(self, item: int) -> tuple[CacheFileInfo, list[tuple[int, int, str]]]:
+        """The file and the exact byte ranges of sample ``item``'s ``hidden``, in its memory order."""
+        entry, start = self.index.windows[item]
+        return entry.info, selection_ranges(entry.info, list(entry.positions), start, self.frame_window)
+
+    def targets(self, item: int) -> dict[str, Any]:
+        """Everything of sample ``item`` but ``hidden`` (small: actions, mask, eef, demo, start)."""
+        entry, start = self.index.windows[item]
+        return {**self.index.targets(entry, start, self.action_horizon), "demo": entry.demo, "start": start}
+
+
+class HiddenMultiLayerDataset(_WindowSamples):
     """N routed Cosmos layers per sample, read as N exact byte ranges (card A's N=4 sparse routing)."""
 
     def __init__(self, episodes: str | Path, cache_root: str | Path, split: str, selected_layer_indices: list[int],
@@ -122,18 +153,14 @@ class HiddenMultiLayerDataset(Dataset):
         self.action_horizon = action_horizon
         self.mmap = mmap
 
-    def __len__(self) -> int:
-        return len(self.index.windows)
-
     def __getitem__(self, item: int) -> dict[str, Any]:
         entry, start = self.index.windows[item]
         hidden = read_hidden(entry.info.path, list(entry.positions), start, self.frame_window,
                              mmap=self.mmap, info=entry.info)
-        return {"hidden": hidden.float(), **self.index.targets(entry, start, self.action_horizon),
-                "demo": entry.demo, "start": start}
+        return {"hidden": hidden, **self.targets(item)}
 
 
-class HiddenSingleLayerDataset(Dataset):
+class HiddenSingleLayerDataset(_WindowSamples):
     """Latent-A style: ONE cached layer (``layer_index``, default the deepest), ``hidden`` (T_w, H, W, C).
 
     Deliberately not a drop-in for :class:`HiddenMultiLayerDataset` (no ``selected_layer_indices``):
@@ -156,12 +183,12 @@ class HiddenSingleLayerDataset(Dataset):
         self.action_horizon = action_horizon
         self.mmap = mmap
 
-    def __len__(self) -> int:
-        return len(self.index.windows)
-
     def __getitem__(self, item: int) -> dict[str, Any]:
         entry, start = self.index.windows[item]
         hidden = read_hidden(entry.info.path, list(entry.positions), start, self.frame_window, mmap=self.mmap,
                              info=entry.info)
-        return {"hidden": hidden[0].float(), **self.index.targets(entry, start, self.action_horizon),
-                "demo": entry.demo, "start": start}
+        return {"hidden": hidden[0], **self.targets(item)}
+
+    def hidden_shape(self) -> tuple[tuple[int, ...], torch.dtype]:
+        shape, dtype = super().hidden_shape()
+        return shape[1:], dtype  # one layer, no layer axis

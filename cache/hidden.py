@@ -337,35 +337,74 @@ def pread_into(fd: int, view: memoryview, offset: int, path: Path, what: str = "
         done += got
 
 
+def selection_ranges(info: CacheFileInfo, layer_indices: list[int], frame_start: int,
+                     frame_count: int) -> list[tuple[int, int, str]]:
+    """``(file offset, length, what)`` per selected layer, in output order: the exact bytes of a
+    (N, T_w, H, W, C) selection (each layer one contiguous (T, H, W, C) run at ``info.offsets[block]``)."""
+    _check_selection(info, layer_indices, frame_start, frame_count)
+    frame_bytes = info.geometry.frame_bytes
+    length = frame_count * frame_bytes
+    return [(info.offsets[info.layers[index]] + frame_start * frame_bytes, length,
+             f"layer index {index} frames {frame_start}..{frame_start + frame_count - 1}")
+            for index in layer_indices]
+
+
+def range_pieces(fd: int, path: Path, ranges: list[tuple[int, int, str]],
+                 dest: memoryview) -> list[tuple[int, memoryview, int, Path, str]]:
+    """Cut ``ranges`` (laid end to end in ``dest``) into :data:`READ_PIECE_BYTES` pieces for
+    :func:`pread_into`: ``(fd, destination slice, file offset, path, what)``."""
+    pieces, at = [], 0
+    for offset, length, what in ranges:
+        span = f"{what} (bytes {offset:,}..{offset + length:,})"
+        for start in range(0, length, READ_PIECE_BYTES):
+            size = min(READ_PIECE_BYTES, length - start)
+            pieces.append((fd, dest[at + start:at + start + size], offset + start, path, span))
+        at += length
+    if at != len(dest):
+        raise ValueError(f"{at:,} B of ranges for a {len(dest):,} B destination")
+    return pieces
+
+
+def read_pieces(pieces: list[tuple[int, memoryview, int, Path, str]],
+                while_reading: Callable[[], Any] | None = None) -> Any:
+    """Every piece read by the process's pool (``preadv`` releases the GIL); all finish before the
+    first error (a truncated file: one line naming it and the byte range) is raised, so no read is
+    still writing into a buffer the caller reuses. ``while_reading`` runs on this thread while the
+    pieces are in flight (the batch loader reads its small targets then); its result is returned."""
+    if len(pieces) == 1 and while_reading is None:
+        pread_into(*pieces[0])
+        return None
+    pool = _read_pool()
+    futures = [pool.submit(pread_into, *piece) for piece in pieces]
+    try:
+        result = while_reading() if while_reading is not None else None
+    finally:
+        wait(futures)
+    for future in futures:
+        future.result()
+    return result
+
+
+def open_for_ranges(path: Path) -> int:
+    """An fd with readahead off: the kernel reads the asked ranges and nothing beyond them."""
+    fd = os.open(path, os.O_RDONLY)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+    return fd
+
+
 def read_exact_slice(info: CacheFileInfo, layer_indices: list[int], frame_start: int,
-                           frame_count: int) -> torch.Tensor:
+                     frame_count: int) -> torch.Tensor:
     """N exact byte ranges (one per layer) straight into the output tensor; nothing else is read.
 
     Works for both formats: each layer is one contiguous (T, H, W, C) run at ``info.offsets[block]``.
     """
-    _check_selection(info, layer_indices, frame_start, frame_count)
-    frame_bytes = info.geometry.frame_bytes
+    ranges = selection_ranges(info, layer_indices, frame_start, frame_count)
     out = torch.empty((len(layer_indices), frame_count, info.height, info.width, info.channels),
                       dtype=info.torch_dtype)
-    raw = out.view(torch.uint8).numpy().reshape(len(layer_indices), -1)
-    range_bytes = frame_count * frame_bytes
-    # (destination, file offset, what) per piece, in file order within each layer.
-    pieces = [(memoryview(raw[row])[start:start + READ_PIECE_BYTES],
-               info.offsets[info.layers[index]] + frame_start * frame_bytes + start, f"layer index {index}")
-              for row, index in enumerate(layer_indices) for start in range(0, range_bytes, READ_PIECE_BYTES)]
-    fd = os.open(info.path, os.O_RDONLY)
+    fd = open_for_ranges(info.path)
     try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
-        if len(pieces) == 1:
-            pread_into(fd, *pieces[0], info.path)
-        else:
-            pool = _read_pool()
-            futures = [pool.submit(pread_into, fd, view, offset, info.path, what) for view, offset, what in pieces]
-            # Every piece ends before the fd is closed (a closed number can be reused by another open),
-            # then the first error (a truncated file) is raised.
-            wait(futures)
-            for future in futures:
-                future.result()
+        # Every piece ends before the fd is closed (a closed number can be reused by another open).
+        read_pieces(range_pieces(fd, info.path, ranges, memoryview(out.view(torch.uint8).numpy().reshape(-1))))
     finally:
         os.close(fd)
     return out

@@ -44,6 +44,7 @@ def run_smoke(spec: ExperimentSpec, steps: int = 3, batch_size: int = 2, device:
     """
     from torch.utils.data import DataLoader
 
+    from cache.batches import supports
     from cache.registry import build_dataset, repeat_samples
     from trainers.registry import build_model
     from trainers.train import noise_generator
@@ -73,12 +74,14 @@ def run_smoke(spec: ExperimentSpec, steps: int = 3, batch_size: int = 2, device:
     report["params"] = sum(p.numel() for p in model.parameters())
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=spec.train.lr, weight_decay=spec.train.weight_decay)
-    # num_workers=0: the smoke measures the model and one sample's read, not the loader's workers.
+    # In the rank's own process, as the trainer with num_workers 0: its batch loader when the dataset
+    # has exact ranges (cache.batches), torch's DataLoader for a team's own class.
     # Sample repeats as the trainer does them: batch_size // K distinct samples, each K times.
     repeats = spec.loader.repeats
     distinct = max(1, batch_size // repeats)
     report["batch_size"] = distinct * repeats
-    loader = DataLoader(dataset, batch_size=distinct, shuffle=True, generator=torch.Generator().manual_seed(0))
+    loader = (_ShuffledBatches(dataset, distinct, device) if supports(dataset) else
+              DataLoader(dataset, batch_size=distinct, shuffle=True, generator=torch.Generator().manual_seed(0)))
     batches = iter(loader)
     losses, step_seconds = [], []
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_bf16)
@@ -103,10 +106,60 @@ def run_smoke(spec: ExperimentSpec, steps: int = 3, batch_size: int = 2, device:
         step_seconds.append(time.perf_counter() - started)
     report["losses"] = losses
     report["all_finite"] = all(math.isfinite(x) for x in losses)
+    if supports(dataset):
+        report.update(measure_loader_cpu(dataset, distinct))
     report["step_s"] = statistics.median(step_seconds)
     report["peak_mem_bytes"] = _peak_bytes(device)
     report["checkpoint_s"], report["checkpoint_bytes"] = _time_checkpoint(model, optimizer)
     return report
+
+
+class _ShuffledBatches:
+    """Epochs of shuffled batches through the trainer's batch loader (a new loader per epoch)."""
+
+    def __init__(self, dataset: Any, batch_size: int, device: torch.device):
+        self.dataset, self.batch_size, self.device = dataset, batch_size, device
+        self.generator = torch.Generator().manual_seed(0)
+
+    def __iter__(self) -> Any:
+        from cache.batches import BatchLoader
+
+        order = torch.randperm(len(self.dataset), generator=self.generator).tolist()
+        return BatchLoader(self.dataset, [order[i:i + self.batch_size] for i in range(0, len(order), self.batch_size)],
+                           self.batch_size, self.device)
+
+
+LOADER_MEASURE_BYTES = 256 << 20
+"""The loader's CPU is measured over at least this many bytes (or the whole split, if smaller)..."""
+LOADER_MEASURE_MIN_BATCHES = 4
+"""...and at least this many batches, so start-up costs (thread, first open) spread over several."""
+
+
+def measure_loader_cpu(dataset: Any, batch_size: int) -> dict[str, Any]:
+    """The loader's CPU seconds per GB on the job's own data path: the batch loader reading batches
+    with nothing else running in this process, CPU time of every thread (``time.process_time``: the
+    reader thread, the preadv pool, the HDF5 targets) ÷ the hidden-state bytes it read.
+
+    The plan divides it by the rank's CPUs to get the loader's share of a step (``idmctl.plan.budget``).
+    The reads come from wherever the cache lies now (the page cache after the steps above, or disk):
+    the CPU per byte of an exact ``preadv`` copy is the same either way; storage time is the plan's
+    other term."""
+    from cache.batches import BatchLoader
+
+    shape, dtype = dataset.hidden_shape()
+    sample_bytes = int(torch.Size(shape).numel()) * dtype.itemsize
+    batch_bytes = batch_size * sample_bytes
+    items = len(dataset)
+    batches = max(LOADER_MEASURE_MIN_BATCHES, min(-(-LOADER_MEASURE_BYTES // batch_bytes), -(-items // batch_size)))
+    order = [[(b * batch_size + i) % items for i in range(batch_size)] for b in range(batches)]
+    cpu, wall = time.process_time(), time.perf_counter()
+    loader = BatchLoader(dataset, order, batch_size)
+    for _ in loader:
+        pass
+    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    gigabytes = loader.bytes_read / 1e9
+    return {"loader_cpu_s": cpu, "loader_wall_s": wall, "loader_bytes": loader.bytes_read,
+            "loader_cpu_s_per_gb": cpu / gigabytes if gigabytes else None}
 
 
 def _time_checkpoint(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[float, int]:

@@ -189,6 +189,7 @@ def host_peak_rss_bytes() -> int:
 
 def fit(fabric: "Fabric", run: RunSpec) -> int:
     """Train to ``train.steps`` (resuming if a checkpoint exists); returns the process exit code."""
+    from cache.batches import trainer_batches
     from cache.registry import build_dataloader, repeat_samples
     from trainers.registry import build_model
 
@@ -235,7 +236,8 @@ def fit(fabric: "Fabric", run: RunSpec) -> int:
         # draw other flow noise, so the same data and noise cannot produce the same NaN again.
         consumed += (nan_step - state["step"]) * spec.grad_accum
         noise_seed = spec.train.seed + ROLLBACK_SEED_OFFSET
-    batches = micro_batches(loader, consumed)
+    # num_workers 0: batches read straight into pinned buffers, prefetched while the step computes (cache.batches).
+    batches = trainer_batches(loader, consumed, fabric.device) or micro_batches(loader, consumed)
     checkpoint_every = checkpoint_interval(spec)
     retention = Retention.of(spec)
     progress = _ProgressWriter(run, state["step"]) if rank == 0 else None

@@ -35,7 +35,8 @@ def _spec(**data_updates: object) -> ExperimentSpec:
                                    "loader": spec.loader.model_copy(update=loader)})
 
 
-def _write_data(spec: ExperimentSpec, fmt: str = "safetensors") -> dict[str, torch.Tensor]:
+def _write_data(spec: ExperimentSpec, fmt: str = "safetensors",
+                dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
     """Episodes in the robomimic layout and one cache file per demo, in the quickstart geometry."""
     data = spec.data
     rng = np.random.default_rng(0)
@@ -48,7 +49,7 @@ def _write_data(spec: ExperimentSpec, fmt: str = "safetensors") -> dict[str, tor
     for index, name in enumerate(STEPS):
         generator = torch.Generator().manual_seed(index)
         hidden[name] = torch.randn(len(data.cached_layers), data.frames, *data.token_grid, data.channels,
-                                   generator=generator)
+                                   generator=generator).to(dtype)
         path = cache_file(expand_path(data.cache_root), name, fmt)
         if fmt == "safetensors":
             write_hidden(path, hidden[name], data.cached_layers, {"demo": name, "frame_stride": STRIDE[name]})
@@ -75,7 +76,7 @@ def test_samples_follow_the_documented_contract(quick: tuple[ExperimentSpec, dic
     for item in (0, windows + 6, len(dataset) - 1):
         sample = dataset[item]
         demo, start = sample["demo"], sample["start"]
-        assert sample["hidden"].shape == (2, 2, 4, 4, 32) and sample["hidden"].dtype == torch.float32
+        assert sample["hidden"].shape == (2, 2, 4, 4, 32) and sample["hidden"].dtype == hidden[demo].dtype
         torch.testing.assert_close(sample["hidden"], hidden[demo][[0, 2], start:start + 2], rtol=0, atol=0)
         recorded = read_demo(episodes, demo)
         t0 = min(start * STRIDE[demo], STEPS[demo] - 1)

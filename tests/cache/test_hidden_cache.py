@@ -233,6 +233,10 @@ def test_a_file_cut_short_under_a_read_is_one_line_and_no_piece_reads_a_reused_f
     with pytest.raises(UserError) as exc:
         read_hidden(path, [0, 2], 0, window, info=info)
     line = exc.value.line()
-    assert line.startswith(f"error: {path}:cache: truncated while reading layer index 2 at byte "), line
+    start = info.offsets[2]
+    end = start + window * info.geometry.frame_bytes
+    # The line names the file, the layer and frames, and the exact byte range being read.
+    assert line.startswith(f"error: {path}:cache: truncated while reading layer index 2 frames 0..5 "
+                           f"(bytes {start:,}..{end:,}) at byte "), line
     assert "\n" not in line
     torch.testing.assert_close(read_hidden(other, [0, 2], 0, window), -hidden[[0, 2]], rtol=0, atol=0)

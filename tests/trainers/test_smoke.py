@@ -66,3 +66,19 @@ def test_smoke_names_the_field_when_the_cache_is_missing(tiny_cache, tmp_path: P
     with pytest.raises(UserError) as caught:
         run_smoke(load_spec(str(path)).spec)
     assert caught.value.field == "data.cache_root"
+
+
+def test_smoke_measures_the_loaders_cpu_per_gb_on_the_jobs_own_data_path(tiny_cache) -> None:
+    """The batch loader reads real batches of the job's cache; the CPU of every thread over the
+    hidden-state bytes it read (exactly the ranges: batches × batch × sample bytes)."""
+    from cache.registry import build_dataset
+    from trainers.smoke import LOADER_MEASURE_MIN_BATCHES
+
+    spec = load_spec(str(tiny_cache.spec_path)).spec
+    report = run_smoke(spec, steps=1, batch_size=2)
+    shape, dtype = build_dataset(spec, "train").hidden_shape()
+    sample = math.prod(shape) * dtype.itemsize
+    samples = max(LOADER_MEASURE_MIN_BATCHES, 30 // 2) * 2  # the whole split of 30 once, in batches of 2
+    assert report["loader_bytes"] == samples * sample
+    assert report["loader_cpu_s"] > 0 and report["loader_wall_s"] > 0
+    assert report["loader_cpu_s_per_gb"] == pytest.approx(report["loader_cpu_s"] / (report["loader_bytes"] / 1e9))

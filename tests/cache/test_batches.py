@@ -1,0 +1,153 @@
+"""The trainer's one-copy loader (cache.batches) against torch's DataLoader path it replaces, on real
+HDF5 episodes and real bf16 safetensors / legacy .pt caches as the dataset tests build them."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, DistributedSampler
+
+from cache.batches import BatchLoader, sampler_batches, supports, trainer_batches
+from cache.prefetch import PREFETCH_DEPTH
+from cache.registry import build_dataloader, build_dataset
+from ground.errors import UserError
+from hidden_quick_spec import use_hidden_quick
+from test_dataset import _spec, _write_data
+
+BF16_EPS = 2.0 ** -8
+"""bfloat16 keeps 8 significant bits: one rounding step is at most 2^-8 of the value."""
+
+
+@pytest.fixture(autouse=True)
+def _frozen_quickstart(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    use_hidden_quick(monkeypatch, tmp_path)
+
+
+def _bf16_data(fmt: str = "safetensors"):
+    spec = _spec(dtype="bfloat16", cache_format=fmt)
+    hidden = _write_data(spec, fmt, dtype=torch.bfloat16)
+    return spec, hidden
+
+
+def _old_batches(spec, split="train", seed=0):
+    """The path this replaces: DataLoader + default collate, hidden converted to float32 per sample."""
+    dataset = build_dataset(spec, split)
+    sampler = DistributedSampler(dataset, num_replicas=1, rank=0, shuffle=True, seed=seed, drop_last=False)
+    loader = DataLoader(dataset, sampler=sampler, batch_size=spec.loader.samples_per_batch)
+    for batch in loader:
+        yield {**batch, "hidden": batch["hidden"].float()}
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "legacy_pt"])
+def test_batches_are_the_dataloaders_in_the_cache_dtype_with_no_float_copy(fmt: str) -> None:
+    spec, _ = _bf16_data(fmt)
+    loader = build_dataloader(spec, "train", shuffle=True, seed=0)
+    assert supports(loader.dataset)
+    new = trainer_batches(loader, 0, torch.device("cpu"))
+    assert new is not None
+    per_epoch = len(loader)
+    for count, old in enumerate(_old_batches(spec)):
+        got = next(new)
+        assert got["hidden"].dtype == torch.bfloat16  # as on disk: no per-sample float copy
+        assert got["hidden"].shape == old["hidden"].shape
+        # bf16 → float32 is exact, so the new batch converted on the device equals the old one bit for bit.
+        torch.testing.assert_close(got["hidden"].float(), old["hidden"], rtol=0, atol=0)
+        for key in ("actions", "action_mask", "eef_pos", "start"):
+            torch.testing.assert_close(got[key], old[key], rtol=0, atol=0)
+        assert got["demo"] == old["demo"]
+    assert count + 1 == per_epoch
+    new.close()
+
+
+def test_loss_and_gradients_match_the_old_path_within_bf16_rounding() -> None:
+    """The model sees bf16 and converts on its device; the old path handed it float32 made on the host.
+    The difference allowed is one bf16 rounding of the values (2^-8 relative); measured: 0 (the
+    conversion is exact and happens once either way, only in another place)."""
+    from trainers.registry import build_model
+    from trainers.train import noise_generator
+
+    spec, _ = _bf16_data()
+    loader = build_dataloader(spec, "train", shuffle=True, seed=0)
+    new_batch = next(trainer_batches(loader, 0, torch.device("cpu")))
+    old_batch = next(_old_batches(spec))
+
+    def loss_and_grads(batch):
+        torch.manual_seed(0)
+        model = build_model(spec, device=torch.device("cpu"))
+        loss = model(batch["hidden"], batch["actions"], batch["action_mask"], generator=noise_generator(0, 1, 0, 0))
+        loss.backward()
+        return loss.detach(), [p.grad.detach().clone() for p in model.parameters() if p.grad is not None]
+
+    new_loss, new_grads = loss_and_grads(new_batch)
+    old_loss, old_grads = loss_and_grads(old_batch)
+    assert torch.isfinite(new_loss)
+    torch.testing.assert_close(new_loss, old_loss, rtol=BF16_EPS, atol=0)
+    assert len(new_grads) == len(old_grads) > 0
+    for new, old in zip(new_grads, old_grads):
+        torch.testing.assert_close(new, old, rtol=BF16_EPS, atol=BF16_EPS * float(old.abs().max()))
+    worst = max(float((n - o).abs().max()) for n, o in zip(new_grads, old_grads))
+    assert abs(float(new_loss - old_loss)) == 0.0 and worst == 0.0, (float(new_loss - old_loss), worst)
+
+
+def test_reads_run_ahead_while_the_step_computes_and_read_exactly_the_ranges() -> None:
+    spec, _ = _bf16_data()
+    dataset = build_dataset(spec, "train")
+    order = [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]]
+    loader = BatchLoader(dataset, order, 2)
+    first = next(loader)
+    # While "the step" holds the first batch, the reader fills the next PREFETCH_DEPTH buffers.
+    deadline = time.monotonic() + 30
+    while loader._ready.qsize() < PREFETCH_DEPTH:
+        assert time.monotonic() < deadline, f"the reader did not read {PREFETCH_DEPTH} batches ahead in 30 s"
+        time.sleep(0.01)
+    time.sleep(0.05)
+    assert loader._ready.qsize() == PREFETCH_DEPTH  # and no further: every other buffer is taken
+    ranges = sum(length for item in range(10) for _, length, _ in dataset.hidden_ranges(item)[1])
+    assert first["hidden"].shape[0] == 2
+    rest = list(loader)
+    assert len(rest) == 4
+    assert loader.bytes_read == ranges == 10 * first["hidden"][0].numel() * 2
+    assert loader._thread.join(5) is None and not loader._thread.is_alive()
+
+
+def test_resumed_order_is_the_tail_of_the_full_order_across_epochs() -> None:
+    spec, _ = _bf16_data()
+    dataset = build_dataset(spec, "train")
+    sampler = DistributedSampler(dataset, num_replicas=1, rank=0, shuffle=True, seed=3)
+    full = sampler_batches(sampler, 4)
+    per_epoch = -(-len(dataset) // 4)
+    stream = [next(full) for _ in range(2 * per_epoch + 3)]
+    assert [len(b) for b in stream[:per_epoch]][-1] == len(dataset) - 4 * (per_epoch - 1)  # last one short
+    assert stream[0] != stream[per_epoch]  # a new epoch is a new order
+    for consumed in (0, 5, per_epoch, per_epoch + 2):
+        resumed = sampler_batches(DistributedSampler(dataset, num_replicas=1, rank=0, shuffle=True, seed=3), 4,
+                                  consumed)
+        assert [next(resumed) for _ in range(3)] == stream[consumed:consumed + 3]
+
+
+def test_a_file_cut_short_after_the_check_is_one_line_naming_the_file_and_range() -> None:
+    spec, _ = _bf16_data()
+    dataset = build_dataset(spec, "train")
+    info, ranges = dataset.hidden_ranges(3)
+    offset, length, what = ranges[-1]
+    os.truncate(info.path, offset + length // 2)
+    loader = BatchLoader(dataset, [[3]], 1)
+    with pytest.raises(UserError) as exc:
+        next(loader)
+    line = exc.value.line()
+    assert line.startswith(f"error: {info.path}:cache: truncated while reading {what} "
+                           f"(bytes {offset:,}..{offset + length:,}) at byte "), line
+    assert "\n" not in line
+
+
+def test_a_team_class_or_whole_file_reads_stay_on_the_dataloader() -> None:
+    spec, _ = _bf16_data()
+    whole = spec.model_copy(update={"loader": spec.loader.model_copy(update={"mmap": False})})
+    assert trainer_batches(build_dataloader(whole, "train", shuffle=False, seed=0), 0, torch.device("cpu")) is None
+    workers = spec.model_copy(update={"loader": spec.loader.model_copy(update={"num_workers": 1})})
+    assert trainer_batches(build_dataloader(workers, "train", shuffle=False, seed=0), 0, torch.device("cpu")) is None
+    assert not supports(object())
