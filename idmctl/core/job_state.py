@@ -28,6 +28,17 @@ class JobState(StrEnum):
     BOOT_FAIL = "BOOT_FAIL"
     DEADLINE = "DEADLINE"
     REVOKED = "REVOKED"
+    # Flags job_state_string prints before the base state (Slurm 20.11-25.11 source, see
+    # tests/idmctl/ops/slurm_drift/fixtures/releases): the job is held, signalled or staging, not over.
+    STAGE_OUT = "STAGE_OUT"
+    EXPEDITING = "EXPEDITING"
+    REQUEUE_FED = "REQUEUE_FED"
+    REQUEUE_HOLD = "REQUEUE_HOLD"
+    REQUEUED_CRON = "REQUEUED_CRON"
+    SPECIAL_EXIT = "SPECIAL_EXIT"
+    STOPPED = "STOPPED"
+    RESV_DEL_HOLD = "RESV_DEL_HOLD"
+    SIGNALING = "SIGNALING"
 
     @classmethod
     def of(cls, text: str | None) -> JobState | None:
@@ -47,8 +58,11 @@ class JobState(StrEnum):
 
 
 UNFINISHED = frozenset({JobState.PENDING, JobState.CONFIGURING, JobState.RUNNING, JobState.COMPLETING,
-                        JobState.SUSPENDED, JobState.RESIZING, JobState.REQUEUED})
-"""Slurm may still change these: the job waits, starts, runs, or (requeued) comes back."""
+                        JobState.SUSPENDED, JobState.RESIZING, JobState.REQUEUED, JobState.STAGE_OUT,
+                        JobState.EXPEDITING, JobState.REQUEUE_FED, JobState.REQUEUE_HOLD, JobState.REQUEUED_CRON,
+                        JobState.SPECIAL_EXIT, JobState.STOPPED, JobState.RESV_DEL_HOLD, JobState.SIGNALING})
+"""Slurm may still change these: the job waits, starts, runs, or (requeued, held after a requeue, stopped)
+comes back. A held job (REQUEUE_HOLD, SPECIAL_EXIT) was classified as failed before these were known."""
 
 
 def first_word(text: str | None) -> str:

@@ -7,7 +7,6 @@ Parses the ``--parsable2`` text, not JSON: 22.05's ``sacct --json`` misreports e
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
@@ -19,7 +18,7 @@ from ground.errors import CheckFailed, UserError
 from idmctl.core.executor import JobStatus, RunRecord, SchedulerRefusal, SchedulerUnreachable, one_line
 from idmctl.core.job_state import JobState, is_terminal
 from idmctl.core.notice import warn
-from idmctl.ops.executors.slurm_read import ReadNotes, known, parse_time, sacct_time
+from idmctl.ops.executors.slurm_read import ReadNotes, known, parse_time, sacct_time, slurm_env
 
 SACCT_FIELDS = ("JobID", "State", "ExitCode", "Reason", "Submit", "Start", "End", "NodeList")
 USAGE_FIELDS = ("Elapsed", "TotalCPU", "AllocCPUS", "ReqMem", "MaxRSS", "Timelimit", "NTasks", "NNodes")
@@ -37,7 +36,11 @@ def _run(args: list[str]) -> subprocess.CompletedProcess[str]:
     if shutil.which(args[0]) is None:
         raise UserError(f"{args[0]} not found on PATH", field="scheduler",
                         hint="install Slurm's client tools, or use a cluster profile with scheduler: local")
-    return subprocess.run(args, capture_output=True, text=True, timeout=CALL_TIMEOUT_S, env=os.environ.copy())
+    try:
+        return subprocess.run(args, capture_output=True, text=True, timeout=CALL_TIMEOUT_S, env=slurm_env())
+    except subprocess.TimeoutExpired as exc:  # the call's deadline: no answer is an outage, never a traceback
+        daemon = "slurmdbd" if args[0] in ("sacct", "sacctmgr") else "slurmctld"
+        raise SchedulerUnreachable(daemon, args[0], f"no answer within {CALL_TIMEOUT_S} s") from exc
 
 
 SKEW = timedelta(minutes=10)
@@ -93,21 +96,25 @@ def parse_sacct(text: str, not_before: dict[str, datetime] | None = None) -> dic
                 if usage:
                     run.step_usage[job_id] = usage
             continue
+        noted = notes.total
         submitted = parse_time(submit, notes, "Submit")
         floor = (not_before or {}).get(job_id)
-        if floor is not None and submitted is not None and submitted < _aware(floor) - SKEW:
+        # Submit, or where a format has none, Start (never before Submit): earlier than ours is another job.
+        earliest = submitted or parse_time(start)
+        if floor is not None and earliest is not None and earliest < _aware(floor) - SKEW:
             dropped.add((job_id, submit))
             current.pop(job_id, None)
             continue
         if JobState.of(state) is None:
             notes.note("State", state)
-            unreadable.add(job_id)
         assigned = known(nodes) is not None
         # A job that never reached a node never started, whatever Start says: 22.05 prints Start = End
         # for one cancelled while pending, newer releases Unknown or None.
         run = RunRecord(state=state, exit_code=known(exit_code), reason=known(reason),
                         started_at=parse_time(start, notes, "Start") if assigned else None,
                         ended_at=parse_time(end, notes, "End"), node_list=nodes if assigned else None, usage=usage)
+        if notes.total > noted:
+            unreadable.add(job_id)  # a state or time idmctl cannot read: the job stays as it was
         current[job_id] = run
         runs.setdefault(job_id, []).append((submitted, run))
     statuses: dict[str, JobStatus] = {}

@@ -19,7 +19,7 @@ from datetime import datetime, timezone
 
 from idmctl.core.notice import warn
 
-NOT_KNOWN = frozenset({"", "Unknown", "None", "N/A", "(null)", "None assigned"})
+NOT_KNOWN = frozenset({"", "Unknown", "None", "NONE", "N/A", "(null)", "None assigned"})
 """What Slurm prints for a value it does not have."""
 
 
@@ -30,10 +30,13 @@ class ReadNotes:
     command: str
     seen: dict[str, tuple[int, str]] = field(default_factory=dict)
     """field → (how many times, first value seen)."""
+    total: int = 0
+    """Notes taken so far (a reader compares it before and after a line)."""
 
     def note(self, name: str, value: str) -> None:
         count, first = self.seen.get(name, (0, value))
         self.seen[name] = (count + 1, first)
+        self.total += 1
 
     def say(self) -> list[str]:
         """One warning line per field, naming the command, the field and the first value; returns them."""
@@ -74,6 +77,15 @@ def known(text: str) -> str | None:
     return None if text in NOT_KNOWN else text
 
 
+def slurm_env() -> dict[str, str]:
+    """The environment for a Slurm tool, with its printed times in ISO form: a user's
+    ``SLURM_TIME_FORMAT`` (``relative``, ``%s``: seen as epoch seconds in neilmunday/slurm-mail#38) would
+    otherwise change what every time field says."""
+    env = os.environ.copy()
+    env["SLURM_TIME_FORMAT"] = "standard"
+    return env
+
+
 class TooManyRecords(Exception):
     """An answer longer than the call's record cap: the caller asks again for a smaller window."""
 
@@ -89,7 +101,7 @@ def run_bounded(args: list[str], max_lines: int, deadline_s: float) -> str:
     import threading  # only for a bounded call
 
     with subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          env=os.environ.copy()) as proc:
+                          env=slurm_env()) as proc:
         assert proc.stdout is not None and proc.stderr is not None
         expired = threading.Event()
 
