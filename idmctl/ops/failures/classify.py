@@ -78,7 +78,7 @@ class Classification:
         if self.cause == "queue_cancelled" and self.detail.get("waited_seconds") is not None:
             return f"cancelled after waiting {format_duration(self.detail['waited_seconds'])} in the queue, never started"
         if len(self.evidence) > 1:
-            return self.evidence[1]
+            return _PREFIX.sub("", self.evidence[1], count=1).strip()
         if self.cause == "preempted" and self.detail.get("ran_seconds") is not None:
             requeued = f", requeued {self.detail['restarts']}×" if self.detail.get("restarts") else ""
             return f"preempted after running {format_duration(self.detail['ran_seconds'])}{requeued}"
@@ -238,20 +238,35 @@ def classify(
     if chosen is None:
         return Classification(cause="unknown", evidence=[record, *(_trim(raw[i]) for i in _error_like(lines, noise))])
     cause, root = chosen
-    claimed = {index for index, (_, name, _) in hits.items() if name != cause}
+    # lines another cause names (not a generic one: a traceback's own exception line is python_exception's too)
+    claimed = {index for index, (_, name, _) in hits.items() if name != cause and not taxonomy_cause(taxonomy, name).generic}
     skip = [noise[i] or i in claimed for i in range(len(lines))]
     if root is None:  # a state rule: still show the log lines this cause's patterns know
         shown = [i for i, (_, name, _) in sorted(hits.items()) if name == cause]
     elif taxonomy_cause(taxonomy, cause).generic and (block := _traceback_blocks(lines, skip)):
         root = block[-1].exception_index
-        shown = [root, *block[-1].frame_indices[-1:]]
+        project = [i for i, frame in zip(block[-1].frame_indices, block[-1].frames)
+                   if not any(marker in frame["file"] for marker in _NOT_PROJECT)]
+        shown = [root, *(project or block[-1].frame_indices)[-1:]]
     else:
         shown = _evidence_after(root, cause, lines, hits, skip)
     shown = list(dict.fromkeys(shown))[:MAX_EVIDENCE_LINES]
     detail = _detail(cause, lines, [lines[i] for i in shown], waited_seconds, restarts, skip)
     if ran_seconds is not None:
         detail["ran_seconds"] = ran_seconds
-    return Classification(cause=cause, evidence=[record, *(_trim(raw[i]) for i in shown)], detail=detail)
+    patterns = [taxonomy.rule_patterns[key] for key in taxonomy.rule_patterns if key[0] == cause]
+    return Classification(cause=cause, evidence=[record, *(_trim_at(raw[i], lines[i], patterns) for i in shown)],
+                          detail=detail)
+
+
+def _trim_at(raw: str, line: str, patterns: list[re.Pattern[str]]) -> str:
+    """``raw`` trimmed to MAX_LINE_CHARS, from a little before what the cause's patterns matched when that lies
+    further in (an error printed after a progress bar on the same line)."""
+    found = [match.start() for pattern in patterns if (match := pattern.search(line))]
+    start = min(found) + len(raw) - len(line) if found else 0
+    if start + 40 <= MAX_LINE_CHARS or len(raw.strip()) <= MAX_LINE_CHARS:
+        return _trim(raw)
+    return _trim("…" + raw[start - 20:])
 
 
 def taxonomy_cause(taxonomy: _Taxonomy, name: str) -> Cause:
@@ -327,11 +342,12 @@ def _choose(taxonomy: _Taxonomy, facts: dict[str, Any], lines: list[str], hits: 
         return cascades[0][1], cascades[0][0]
     # A traceback cut before its exception line: its innermost frame. Not in a cancelled job's log: there it is
     # the interrupt's (Ctrl-C, scancel's signal) more often than the failure's.
+    ended = max((block.exception_index for block in _traceback_blocks(lines)), default=-1)
     for name in generic_causes if facts["state"] != JobState.CANCELLED else []:
-        frames = [i for i, (_, hit, _) in sorted(hits.items()) if hit == name and _FRAME.match(lines[i])]
-        headers = [i for i, (_, hit, _) in sorted(hits.items()) if hit == name]
-        if frames or headers:
-            return name, (frames or headers)[-1]
+        open_lines = [i for i, (_, hit, _) in sorted(hits.items()) if hit == name and i > ended]  # after the last exception
+        frames = [i for i in open_lines if _FRAME.match(lines[i])]
+        if frames or open_lines:
+            return name, (frames or open_lines)[-1]
     return (generic, None) if generic is not None else None
 
 
@@ -363,6 +379,9 @@ def _evidence_after(root: int, cause: str, lines: list[str], hits: dict[int, tup
                     skip: list[bool]) -> list[int]:
     """The root line, the exception line that follows it (when the root is not one), then more of the cause's
     own lines: never the noise printed while dying."""
+    if root > 0 and _FRAME.match(lines[root - 1]):  # a traceback's source line (`raise X("...")`): its exception line
+        root = next((i for i, (_, name, _) in sorted(hits.items()) if name == cause and i > root
+                     and not _FRAME.match(lines[i - 1])), root)
     shown = [root]
     if not _STRICT_EXCEPTION.match(lines[root]):
         after = next((i for i in range(root + 1, min(len(lines), root + 40))
@@ -471,7 +490,7 @@ def _marker_fields(line: str) -> dict[str, str]:
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)')
 _EXCEPTION = re.compile(r"^(?P<type>[A-Za-z_][\w.]*)(?::\s?(?P<message>.*))?$")
 _STRICT_EXCEPTION = re.compile(r"^\s*(?P<type>(?:[A-Za-z_]\w*\.)*[A-Za-z_]*(?:Error|Exception|Exit|Interrupt|Fault|"
-                               r"Failure|Timeout|Exhausted)\w*)(?::\s?(?P<message>.*))?$")
+                               r"Failure|Timeout|Exhausted))(?::\s?(?P<message>.*))?$")
 """An exception line that no source line of an unindented traceback looks like (``ValueError: x``)."""
 _NOT_PROJECT = ("/site-packages/", "/dist-packages/", "<frozen ", "/lib/python3.")
 

@@ -12,6 +12,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import yaml
 
 from ground.errors import UserError
 from idmctl.gate.build import BUILD_CHECK_NAMES
@@ -293,3 +294,100 @@ def test_a_tail_cut_inside_a_traceback_still_names_the_exception() -> None:
     assert found.cause == "python_exception"
     assert found.detail["exception_type"] == "sqlalchemy.exc.OperationalError"
     assert found.detail["frame"] == "/w/trainers/tracking.py:40"
+
+
+# Real logs of the failure corpus (tests/idmctl/ops/failure_corpus/*.yaml: each case names its public source
+# and licence), for what the corpus test does not pin: evidence, headlines and the roles' order.
+def corpus_log(case_id: str) -> str:
+    for path in sorted(CORPUS.glob("*.yaml")):
+        for case in yaml.safe_load(path.read_text(encoding="utf-8"))["cases"]:
+            if case["id"] == case_id:
+                return case["log"]
+    raise AssertionError(f"no corpus case {case_id}")
+
+
+CORPUS = Path(__file__).resolve().parent / "failure_corpus"
+
+
+def test_the_headline_survives_rank_prefixes() -> None:
+    # host_data-073: every line of the traceback starts with torch's "[rank1]: ".
+    found = classify("FAILED", exit_code="1:0", log_tail=corpus_log("host_data-073"), started=True)
+    assert found.cause == "python_exception"
+    assert found.headline == ("AttributeError: 'GPT2LMHeadModel' object has no attribute 'model' at "
+                              "/workspace/distributed-training-guide/04-fully-sharded-data-parallel/train_llm.py:88")
+    assert found.evidence[1:] == [
+        "[rank1]: AttributeError: 'GPT2LMHeadModel' object has no attribute 'model'",
+        '[rank1]:   File "/workspace/distributed-training-guide/04-fully-sharded-data-parallel/train_llm.py", '
+        'line 88, in main']
+
+
+def test_srun_labels_and_an_unindented_traceback(tmp_path: Path) -> None:
+    """A real traceback as `srun --label` prints it (each line after its task's right-aligned "0: "), and the
+    same traceback pasted without its indentation."""
+    entry = tmp_path / "entry.py"
+    entry.write_text("def build(root):\n    return dict(root)\n\nbuild(3)\n")
+    result = run_python(entry)
+    assert result.returncode == 1
+    labelled = "".join(f" 0: {line}\n" for line in result.stderr.splitlines())
+    unindented = "\n".join(line.strip() for line in result.stderr.splitlines())
+    for log in (labelled, unindented):
+        found = classify("FAILED", exit_code="1:0", log_tail=log, started=True)
+        assert found.cause == "python_exception"
+        assert found.headline == f"TypeError: 'int' object is not iterable at {entry}:2"
+
+
+def test_the_earliest_root_wins_over_its_cascade_and_teardown() -> None:
+    # gpu_net-056 (BigScience tr1-13B logbook): the ECC error, then the C++ abort and its frames.
+    found = classify("FAILED", exit_code="0:6", log_tail=corpus_log("gpu_net-056"), started=True)
+    assert found.cause == "gpu_hardware"
+    assert found.evidence[1:] == [
+        "RuntimeError: transform: failed to synchronize: cudaErrorECCUncorrectable: uncorrectable ECC error encountered",
+        "what():  CUDA error: uncorrectable ECC error encountered"]
+    # The same root, then every other rank's NCCL watchdog (gpu_net-001's lines) and srun's teardown.
+    cascade = corpus_log("gpu_net-001")
+    log = corpus_log("gpu_net-056") + cascade + "srun: error: n3: task 3: Exited with exit code 1\n"
+    assert classify("FAILED", exit_code="1:0", log_tail=log, started=True).cause == "gpu_hardware"
+    assert classify("FAILED", exit_code="1:0", log_tail=cascade, started=True).cause == "collective_timeout"
+
+
+def test_specific_states_keep_their_cause_unless_the_log_names_the_root_behind_them() -> None:
+    ecc = corpus_log("gpu_net-056")
+    assert classify("NODE_FAIL", exit_code="0:0", log_tail=ecc, started=True).cause == "gpu_hardware"  # refines node_fail
+    watchdog = corpus_log("gpu_net-001")
+    assert classify("NODE_FAIL", exit_code="0:0", log_tail=watchdog, started=True).cause == "node_fail"  # a cascade
+    assert classify("TIMEOUT", exit_code="0:0", log_tail=ecc, started=True).cause == "timeout"
+    # A generic state: a hang cancelled by hand is the hang (collective_timeout), not `cancelled`.
+    assert classify("CANCELLED by 1000", exit_code="0:15", log_tail=watchdog, started=True).cause == "collective_timeout"
+    step = ("slurmstepd: error: *** STEP 1234.0 ON n7 CANCELLED AT 2026-11-30T10:01:02 DUE TO NODE FAILURE, "
+            "SEE SLURMCTLD LOG FOR DETAILS ***")
+    assert classify("FAILED", exit_code="1:0", log_tail=step, started=True).cause == "node_fail"
+
+
+def test_shm_enospc_is_not_disk_full() -> None:
+    shm = corpus_log("host_data-016")  # NCCL's shm segment: posix_fallocate ... No space left on device
+    assert classify("FAILED", exit_code="1:0", log_tail=shm, started=True).cause == "shm_enospc"
+    assert classify("FAILED", exit_code="1:0", log_tail=corpus_log("host_data-096"), started=True).cause == "disk_full"
+    assert classify("FAILED", exit_code="1:0", started=True,
+                    log_tail="OSError: [Errno 28] No space left on device: '/dev/shm/x'").cause == "shm_enospc"
+
+
+def test_unknown_shows_the_error_line_not_the_last_lines() -> None:
+    log = ("epoch 3 step 1200 loss 0.41\n"
+           "ERROR: worker 3 lost its lease on /data/shard-0017\n"
+           + "".join(f"teardown {i}\n" for i in range(6))
+           + "/lib/x86_64-linux-gnu/libc.so.6(+0x29d90) [0x7f0e]\n"
+           "WARNING:torch.distributed.elastic.multiprocessing.api:Sending process 198 closing signal SIGTERM\n")
+    found = classify("FAILED", exit_code="1:0", log_tail=log, started=True)
+    assert found.cause == "unknown"
+    assert found.evidence[1] == "ERROR: worker 3 lost its lease on /data/shard-0017"
+    assert all("SIGTERM" not in line for line in found.evidence)
+
+
+def test_ansi_colours_progress_bars_and_bad_bytes() -> None:
+    oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."
+    # a 2 MB line first (only the log's tail is read, each line cut), undecodable bytes as read_log_tail replaces them
+    log = ("x" * 2_000_000 + "\n\ufffd\ufffd\n"
+           + "\x1b[32m 10%|#         | 10/100\r 20%|##        | 20/100\r\x1b[31m" + oom + "\x1b[0m\n")
+    found = classify("FAILED", exit_code="1:0", log_tail=log, started=True)
+    assert found.cause == "oom_cuda"
+    assert found.evidence[1] == oom
