@@ -359,3 +359,43 @@ def test_a_window_over_the_record_cap_is_halved(tmp_path: Path, monkeypatch: pyt
     assert spans[:3] == [("2026-12-01T00:00:00", "2026-12-05T00:00:00"), ("2026-12-01T00:00:00", "2026-12-03T00:00:00"),
                          ("2026-12-01T00:00:00", "2026-12-02T00:00:00")]
     assert windows[-1][1] == datetime(2026, 12, 9, tzinfo=UTC) and all(w[0] == "" for w in windows)
+
+
+@pytest.mark.parametrize("name", ["drift|pipe\nnewline", "a|b", "two\nlines"])
+def test_a_name_sacct_could_not_delimit_is_refused_at_submit_in_one_line(name: str) -> None:
+    """idmctl's own jobs never carry a ``|`` or a newline to sacct (the recorded job 99 was a plain sbatch)."""
+    from ground.errors import UserError
+    from idmctl.job.render import check_name
+
+    with pytest.raises(UserError) as refused:
+        check_name(name, "resources.job_name", "experiments/x.yaml")
+    assert "\n" not in str(refused.value).replace(repr(name), "") and refused.value.field == "resources.job_name"
+
+
+def test_sync_never_ends_a_job_on_an_empty_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the real store: sacct and squeue both answer nothing (a slurmdbd still catching up, a controller
+    restarting): the job stays exactly as it was, sync after sync; the recorded answer then ends it."""
+    from sqlmodel import select
+
+    from idmctl.ops.sync import sync
+    from idmctl.record.db import session
+    from idmctl.record.models import Job
+
+    fake = shim(tmp_path, monkeypatch)
+    with session() as db:
+        db.add(Job(experiment="drift", executor="slurm", scheduler_id="99", state="RUNNING",
+                   submitted_at=at("2026-12-07T20:58:52"), node_list="n1"))
+    fake.answer("sacct", "")
+    fake.answer("squeue", "")
+    for _ in range(2):
+        report = sync(retry=False)
+        assert report.finished == [] and report.checked == 0
+        with session() as db:
+            job = db.exec(select(Job)).one()
+            assert (job.state, job.ended_at, job.exit_code) == ("RUNNING", None, None)
+    _, text = recording("local-22.05-sacct-array.out")
+    fake.answer("sacct", text)
+    assert len(sync(retry=False).finished) == 1
+    with session() as db:
+        job = db.exec(select(Job)).one()
+        assert (job.state, job.exit_code, job.ended_at) == ("COMPLETED", "0:0", at("2026-12-07T20:58:55"))
