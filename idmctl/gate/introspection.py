@@ -123,8 +123,12 @@ def _resolve(ctx: PreflightContext) -> tuple[list[tuple[str, Any, dict[str, Any]
     targets: list[tuple[str, Any, dict[str, Any]]] = []
     fails: list[str] = []
     fixes: list[str] = []
+    from idmctl.gate.box import progress
+
+    progress("importing the trainer's registries (cache.registry: torch, h5py)")
     from cache import registry as data_registry  # start-up: pulls torch and h5py
 
+    progress(f"importing data.dataset {class_label(spec.data.dataset)}")
     try:
         # One class serves both splits and only ``split`` differs, so binding the train kwargs covers eval.
         targets.append(("dataset", data_registry.dataset_class(spec), data_registry.dataset_kwargs(spec, "train")))
@@ -140,6 +144,7 @@ def _resolve(ctx: PreflightContext) -> tuple[list[tuple[str, Any, dict[str, Any]
             targets.append(("collate", collate(spec), {}))
         except UserError as exc:
             fails.append(f"collate: {exc.line().removeprefix('error: ')}")
+    progress(f"importing model.name {class_label(spec.model.name)}")
     try:
         targets.append(("model", model_registry.model_class(spec), model_registry.model_kwargs(spec)))
     except UserError as exc:
@@ -148,6 +153,7 @@ def _resolve(ctx: PreflightContext) -> tuple[list[tuple[str, Any, dict[str, Any]
     except Exception as exc:
         fails.append(f"model: importing {class_label(spec.model.name)} raised {_raised(exc)}")
         fixes.append("fix the module's import error; reproduce with python -c 'import <module>' from its root")
+    progress("binding the kwargs")
     return targets, fails, fixes
 
 
@@ -168,7 +174,39 @@ def _shown(path: Path) -> Path:
         return path
 
 
+DEADLINE_S = 120.0
+"""How long the box may take to import the team's classes and bind their kwargs (torch's import is ~1.5 s
+of it on this host): past it, the box's whole session is killed and the check FAILs naming the import."""
+
+
 def check(ctx: PreflightContext) -> CheckResult:
+    """In the box (``idmctl.gate.box``): the team's imports run in a child process of their own, so a module
+    that hangs, exits or kills its process is one FAIL line here, never idmctl's own hang or exit status."""
+    from idmctl.gate import box
+
+    boxed = box.call(lambda: _check_here(ctx).as_dict(), DEADLINE_S)
+    value = boxed.value if boxed.reported else None
+    if isinstance(value, dict):
+        try:
+            return CheckResult(NAME, Status(value["status"]), str(value["summary"]), dict(value.get("numbers") or {}),
+                               str(value.get("fix") or ""))
+        except (KeyError, ValueError, TypeError):
+            pass
+    spec = ctx.spec
+    classes = ", ".join(f"{field} {class_label(ref)}" for field, ref in (("data.dataset", spec.data.dataset),
+                                                                         ("model.name", spec.model.name)))
+    during = boxed.progress or f"importing {classes}"
+    output = next((line.strip() for line in reversed(boxed.stdout.splitlines()) if line.strip()), "")
+    shown = f"; its last output: {output[:200]!r}" if output else ""
+    return CheckResult(NAME, Status.FAIL, f"{during}: {boxed.fact or 'no result'} (in the box, after {boxed.seconds:.1f} s)"
+                                          f"{shown}",
+                       {"box": {"fact": boxed.fact, "returncode": boxed.returncode, "timed_out": boxed.timed_out,
+                                "seconds": round(boxed.seconds, 3), "during": during}},
+                       "importing the module must only define its classes (no sleep, sys.exit, os._exit or "
+                       "server at import); reproduce with `python -c 'import MODULE'` from its code root")
+
+
+def _check_here(ctx: PreflightContext) -> CheckResult:
     try:
         targets, fails, fixes = _resolve(ctx)
     except ImportError as exc:

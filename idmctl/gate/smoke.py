@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -23,7 +22,8 @@ from idmctl.gate.tracebacks import last_frame_and_exception
 from ground.spec.loader import ResolvedSpec
 from ground.units import format_bytes
 from ground.code_snapshot import default_store, materialize
-from idmctl.gate.entry_smoke import run_entry_smoke
+from idmctl.gate import box
+from idmctl.gate.entry_smoke import out_of_domain, run_entry_smoke
 
 NAME = "smoke"
 DEFAULT_TIMEOUT_S = 300.0
@@ -57,17 +57,21 @@ def run_smoke(resolved: ResolvedSpec, timeout_s: float = DEFAULT_TIMEOUT_S, entr
         spec_file = Path(tmp) / f"{resolved.name}.json"
         atomic_write_text(spec_file, resolved.canonical_json)
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(directory), os.environ.get("PYTHONPATH")]))}
-        try:
-            done = subprocess.run([sys.executable, "-m", "trainers.smoke", "--spec-json", str(spec_file)],
-                                  capture_output=True, text=True, timeout=timeout_s, cwd=directory, env=env)
-        except subprocess.TimeoutExpired:
+        # In the box (idmctl.gate.box): its own session, bounded output, everything it started ended with it.
+        done = box.command([sys.executable, "-m", "trainers.smoke", "--spec-json", str(spec_file)],
+                           env=env, cwd=directory, deadline_s=timeout_s)
+        if done.timed_out:
             return SmokeMeasurement(ok=False, error=f"timed out after {timeout_s:.0f} s", wall_s=time.perf_counter() - started)
     wall = time.perf_counter() - started
     report = _report_from_stdout(done.stdout)
     # A report means the smoke ran to the end (it exits 1 on non-finite losses, which check() judges).
     if report is None:
         error = last_frame_and_exception(done.stderr or done.stdout)
-        return SmokeMeasurement(ok=False, error=f"exit {done.returncode}: {error}", wall_s=wall)
+        fact = f"exit {done.returncode}" if (done.returncode or 0) >= 0 else box.ended(done.returncode or 0)
+        return SmokeMeasurement(ok=False, error=f"{fact}: {error}", wall_s=wall)
+    why = out_of_domain({k: v for k, v in report.items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
+    if why is not None:
+        return SmokeMeasurement(ok=False, error=f"the smoke's report holds a figure outside its domain: {why}", wall_s=wall)
     losses = [float(x) for x in report.get("losses", [])]
     return SmokeMeasurement(
         ok=True, losses=losses, device=str(report.get("device", "cpu")), batch_size=int(report.get("batch_size", 2)),
