@@ -33,6 +33,7 @@ from idmctl.core.profile import ClusterProfile, ControllerJob, load_profile
 from idmctl.job.controller_script import ControllerContext, FollowUp, controller_request, render_controller_script
 from idmctl.ops.executors import executor_for
 from idmctl.record.job_facts import CONTROLLER, record_fact
+from idmctl.record.jobs import job_by_id
 
 CONTROLLER_LOG = "controller-%j.out"
 
@@ -73,8 +74,6 @@ def _sbatch(ctx: ControllerContext, settings: ControllerJob, path: Path) -> str:
 
 
 def _recorded_code(job_id: int) -> dict | None:
-    from idmctl.record.jobs import job_by_id  # the store: submit and sync hold it open already
-
     row = job_by_id(job_id)
     code = getattr(row, "code", None) if row is not None else None
     return code if isinstance(code, dict) else None

@@ -28,6 +28,11 @@ REARM_BEGIN_S = 20
 sooner than this (its dependency already holds): one sacct flush later, not in a tight loop."""
 
 
+NEWER_SCHEMA = "newer than this idmctl knows"
+"""How the store says a newer idmctl migrated it (``record.db``, ``record.shared``): a follow-up running the
+same snapshot would find the same, so none is left."""
+
+
 class ControllerFailed(CheckFailed):
     """The controller's sync could not run (the store or the scheduler did not answer): nothing was written."""
 
@@ -92,6 +97,13 @@ def _unreached(chain_id: int, after: str, why: str, myself: FollowUp | None, me:
     head = f"error: controller for chain {chain_id} (after job {after}): {why}; nothing was recorded: "
     if myself is None:
         return ControllerFailed(head + "the next controller or `idmctl sync` catches up from sacct")
+    if NEWER_SCHEMA in why:  # a newer idmctl migrated the store: this chain's snapshot never will read it
+        next_step = (f"this chain's controllers run the idmctl that admitted it, older than the store; move the "
+                     f"chain on with `idmctl submit … --resume {chain_id} --code current`, or run `idmctl sync "
+                     f"--chain {chain_id}` from the upgraded idmctl")
+        _tell(notify.CONTROLLER_GAVE_UP, f"idmctl: chain {chain_id} waits for a sync: its store is newer than its idmctl",
+              [f"chain: {chain_id} (after job {after})", f"cause: {why}", f"done: no follow-up; {next_step}"], "failure")
+        return ControllerFailed(head + next_step)
     left = submit_follow_up(chain_id, after, myself, me, os.environ.get(ENV_CLUSTER))
     next_step = _next_step(left, chain_id)
     if left.scheduler_id is None:
