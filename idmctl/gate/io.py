@@ -33,7 +33,9 @@ def check(ctx: PreflightContext) -> CheckResult:
         limit, limit_name = tier.max_wall_seconds, f"QoS {spec.resources.qos} max wall {tier.max_wall}"
     numbers = {"sample_bytes": estimate.sample_bytes, "step_bytes": estimate.step_bytes, "nodes": estimate.nodes,
                "per_node": estimate.per_node, "bandwidth_bps": estimate.bandwidth,
-               "data_s_per_step": estimate.data_s, "compute_s_per_step": estimate.compute_s, "step_s": estimate.step_s,
+               "data_s_per_step": estimate.data_s, "compute_s_per_step": estimate.compute_s,
+               "loader_s_per_step": estimate.loader_s, "overlapped": estimate.overlapped, "bound": estimate.bound,
+               "step_s": estimate.step_s,
                "train_s": estimate.train_s, "stage_s": estimate.stage_s, "wall_s": estimate.wall_s, "limit_s": limit,
                "derived_time_limit_s": limits.time_limit.derived,
                "step_provenance": limits.step_provenance.as_dict(),

@@ -4,6 +4,7 @@ queue × 8 ranks → ENOSPC). ``num_workers 0`` keeps batches in the rank's own 
 
 from __future__ import annotations
 
+from cache.prefetch import PREFETCH_DEPTH, buffer_slots
 from ground.geometry import sample_io
 from idmctl.core.checks import CheckResult, PreflightContext, Status
 from idmctl.plan.shm import need_bytes
@@ -23,7 +24,9 @@ def check(ctx: PreflightContext) -> CheckResult:
         capacity, source = ctx.profile.node.shm_bytes, f"/dev/shm of a {ctx.profile.name} node"
     if loader.num_workers == 0:
         return CheckResult(NAME, Status.PASS,
-                           f"num_workers 0: batches never pass through /dev/shm (0 B of {format_bytes(capacity)} {source})",
+                           f"num_workers 0: batches never pass through /dev/shm (0 B of {format_bytes(capacity)} {source}); "
+                           f"the rank's batch loader holds its {buffer_slots(0)} buffers ({PREFETCH_DEPTH} read ahead + 1 "
+                           "in use) in its own memory (check loader)",
                            {"need_bytes": 0, "capacity_bytes": capacity})
     # What a worker hands the rank is the sliced sample, whatever mmap did to the read.
     sample = sample_io(spec.data, mmap=True)

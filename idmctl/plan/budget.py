@@ -16,7 +16,9 @@ from dataclasses import dataclass
 from ground.geometry import HiddenGeometry, sample_io
 from ground.paths import expand_path
 from ground.provenance import Basis, DeviceKind, Provenance, compute_unmeasured
+from ground.spec.schema import ExperimentSpec
 from ground.stage import reuses, spec_identity
+from cache.prefetch import PREFETCH_DEPTH
 from idmctl.core.checks import PreflightContext
 from idmctl.plan.page_cache import FAR_LARGER, ASSUMPTIONS, CacheFigures, figures
 from ground.units import format_bytes, format_duration
@@ -156,10 +158,38 @@ class StepEstimate:
     cache: CacheFigures | None = None
     """The page cache's steady state (``plan.page_cache``): ``data_s`` is its steady figure and ``train_s``
     holds its cold first pass. None: the profile states no page-cache rate, every byte from the storage."""
+    loader_s: float | None = None
+    """The loader's CPU per step on the busiest rank: its bytes × the smoke's measured CPU s/GB ÷ the
+    rank's CPUs. None: no smoke measured the loader (the term is then not counted, and says so)."""
+    loader_note: str = "loader CPU not measured (no smoke of this data path)"
+    overlapped: bool = True
+    """True when the loader reads ahead while the step computes (the rank's batch loader or workers):
+    the step is the slowest of storage, loader CPU and compute. False: they add up."""
+    overlap_note: str = ""
 
     @property
     def wall_s(self) -> float:
         return self.train_s + self.stage_s
+
+    def terms(self) -> dict[str, float | None]:
+        """The three terms of a step, in seconds (None: not measured)."""
+        return {"storage": self.data_s, "loader CPU": self.loader_s, "compute": self.compute_s}
+
+    @property
+    def bound(self) -> str:
+        """The term that sets the step time (the largest measured or estimated one)."""
+        known = {name: value for name, value in self.terms().items() if value is not None}
+        return max(known, key=lambda name: known[name])
+
+    def step_formula(self) -> str:
+        """``max(storage 21.1 s, loader CPU 0.9 s, compute 32.0 s) + 0 s not overlapped = 32.0 s/step, bound by compute``."""
+        shown = [f"{name} {fmt_seconds(value)}" if value is not None else f"{name} unmeasured"
+                 for name, value in self.terms().items()]
+        if self.overlapped:
+            text = f"max({', '.join(shown)}) + 0 s not overlapped ({self.overlap_note})"
+        else:
+            text = f"{' + '.join(shown)} ({self.overlap_note})"
+        return f"{text} = {fmt_seconds(self.step_s)}/step, bound by {self.bound}"
 
     def arithmetic(self) -> str:
         batch = f"eff. batch {self.effective_batch:,}"
@@ -176,10 +206,12 @@ class StepEstimate:
             text += f"÷ {self.tier} {fmt_bandwidth(self.bandwidth)} = {fmt_seconds(self.data_s)}/step data"
         else:
             text += f"= {fmt_seconds(self.data_s)}/step data in steady state ({cache_arithmetic(self.cache)})"
+        text += f"; {self.loader_note}"
         if self.compute_s is not None:
-            text += f" + {fmt_seconds(self.compute_s)} compute ({self.compute_note}) = {fmt_seconds(self.step_s)}/step"
+            text += f"; compute {fmt_seconds(self.compute_s)} ({self.compute_note})"
         else:
-            text += f" ({self.provenance.label})"
+            text += f"; {self.provenance.label}"
+        text += f"; step = {self.step_formula()}"
         if self.cache is not None and self.cache.warmup_s:
             text += (f"; × {self.steps:,} steps + cold first pass {fmt_span(self.cache.warmup_s)} = "
                      f"{fmt_span(self.train_s)}")
@@ -207,11 +239,47 @@ def step_estimate(ctx: PreflightContext) -> StepEstimate:
         cache = figures(ctx, step_bytes // nodes, tier, bandwidth, miss_bps=bandwidth / nodes)
     data_s = step_bytes / bandwidth if cache is None else cache.data_s
     compute_s, note, provenance = _compute_seconds(ctx)
-    step_s = data_s + (compute_s or 0.0)
+    loader_s, loader_note = _loader_seconds(ctx, step_bytes if per_node else step_bytes // nodes)
+    overlapped, overlap_note = overlap(spec)
+    terms = [data_s, loader_s or 0.0, compute_s or 0.0]
+    step_s = max(terms) if overlapped else sum(terms)
     train_s = step_s * spec.train.steps + (cache.warmup_s if cache is not None else 0.0)
     return StepEstimate(io.bytes, io.formula, spec.train.effective_batch, spec.loader.repeats, step_bytes, tier,
                         bandwidth, data_s, compute_s, note, step_s, spec.train.steps, train_s, staging(ctx).seconds,
-                        nodes, per_node, provenance, cache)
+                        nodes, per_node, provenance, cache, loader_s, loader_note, overlapped, overlap_note)
+
+
+def overlap(spec: ExperimentSpec) -> tuple[bool, str]:
+    """Whether the job's loader reads the next batches while the step computes, and why.
+
+    ``num_workers 0`` over a registered dataset with exact ranges (``loader.mmap``) runs the trainer's
+    batch loader (``cache.batches``: :data:`~cache.prefetch.PREFETCH_DEPTH` batches ahead on reader
+    threads); workers prefetch in their own processes; a team's own class with ``num_workers 0``
+    loads on the step's own thread. The H2D copy of a batch is inside the smoke's measured compute."""
+    loader = spec.loader
+    if loader.num_workers > 0:
+        return True, f"{loader.num_workers} workers × prefetch {loader.effective_prefetch} read ahead"
+    if isinstance(spec.data.dataset, str) and loader.mmap:
+        return True, f"num_workers 0: the rank's batch loader reads {PREFETCH_DEPTH} batches ahead on threads"
+    why = "a team's own dataset class" if not isinstance(spec.data.dataset, str) else "loader.mmap false"
+    return False, f"not overlapped: num_workers 0 with {why} loads on the step's own thread"
+
+
+def _loader_seconds(ctx: PreflightContext, node_bytes: int) -> tuple[float | None, str]:
+    """The loader's CPU per step on one rank: its share of the node's bytes × the smoke's CPU s/GB ÷ its
+    CPUs (``resources.cpus`` ÷ ranks per node; the reader pool spreads ``preadv`` over threads)."""
+    smoke = ctx.measurements.smoke
+    if smoke is None or not smoke.ok or smoke.loader_cpu_s_per_gb is None:
+        return None, "loader CPU not measured (no smoke measured this data path's CPU s/GB)"
+    res = ctx.spec.resources
+    ranks = res.ranks_per_node
+    rank_bytes = node_bytes / ranks
+    cpus = res.cpus / ranks
+    seconds = rank_bytes / 1e9 * smoke.loader_cpu_s_per_gb / cpus
+    which = f", preflight run {smoke.preflight_run}" if smoke.preflight_run is not None else ""
+    return seconds, (f"loader CPU {format_bytes(rank_bytes)}/rank × {smoke.loader_cpu_s_per_gb:.3g} s/GB (measured: "
+                     f"smoke on {smoke.device}{which}) ÷ {cpus:g} CPUs/rank (resources.cpus {res.cpus} ÷ {ranks} ranks) "
+                     f"= {fmt_seconds(seconds)}")
 
 
 def cache_arithmetic(cache: CacheFigures) -> str:

@@ -144,9 +144,7 @@ def _step_time(ctx: PreflightContext, version: str | None) -> tuple[float, str, 
         kind = DeviceKind.of_job(ctx.spec.resources.gpus_per_node)
         provenance = Provenance(Basis.MEASURED, f"{len(same)} earlier run(s) on {kind.label}: {names}", kind)
         return median, f"median of {len(same)} earlier run(s) with code {versions} and this geometry: {names}", provenance, same
-    source = "estimate: data " + fmt_seconds(estimate.data_s) + "/step"
-    if estimate.compute_s is not None:
-        source += f" + smoke compute {fmt_seconds(estimate.compute_s)}"
+    source = f"estimate: {estimate.step_formula()}"
     return estimate.step_s, source, estimate.provenance, []
 
 

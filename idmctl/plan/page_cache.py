@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from cache.prefetch import PREFETCH_DEPTH, buffer_slots
 from ground.geometry import HiddenGeometry, sample_io
 from ground.units import format_bytes
 from idmctl.core.checks import PreflightContext
@@ -38,8 +39,6 @@ ASSUMED_RESIDENT_PER_RANK = 8 * 10**9
 PyTorch + CUDA trainer process's CUDA context, libraries and pinned staging buffers, an estimate."""
 FAR_LARGER = 2.0
 """Working set more than this many times the cache: the io check weighs reading around the page cache."""
-FLOAT32_BYTES = 4
-"""The dataset hands ``hidden.float()`` to the loader: batches in flight are float32 copies."""
 ASSUMPTIONS = "uniform random windows over the working set, no other job's pages on the node"
 
 
@@ -146,8 +145,9 @@ def working_set(ctx: PreflightContext) -> tuple[int, str]:
 
 def resident(ctx: PreflightContext) -> Resident:
     """Per node: each rank's host memory (the CPU smoke's peak, else :data:`ASSUMED_RESIDENT_PER_RANK`)
-    × ranks + the loader's batches in flight (workers × prefetch, or the rank's own one batch, × the
-    samples of a batch × their float32 bytes). /dev/shm pages count: tmpfs is charged to the cgroup too."""
+    × ranks + the loader's batches in flight (workers × prefetch + the rank's one, or the batch loader's
+    buffers, × the samples of a batch × their bytes in the cache's dtype). /dev/shm pages count: tmpfs is
+    charged to the cgroup too."""
     spec = ctx.spec
     ranks = spec.resources.ranks_per_node
     smoke = ctx.measurements.smoke
@@ -156,13 +156,20 @@ def resident(ctx: PreflightContext) -> Resident:
     else:
         per_rank, source, measured = ASSUMED_RESIDENT_PER_RANK, "assumed, no CPU smoke measured host memory", False
     loader = spec.loader
-    batches = loader.num_workers * loader.effective_prefetch if loader.num_workers else 1
-    sample = sample_io(spec.data, loader.mmap).bytes * FLOAT32_BYTES // spec.data.dtype_bytes
+    # Batches stay in the cache's dtype (cache.batches / cache.dataset): no float32 copy on the host.
+    # Workers: their prefetched batches (in /dev/shm, charged to the cgroup) + the rank's one; num_workers 0:
+    # the rank's batch loader buffers (cache.prefetch).
+    if loader.num_workers:
+        batches = loader.num_workers * loader.effective_prefetch + 1
+        what = f"({loader.num_workers} workers × prefetch {loader.effective_prefetch} + 1) batches"
+    else:
+        batches = buffer_slots(0)
+        what = f"{batches} batch buffers ({PREFETCH_DEPTH} read ahead + 1 in use)"
+    sample = sample_io(spec.data, mmap=True).bytes  # a batch holds the sliced samples, however they were read
     buffers = ranks * batches * loader.samples_per_batch * sample
     total = ranks * per_rank + buffers
-    what = f"{loader.num_workers} workers × prefetch {loader.effective_prefetch}" if loader.num_workers else "1 batch"
     formula = (f"{format_bytes(per_rank)}/rank ({source}) × {ranks} ranks + loader {ranks} ranks × {what} × "
-               f"{loader.samples_per_batch} samples × {format_bytes(sample)} float32 = {format_bytes(buffers)}")
+               f"{loader.samples_per_batch} samples × {format_bytes(sample)} {spec.data.dtype} = {format_bytes(buffers)}")
     return Resident(total, formula, measured)
 
 

@@ -4,6 +4,7 @@ cache, and how a crash is reported (last traceback frame + exception)."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -106,7 +107,9 @@ def test_quickstart_full_preflight_with_smoke_on_cpu_unlocks_submit(tmp_path: Pa
     assert {name: c["status"] for name, c in by_name.items()} == dict.fromkeys(CHECK_NAMES, "PASS")
     smoke_numbers = by_name["smoke"]["numbers"]
     assert len(smoke_numbers["losses"]) == 3 and smoke_numbers["device"] == "cpu"
-    assert "compute (smoke" in by_name["io"]["summary"]  # the CPU job gets the CPU smoke's compute time
+    # The CPU job gets the CPU smoke's compute time, as one of the step's three terms.
+    assert re.search(r"; compute [0-9.]+ m?s \(smoke ", by_name["io"]["summary"]), by_name["io"]["summary"]
+    assert by_name["io"]["numbers"]["compute_s_per_step"] is not None
     assert report["unlocks_submit"] is True
     profile, profile_hash = load_profile("local")
     assert require_pass(load_spec(str(spec_path)), profile, profile_hash).id == report["run_id"]

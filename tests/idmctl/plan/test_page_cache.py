@@ -25,7 +25,7 @@ def test_card_n4_hit_rate_is_the_cache_over_the_routed_working_set() -> None:
     cache = step_estimate(_ctx()).cache
     assert cache is not None
     assert cache.working_set == 1871 * 4 * 318_504_960
-    loader_bytes = 8 * 1 * 8 * 265_420_800 * 2  # 8 ranks × 1 batch × 8 samples × float32 copies of bf16
+    loader_bytes = 8 * 3 * 8 * 265_420_800  # 8 ranks × 3 batch buffers × 8 samples × bf16 bytes as cached
     assert cache.resident.bytes == 8 * ASSUMED_RESIDENT_PER_RANK + loader_bytes
     assert cache.cache == 1_600_000_000_000 - cache.resident.bytes
     assert cache.hit == pytest.approx(cache.cache / cache.working_set)
@@ -43,10 +43,10 @@ def test_more_memory_raises_the_hit_rate_and_repeats_do_not() -> None:
     assert base and less and repeated
     assert less.hit < base.hit and less.data_s > base.data_s
     assert repeated.step_bytes == base.step_bytes // 4
-    # The working set does not move with K; the cache grows by the loader's 3/4 smaller batches (25.5 GB),
-    # so the hit rate moves by that alone.
+    # The working set does not move with K; the cache grows by the loader's 3/4 smaller batches
+    # (8 ranks × 3 buffers × 6 fewer bf16 samples = 38.2 GB), so the hit rate moves by that alone.
     assert repeated.working_set == base.working_set
-    assert repeated.cache - base.cache == 8 * 6 * 265_420_800 * 2
+    assert repeated.cache - base.cache == 8 * 3 * 6 * 265_420_800
     assert repeated.hit == pytest.approx(repeated.cache / repeated.working_set)
 
 
@@ -55,7 +55,10 @@ def test_a_cpu_smokes_peak_is_the_measured_resident_memory() -> None:
     smoke = SmokeMeasurement(ok=True, device="cpu", batch_size=2, peak_mem_bytes=3_000_000_000)
     measured = step_estimate(PreflightContext(ctx.resolved, ctx.profile, Measurements(smoke=smoke))).cache
     assert measured and measured.resident.measured and "smoke peak on cpu at batch 2" in measured.resident.formula
-    assert measured.resident.bytes == 8 * 3_000_000_000 + 8 * 8 * 265_420_800 * 2
+    # + the batch loader's buffers: 8 ranks × (2 read ahead + 1 in use) × 8 samples × 265,420,800 B (bf16, as cached).
+    assert measured.resident.bytes == 8 * 3_000_000_000 + 8 * 3 * 8 * 265_420_800
+    assert "8 ranks × 3 batch buffers (2 read ahead + 1 in use) × 8 samples × 265.4 MB bfloat16 = 51.0 GB" in \
+        measured.resident.formula
 
 
 def test_reading_around_the_cache_is_judged_from_a_measured_rate_only() -> None:
