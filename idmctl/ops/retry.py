@@ -108,3 +108,15 @@ def _cluster_cancels(job: Job) -> bool:
 
     partition = job_options(job.options_json, job.id).get("partition")
     return preempt_mode(job.qos, partition if isinstance(partition, str) else None) == CANCEL
+
+
+def what_sync_does(cause: str) -> str:
+    """One sentence of what sync does after a job ends with ``cause`` in a chain that has retries left (the
+    taxonomy's policy in words, from :func:`decide` itself, so the sentence and the deed never differ)."""
+    policy = get_cause(cause)
+    if policy.action == "stop":
+        return "stop: the chain ends FAILED (not retried: the same code and spec fail the same way)"
+    decision = decide(cause, "the job's node", retries_left=1)
+    limit = f"; at most {policy.max_per_chain}× for {cause} in one chain, then stop" if policy.max_per_chain else ""
+    free = "; Slurm requeues it itself where the QoS's preemption requeues" if policy.scheduler_requeues else ""
+    return f"{policy.action}: {decision.why}{limit}{free}"

@@ -66,17 +66,10 @@ class SyncReport:
 
 
 def log_tail(path: str | None) -> str | None:
-    if not path:
-        return None
-    try:
-        with open(path, "rb") as handle:
-            handle.seek(0, 2)
-            size = handle.tell()
-            handle.seek(max(0, size - LOG_TAIL_BYTES))
-            data = handle.read().decode("utf-8", errors="replace")
-    except OSError:
-        return None
-    return "\n".join(data.splitlines()[-LOG_TAIL_LINES:])
+    """The stored tail: the last LOG_TAIL_LINES lines of the log's last LOG_TAIL_BYTES (one bounded reader,
+    idmctl/ops/failures/logtail.py: a 1 GB log or one 10 MB line reads 8 KB); None when there is none."""
+    data = read_log_tail(path, LOG_TAIL_BYTES)
+    return "\n".join(data.splitlines()[-LOG_TAIL_LINES:]) if data else None
 
 
 def _apply(job: Job, status: JobStatus) -> bool:

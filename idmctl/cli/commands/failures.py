@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -102,6 +103,27 @@ def fix_cmd(
         return
     commit_text = f" (commit {commit})" if commit else ""
     console.print(f"fix {result['fix_id']} recorded for {', '.join(result['jobs'])}: {note}{commit_text}", markup=False)
+
+
+@app.command("explain")
+def explain_cmd(
+    log: Annotated[Path, typer.Argument(help="A job log file (only its last 64 kB are read).")],
+    state: Annotated[str | None, typer.Option("--state", help="Slurm's state for the job (default FAILED).")] = None,
+    exit_code: Annotated[str | None, typer.Option("--exit-code", help="sacct's ExitCode, code:signal (e.g. 1:0).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object.")] = False,
+) -> None:
+    """Classify a log file the way sync would: cause, evidence, headline, fix, and what sync would do."""
+    from idmctl.ops.failures.explain import explain  # start-up: pulls yaml
+
+    found = explain(log, state=state, exit_code=exit_code)
+    if as_json:
+        emit_json(found.as_json())
+        return
+    refines = f" (refines {found.refines})" if found.refines else ""
+    lines = [f"cause:     {found.cause}{refines}", f"headline:  {found.headline}", "evidence:",
+             *(f"  {line}" for line in found.evidence), f"fix:       {found.fix}",
+             f"sync:      {found.sync_would}", f"caught by: {found.caught_by}"]
+    sys.stdout.write("\n".join(lines) + "\n")  # not through rich: evidence lines are long and must not wrap
 
 
 def jobs_import(

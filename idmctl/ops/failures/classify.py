@@ -576,7 +576,7 @@ def parse_traceback(lines: list[str], skip: list[bool] | None = None) -> dict[st
 
 def _relative(path: str) -> str:
     """Relative to the project, whether the job ran from the live tree or (as now) from a code snapshot."""
-    from ground.code_snapshot import path_in_code
+    from ground.code_snapshot import path_in_code  # start-up: only a traceback with frames needs it (subprocess, shutil)
 
     try:
         return str(Path(path).relative_to(REPO_ROOT))

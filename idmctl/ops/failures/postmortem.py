@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
 from ground.errors import UserError
@@ -25,23 +24,8 @@ from idmctl.record.failures import (attach_fix, chain_of, count_failures, failur
                                     find_jobs, jobs_to_classify, new_failure)  # (count_failures, find_jobs: re-exported)
 from idmctl.record.models import Failure, Fix, Job
 from idmctl.ops.failures.mlflow_status import mark_run_failed
+from idmctl.ops.failures.logtail import LOG_TAIL_BYTES, read_log_tail  # noqa: F401 (re-exported: sync, importer)
 
-LOG_TAIL_BYTES = 64_000
-"""How much of a job log's end is read when the store has no tail: a traceback fits easily."""
-
-
-def read_log_tail(path: str | None, max_bytes: int = LOG_TAIL_BYTES) -> str:
-    """The last ``max_bytes`` of a job log ('' when it is missing)."""
-    if not path:
-        return ""
-    log = Path(path)
-    try:
-        with open(log, "rb") as handle:
-            size = log.stat().st_size
-            handle.seek(max(0, size - max_bytes))
-            return handle.read().decode("utf-8", errors="replace")
-    except OSError:
-        return ""
 
 
 def waited_seconds(job: Job) -> float | None:

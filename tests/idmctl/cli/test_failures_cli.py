@@ -260,3 +260,87 @@ def test_json_and_markdown_take_the_fast_path_and_print_what_the_orm_rows_give(c
         done = subprocess.run([sys.executable, "-c", probe, *args], capture_output=True, text=True,
                               cwd=REPO_ROOT, timeout=120)
         assert done.stdout.strip().splitlines()[-1:] == ["[]"], (args, done.stdout[-500:], done.stderr[-2000:])
+
+
+# `failures explain LOG`: a log from the failure corpus (gpu_net-056: the BigScience tr1-13B logbook, quoted
+# there with its source and licence), classified as sync would.
+def _corpus_log(case_id: str) -> str:
+    import yaml
+
+    for path in sorted((REPO_ROOT / "tests/idmctl/ops/failure_corpus").glob("*.yaml")):
+        for case in yaml.safe_load(path.read_text(encoding="utf-8"))["cases"]:
+            if case["id"] == case_id:
+                return case["log"]
+    raise AssertionError(case_id)
+
+
+ECC_FIX = ("nothing in the job; sync leaves the node out and resumes from the checkpoint. Tell the admins the node "
+           "and the Xid or ECC line in the evidence (the GPU needs a reset, a row remap or an RMA)")
+ECC_SYNC = ("exclude_node_and_resume: exclude the job's node for 24.0 h, then resubmit and resume from the chain's "
+            "checkpoint; at most 3× for gpu_hardware in one chain, then stop")
+
+
+def test_explain_prints_cause_evidence_fix_and_what_sync_would_do(cli, tmp_path) -> None:
+    log = tmp_path / "slurm-4411.out"
+    log.write_text(_corpus_log("gpu_net-056"))
+    result = cli("failures", "explain", str(log), "--state", "NODE_FAIL", "--exit-code", "0:0")
+    assert result.exit_code == 0, result.output
+    assert result.stdout == (
+        "cause:     gpu_hardware (refines node_fail)\n"
+        "headline:  RuntimeError: transform: failed to synchronize: cudaErrorECCUncorrectable: uncorrectable ECC "
+        "error encountered at /gpfsssd/worksf/projects/rech/six/commun/code/tr1-13B/DeepSpeed-big-science/deepspeed/"
+        "runtime/pipe/engine.py:679\n"
+        "evidence:\n"
+        "  Slurm: State=NODE_FAIL ExitCode=0:0\n"
+        "  RuntimeError: transform: failed to synchronize: cudaErrorECCUncorrectable: uncorrectable ECC error encountered\n"
+        "  what():  CUDA error: uncorrectable ECC error encountered\n"
+        f"fix:       {ECC_FIX}\n"
+        f"sync:      {ECC_SYNC}\n"
+        "caught by: none\n")
+    as_json = json.loads(cli("failures", "explain", str(log), "--json").stdout)
+    assert as_json == {
+        "cause": "gpu_hardware", "refines": "node_fail", "caught_by": "none", "fix": ECC_FIX, "action": "exclude_node_and_resume",
+        "sync_would": ECC_SYNC, "headline": as_json["headline"],
+        "evidence": ["Slurm: State=FAILED",
+                     "RuntimeError: transform: failed to synchronize: cudaErrorECCUncorrectable: uncorrectable ECC error encountered",
+                     "what():  CUDA error: uncorrectable ECC error encountered"]}
+
+
+@pytest.mark.parametrize("args,error", [
+    (("missing.log",), "error: {tmp}/missing.log: no such file (name an existing log file; `idmctl jobs show JOB` prints a job's)"),
+    (("binary.log",), "error: {tmp}/binary.log: is a binary file, not a log (it holds NUL bytes) (name the job's text log, "
+                      "its stdout/stderr file)"),
+    (("job.log", "--state", "EXPLODED"), "error: --state: 'EXPLODED' is not a state Slurm prints (as sacct shows it: "
+                                         "FAILED, CANCELLED, TIMEOUT, PREEMPTED, NODE_FAIL, OUT_OF_MEMORY…)"),
+    (("job.log", "--exit-code", "1"), "error: --exit-code: '1' is not an exit code Slurm prints (code:signal as sacct "
+                                      "shows it, e.g. 1:0 or 0:9)"),
+    (("job.log", "--exit-code", "1:300"), "error: --exit-code: '1:300' is not an exit code Slurm prints (code:signal as "
+                                          "sacct shows it, e.g. 1:0 or 0:9)"),
+])
+def test_explain_refuses_bad_input_in_one_line(cli, tmp_path, args: tuple[str, ...], error: str) -> None:
+    (tmp_path / "job.log").write_text("Traceback (most recent call last):\nKeyError: 'x'\n")
+    (tmp_path / "binary.log").write_bytes(b"\x7fELF\x02\x01\x01\x00\x00\x00" * 10)
+    result = cli("failures", "explain", str(tmp_path / args[0]), *args[1:])
+    assert result.exit_code == 2
+    assert result.stdout == ""
+    assert result.stderr.strip().splitlines() == [error.format(tmp=tmp_path)]
+
+
+def test_explain_reads_a_huge_log_by_its_tail(cli, tmp_path) -> None:
+    """A 1 GB log (sparse: its middle is a hole) and one 10 MB line of \\r progress bars with ANSI colours and
+    bytes that are not UTF-8: one seek and 64 kB read each, classified by what the tail says."""
+    oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."
+    huge = tmp_path / "huge.log"
+    with open(huge, "wb") as handle:
+        handle.write(b"step 1 loss 2.0\n" * 1000)
+        handle.truncate(1 << 30)
+        handle.seek(0, 2)
+        handle.write(b"step 9000 loss 0.3\n" * 1000 + oom.encode() + b"\n")
+    bars = tmp_path / "bars.log"
+    bars.write_bytes(b"\x1b[32m" + b" 42%|####      | 42/100\r" * 420_000 + b"\xff\xfe 43%\r\x1b[31m" + oom.encode() + b"\x1b[0m\n")
+    assert bars.stat().st_size > 10_000_000
+    for log in (huge, bars):
+        result = cli("failures", "explain", str(log), "--json")
+        assert result.exit_code == 0, result.output
+        found = json.loads(result.stdout)
+        assert (found["cause"], found["evidence"][-1]) == ("oom_cuda", oom)
