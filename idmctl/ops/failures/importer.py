@@ -14,7 +14,7 @@ from typing import Any
 from ground.errors import CheckFailed, UserError
 from idmctl.core.job_state import JobState, is_terminal
 from idmctl.ops.executors.slurm_read import (CallDeadline, ReadNotes, TooManyRecords, known, parse_time, run_bounded,
-                                             sacct_time)
+                                             sacct_time, slurm_env)
 from idmctl.ops.failures.postmortem import read_log_tail, record_failures
 from idmctl.record.db import Session, session
 from idmctl.record.failures import known_scheduler_ids
@@ -104,12 +104,24 @@ def history_windows(since: datetime, until: datetime | None = None) -> Iterator[
             window = min(MAX_WINDOW, window * 2)
 
 
-def parse_history(text: str) -> list[SacctJob]:
+def gpus_counted() -> bool | None:
+    """Whether the cluster counts GPUs in AllocTRES (``AccountingStorageTRES`` has ``gres/gpu``): then a job
+    whose AllocTRES shows none had none. None where ``scontrol show config`` cannot say."""
+    try:
+        result = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True,
+                                timeout=CALL_DEADLINE_S, env=slurm_env())
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    match = re.search(r"^AccountingStorageTRES\s*=\s*(\S*)", result.stdout, re.M) if result.returncode == 0 else None
+    return None if match is None else "gres/gpu" in match.group(1)
+
+
+def parse_history(text: str, counted: bool | None = None) -> list[SacctJob]:
     """sacct lines → one record per job; a requeued job's earlier runs become its restart count.
 
     Read the way Slurm means them: a job that never reached a node has no start (whatever Start says);
-    ``None`` is no reason; a GPU count missing from AllocTRES is unknown unless this answer shows the
-    cluster counts GPUs there at all. JobName is last, so a newline in a name continues the record on
+    ``None`` is no reason; a GPU count missing from AllocTRES is unknown unless the cluster counts GPUs
+    there (``counted``: :func:`gpus_counted`; not known, then unless this answer shows one). JobName is last, so a newline in a name continues the record on
     the next line (a line without a delimiter); a line with some but too few fields is truncated and
     said once. Array tasks (``123_4``, ``123_[5-9]``) and heterogeneous components (``123+0``) are
     records of their own."""
@@ -127,7 +139,8 @@ def parse_history(text: str) -> list[SacctJob]:
             rows.append(parts[:len(IMPORT_FIELDS) - 1] + [DELIMITER.join(parts[len(IMPORT_FIELDS) - 1:])])
         else:
             notes.note("field count", line)
-    gpu_tracked = any("gres/gpu" in row[IMPORT_FIELDS.index("AllocTRES")] for row in rows)
+    gpu_tracked = counted if counted is not None else any("gres/gpu" in row[IMPORT_FIELDS.index("AllocTRES")]
+                                                          for row in rows)
     jobs: dict[str, SacctJob] = {}
     for row in rows:
         job_id, state, exit_code, derived, reason, submit, start, end, nodes, qos, tres, work_dir, user, name = row
@@ -172,6 +185,7 @@ def import_windows(since: datetime, until: datetime | None = None) -> tuple[dict
     total: dict[str, Any] = {"seen": 0, "imported": [], "failed": {}}
     failed_runs = 0
     carry: dict[str, SacctJob] = {}
+    counted = gpus_counted()
 
     def store(records: list[SacctJob]) -> None:
         nonlocal failed_runs
@@ -185,7 +199,7 @@ def import_windows(since: datetime, until: datetime | None = None) -> tuple[dict
 
     for text, end in history_windows(since, until):
         ready: list[SacctJob] = []
-        for record in parse_history(text):
+        for record in parse_history(text, counted):
             if record.scheduler_id in carry:
                 record = merged(carry.pop(record.scheduler_id), record)
             # Going at the window's end: the next window lists it again (with its later runs).

@@ -181,8 +181,18 @@ def test_import_reads_names_with_a_pipe_and_a_newline() -> None:
     assert jobs["99"].name == "drift|pipe\nnewline" and jobs["99"].state == "COMPLETED"
     assert jobs["100"].started_at is None and jobs["100"].reason == "JobHeldUser"
     assert jobs["99"].reason is None and jobs["99"].qos == "core-own"
-    # This cluster does not count gres/gpu in AllocTRES: no GPU figure is unknown, not 0.
+    # No line of this answer shows gres/gpu and nothing says the cluster counts it: unknown, not 0.
     assert {job.gpus for job in jobs.values()} == {None}
+
+
+def test_a_gpu_count_missing_from_alloctres_is_zero_only_where_the_cluster_counts_gpus() -> None:
+    _, config = recording("local-22.05-scontrol-show-config.out")
+    assert "gres/gpu" in next(line for line in config.splitlines() if line.startswith("AccountingStorageTRES"))
+    _, text = recording("local-22.05-sacct-import-gpu.out")
+    assert {j.scheduler_id: j.gpus for j in importer.parse_history(text, counted=True)} == {"99": 0, "143": 1}
+    assert {j.scheduler_id: j.gpus for j in importer.parse_history(text, counted=False)} == {"99": None, "143": 1}
+    _, cpu_only = recording("local-22.05-sacct-import.out")
+    assert {j.gpus for j in importer.parse_history(cpu_only, counted=True)} == {0, None}  # 100, 107: no AllocTRES at all
 
 
 def test_import_windows_are_local_time_west_of_greenwich(monkeypatch: pytest.MonkeyPatch) -> None:
