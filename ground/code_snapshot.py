@@ -106,14 +106,26 @@ class Tree:
         return out
 
 
+GIT_OVERRIDES = ("-c", "core.fsmonitor=", "-c", "core.hooksPath=/dev/null")
+"""A code root's own ``.git/config`` may name a command git runs (``core.fsmonitor`` runs on ``ls-files``,
+hooks on others): the project's git never runs them. ``--no-optional-locks``: listing writes no index."""
+
+
+def git(root: Path, *args: str, timeout: float = 30) -> subprocess.CompletedProcess[bytes]:
+    """``git -C root ARGS`` without the root's fsmonitor and hooks, in the caller's environment less every
+    ``GIT_*`` variable (``GIT_DIR``, ``GIT_INDEX_FILE``, ``GIT_CONFIG_*`` would point git elsewhere)."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("GIT_")}
+    return subprocess.run(["git", *GIT_OVERRIDES, "--no-optional-locks", "-C", str(root), *args], capture_output=True,
+                          timeout=timeout, env=env, stdin=subprocess.DEVNULL)
+
+
 def _git_files(root: Path) -> tuple[list[str], str | None] | None:
     """Tracked and untracked-but-not-ignored paths, and HEAD; None outside a work tree or without git."""
     try:
-        listed = subprocess.run(["git", "-C", str(root), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                                capture_output=True, timeout=30)
+        listed = git(root, "ls-files", "-z", "--cached", "--others", "--exclude-standard")
         if listed.returncode != 0:
             return None
-        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, timeout=30)
+        head = git(root, "rev-parse", "--short", "HEAD")
     except (OSError, subprocess.TimeoutExpired):
         return None
     paths = sorted({p for p in listed.stdout.decode("utf-8", "surrogateescape").split("\0") if p})
@@ -275,6 +287,20 @@ def code_tree(roots: list[Path] | tuple[Path, ...] = ()) -> Tree:
         files += [replace(f, path=f"{prefix}/{f.path}") for f in part.files]
         external.append((prefix, folder))
     return Tree(project.root, tuple(files), digest_of(files), project.commit, tuple(external), key=code_key(files))
+
+
+def snapshot_paths(roots: list[Path] | tuple[Path, ...] = ()) -> set[Path]:
+    """Every file (absolute, resolved) a snapshot of the project and ``roots`` would hold, listed as
+    :func:`code_tree` lists them and hashing nothing: what a job can import."""
+    from ground.paths import REPO_ROOT
+
+    out: set[Path] = set()
+    project = REPO_ROOT.resolve()
+    for folder in dict.fromkeys([project, *(r.resolve() for r in roots if not r.resolve().is_relative_to(project))]):
+        listed = _git_files(folder)
+        paths = listed[0] if listed is not None else _walked_files(folder)
+        out.update((folder / rel).resolve() for rel in paths)
+    return out
 
 
 def code_version(root: Path | None = None) -> str:

@@ -212,6 +212,11 @@ def _check_here(ctx: PreflightContext) -> CheckResult:
     except ImportError as exc:
         return CheckResult(NAME, Status.FAIL, f"cannot import the trainer's registries: {exc}", {},
                            "fix the import error (run `python -c 'import cache.registry, trainers.registry'`)")
+    left_out = _left_out(ctx)
+    fails += left_out
+    if left_out:
+        fixes.append("un-ignore those files in the root's .gitignore (the rule is named above), or `git add -f` them: "
+                     "the job imports from the snapshot, which holds what git lists")
     bound: list[str] = []
     warns: list[str] = []
     warn_fixes: list[str] = []
@@ -263,6 +268,47 @@ def _check_here(ctx: PreflightContext) -> CheckResult:
         return CheckResult(NAME, Status.WARN, "kwargs bind: " + "; ".join(bound) + "; but " + "; ".join(warns), numbers,
                            "; ".join(dict.fromkeys(warn_fixes)))
     return CheckResult(NAME, Status.PASS, "kwargs bind: " + "; ".join(bound), numbers)
+
+
+def _left_out(ctx: PreflightContext) -> list[str]:
+    """Modules the spec's classes imported from a code root that the snapshot would not hold (a root's
+    ``.gitignore`` hides them): the static preflight imports them from the live tree, the job cannot."""
+    import subprocess
+    import sys
+
+    from ground.class_path import code_roots
+    from ground.code_snapshot import git, snapshot_paths
+
+    roots = [r.resolve() for r in code_roots(ctx.spec)[1:]]
+    if not roots:
+        return []
+    found = []
+    for name, module in sorted(sys.modules.items()):
+        file = getattr(module, "__file__", None)
+        if not file:
+            continue
+        path = Path(file).resolve()
+        root = next((r for r in roots if path.is_relative_to(r)), None)
+        if root is None or {"site-packages", "dist-packages"} & set(path.parts):
+            continue
+        found.append((name, path, root))
+    if not found:
+        return []
+    held = snapshot_paths(roots)
+    out = []
+    for name, path, root in found:
+        if path in held:
+            continue
+        rule = ""
+        try:
+            answer = git(root, "check-ignore", "-v", "--no-index", str(path.relative_to(root)))
+            if answer.returncode == 0:
+                rule = " (ignored by " + answer.stdout.decode("utf-8", "replace").split("\t", 1)[0].strip() + ")"
+        except (OSError, ValueError, subprocess.TimeoutExpired):  # no rule to name: the fact stands without it
+            pass
+        out.append(f"module {name} ({_shown(path)}) is imported by the spec's classes, but the code snapshot leaves "
+                   f"it out{rule}: the job would raise ModuleNotFoundError")
+    return out
 
 
 def _field(role: str) -> str:
