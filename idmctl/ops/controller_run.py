@@ -56,13 +56,19 @@ def run_controller(chain_id: int, after: str) -> ControllerRun:
     me = os.environ.get(ENV_CONTROLLER_JOB) or os.environ.get("SLURM_JOB_ID", "")
     myself = FollowUp.decoded(os.environ.get(ENV_CONTROLLER))
     try:
-        report = sync(chain_id=chain_id)
+        return _sync_and_follow(chain_id, after, me, myself)
     except (UserError, SchedulerUnreachable) as exc:
         raise _unreached(chain_id, after, _one_line(exc), myself, me) from exc
     except Exception as exc:  # SQLAlchemy's OperationalError and kin: the store went away mid-sync
         if type(exc).__module__.split(".")[0] != "sqlalchemy":
             raise
         raise _unreached(chain_id, after, f"the store did not answer ({type(exc).__name__})", myself, me) from exc
+
+
+def _sync_and_follow(chain_id: int, after: str, me: str, myself: FollowUp | None) -> ControllerRun:
+    """The controller's work, every step of which may find the store gone (the caller leaves a follow-up):
+    the sync, the note of its run, then re-arm, leave it to the next attempt's controller, or cancel."""
+    report = sync(chain_id=chain_id)
     result = _summary(report)
     status, attempts = chain_state(chain_id)
     attempted = next((a for a in attempts if a["scheduler_id"] == after), None)
@@ -107,10 +113,8 @@ def _unreached(chain_id: int, after: str, why: str, myself: FollowUp | None, me:
     left = submit_follow_up(chain_id, after, myself, me, os.environ.get(ENV_CLUSTER))
     next_step = _next_step(left, chain_id)
     if left.scheduler_id is None:
-        _tell(notify.CONTROLLER_GAVE_UP, f"idmctl: chain {chain_id} waits for a sync: its store did not answer",
-              [f"chain: {chain_id} (after job {after})", f"cause: {why}",
-               f"done: no follow-up controller left ({left.why}); run `idmctl sync --chain {chain_id}` once the "
-               "store answers"], "failure")
+        _tell(notify.CONTROLLER_GAVE_UP, f"idmctl: chain {chain_id} waits for a sync: its controller gave up",
+              [f"chain: {chain_id} (after job {after})", f"cause: {why}", f"done: {next_step}"], "failure")
     elif myself.follow_up == 0:
         _tell(notify.CONTROLLER_OUTAGE, f"idmctl: chain {chain_id}'s controller could not reach the store",
               [f"chain: {chain_id} (after job {after})", f"cause: {why}", f"done: {next_step}"], "warning")
@@ -119,7 +123,8 @@ def _unreached(chain_id: int, after: str, why: str, myself: FollowUp | None, me:
 
 def _next_step(left: FollowedUp, chain_id: int) -> str:
     if left.scheduler_id is None:
-        return f"no follow-up controller left ({left.why}); run `idmctl sync --chain {chain_id}` once the store answers"
+        return (f"no follow-up controller left ({left.why}); run `idmctl sync --chain {chain_id}` once the store "
+                "and Slurm answer")
     return (f"follow-up controller job {left.scheduler_id} (try {left.follow_up} of {left.of}) starts in "
             f"{left.begin_s} s and catches up from sacct")
 

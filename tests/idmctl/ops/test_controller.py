@@ -104,12 +104,12 @@ def test_a_controller_with_no_follow_up_left_tells_the_team_and_names_the_sync(c
     (line,) = [line for line in result.output.splitlines() if line.strip()]
     assert line.startswith("error: controller for chain 4 (after job 2318): ") and "s3cr3t-pw" not in line, line
     assert line.endswith("nothing was recorded: no follow-up controller left (6 follow-ups ran); "
-                         "run `idmctl sync --chain 4` once the store answers"), line
+                         "run `idmctl sync --chain 4` once the store and Slurm answer"), line
     (message,) = webhook.messages("/team")
-    assert message["title"] == "idmctl: chain 4 waits for a sync: its store did not answer"
+    assert message["title"] == "idmctl: chain 4 waits for a sync: its controller gave up"
     assert message["event"] == "controller_gave_up" and message["type"] == "failure"
     assert message["done"] == ("no follow-up controller left (6 follow-ups ran); run `idmctl sync --chain 4` once "
-                               "the store answers")
+                               "the store and Slurm answer")
     assert "s3cr3t-pw" not in json.dumps(webhook.received)
 
 
