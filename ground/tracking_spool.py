@@ -1,10 +1,11 @@
 """The tracking spool: a run directory's MLflow writes, in order, on disk before they reach MLflow.
 
 Training must never wait on, or die of, the tracking server (an MLflow outage used to end the job
-FAILED). So the trainer's ``RunLogger`` (``trainers.tracking``) never calls MLflow from the step loop: each write (the run's creation, its
-params, tags, metrics, status, attempt starts, small JSON artifacts) is appended as one JSON line to
-``<run_dir>/tracking_spool.jsonl``, and a thread ships the lines to MLflow with :func:`flush_spool`.
-While the server answers the spool stays a few lines long; while it does not, the lines wait there,
+FAILED). So the trainer's ``RunLogger`` (``trainers.tracking``) never calls MLflow from the step loop:
+each write (the run's creation, its params, tags, metrics, status, attempt starts, small JSON
+artifacts) is appended as one JSON line to ``<run_dir>/tracking_spool.jsonl``, and a thread ships
+them to MLflow with :func:`flush_spool`. While the server answers the spool stays a few lines long;
+while it does not, the lines wait there,
 in the order they were written, and whoever flushes next sends them: the same process when the
 server answers again, a later attempt of the chain (its logger flushes on start), or the control
 plane (``flush_spool(run_dir)``, torch- and thread-free).
@@ -44,14 +45,18 @@ from ground.paths import atomic_write_text, mlflow_tracking_uri
 
 MAX_BYTES = 64 * 1024 * 1024
 """The spool's size limit unless ``IDMCTL_TRACKING_SPOOL_MAX_BYTES`` sets another (arithmetic above)."""
-HTTP_TIMEOUT_S = 5
-"""A request to the tracking server that has not answered in 5 s is an outage (MLflow's default is 120 s,
-with 7 retries backing off for minutes); a healthy local server answers a log_batch in ~10 ms."""
+HTTP_TIMEOUT_S = 10
+"""A request to the tracking server that has not answered in 10 s is an outage (MLflow's default is 120 s,
+with 7 retries backing off for minutes). Only the shipping thread and a job's last flush wait for it, never
+the step loop. Not less: a 500-point batch took ~1.2 s on the local server with 2 busy cores (1,200 points
+in 3 requests, 3.8 s), and a loaded server answering late is not an outage."""
 HTTP_MAX_RETRIES = 0
 """The spool is the retry: a failed send stays spooled and is tried again with a backoff."""
-METRICS_PER_BATCH = 1000
+METRICS_PER_BATCH = 500
+"""Points per log_batch when a backlog is sent: half MLflow's limit (1,000), so one request stays well
+inside :data:`HTTP_TIMEOUT_S` on a loaded server."""
 PARAMS_PER_BATCH = 100
-"""MLflow's log_batch limits."""
+"""MLflow's log_batch limit on params."""
 REFUSED_CODES = frozenset({"INVALID_PARAMETER_VALUE", "RESOURCE_ALREADY_EXISTS", "RESOURCE_DOES_NOT_EXIST",
                            "INVALID_STATE", "BAD_REQUEST"})
 """MLflow error codes meaning "the server answered and will never take this record": it is skipped and

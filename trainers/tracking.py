@@ -104,8 +104,11 @@ class RunLogger:
     """Rank 0's handle on the chain's MLflow run: every method appends to the spool and returns."""
 
     CLOSE_WAIT_S = 2 * spool.HTTP_TIMEOUT_S + 2
-    """How long closing waits for the last send: two timed-out requests (a flush's first record and the
-    run's store) and a margin; what is still spooled then stays for the next flusher."""
+    """How long closing waits for the last send: a request in flight and the final one timing out, and a
+    margin; what is still spooled then stays for the next flusher."""
+    STOP_WAIT_S = 2.0
+    """The wait when the job stops early (``KILLED``: preempted, requeued): inside any grace time, and the
+    next attempt sends what is left."""
 
     def __init__(self, run_dir: Path, name: str, spec_hash: str, canonical: dict[str, Any], code_version: str):
         self.run_dir = Path(run_dir)
@@ -205,7 +208,7 @@ class RunLogger:
     def finish(self, status: str) -> None:
         """``FINISHED``, ``FAILED`` or ``KILLED`` (preempted: a later attempt reopens the run); then :meth:`close`."""
         self._write(spool.status_record(status))
-        self.close()
+        self.close(self.STOP_WAIT_S if status == "KILLED" else None)
 
     def close(self, wait_s: float | None = None) -> spool.FlushResult | None:
         """Send what is spooled, waiting at most ``wait_s`` (:data:`CLOSE_WAIT_S`). Records still spooled

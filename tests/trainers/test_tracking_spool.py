@@ -93,7 +93,7 @@ def test_server_stopped_and_restarted_while_logging_loses_nothing(tiny_cache, id
         assert _client(uri).get_run(run_id).info.status == "FINISHED"
         assert [p.step for p in _client(uri).get_metric_history(run_id, names.M_ATTEMPT_START)] == [0]
         err = capfd.readouterr().err
-        assert err.count(UNREACHABLE) <= 1 and err.count(BACK) <= 1, err  # once per outage, never per step
+        assert 1 <= err.count(UNREACHABLE) == err.count(BACK) < 15, err  # once per outage, not per logged step
         assert Spool(run_dir).pending_records() == 0 and spool_status(run_dir).describe() is None
     finally:
         server.stop()
