@@ -180,7 +180,8 @@ def controller_line(followed: dict) -> str:
     last = followed.get("last_run")
     if not isinstance(last, dict):
         return text + ": waiting for the attempt to end"
-    return text + f", last ran {last.get('at')}: {last.get('result')}"
+    outage = f" (follow-up {last['follow_up']} after a store outage)" if last.get("follow_up") else ""
+    return text + f", last ran {last.get('at')}{outage}: {last.get('result')}"
 
 
 def controller_code_line(followed: dict, attempt_code: dict | None) -> str:

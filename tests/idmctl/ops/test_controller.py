@@ -174,3 +174,16 @@ def test_jobs_show_says_which_idmctl_the_controller_runs() -> None:
         "controller job 140 runs the live clone /srv/idmctl (the attempt has no code snapshot)")
     assert controller_code_line({"scheduler_id": "140"}, code) == (
         "controller job 140 runs the live clone (submitted before controllers ran from the chain's snapshot)")
+
+
+def test_jobs_lists_a_run_that_caught_up_after_an_outage() -> None:
+    from idmctl.ops.controller import controller_line
+
+    followed = {"scheduler_id": "140", "submitted_at": "2026-12-07T21:00:00+00:00",
+                "last_run": {"at": "2026-12-07T21:03:10+00:00", "result": "1 ended, nothing to resubmit", "ok": True,
+                             "scheduler_id": "152", "follow_up": 2, "outage_from": "140"}}
+    assert controller_line(followed) == ("controller job 140 (submitted 2026-12-07T21:00:00+00:00), last ran "
+                                         "2026-12-07T21:03:10+00:00 (follow-up 2 after a store outage): "
+                                         "1 ended, nothing to resubmit")
+    del followed["last_run"]["follow_up"]
+    assert controller_line(followed).endswith("last ran 2026-12-07T21:03:10+00:00: 1 ended, nothing to resubmit")
