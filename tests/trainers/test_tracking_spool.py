@@ -172,3 +172,38 @@ def test_a_record_mlflow_refuses_is_skipped_and_counted_the_rest_is_sent(tmp_pat
         (run_dir / MLFLOW_RUN_ID_FILE).read_text().strip(), "loss")] == [2]
     run = _client(mlflow_tracking_uri()).get_run((run_dir / MLFLOW_RUN_ID_FILE).read_text().strip())
     assert run.info.status == "FINISHED" and run.data.params == {"a": "1"}
+
+
+def test_a_later_attempt_sends_the_earlier_attempts_spool_first(tiny_cache, idmctl_home: Path, tmp_path: Path,
+                                                                 monkeypatch) -> None:
+    """Attempt 1 logs while its server never answers (a port with nothing on it) and exits with its records
+    spooled; attempt 2 reaches a store (the home's SQLite): attempt 1's records go first, in order."""
+    from ground.paths import mlflow_tracking_uri
+    from trainers.tracking import RunLogger
+
+    resolved, run_dir = _spec(tiny_cache), tmp_path / "run"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{free_port()}")
+    first = RunLogger(run_dir, resolved.name, resolved.hash, resolved.canonical, "v1")
+    first.start_attempt(0)
+    for step in (1, 2, 3):
+        first.log_metrics({names.M_LOSS: float(step)}, step)
+    first.finish("KILLED")
+    assert Spool(run_dir).pending_records() == 7 and not (run_dir / MLFLOW_RUN_ID_FILE).exists()
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    second = RunLogger(run_dir, resolved.name, resolved.hash, resolved.canonical, "v2")
+    second.start_attempt(2)
+    for step in (3, 4):
+        second.log_metrics({names.M_LOSS: float(step) + 0.5}, step)
+    second.finish("FINISHED")
+    client = _client(mlflow_tracking_uri())
+    run_id = second.run_id
+    assert run_id is not None and client.get_run(run_id).info.status == "FINISHED"
+    assert client.get_run(run_id).data.tags[names.TAG_CODE_VERSION] == "v2"  # the later attempt's tag wins
+    points = sorted((p.timestamp, p.step, p.value) for p in client.get_metric_history(run_id, names.M_LOSS))
+    assert [(step, value) for _, step, value in points] == [(1, 1.0), (2, 2.0), (3, 3.0), (3, 3.5), (4, 4.5)]
+    starts = client.get_metric_history(run_id, names.M_ATTEMPT_START)
+    assert sorted((p.step, p.value) for p in starts) == [(0, 1.0), (2, 2.0)]
+    surviving = names.surviving([(t, s, v) for t, s, v in points], [(p.timestamp, p.step) for p in starts])
+    assert surviving == [(1, 1.0), (2, 2.0), (3, 3.5), (4, 4.5)]
+    assert spool_status(run_dir).describe() is None
