@@ -15,7 +15,7 @@ from typing import Any
 from ground.errors import UserError
 from idmctl.core.job_state import JobState, is_failed
 from idmctl.ops.failures.classify import Classification, classify, get_cause
-from idmctl.ops.failures.progress import crash_loop, with_resume_events
+from idmctl.ops.failures.progress import crash_loop, last_step, with_resume_events
 from idmctl.ops.failures.rows import (PostmortemRow, _naive_utc, build_row, is_since, parse_since,  # noqa: F401 (re-exported)
                                   setting_of)
 from idmctl.core.notice import warn
@@ -86,10 +86,14 @@ def classify_job(job: Job, failed: FailedRun | None = None) -> Classification:
         return classify(failed.state, reason=failed.reason, exit_code=failed.exit_code, started=failed.started,
                         ran_seconds=failed.ran_seconds, restarts=failed.run - 1)
     log = read_log_tail(job.log_path) or job.log_tail or ""  # the file holds more than the stored tail
-    return classify(job.state, reason=job.reason, exit_code=job.exit_code,
-                    derived_exit_code=job.derived_exit_code, log_tail=log,
-                    waited_seconds=waited_seconds(job), restarts=job.restarts, started=job.started_at is not None,
-                    ran_seconds=ran_seconds(job))
+    found = classify(job.state, reason=job.reason, exit_code=job.exit_code,
+                     derived_exit_code=job.derived_exit_code, log_tail=log,
+                     waited_seconds=waited_seconds(job), restarts=job.restarts, started=job.started_at is not None,
+                     ran_seconds=ran_seconds(job))
+    step = last_step(log)
+    if step is not None:  # where it failed: what "caught now by" is judged from (caught.py)
+        found.detail["last_step"] = step
+    return found
 
 
 def record_failures(db: Session, jobs: list[Job] | None = None, mark_mlflow: bool = True) -> list[Failure]:

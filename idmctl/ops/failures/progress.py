@@ -2,9 +2,11 @@
 and what resume noticed on the way in (``IDMCTL_EVENT`` lines). Sync records the first two when an attempt
 ends; the failure record reads them to name a crash loop and to show a resume that fell back.
 
-A crash loop: two consecutive attempts of a chain that failed without committing a newer checkpoint. The
-same code and data fail the same way from the same step, so resubmitting again spends the retry budget for
-nothing; the chain stops at the second such attempt (cause ``crash_loop`` in taxonomy.yaml).
+A crash loop: two consecutive attempts of a chain that failed without committing a newer checkpoint, or an
+attempt that committed none after one that did save one and then failed of the same cause at the same step
+(checkpoint, then fail: the next attempt resumes from that checkpoint into the same failure). The same code
+and data fail the same way from the same step, so resubmitting again spends the retry budget for nothing;
+the chain stops at the second such attempt (cause ``crash_loop`` in taxonomy.yaml).
 """
 
 from __future__ import annotations
@@ -125,9 +127,11 @@ def crash_loop(db: Session, job: Job, found: Classification,
     if mine is None or theirs is None:
         return found  # an attempt ended before this was recorded: no verdict from a guess
     before_previous = _progress(attempts[job.attempt - 2]) if job.attempt - 2 in attempts else None
-    if _advanced(mine, theirs) or _advanced(theirs, before_previous):
-        return found
     earlier_cause = cause_of[previous.id or 0]
+    if _advanced(mine, theirs):
+        return found
+    if _advanced(theirs, before_previous) and not _same_way(earlier_cause, theirs, found.cause, mine):
+        return found  # the attempt before made progress and failed elsewhere or otherwise: no loop yet
     line = (f"crash loop: attempt {previous.attempt} (job {previous.scheduler_id}) {earlier_cause} at step "
             f"{_shown(theirs.get('last_step'))}, then attempt {job.attempt} (job {job.scheduler_id}) {found.cause} at step "
             f"{_shown(mine.get('last_step'))}; newest committed checkpoint still step {_shown(mine.get('step'))}")
@@ -136,6 +140,13 @@ def crash_loop(db: Session, job: Job, found: Classification,
                             "committed_step": p.get("step")}
                            for a, c, p in ((previous, earlier_cause, theirs), (job, found.cause, mine))]}
     return Classification(cause=CRASH_LOOP, evidence=[found.evidence[0], line, *found.evidence[1:]], detail=detail)
+
+
+def _same_way(earlier_cause: str, earlier: dict[str, Any], cause: str, now: dict[str, Any]) -> bool:
+    """Both attempts failed of one cause at one step (a checkpoint saved before the first failure changes
+    nothing: the second resumed from it and failed at the very step again)."""
+    step = now.get("last_step")
+    return earlier_cause == cause and step is not None and step == earlier.get("last_step")
 
 
 def _loops(cause: str | None) -> bool:

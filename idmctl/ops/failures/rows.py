@@ -16,6 +16,7 @@ from typing import Any
 from ground.errors import UserError
 from ground.units import parse_duration
 from idmctl.ops.failures.classify import Classification, get_cause
+from idmctl.ops.failures.caught import caught_now_by
 from idmctl.record.failures import failure_rows_fast
 
 
@@ -100,7 +101,7 @@ def build_row(failure: Any, job: Any, fix: Any | None) -> PostmortemRow:
         job=_job_label(job, detail), job_pk=job.id, chain_id=job.chain_id, experiment=job.experiment,
         setting=setting_of(job), state=job.state, cause=failure.cause,
         evidence=Classification(failure.cause, lines, detail).headline, evidence_lines=lines, detail=detail,
-        caught_by=info.caught_by, fix_id=failure.fix_id, fix=fix.note if fix else None,
+        caught_by=caught_now_by(info, detail), fix_id=failure.fix_id, fix=fix.note if fix else None,
         commit=fix.commit if fix else None, suggested_fix=info.fix, ended_at=job.ended_at, imported=bool(job.imported),
         user=getattr(job, "user", None))
 

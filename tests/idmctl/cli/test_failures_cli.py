@@ -344,3 +344,19 @@ def test_explain_reads_a_huge_log_by_its_tail(cli, tmp_path) -> None:
         assert result.exit_code == 0, result.output
         found = json.loads(result.stdout)
         assert (found["cause"], found["evidence"][-1]) == ("oom_cuda", oom)
+
+
+def test_caught_now_by_is_judged_from_the_failing_step(cli, store_backend) -> None:
+    """The card's TypeError (caught_by: introspection) raised before any step, at step 2 and at step 40,000:
+    introspection, the smoke of 3 steps, and no check (said so)."""
+    steps = {"6501": [], "6502": [0, 1], "6503": [39_998, 39_999]}
+    with session() as db:
+        for job_id, reported in steps.items():
+            log = "".join(f"IDMCTL_STEP step={s} loss=0.5000 seconds=0.200\n" for s in reported) + TYPEERROR_LOG
+            db.add(Job(scheduler_id=job_id, experiment="latent_c_n4", routing_n=4, state="FAILED", exit_code="1:0",
+                       log_tail=log, submitted_at=T0, started_at=T0, ended_at=T0 + timedelta(minutes=1)))
+    rows = {row["job"]: row for row in json.loads(cli("failures", "--json").stdout)}
+    assert {job: (rows[job]["cause"], rows[job]["caught_by"]) for job in steps} == {
+        "6501": ("python_exception", "introspection"),
+        "6502": ("python_exception", "smoke (failed at step 2, within its 3 steps)"),
+        "6503": ("python_exception", "none (failed at step 40,000, past the smoke's 3 steps)")}

@@ -119,3 +119,29 @@ def test_a_resume_that_fell_back_shows_in_the_failure_evidence(tmp_path: Path) -
     assert ("resume: checkpoint_corrupt step=6 file=checkpoints/step-00000006.ckpt/state.ckpt reason=sha256 "
             "moved_to=checkpoints/corrupt/step-00000006.ckpt") in row.evidence.splitlines()
     assert json.loads(row.detail_json)["events"][0]["event"] == CHECKPOINT_CORRUPT
+
+
+def test_checkpoint_then_fail_twice_the_same_way_is_a_crash_loop(tmp_path: Path) -> None:
+    """Attempt 1 starts from nothing, commits step 3 and then hangs at step 5; attempt 2 resumes from step 3 and
+    hangs at step 5 again without a newer checkpoint: a loop, though attempt 1 saved one before failing.
+    Another chain whose second attempt hangs at another step (not the same way) is no loop yet."""
+    looping, elsewhere = tmp_path / "runs" / "a", tmp_path / "runs" / "b"
+    for run_dir in (looping, elsewhere):
+        run_dir.mkdir(parents=True)
+        append_event(run_dir, CHECKPOINT, step=3)  # what attempt 1 commits before it fails
+    with session() as db:
+        chains = [Chain(experiment="quickstart", spec_hash="h", retries_budget=5) for _ in range(2)]
+        db.add_all(chains)
+        db.flush()
+        first = _attempt(db, chains[0], 1, looping, "7201", "n1", [1, 2, 3, 4, 5])
+        assert first.committed_step == {"step": 3, "source": "events.jsonl", "last_step": 5}
+        second = _attempt(db, chains[0], 2, looping, "7202", "n2", [4, 5])
+        (row,) = db.exec(select(Failure).where(Failure.job_id == second.id)).all()
+        decision = decide_for_job(db, second, chains[0])
+        _attempt(db, chains[1], 1, elsewhere, "7203", "n1", [1, 2, 3, 4, 5])
+        other = _attempt(db, chains[1], 2, elsewhere, "7204", "n2", [4])
+        assert recorded_causes(db, [other]) == {other.id: "hang"}
+    assert row.cause == "crash_loop"
+    assert row.evidence.splitlines()[1] == ("crash loop: attempt 1 (job 7201) hang at step 5, then attempt 2 "
+                                            "(job 7202) hang at step 5; newest committed checkpoint still step 3")
+    assert (decision.action, decision.cause) == ("stop", "crash_loop")
