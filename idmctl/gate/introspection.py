@@ -7,15 +7,20 @@ the class in use was HiddenMultiLayer (line 568) → TypeError after a 2 h stage
 from __future__ import annotations
 
 import inspect
+import subprocess
+import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from ground.class_path import code_roots
+from ground.code_snapshot import git, snapshot_paths
 from ground.errors import UserError
 from ground.paths import REPO_ROOT
 from ground.spec.schema import ClassRef, class_label
 from idmctl.core.checks import CheckResult, PreflightContext, Status
-from idmctl.gate import kwargs_flow
+from idmctl.gate import box, kwargs_flow
+from idmctl.gate.box import progress
 from trainers import registry as model_registry
 
 NAME = "introspection"
@@ -123,8 +128,6 @@ def _resolve(ctx: PreflightContext) -> tuple[list[tuple[str, Any, dict[str, Any]
     targets: list[tuple[str, Any, dict[str, Any]]] = []
     fails: list[str] = []
     fixes: list[str] = []
-    from idmctl.gate.box import progress
-
     progress("importing the trainer's registries (cache.registry: torch, h5py)")
     from cache import registry as data_registry  # start-up: pulls torch and h5py
 
@@ -182,8 +185,6 @@ of it on this host): past it, the box's whole session is killed and the check FA
 def check(ctx: PreflightContext) -> CheckResult:
     """In the box (``idmctl.gate.box``): the team's imports run in a child process of their own, so a module
     that hangs, exits or kills its process is one FAIL line here, never idmctl's own hang or exit status."""
-    from idmctl.gate import box
-
     boxed = box.call(lambda: _check_here(ctx).as_dict(), DEADLINE_S)
     value = boxed.value if boxed.reported else None
     if isinstance(value, dict):
@@ -273,12 +274,6 @@ def _check_here(ctx: PreflightContext) -> CheckResult:
 def _left_out(ctx: PreflightContext) -> list[str]:
     """Modules the spec's classes imported from a code root that the snapshot would not hold (a root's
     ``.gitignore`` hides them): the static preflight imports them from the live tree, the job cannot."""
-    import subprocess
-    import sys
-
-    from ground.class_path import code_roots
-    from ground.code_snapshot import git, snapshot_paths
-
     roots = [r.resolve() for r in code_roots(ctx.spec)[1:]]
     if not roots:
         return []
@@ -331,7 +326,7 @@ def _flow(target: type, names: list[str]) -> list["kwargs_flow.Fate"]:
         return []
     if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         return []
-    return [f for f in kwargs_flow.follow(target, names) if f.verdict != kwargs_flow.BOUND or f.path]
+    return [f for f in kwargs_flow.follow(target, names, _qualified) if f.verdict != kwargs_flow.BOUND or f.path]
 
 
 def _hint(target: type, name: str) -> str:

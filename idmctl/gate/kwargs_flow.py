@@ -20,6 +20,7 @@ from __future__ import annotations
 import ast
 import inspect
 import textwrap
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,14 +45,12 @@ class Fate:
     """How it got there: ``Child (file:line) → super().__init__(**kwargs) at line N → Base (file:line)``."""
 
 
-def _where(obj: Any) -> str:
-    from idmctl.gate.introspection import where
-
-    return where(obj)
-
-
-def _label(cls: type) -> str:
-    return f"{cls.__name__} ({_where(cls)})"
+def source_label(cls: type) -> str:
+    """``Class (file:line)``; the caller may pass its own (introspection shows paths relative to the project)."""
+    try:
+        return f"{cls.__name__} ({inspect.getsourcefile(cls)}:{inspect.getsourcelines(cls)[1]})"
+    except (OSError, TypeError):
+        return f"{cls.__name__} (<unknown source>)"
 
 
 def _owner(mro: tuple[type, ...], start: int) -> int | None:
@@ -160,20 +159,21 @@ def _lookup(path: list[str], function: Any) -> Any:
     return obj
 
 
-def follow(cls: type, names: list[str]) -> list[Fate]:
-    """The fate of each of ``names`` given to ``cls(...)``."""
+def follow(cls: type, names: list[str], label: Callable[[type], str] = source_label) -> list[Fate]:
+    """The fate of each of ``names`` given to ``cls(...)``; ``label`` names a class in the verdicts."""
     start = _owner(cls.__mro__, 0)
     if start is None:
-        return [Fate(name, UNKNOWN, _label(cls)) for name in names]
-    return _follow(cls.__mro__, start, names, "", 0)
+        return [Fate(name, UNKNOWN, label(cls)) for name in names]
+    return _follow(cls.__mro__, start, names, "", 0, label)
 
 
-def _follow(mro: tuple[type, ...], index: int, names: list[str], path: str, depth: int) -> list[Fate]:
+def _follow(mro: tuple[type, ...], index: int, names: list[str], path: str, depth: int,
+            describe: Callable[[type], str]) -> list[Fate]:
     owner = mro[index]
     if owner is object:  # object.__init__ raises on any argument once a subclass defines __init__
         return [Fate(name, REJECTED, "object.__init__", path) for name in names]
     function = vars(owner)["__init__"]
-    label = _label(owner)
+    label = describe(owner)
     try:
         params = inspect.signature(function).parameters
     except (TypeError, ValueError):
@@ -206,7 +206,8 @@ def _follow(mro: tuple[type, ...], index: int, names: list[str], path: str, dept
         explicit = {k.arg for k in call.keywords if k.arg is not None}
         shown = ast.unparse(call.func) + f"(**{var_kw})"
         step = f"{path}{label} → {shown} at line {line} → "
-        for fate in _follow(callee[0], callee[1], [n for n in forwarded if n not in explicit], step, depth + 1):
+        for fate in _follow(callee[0], callee[1], [n for n in forwarded if n not in explicit], step, depth + 1,
+                              describe):
             if fate.verdict == REJECTED or fate.name not in decided or decided[fate.name].verdict in (SWALLOWED, UNKNOWN):
                 decided[fate.name] = fate
     for name in rest:

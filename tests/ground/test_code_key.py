@@ -1,4 +1,4 @@
-"""The code version means the code (issue 51, item 5): the gate's key covers what runs and the Python
+"""The code version means the code: the gate's key covers what runs and the Python
 environment, not documentation or experiment specs; the snapshot still freezes the whole tree."""
 
 from __future__ import annotations

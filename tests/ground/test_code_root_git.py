@@ -1,6 +1,6 @@
 """Git in a code root runs without the root's own fsmonitor and hooks and without the caller's ``GIT_*``
 variables, and a module the spec's classes import that the snapshot would leave out (hidden by the root's
-``.gitignore``) fails the static preflight (issue 54). Each root is a real git repository."""
+``.gitignore``) fails the static preflight. Each root is a real git repository."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The team's code runs in a box (issue 54): introspection imports the team's modules, and the smoke runs the
+"""The team's code runs in a box: introspection imports the team's modules, and the smoke runs the
 team's entry, in a child process of its own session with a deadline; how the child ended is one FAIL line,
 never idmctl's own exit or hang; the smoke's figures are judged; nothing the entry starts outlives it.
 

@@ -1,4 +1,4 @@
-"""A kwarg taken by ``**kwargs`` is followed to where it goes (issue 51, item 4): bound by a base, read by name,
+"""A kwarg taken by ``**kwargs`` is followed to where it goes: bound by a base, read by name,
 or nowhere. Each class is real source in a temporary code root, and each verdict is checked against what
 Python itself does when the class is built with that kwarg."""
 
