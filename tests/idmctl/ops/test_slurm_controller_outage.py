@@ -1,8 +1,8 @@
 """A chain never waits for a person, on the real local Slurm and a real PostgreSQL store: the store is
-stopped while an attempt runs, so the controller that follows the attempt's end finds it down. It leaves a
-follow-up controller (``--begin`` after the profile's backoff), tells the team through a real webhook, and
-the follow-up that still finds the store down leaves the next; once the store is back, that one catches up
-from sacct and the chain completes with nobody running sync.
+stopped while an attempt waits (held) and then runs to its end, so the controller that follows it finds
+the store down. It leaves a follow-up controller (``--begin`` after the profile's backoff), tells the team
+through a real webhook, and the follow-up that still finds the store down leaves the next; once the store
+is back, that one catches up from sacct and the chain completes with nobody running sync.
 
 The PostgreSQL is a private one this test starts (scripts/postgres/up.sh on its own root and port) and
 stops: never the shared server other engineers' tests use. The backoff is the profile's
@@ -110,12 +110,12 @@ def test_a_store_outage_as_an_attempt_ends_is_caught_up_by_a_follow_up_controlle
     monkeypatch.setenv(contract.ENV_CLUSTER, str(path))
     monkeypatch.setenv(contract.ENV_DB_URL, private_pg.url)
     monkeypatch.setenv(contract.ENV_NOTIFY, webhook.url("/team"))
-    monkeypatch.setenv("IDMCTL_TEST_BEHAVIOR", "steps:8:0.5")
+    monkeypatch.setenv("IDMCTL_TEST_BEHAVIOR", "steps:4:0.25")
     # A tree edited while submit snapshots it is refused with "submit again": a working tree shared with
     # other editors (as this suite's may be) gets a few tries.
     def submitted():  # type: ignore[no-untyped-def]
         got = cli("submit", "quickstart", "--entry", "tests.jobs_entry", "--force", "--reason", "store outage test",
-                  "--json", "--mem", "300MB", "-J", "ctl-outage")
+                  "--json", "--mem", "300MB", "--hold", "-J", "ctl-outage")
         return got if got.exit_code == 0 or "cannot write the code snapshot" not in got.output else None
 
     result = wait_until(submitted, 60, "a submit whose snapshot no editor raced")
@@ -124,9 +124,12 @@ def test_a_store_outage_as_an_attempt_ends_is_caught_up_by_a_follow_up_controlle
     chain_id, log, run_dir = sub["chain"], Path(sub["log"]), Path(sub["script"]).parent
     first = _chain(chain_id)[1][0]["controller"]["scheduler_id"]
 
-    wait_until(lambda: "entry: step 1" in text_so_far(log), 90, f"job {sub['scheduler_id']} to run a step")
-    private_pg.stop()  # the attempt ends (4 s of steps left) with the store down
+    # Held at submit, so the store is down before the attempt can run and end: its controller finds it so.
+    private_pg.stop()
     try:
+        sh("scontrol", "release", sub["scheduler_id"])
+        wait_until(lambda: "entry: done 4 steps" in text_so_far(log), 90,
+                   f"job {sub['scheduler_id']} to run to its end with the store down")
         outage = wait_until(lambda: [m for m in _events(webhook) if m["event"] == "controller_outage"], 90,
                             lambda: f"the outage message from controller {first} (logs: {_controller_logs(run_dir)[-800:]})")
         # The first follow-up finds the store down too and leaves the second: two tries, then the store.
