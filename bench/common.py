@@ -65,6 +65,7 @@ _ABSOLUTE = re.compile(r"^([<≤>≥])\s*([\d.]+)\s*(ms|s)\b")
 _SPEEDUP = re.compile(r"^([<≤>≥])\s*([\d.]+)×\s+faster\b")
 _TIMES = re.compile(r"^([<≤>≥])\s*([\d.]+)×")
 _PLUS = re.compile(r"^\S+\s*≤\s*\S+\s*\+\s*([\d.]+)\s*s\b")
+_PERCENT = re.compile(r"^([<≤>≥])\s*([\d.]+)\s*%$")
 
 
 def _clause(figure: Figure, clause: str) -> bool | None:
@@ -75,6 +76,8 @@ def _clause(figure: Figure, clause: str) -> bool | None:
     if (match := _ABSOLUTE.match(clause)) and figure.unit in _SECONDS:
         op, value, unit = match.groups()
         return _COMPARE[op](median * _SECONDS[figure.unit], float(value) * _SECONDS[unit])
+    if (match := _PERCENT.match(clause)) and figure.unit == "%":
+        return _COMPARE[match.group(1)](median, float(match.group(2)))
     if (match := _SPEEDUP.match(clause)) and ratio:
         return _COMPARE[match.group(1)](1 / ratio, float(match.group(2)))
     if match := _TIMES.match(clause):

@@ -21,6 +21,7 @@ straight into a preallocated batch buffer and takes the rest from :meth:`~Hidden
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,7 @@ class _CacheIndex:
                  cache_format: CacheFormat, expected: dict[str, Any], action_dim: int | None):
         self.episodes = EpisodeFile(episodes)
         self.frame_window = frame_window
+        self._recorded_cache: dict[tuple[int, str], tuple[np.ndarray, np.ndarray]] = {}
         try:
             demos = self.episodes.demos(split)
             if not demos:
@@ -93,15 +95,26 @@ class _CacheIndex:
                                                  tuple(file_positions(entry.info, cached_layers, indices)))
         self.windows = [(e, start) for e in self.entries for start in range(e.info.frames - self.frame_window + 1)]
 
+    def _recorded(self, demo: str) -> tuple[np.ndarray, np.ndarray]:
+        """A demo's actions and eef positions, read from the HDF5 once per process and kept: a few KB a
+        demo, and the batch loader's reader thread then slices arrays instead of calling into h5py (which
+        holds the GIL the training step needs) for every sample."""
+        key = (os.getpid(), demo)
+        if key not in self._recorded_cache:
+            self._recorded_cache[key] = (self.episodes.actions(demo).astype(np.float32),
+                                         self.episodes.obs(demo, EEF_KEY).astype(np.float32))
+        return self._recorded_cache[key]
+
     def targets(self, entry: _EpisodeCache, start: int, horizon: int) -> dict[str, torch.Tensor]:
         t0 = min(start * entry.info.frame_stride, entry.steps - 1)
         stop = min(t0 + horizon, entry.steps)
-        recorded = self.episodes.actions(entry.demo, t0, stop).astype(np.float32)
+        all_actions, all_eef = self._recorded(entry.demo)
+        recorded = all_actions[t0:stop]
         actions = np.zeros((horizon, recorded.shape[1]), dtype=np.float32)
         actions[: len(recorded)] = recorded
         mask = np.zeros(horizon, dtype=bool)
         mask[: len(recorded)] = True
-        eef = self.episodes.obs(entry.demo, EEF_KEY, t0, min(t0 + horizon + 1, entry.steps)).astype(np.float32)
+        eef = all_eef[t0:min(t0 + horizon + 1, entry.steps)]
         eef = np.concatenate([eef, np.repeat(eef[-1:], horizon + 1 - len(eef), axis=0)])
         return {"actions": torch.from_numpy(actions), "action_mask": torch.from_numpy(mask),
                 "eef_pos": torch.from_numpy(eef)}

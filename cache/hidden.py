@@ -311,6 +311,10 @@ on this VM: one synchronous range after another ~0.97 GB/s, 8 threads of 2 MiB p
 (1 to 64 threads, 0.5 to 16 MiB pieces all landed there), while a whole-file sequential read ranged
 1.5–3.0 GB/s from one hour to the next (bench/hidden_reads.py gives both, measured side by side)."""
 
+INLINE_READ_BYTES = READ_PIECE_BYTES
+"""Selections up to this size are read on the calling thread, one range after another (one piece's
+worth: the pool's parallelism only pays once there are pieces to spread)."""
+
 _pool_lock = threading.Lock()
 _pool: tuple[int, ThreadPoolExecutor] | None = None
 
@@ -371,9 +375,11 @@ def read_pieces(pieces: list[tuple[int, memoryview, int, Path, str]],
     first error (a truncated file: one line naming it and the byte range) is raised, so no read is
     still writing into a buffer the caller reuses. ``while_reading`` runs on this thread while the
     pieces are in flight (the batch loader reads its small targets then); its result is returned."""
-    if len(pieces) == 1 and while_reading is None:
-        pread_into(*pieces[0])
-        return None
+    if sum(len(piece[1]) for piece in pieces) <= INLINE_READ_BYTES:
+        # A few small ranges: handing them to the pool costs more thread wake-ups than the reads.
+        for piece in pieces:
+            pread_into(*piece)
+        return while_reading() if while_reading is not None else None
     pool = _read_pool()
     futures = [pool.submit(pread_into, *piece) for piece in pieces]
     try:

@@ -40,6 +40,9 @@ def test_section_states_medians_ratio_and_what_was_not_measured():
     (Figure("f", "s", [0.27], "submitit", [0.13], target="idmctl ≤ submitit + 0.15 s, all checks included"), "met"),
     (Figure("f", "s", [0.30], "submitit", [0.13], target="idmctl ≤ submitit + 0.15 s, all checks included"), "MISSED"),
     (Figure("f", "s", [0.3], target="interactive (a few × interpreter start)"), ""),
+    (Figure("f", "%", [3.0, 4.9], target="≤ 5%"), "met"),
+    (Figure("f", "%", [3.0, 5.1, 6.0], target="≤ 5%"), "MISSED"),
+    (Figure("f", "fraction", [0.03], target="≤ 5%"), ""),
 ])
 def test_targets_that_are_comparisons_get_a_verdict(figure: Figure, verdict: str) -> None:
     assert figure.verdict == verdict
