@@ -21,7 +21,7 @@ from ground.paths import clusters_dir
 from snapshot_support import chain_rows, chain_status, idmctl, make_project
 from slurm_support import sh, wait_until
 
-pytestmark = [pytest.mark.slurm]
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 STOP_TO_RESUME = re.compile(r"^(\s+action:) stop$", re.M)
 
