@@ -41,7 +41,9 @@ from typing import Any
 
 from ground.contract import (ENV_TRACKING_SPOOL_MAX_BYTES, MLFLOW_RUN_ID_FILE, TRACKING_SPOOL_FACTS,
                              TRACKING_SPOOL_FILE)
+from ground.errors import one_line
 from ground.paths import atomic_write_text, mlflow_tracking_uri
+from ground.redact import redacted
 
 MAX_BYTES = 64 * 1024 * 1024
 """The spool's size limit unless ``IDMCTL_TRACKING_SPOOL_MAX_BYTES`` sets another (arithmetic above)."""
@@ -293,15 +295,13 @@ def _error_code(exc: BaseException) -> str | None:
 
 
 def _one_line(exc: BaseException) -> str:
-    from ground.redact import redacted
-
     text = " ".join(str(exc).split()) or type(exc).__name__
     errno = re.search(r"\[Errno -?\d+\] [^'\")(]+", text)  # requests' ConnectionError nests it three deep
     if errno:
         return errno.group(0).strip()
     if "timed out" in text.lower():
         return f"no answer within {HTTP_TIMEOUT_S} s"
-    return redacted(text[:300])
+    return redacted(one_line(text, 300))
 
 
 def flush_spool(run_dir: Path, client: Any = None) -> FlushResult:
