@@ -36,6 +36,7 @@ MODULES = [
     ("Trainer overhead", "bench.trainer_overhead"),
     ("Tracking: the step loop's MLflow logging with the server up and down", "bench.tracking_spool"),
     ("Sync of many jobs", "bench.sync_jobs"),
+    ("jobs import of a year's history in bounded sacct calls", "bench.sacct_import"),
     ("Submit overhead", "bench.submit_overhead"),
     ("Planning: sweeps and ETAs", "bench.planning"),
     ("GPU figures", "bench.gpu"),
@@ -59,6 +60,8 @@ def _fmt(value: float | None, unit: str) -> str:
         return f"{value:.2f}×"
     if unit == "fraction":
         return f"{value:.1%}"
+    if unit == "%":
+        return f"{value:.1f}%"
     if abs(value) >= 1000:
         return f"{value:,.0f} {unit}"
     if unit == "s" and value < 1:
