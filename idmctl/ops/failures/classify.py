@@ -101,6 +101,8 @@ class _Taxonomy:
     """The ``cascade:`` and ``teardown:`` lines: what dying processes print, naming no cause."""
     rule_patterns: dict[tuple[str, int], re.Pattern[str]]
     """(cause, rule index) → the rule's ``log`` patterns as one regex."""
+    any_rule: re.Pattern[str]
+    """Every rule's patterns as one regex: most lines of a log match none, and one search rules them out."""
 
 
 def _one_regex(patterns: list[str]) -> re.Pattern[str]:
@@ -148,7 +150,8 @@ def _load_taxonomy(path: str) -> _Taxonomy:
         for pattern in data.get(key, []):
             _check_regex(pattern, path, key)
     return _Taxonomy(causes=tuple(causes), generic_states=frozenset(s.upper() for s in data.get("generic_states", [])),
-                     noise=_one_regex(noise), rule_patterns=patterns)
+                     noise=_one_regex(noise), rule_patterns=patterns,
+                     any_rule=re.compile("|".join(f"(?:{p.pattern})" for p in patterns.values())))
 
 
 def _check_regex(pattern: str, path: str, where: str) -> None:
@@ -277,6 +280,8 @@ MAX_LOG_CHARS = 256_000
 """classify() reads at most this much of a log's end: a traceback and the Slurm lines fit many times over."""
 MAX_SCAN_CHARS = 4_000
 """Patterns see at most this much of one line (a 10 MB line of progress bars is not read whole)."""
+MAX_LOG_LINES = 4_000
+"""And at most this many of the last lines (a tail of 32,000 one-character lines took 0.75 s to classify)."""
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
 _PREFIX = re.compile(r"^(?:\[\d+\] )?(?:\[(?:rank|default)\d+\]: ?|\[\d+,\d+\]<std(?:out|err)>:|\s{0,4}\d{1,5}: (?=\S| {2}File))*")
@@ -289,7 +294,7 @@ def log_lines(text: str) -> tuple[list[str], list[str]]:
     and the same lines without launcher prefixes (what the patterns see). Bounded: the last MAX_LOG_CHARS
     characters, each line cut at MAX_SCAN_CHARS."""
     text = _ANSI.sub("", text[-MAX_LOG_CHARS:])
-    raw = [line[:MAX_SCAN_CHARS].rstrip() for line in _LINE_BREAK.split(text)]
+    raw = [line[:MAX_SCAN_CHARS].rstrip() for line in _LINE_BREAK.split(text)[-MAX_LOG_LINES:]]
     return raw, [_PREFIX.sub("", line, count=1) for line in raw]
 
 
@@ -297,13 +302,15 @@ def _hits(taxonomy: _Taxonomy, facts: dict[str, Any], lines: list[str]) -> dict[
     """Line index → (cause order, cause, role) of the first cause (in taxonomy order) whose log rule matches
     the line. A rule's other conditions (state, exit code…) must hold too."""
     found: dict[int, tuple[int, str, str]] = {}
+    candidates = [index for index, line in enumerate(lines) if taxonomy.any_rule.search(line)]
     for order, cause in enumerate(taxonomy.causes):
         for number, rule in enumerate(cause.rules):
             if "log" not in rule or not _conditions_hold(rule, facts):
                 continue
             pattern = taxonomy.rule_patterns[(cause.name, number)]
             role = rule.get("role", ROOT)
-            for index, line in enumerate(lines):
+            for index in candidates:
+                line = lines[index]
                 if index not in found and pattern.search(line):
                     found[index] = (order, cause.name, role)
                 elif index in found and found[index][1] == cause.name and role == ROOT:
