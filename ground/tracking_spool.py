@@ -186,6 +186,8 @@ class Spool:
         with self._lock(_APPEND_LOCK):
             size = self.path.stat().st_size if self.path.exists() else 0
             limit, kept, dropped = max_bytes(), [], []
+            if size > limit // 2:  # the part already sent (not yet truncated) does not count: only what waits
+                size -= self.facts().sent_bytes
             for record in records:
                 line = json.dumps(record, separators=(",", ":")) + "\n"
                 if record["op"] == "metrics" and size + len(line) > limit:

@@ -16,6 +16,8 @@ Entry point: ``python -m trainers.train --run-dir DIR`` with ``DIR/spec.json`` w
 - the one rollback after a NaN (``IDMCTL_ROLLBACK=1``, set by sync's resubmit): resume from the last
   good checkpoint, skip the batches up to the NaN step and reseed the flow noise.
 - ``DIR/mlflow_run_id``: the one MLflow run all attempts log to (see ``trainers.tracking``).
+- ``DIR/tracking_spool.jsonl``: every MLflow write, appended before a thread sends it, so the step loop never
+  waits on the tracking server; what an outage kept from MLflow waits there (``ground.tracking_spool``).
 
 Only rank 0 logs, evaluates and writes files. Under ``srun`` Fabric takes ranks from Slurm
 (``--ntasks-per-node`` must equal the devices); under ``fabric run`` (LT_CLI_USED) it is already

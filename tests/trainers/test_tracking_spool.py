@@ -207,3 +207,22 @@ def test_a_later_attempt_sends_the_earlier_attempts_spool_first(tiny_cache, idmc
     surviving = names.surviving([(t, s, v) for t, s, v in points], [(p.timestamp, p.step) for p in starts])
     assert surviving == [(1, 1.0), (2, 2.0), (3, 3.5), (4, 4.5)]
     assert spool_status(run_dir).describe() is None
+
+
+def test_the_limit_counts_only_what_waits_not_what_was_sent(tmp_path: Path, monkeypatch, idmctl_home: Path) -> None:
+    """Bytes already in MLflow but not yet truncated (the spool empties only once every line is sent) do not
+    count against the limit."""
+    from ground.paths import mlflow_artifacts_dir
+
+    spool = Spool(tmp_path)
+    one = len(json.dumps(metrics_record({"loss": 1.0}, 1, stamp_ms=0), separators=(",", ":"))) + 1
+    spool.append(create_record("exp", "exp#1", {}, [], mlflow_artifacts_dir().as_uri(), ["loss"], None))
+    for step in range(1, 4):
+        spool.append(metrics_record({"loss": 1.0}, step, stamp_ms=0))
+    assert flush_spool(tmp_path).sent == 4 and spool.path.stat().st_size == 0  # all sent: emptied
+    for step in range(4, 7):
+        spool.append(metrics_record({"loss": 1.0}, step, stamp_ms=0))
+    spool.update_facts(sent_bytes=2 * one)  # as if a flusher had sent steps 4 and 5 and not truncated yet
+    monkeypatch.setenv(ENV_TRACKING_SPOOL_MAX_BYTES, str(2 * one))
+    assert spool.append(metrics_record({"loss": 1.0}, 7, stamp_ms=0)) == 0  # 1 line waits: a second fits
+    assert spool.append(metrics_record({"loss": 1.0}, 8, stamp_ms=0)) == 1  # a third would not
