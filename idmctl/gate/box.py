@@ -254,7 +254,12 @@ def call(function: Callable[[], Any], deadline_s: float) -> Boxed:
     output_r, output_w = os.pipe()
     sys.stdout.flush()
     sys.stderr.flush()
-    pid = os.fork()
+    try:
+        pid = os.fork()
+    except OSError as exc:
+        for fd in (report_r, report_w, output_r, output_w):
+            os.close(fd)
+        return Boxed(fact=f"the box could not start: {exc.strerror or exc}", seconds=time.monotonic() - started)
     if pid == 0:
         os.close(report_r)
         os.close(output_r)
@@ -265,6 +270,7 @@ def call(function: Callable[[], Any], deadline_s: float) -> Boxed:
     open_fds = {report_r, output_r}
     deadline = started + deadline_s
     timed_out = oversized = False
+    finished = False
     try:
         # Until the report pipe closes (the child has ended): the output pipe may stay open for as long as
         # something the child started holds it.
@@ -286,9 +292,12 @@ def call(function: Callable[[], Any], deadline_s: float) -> Boxed:
                 else:
                     report += chunk
         _drain(output_r, output, open_fds)
+        finished = True
     finally:
-        if timed_out or oversized:
+        if timed_out or oversized or not finished:  # not finished: interrupted (Ctrl-C); the box goes too
             end_box(pid, token)
+            if not finished:
+                os.waitpid(pid, 0)
         os.close(report_r)
         os.close(output_r)
     _, status = os.waitpid(pid, 0)
@@ -341,8 +350,11 @@ def command(argv: list[str], *, env: dict[str, str], cwd: Path | str, deadline_s
             if left <= 0:
                 timed_out = True
                 break
-            if not open_fds:
-                time.sleep(min(left, POLL_S))
+            if not open_fds:  # both pipes at EOF: only the exit is left to wait for
+                try:
+                    child.wait(timeout=min(left, POLL_S))
+                except subprocess.TimeoutExpired:
+                    pass
                 continue
             ready = select.select(list(open_fds), [], [], min(left, POLL_S))[0]
             for fd in ready:

@@ -141,7 +141,9 @@ def introspect(ctx: PreflightContext, code_version: str | None, memo_only: bool 
         return CheckResult(introspection.NAME, Status.SKIP, NOT_RERUN, {}, "")
 
     result = background.collect(started, lambda: run_check(introspection, ctx))
-    if not result.summary.startswith(("check crashed", "cannot import")):  # environment trouble: try again next time
+    # Environment trouble (a crash, a missing import, the box's deadline on a loaded host): try again next time.
+    box = result.numbers.get("box") if isinstance(result.numbers, dict) else None
+    if not result.summary.startswith(("check crashed", "cannot import")) and not (isinstance(box, dict) and box.get("timed_out")):
         memo.store("introspection", key, result.as_dict())
     return result
 
