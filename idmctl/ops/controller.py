@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ground.code_snapshot import MANIFEST
-from ground.errors import CheckFailed
+from ground.errors import CheckFailed, UserError
 from ground.paths import REPO_ROOT, atomic_write_text, home
 from ground.units import parse_duration
 from idmctl.core.notice import warn
@@ -36,6 +36,8 @@ from idmctl.record.job_facts import CONTROLLER, record_fact
 from idmctl.record.jobs import job_by_id
 
 CONTROLLER_LOG = "controller-%j.out"
+MAX_BEGIN_S = 999_999
+"""The longest ``--begin=now+N`` a controller script takes (``controller_script._BEGIN``: six digits)."""
 
 
 def submit_controller(job_id: int, chain_id: int, attempt: int, after: str, run_dir: Path, cluster: str | None,
@@ -114,20 +116,24 @@ def submit_follow_up(chain_id: int, after: str, me: FollowUp, my_id: str, cluste
     """Leave the controller that tries again after this one found the store down: no store is read or
     written (the profile is a file, sbatch talks to slurmctld). The follow-up runs this same code (the
     running controller's own tree, the chain's snapshot) and starts after the backoff."""
-    settings = load_profile(cluster)[0].controller
     nxt = me.follow_up + 1
+    try:
+        settings = load_profile(cluster)[0].controller
+    except UserError as exc:  # the profile file went bad since submit: say it, as the tries being spent would
+        return FollowedUp(None, nxt, 0, why=exc.line().removeprefix("error: "))
     if nxt > settings.outage_tries:
         return FollowedUp(None, me.follow_up, settings.outage_tries, why=f"{settings.outage_tries} follow-ups ran")
-    begin = follow_up_delay_s(settings, nxt)
+    # sbatch's --begin=now+N takes at most 6 digits here (controller_script): 11.5 days is past any backoff.
+    begin = min(max(follow_up_delay_s(settings, nxt), 1), MAX_BEGIN_S)
     run_dir = Path(me.run_dir)
     ctx = ControllerContext(chain_id=chain_id, attempt=me.attempt, after=after, log_path=str(run_dir / CONTROLLER_LOG),
                             idmctl_home=home(), cluster=cluster, partition=settings.partition,
-                            begin=f"now+{max(begin, 1)}", follow_up=nxt, origin=me.origin or my_id or None,
-                            label=me.label)
+                            begin=f"now+{begin}", follow_up=nxt, origin=me.origin or my_id or None, label=me.label)
     try:
         scheduler_id = _sbatch(ctx, settings, run_dir / f"controller-{me.label or me.attempt}-follow-up-{nxt}.sbatch")
-    except (CheckFailed, OSError) as exc:
-        return FollowedUp(None, nxt, settings.outage_tries, begin, why=str(exc))
+    except (CheckFailed, UserError, OSError) as exc:
+        return FollowedUp(None, nxt, settings.outage_tries, begin,
+                          why=exc.line().removeprefix("error: ") if isinstance(exc, UserError) else str(exc))
     return FollowedUp(scheduler_id, nxt, settings.outage_tries, begin)
 
 

@@ -187,3 +187,21 @@ def test_jobs_lists_a_run_that_caught_up_after_an_outage() -> None:
                                          "1 ended, nothing to resubmit")
     del followed["last_run"]["follow_up"]
     assert controller_line(followed).endswith("last ran 2026-12-07T21:03:10+00:00: 1 ended, nothing to resubmit")
+
+
+def test_a_profile_gone_bad_since_submit_leaves_no_follow_up_and_says_why(cli, monkeypatch, webhook,
+                                                                          tmp_path: Path) -> None:
+    from ground.contract import ENV_CLUSTER, ENV_NOTIFY
+
+    broken = tmp_path / "team.yaml"
+    broken.write_text("name: team\nscheduler: slurm\nqos: [not, a, mapping]\n")
+    monkeypatch.setenv(ENV_CLUSTER, str(broken))
+    monkeypatch.setenv(ENV_DB_URL, f"postgresql://ops:s3cr3t-pw@127.0.0.1:{free_port()}/idmctl")
+    monkeypatch.setenv(ENV_NOTIFY, webhook.url("/team"))
+    _as_controller(monkeypatch, follow_up=0)
+    result = cli("sync", "--chain", "4", "--controller-for", "2318")
+    assert result.exit_code == 1
+    (line,) = [line for line in result.output.splitlines() if line.strip()]
+    assert f"nothing was recorded: no follow-up controller left ({broken}" in line, line
+    (message,) = webhook.messages("/team")
+    assert message["event"] == "controller_gave_up" and message["done"].startswith(f"no follow-up controller left ({broken}")
