@@ -7,7 +7,8 @@
 #    build / step times vs the card's 23 s / 0.7 s / 39 s, finite losses), one Fabric bf16-mixed DDP
 #    step on 1 GPU, a full-width (5120 × 36 blocks) hidden-cache build of one window, and NVML's
 #    utilisation as the efficiency report reads it.
-# Writes DIR/gpu_result.json, DIR/gpu_proof.json and DIR/BENCHMARKS.md (those two sections, by
+# 3. bench.gpu_loader: the loader's old and new paths side by side (see below).
+# Writes DIR/gpu_result.json, DIR/gpu_proof.json, DIR/gpu_loader.json and DIR/BENCHMARKS.md (two sections, by
 # bench/run.py). Commit the two JSON files under bench/ and `python -m bench.run` reports them in
 # BENCHMARKS.md on machines without a GPU. `--device cpu` runs every line at reduced sizes (CI:
 # tests/bench/test_gpu_bench.py); its figures say "not measured on a GPU".
@@ -49,4 +50,12 @@ timeout "${GPU_BENCH_TIMEOUT:-140}" "$PY" -m bench.gpu --device "$DEVICE" --out 
   $([[ "$DEVICE" == cpu ]] && echo --warmup 1) > "$DIR/gpu_stdout.json"
 timeout "${GPU_PROOF_TIMEOUT:-150}" "$PY" -m bench.gpu_proof --device "$DEVICE" --out "$DIR"
 GPU_BENCH_RESULTS="$DIR" "$PY" -m bench.run --only gpu gpu_proof --out "$DIR/BENCHMARKS.md"
-echo "gpu.sh: wrote $DIR/gpu_result.json, $DIR/gpu_proof.json, $DIR/BENCHMARKS.md"
+# 3. bench.gpu_loader: the loader old (float32 on the host, collate, blocking copy) vs new (bf16 pinned
+#    buffers read ahead, non_blocking), 100 steps each at B=2: data_wait_frac, NVML utilisation, s/step,
+#    H2D bytes per step. Prepared without a GPU (run on the CPU at reduced size only); new path first, each
+#    path written when it ends, so a timeout in the slow old path keeps the new one's figures.
+LOADER_STEPS="${GPU_LOADER_STEPS:-100}"; [[ "$DEVICE" == cpu ]] && LOADER_STEPS=4
+timeout "${GPU_LOADER_TIMEOUT:-240}" "$PY" -m bench.gpu_loader --device "$DEVICE" --out "$DIR/gpu_loader.json" \
+  --steps "$LOADER_STEPS" --warmup "$([[ "$DEVICE" == cpu ]] && echo 1 || echo 10)" > /dev/null || \
+  echo "gpu.sh: bench.gpu_loader ended early (exit $?); $DIR/gpu_loader.json holds the paths that finished" >&2
+echo "gpu.sh: wrote $DIR/gpu_result.json, $DIR/gpu_proof.json, $DIR/gpu_loader.json, $DIR/BENCHMARKS.md"

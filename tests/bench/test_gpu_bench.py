@@ -87,6 +87,13 @@ def test_gpu_sh_runs_the_whole_proof_on_cpu_and_says_it_was_not_a_gpu(tmp_path: 
     assert "## GPU figures" in report and "## GPU proof: smoke, Fabric DDP, full-width build, NVML" in report
     proof_rows = [line for line in report.split("## GPU proof")[1].splitlines() if line.startswith("| ") and "|---" not in line][1:]
     assert len(proof_rows) == 7 and all("not measured on a GPU" in row for row in proof_rows), proof_rows
+    # The loader's old and new paths side by side (reduced size on the CPU: nothing crosses to a device).
+    loader = json.loads((out / "gpu_loader.json").read_text())
+    assert loader["measured_on_gpu"] is False and loader["bf16_hidden_bytes_per_step"] == 2 * 4 * 5 * 3 * 4 * 64 * 2
+    for path in ("new", "old"):
+        row = loader[path]
+        assert row["loss_finite"] and row["steps"] == 4 and row["h2d_bytes_per_step"] == 0 and row["nvml_samples"] == 0
+        assert 0 <= row["data_wait_frac"] < 1 and row["s_per_step"] > 0
 
 
 def test_gpu_sh_refuses_an_unknown_device(tmp_path: Path) -> None:
