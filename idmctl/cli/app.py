@@ -110,6 +110,13 @@ def _train(target: typer.Typer) -> None:
     target.add_typer(train.model_app, name="model")
 
 
+def _eval(target: typer.Typer) -> None:
+    """`eval` lives in ``eval_import`` (a module named ``eval`` would read as the builtin)."""
+    from idmctl.cli.commands import eval_import  # start-up: only the command that runs loads its module
+
+    target.add_typer(eval_import.app, name="eval")
+
+
 _COMMANDS: dict[str, Callable[[typer.Typer], None]] = {
     # In the order `idmctl --help` lists them: typer puts plain commands before groups, each in the
     # order they were registered.
@@ -120,7 +127,7 @@ _COMMANDS: dict[str, Callable[[typer.Typer], None]] = {
     "train": _train, "ledger": _command("ledger"), "doctor": _command("doctor"), "gc": _command("gc"),
     "notify": _command("notify"),
     "exp": _group("exp"), "failures": _group("failures"), "jobs": _jobs("jobs"), "cache": _cache, "model": _train,
-    "data": _group("data"), "controller": _group("controller"),
+    "data": _group("data"), "controller": _group("controller"), "eval": _eval,
 }
 """Each command and the function that registers it (and its siblings from the same module)."""
 

@@ -28,7 +28,8 @@ from ground.protocols import UNRECORDED
 from ground.spec.schema import Goal
 from idmctl.core.job_state import JobState
 
-_BASELINE_KEYS = {"name", "label", "steps", "effective_batch", "note", "state", "protocols"}
+_BASELINE_KEYS = {"name", "label", "steps", "effective_batch", "note", "state", "protocols", "episodes_file",
+                  "seeds_share_episodes"}
 _BASELINE_STATES = ("finished", "preempted")
 # Slurm states after which the MLflow status (possibly stuck at RUNNING after a kill) is stale.
 
@@ -69,6 +70,9 @@ class CompareRow:
     tags: dict[str, str] = field(default_factory=dict)
     protocols: dict[str, str] = field(default_factory=dict)
     """metric → the evaluation protocol it was measured under (``ground.protocols``); absent: not recorded."""
+    evaluation: Any = None
+    """A baseline's per-episode results (``idmctl.track.evalfile.EvalFile``): imported, or the entry's
+    ``episodes_file``; None when only its means are recorded (card A)."""
 
     def protocol(self, metric: str) -> str:
         return self.protocols.get(metric, UNRECORDED)
@@ -78,8 +82,14 @@ class CompareRow:
         return self.status == "running"
 
     def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
+        evaluation, self.evaluation = self.evaluation, None
+        try:
+            data = asdict(self)
+        finally:
+            self.evaluation = evaluation
         data["metrics"] = {key: asdict(value) for key, value in self.metrics.items()}
+        data["evaluation"] = ({"source": evaluation.source, "sha256": evaluation.sha256, "episodes": evaluation.rows}
+                              if evaluation is not None else None)
         return data
 
 
@@ -115,7 +125,27 @@ def load_baselines(path: Path | None = None) -> list[CompareRow]:
         raise UserError(f"invalid YAML: {exc}".splitlines()[0], file=str(path), hint="fix the YAML syntax") from exc
     if not isinstance(entries, list):
         raise UserError("baselines must be a list of entries", file=str(path), hint="start each entry with `- name:`")
-    return [_baseline_row(entry, index, path) for index, entry in enumerate(entries)]
+    rows = [_baseline_row(entry, index, path) for index, entry in enumerate(entries)]
+    return rows + imported_rows({row.name for row in rows})
+
+
+def imported_rows(taken: set[str]) -> list[CompareRow]:
+    """Evaluations imported with ``idmctl eval import``: baselines with their per-episode spread."""
+    from idmctl.track.evalfile import list_evals, load_eval  # start-up: read only where a baseline has per-episode results
+
+    rows = []
+    for name in list_evals():
+        record = load_eval(name)
+        if record is None or name in taken:
+            continue
+        rows.append(_evaluation_row(name, f"{name} (imported)", record, f"{record.rows} episodes from {Path(record.source).name}"))
+    return rows
+
+
+def _evaluation_row(name: str, label: str, record: Any, note: str) -> CompareRow:
+    metrics = {m: MetricSummary(best=sum(v) / len(v), last=sum(v) / len(v)) for m, v in record.metrics.items()}
+    return CompareRow(kind="baseline", name=name, label=label, status="finished", metrics=metrics, note=note,
+                      protocols={m: record.protocol for m in record.metrics}, evaluation=record)
 
 
 def _baseline_row(entry: Any, index: int, path: Path) -> CompareRow:
@@ -145,6 +175,7 @@ def _baseline_row(entry: Any, index: int, path: Path) -> CompareRow:
             tracking.EEF_METRIC.fullmatch(str(k)) and isinstance(v, str) and v.split() == [v] for k, v in protocols.items()):
         raise UserError("protocols must map EEF metrics to protocol names", file=str(path), field=f"{where}.protocols",
                         hint="e.g. protocols: {eef_mm_24ep: card-A/MG-30-held-out:24ep} (names without spaces)")
+    evaluation = _episodes_file(entry, where, path, metrics, protocols)
     state = entry.get("state", "finished")
     if state not in _BASELINE_STATES:
         raise UserError(f"unknown state {state!r}", file=str(path), field=f"{where}.state",
@@ -152,7 +183,38 @@ def _baseline_row(entry: Any, index: int, path: Path) -> CompareRow:
     return CompareRow(kind="baseline", name=entry["name"], label=str(entry.get("label") or entry["name"]),
                       status=state, steps_done=entry.get("steps"), steps_planned=entry.get("steps"),
                       effective_batch=entry.get("effective_batch"), metrics=metrics,
-                      note=str(entry.get("note") or ""), protocols={str(k): v for k, v in protocols.items()})
+                      note=str(entry.get("note") or ""), protocols={str(k): v for k, v in protocols.items()},
+                      evaluation=evaluation)
+
+
+def _episodes_file(entry: dict[str, Any], where: str, path: Path, metrics: dict[str, MetricSummary],
+                   protocols: dict[str, Any]) -> Any:
+    """``episodes_file: evals/x.csv`` (beside baselines.yaml): the per-episode results behind the entry's
+    numbers. Its columns named like the entry's metrics are read; a mean written in the entry too must
+    agree with the file's (one number, one place: leave it out)."""
+    given = entry.get("episodes_file")
+    if given is None:
+        return None
+    if not isinstance(given, str) or not given.strip():
+        raise UserError(f"not a path: {given!r}", file=str(path), field=f"{where}.episodes_file",
+                        hint="a CSV or JSON of per-episode results, relative to this file")
+    from idmctl.track.evalfile import read_eval_file  # start-up: read only where a baseline has per-episode results
+
+    file = Path(given) if Path(given).is_absolute() else path.parent / given
+    wanted = [m for m in protocols if tracking.EEF_METRIC.fullmatch(str(m))]
+    if len(set(protocols.values())) > 1 or not wanted:
+        raise UserError("an episodes_file needs one protocol for its metrics", file=str(path), field=f"{where}.protocols",
+                        hint="e.g. protocols: {eef_mm_24ep: card-A/MG-30-held-out:24ep}")
+    record = read_eval_file(file, name=str(entry["name"]), protocol=str(protocols[wanted[0]]), metrics=wanted,
+                            seeds_share_episodes=bool(entry.get("seeds_share_episodes", False)))
+    for metric, values in record.metrics.items():
+        mean = sum(values) / len(values)
+        written = metrics.get(metric)
+        if written is not None and abs(written.last - mean) > 0.005 * max(1.0, abs(mean)):
+            raise UserError(f"{metric}: {written.last:g} here, {mean:.2f} in {file.name}", file=str(path),
+                            field=f"{where}.{metric}", hint="the file's mean is the number: remove it from the entry")
+        metrics[metric] = MetricSummary(best=mean, last=mean)
+    return record
 
 
 # --------------------------------------------------------------------------------------------- runs

@@ -25,7 +25,8 @@ from ground.spec.schema import Goal
 from idmctl.ops.notify import announce_verdicts
 from idmctl.track.compare import _select_runs, _spec_goal, expand_sweeps, load_baselines, load_runs, surviving_history
 from idmctl.track.compare_plot import save_png
-from idmctl.track.decision import DRAWS, METHOD, decide, estimate, paired, sd_that_decides, t_quantile
+from idmctl.track.decision import (METHOD, decide, episodes_to_decide, estimate, paired, sd_that_decides,
+                                   t_quantile)
 
 CHECKPOINT_LAST = "last"
 CHECKPOINT_BEST = "best"
@@ -62,6 +63,8 @@ class DecisionReport:
     point_episodes: int | None = None
     warnings: list[str] = field(default_factory=list)
     lines: list[str] = field(default_factory=list)
+    unit: str = "mm"
+    """The metric's own unit (``mm`` for EEF errors; empty for a rate or a count)."""
 
     @property
     def verdict(self) -> str:
@@ -72,17 +75,52 @@ class DecisionReport:
             "subject": self.subject, "goal": str(self.goal), "protocol": self.protocol, "verdict": self.verdict,
             "runs": [{"label": r.label, "run_id": r.run_id, "step": r.step, "chosen": r.chosen,
                       "protocol": r.protocol.to_json(),
-                      "episodes": [{"episode": e, "error_mm": v} for e, v in zip(r.episodes, r.errors_mm)]}
+                      "episodes": [{"episode": e, "error_mm" if self.unit == "mm" else "value": v}
+                                   for e, v in zip(r.episodes, r.errors_mm)]}
                      for r in self.runs],
             "estimate": self.estimate.to_json() if self.estimate is not None else None,
             "decision": self.decision.to_json() if self.decision is not None else None,
-            "point_estimate_mm": self.point, "point_episodes": self.point_episodes,
+            "point_estimate_mm": self.point, "point_episodes": self.point_episodes, "unit": self.unit,
             "warnings": self.warnings, "lines": self.lines,
         }
 
 
-def _mm(value: float) -> str:
-    return f"{value:.1f} mm"
+def _mm(value: float, unit: str = "mm") -> str:
+    return f"{value:.1f} mm" if unit == "mm" else f"{value:.4g}" + (f" {unit}" if unit else "")
+
+
+def unit_of(metric: str) -> str:
+    """``mm`` for an EEF error (``eef_mm_24ep``, ``final_dist_mm``); else the metric's own scale (no unit)."""
+    return "mm" if tracking.EEF_METRIC.fullmatch(metric) or "mm" in metric.split("_") else ""
+
+
+def _bad_artifact(row: Any, where: str, what: str, hint: str) -> UserError:
+    return UserError(what, file=f"run {row.label} ({row.run_id})", field=where, hint=hint)
+
+
+def _episode_values(row: Any, path: str, document: Any) -> tuple[list[str], list[float]]:
+    """The artifact's episodes, judged: a damaged or incomplete file, a missing, non-finite or negative
+    error is one line naming the run and the episode (never a traceback, never an interval of NaN)."""
+    episodes = document.get("episodes") if isinstance(document, dict) else None
+    if not isinstance(episodes, list) or not episodes:
+        raise _bad_artifact(row, path, "no episodes in the per-episode artifact", "a damaged or incomplete artifact: re-run the evaluation")
+    names, values = [], []
+    for index, item in enumerate(episodes):
+        if not isinstance(item, dict) or "episode" not in item or "error_mm" not in item:
+            raise _bad_artifact(row, f"{path} episodes[{index}]", "not {episode, error_mm}", "a damaged artifact: re-run the evaluation")
+        value = item["error_mm"]
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise _bad_artifact(row, f"{path} episode {item['episode']}", f"error_mm is not a number: {str(value)[:40]!r}",
+                                "a damaged artifact: re-run the evaluation")
+        if not math.isfinite(value) or value < 0:
+            raise _bad_artifact(row, f"{path} episode {item['episode']}", f"error_mm is {value}",
+                                "an EEF error is finite and ≥ 0: the evaluator failed on this episode; fix and re-run it")
+        names.append(str(item["episode"]))
+        values.append(float(value))
+    if len(set(names)) != len(names):
+        duplicate = next(n for n in names if names.count(n) > 1)
+        raise _bad_artifact(row, f"{path} episode {duplicate}", "episode listed twice", "a damaged artifact: re-run the evaluation")
+    return names, values
 
 
 # ------------------------------------------------------------------------------------------ loading
@@ -126,13 +164,17 @@ def _episodes_at(client: Any, row: Any, metric: str, checkpoint: str) -> RunEpis
 
     # Its progress bar would land in the middle of decide's output.
     os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = "false"
-    document = json.loads(Path(download_artifacts(run_id=row.run_id, artifact_path=logged[step],
-                                                  tracking_uri=client.tracking_uri)).read_text())
-    episodes = document["episodes"]
+    local = Path(download_artifacts(run_id=row.run_id, artifact_path=logged[step], tracking_uri=client.tracking_uri))
+    try:  # a million episodes are ~40 MB of JSON: read once, judged row by row (no copy per episode)
+        document = json.loads(local.read_text(encoding="utf-8"))
+        protocol = Protocol.from_json(document["protocol"])
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError) as exc:
+        raise _bad_artifact(row, logged[step], f"damaged per-episode artifact: {type(exc).__name__}: {str(exc)[:60]}",
+                            "a damaged or incomplete artifact: re-run the evaluation of this step") from None
+    names, values = _episode_values(row, logged[step], document)
     return RunEpisodes(label=row.label, run_id=row.run_id, spec_hash=row.tags.get(tracking.TAG_SPEC_HASH, ""),
                        step=step, chosen=checkpoint if checkpoint in (CHECKPOINT_LAST, CHECKPOINT_BEST) else "step",
-                       protocol=Protocol.from_json(document["protocol"]),
-                       episodes=[str(e["episode"]) for e in episodes], errors_mm=[float(e["error_mm"]) for e in episodes])
+                       protocol=protocol, episodes=names, errors_mm=values)
 
 
 def build_decisions(target: str, goal_text: str | None = None, checkpoint: str = CHECKPOINT_LAST,
@@ -143,7 +185,9 @@ def build_decisions(target: str, goal_text: str | None = None, checkpoint: str =
         raise UserError(f"not a checkpoint: {checkpoint!r}", field="--checkpoint", hint="last, best, or a step number")
     baselines = {row.name: row for row in load_baselines()}
     if target in baselines:
-        return [_baseline_decision(baselines[target], _goal(goal_text, None, f"baseline {target}"))]
+        row = baselines[target]
+        goal = _goal(goal_text, None, f"baseline {target}")
+        return [_evaluation_decision(row, goal) if row.evaluation is not None else _baseline_decision(row, goal)]
     runs = load_runs(tracking_uri)
     selection = expand_sweeps([target])
     chosen = _select_runs(runs, selection, list(baselines.values()))
@@ -160,8 +204,35 @@ def build_decisions(target: str, goal_text: str | None = None, checkpoint: str =
         by_experiment.setdefault(row.name, []).append(row)
     for experiment, rows in by_experiment.items():
         goal = _goal(goal_text, _spec_goal(experiment) or rows[0].goal, experiment)
+        logged = sorted({m for row in rows for m in row.metrics})
+        if goal.metric not in logged and not tracking.EEF_METRIC.fullmatch(goal.metric):
+            raise UserError(f"no run of {experiment} logged {goal.metric}", field="--goal",
+                            hint=f"a metric they logged: {', '.join(logged)[:300] or 'none yet'}")
         reports += _run_decisions(client, experiment, rows, goal, checkpoint)
     return reports
+
+
+def _evaluation_decision(row: Any, goal: Goal) -> DecisionReport:
+    """A baseline with per-episode results (imported, or ``episodes_file``): decided like a run."""
+    record = row.evaluation
+    if goal.metric not in record.metrics:
+        raise UserError(f"{row.name} has no {goal.metric}", file=record.source, field="--goal",
+                        hint=f"its metrics: {', '.join(record.metrics)}")
+    if goal.protocol and goal.protocol != record.protocol:
+        report = DecisionReport(subject=f"{row.label} (baseline)", goal=goal, protocol=record.protocol, unit=unit_of(goal.metric))
+        report.lines.append(f"no result under {goal.protocol}: {row.name} was evaluated under {record.protocol}")
+        return report
+    keys, matrix = record.matrix(goal.metric)
+    seeds = sorted(set(record.seeds)) if record.seeds_share_episodes else []
+    protocol = Protocol(name=record.protocol, kind="imported", task="", split="", episodes=keys,
+                        seeds=[int(s) for s in seeds if s.lstrip("-").isdigit()],
+                        evaluator=f"file {Path(record.source).name} sha256:{record.sha256[:12]}")
+    members = [RunEpisodes(label=row.label + (f" seed {seed}" if seeds else ""), run_id=f"eval:{row.name}",
+                           spec_hash=f"eval:{row.name}", step=0, chosen="file", protocol=protocol,
+                           episodes=keys, errors_mm=values)
+               for seed, values in zip(seeds or [""], matrix)]
+    subject = f"{row.label} (baseline, {len(matrix)} seeds)" if len(matrix) > 1 else f"{row.label} (baseline)"
+    return _measured_decision(subject, goal, record.protocol, members)
 
 
 def _run_decisions(client: Any, experiment: str, rows: list[Any], goal: Goal, checkpoint: str) -> list[DecisionReport]:
@@ -199,7 +270,8 @@ def _run_decisions(client: Any, experiment: str, rows: list[Any], goal: Goal, ch
 
 def _measured_decision(subject: str, goal: Goal, protocol: str, members: list[RunEpisodes]) -> DecisionReport:
 
-    report = DecisionReport(subject=subject, goal=goal, protocol=protocol, runs=members)
+    unit = unit_of(goal.metric)
+    report = DecisionReport(subject=subject, goal=goal, protocol=protocol, runs=members, unit=unit)
     first = members[0]
     matrix = [m.errors_mm for m in members]
     n, k = len(first.errors_mm), len(members)
@@ -214,46 +286,64 @@ def _measured_decision(subject: str, goal: Goal, protocol: str, members: list[Ru
         chosen = "the last evaluation, not chosen on these episodes"
     else:
         chosen = "as asked"
-    report.lines.append(f"checkpoint: {step_text} ({chosen})")
+    if first.chosen != "file":
+        report.lines.append(f"checkpoint: {step_text} ({chosen})")
     report.lines.append(f"protocol: {first.protocol.describe()}")
     for member in members:
-        values = ", ".join(f"{v:.1f}" for v in member.errors_mm)
-        report.lines.append(f"per episode ({member.label}): {values} mm")
+        if n <= 50:
+            values = ", ".join(f"{v:.4g}" if unit != "mm" else f"{v:.1f}" for v in member.errors_mm)
+            report.lines.append(f"per episode ({member.label}): {values}" + (f" {unit}" if unit else ""))
+        else:
+            report.lines.append(f"per episode ({member.label}): {n:,} episodes (--json lists them)")
     if n < 2:
         report.lines.append(f"{n} episode has no spread: no interval; evaluate on more episodes")
         return report
-    est = estimate(matrix)
+    est = estimate(matrix, goal=goal.value)
     report.estimate = est
     total = sum(sum(row) for row in matrix)
-    report.lines.append(f"estimate: mean {_mm(est.mean)} = {total:.1f} mm / ({k} × {n})" if k > 1 else
-                        f"estimate: mean {_mm(est.mean)} = {total:.1f} mm / {n} episodes")
-    spread = "sd of the per-episode means" if k > 1 else "sd"
-    report.lines.append(f"spread: {spread} {_mm(est.sd)}, standard error {_mm(est.se)}"
-                        + (f" = {est.sd:.1f} / √{n}" if k == 1 else " (episodes and seeds)"))
-    report.lines.append(f"95 % interval: [{est.low:.1f}, {est.high:.1f}] mm ({METHOD}"
-                        + (" and seeds" if k > 1 else "") + f", {DRAWS:,} resamples)")
+    u = f" {unit}" if unit else ""
+    if est.successes is not None:
+        report.lines.append(f"estimate: success rate {est.successes}/{n} = {est.mean:.3f}")
+        report.lines.append(f"95 % interval: [{est.low:.3f}, {est.high:.3f}] ({est.method})")
+    else:
+        report.lines.append(f"estimate: mean {_mm(est.mean, unit)} = {total:.1f}{u} / ({k} × {n})" if k > 1 else
+                            f"estimate: mean {_mm(est.mean, unit)} = {total:.1f}{u} / {n} episodes")
+        spread = "sd of the per-episode means" if k > 1 else "sd"
+        report.lines.append(f"spread: {spread} {_mm(est.sd, unit)}, standard error {_mm(est.se, unit)}"
+                            + (f" = {est.sd:.1f} / √{n}" if k == 1 else " (episodes and seeds)"))
+        resampled = (f", {est.resamples:,} resamples; Monte-Carlo error of the ends ±{est.mc_error_low:.2g} / "
+                     f"±{est.mc_error_high:.2g}{u}" if est.resamples else "")
+        kept = f"; {est.zero_spread_resamples} without spread kept" if est.zero_spread_resamples else ""
+        report.lines.append(f"95 % interval: [{est.low:.1f}, {est.high:.1f}]{u} ({est.method}"
+                            + (" and seeds" if k > 1 and est.method == METHOD else "") + f"{resampled}{kept})")
     decision = decide(est, goal.op, goal.value)
     report.decision = decision
     report.lines.append(f"P({goal.metric} {goal.op} {goal.value:g}) = {decision.p_goal:.2f}")
-    report.lines.append(_verdict_line(goal, est, decision, n))
+    report.lines.append(_verdict_line(goal, est, decision, n, unit))
     return report
 
 
-def _verdict_line(goal: Goal, est: Any, decision: Any, n: int) -> str:
-    interval = f"[{est.low:.1f}, {est.high:.1f}] mm"
+def _verdict_line(goal: Goal, est: Any, decision: Any, n: int, unit: str = "mm") -> str:
+    u = f" {unit}" if unit else ""
+    digits = 1 if unit == "mm" else 3
+    interval = f"[{est.low:.{digits}f}, {est.high:.{digits}f}]{u}"
     if decision.verdict == "PASS":
-        return f"verdict: PASS (the whole interval {interval} is {goal.op} {goal.value:g} mm)"
+        return f"verdict: PASS (the whole interval {interval} is {goal.op} {goal.value:g}{u})"
     if decision.verdict == "FAIL":
-        return f"verdict: FAIL (no part of the interval {interval} is {goal.op} {goal.value:g} mm)"
-    margin = abs(est.mean - goal.value)
+        return f"verdict: FAIL (no part of the interval {interval} is {goal.op} {goal.value:g}{u})"
+    power = f"{decision.power:.0%}".replace("%", " %")
+    if decision.episodes_to_decide is None and est.seeds > 1:
+        return (f"verdict: UNDECIDED (the interval {interval} straddles {goal.value:g}{u}; it is as wide as the "
+                f"{est.seeds} seeds disagree: more seeds, not more episodes of these, decide it)")
     if decision.episodes_to_decide is None:
-        return (f"verdict: UNDECIDED (the interval {interval} straddles {goal.value:g} mm and the mean sits on "
-                "it: no practical number of episodes decides it)")
+        return (f"verdict: UNDECIDED (the interval {interval} straddles {goal.value:g}{u} and the mean sits so near "
+                f"it that no practical number of episodes decides it with {power} probability)")
     more = decision.episodes_to_decide - n
-    return (f"verdict: UNDECIDED (the interval {interval} straddles {goal.value:g} mm); about "
-            f"{decision.episodes_to_decide} episodes ({more} more) would decide it if the mean and sd stay "
-            f"{_mm(est.mean)} and {_mm(est.sd)}: t(n−1) · {est.sd:.1f} / √n < |{est.mean:.1f} − {goal.value:g}| "
-            f"= {margin:.1f} mm")
+    plug_in = episodes_to_decide(est.sd, abs(est.mean - goal.value), est.level) if est.successes is None else None
+    return (f"verdict: UNDECIDED (the interval {interval} straddles {goal.value:g}{u}); {decision.episodes_to_decide} "
+            f"episodes in all ({more} more of the same kind) decide it with {power} probability, counting that the "
+            f"mean {_mm(est.mean, unit)} and the sd {_mm(est.sd, unit)} are themselves uncertain"
+            + (f" (taken as exact they would say {plug_in}, which decides only about half the time)" if plug_in else ""))
 
 
 def _baseline_decision(row: Any, goal: Goal) -> DecisionReport:
@@ -281,7 +371,9 @@ def _baseline_decision(row: Any, goal: Goal) -> DecisionReport:
         report.lines.append(
             f"{n} episodes decide it only if the per-episode sd is below |{summary.last:g} − {goal.value:g}| · √{n} / "
             f"t({n - 1}) = {margin:.1f} · {math.sqrt(n):.3f} / {t_quantile(0.975, n - 1):.3f} = {_mm(limit)}")
-    report.lines.append("verdict: UNDECIDED (log the per-episode errors of this evaluation to decide it)")
+    report.lines.append("verdict: UNDECIDED (a point estimate: a mean without its episodes has no interval; import "
+                        "the per-episode file with `idmctl eval import FILE --name NAME --protocol "
+                        f"{protocol}` to decide it)")
     return report
 
 
@@ -303,7 +395,8 @@ def decision_tags(report: DecisionReport) -> dict[str, str]:
 
 def write_tags(reports: list[DecisionReport], tracking_uri: str | None = None) -> int:
     """Each decided run gets its decision's tags; returns how many runs were tagged."""
-    runs = [(run.run_id, report) for report in reports for run in report.runs]
+    # An imported evaluation has no MLflow run to tag.
+    runs = [(run.run_id, report) for report in reports for run in report.runs if not run.run_id.startswith("eval:")]
     if not runs:
         return 0
     from mlflow.tracking import MlflowClient
@@ -350,20 +443,35 @@ def plot_decisions(reports: list[DecisionReport], out: Path) -> Path:
     return save_png(figure, out)
 
 
-def paired_lines(reports: list[DecisionReport]) -> list[str]:
-    """Each measured decision against the first one evaluated on the very same episodes: the paired
-    interval of the per-episode differences (episode-to-episode spread cancels)."""
-
+def paired_results(reports: list[DecisionReport]) -> list[dict[str, Any]]:
+    """Each measured decision against the first one evaluated on the very same episodes under the same
+    protocol: the paired difference (other − base, per episode, aligned by episode id) and its interval,
+    as numbers in the metric's own unit (the episode-to-episode spread cancels)."""
     measured = [r for r in reports if r.runs and len(r.runs[0].episodes) >= 2]
-    lines = []
+    results = []
     for base_index, base in enumerate(measured):
         for other in measured[base_index + 1:]:
-            if other.protocol != base.protocol or other.runs[0].episodes != base.runs[0].episodes:
+            if other.protocol != base.protocol or set(other.runs[0].episodes) != set(base.runs[0].episodes):
                 continue
-            a = [sum(values) / len(values) for values in zip(*(r.errors_mm for r in other.runs))]
-            b = [sum(values) / len(values) for values in zip(*(r.errors_mm for r in base.runs))]
-            diff = paired(a, b)
-            lines.append(f"paired {other.subject} − {base.subject}: {diff.mean:+.1f} mm, 95 % interval "
-                         f"[{diff.low:+.1f}, {diff.high:+.1f}] mm on the same {diff.episodes} episodes under "
-                         f"{base.protocol} ({METHOD} of the per-episode differences)")
+            order = base.runs[0].episodes
+            def means(report: DecisionReport) -> list[float]:
+                by_episode = [dict(zip(r.episodes, r.errors_mm)) for r in report.runs]
+                return [sum(run[e] for run in by_episode) / len(by_episode) for e in order]
+            diff = paired(means(other), means(base), goal=0.0)
+            results.append({"a": other.subject, "b": base.subject, "metric": base.goal.metric, "unit": base.unit,
+                            "protocol": base.protocol, "episodes": diff.episodes, "mean_difference": diff.mean,
+                            "low": diff.low, "high": diff.high, "level": diff.level, "method": diff.method,
+                            "p_a_below_b": float((diff.draws < 0).mean())})
+    return results
+
+
+def paired_lines(reports: list[DecisionReport], results: list[dict[str, Any]] | None = None) -> list[str]:
+    """The paired differences as the text output prints them."""
+    lines = []
+    for item in results if results is not None else paired_results(reports):
+        u = f" {item['unit']}" if item["unit"] else ""
+        digits = 1 if item["unit"] == "mm" else 3
+        lines.append(f"paired {item['a']} − {item['b']}: {item['mean_difference']:+.{digits}f}{u}, 95 % interval "
+                     f"[{item['low']:+.{digits}f}, {item['high']:+.{digits}f}]{u} on the same {item['episodes']} episodes "
+                     f"under {item['protocol']} ({item['method']} of the per-episode differences)")
     return lines

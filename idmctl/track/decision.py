@@ -181,6 +181,25 @@ def _t_interval(matrix: np.ndarray, level: float, draws: int, seed: int) -> Esti
     return Estimate(mean, mean - half, mean + half, n, 1, sd, se, confidence, level, T_INTERVAL)
 
 
+def _conservative_t(matrix: np.ndarray, mean: float, se: float, sd: float, level: float, resamples: int,
+                    flat: int, why: str) -> Estimate:
+    """mean ± t(min(seeds, episodes) − 1)·se: Student's t with the conservative degrees of freedom."""
+    seeds, episodes = matrix.shape
+    df = max(1, min(seeds, episodes) - 1) if seeds > 1 else episodes - 1
+    half = t_quantile(1 - (1 - level) / 2, df) * se
+    low, high = _bounded(matrix, mean - half, mean + half)
+    confidence = mean + se * np.random.default_rng(0).standard_t(df, max(resamples, DRAWS))
+    return Estimate(mean, low, high, episodes, seeds, sd, se, confidence, level,
+                    f"t interval, {df} degrees of freedom ({why})", resamples, 0.0, 0.0, flat)
+
+
+def _bounded(matrix: np.ndarray, low: float, high: float) -> tuple[float, float]:
+    """A mean of 0/1 values lies in [0, 1]: an interval end past it is cut there."""
+    if bool(np.all((matrix == 0) | (matrix == 1))):
+        return max(0.0, low), min(1.0, high)
+    return low, high
+
+
 def _resampled_t(matrix: np.ndarray, mean: float, rng: np.random.Generator, draws: int) -> tuple[np.ndarray, int]:
     """``draws`` bootstrap-t statistics, in chunks of at most :data:`CHUNK_CELLS` resampled cells; a
     resample without spread is kept: t = ±∞ by the side of its mean (0 when it equals the estimate)."""
@@ -259,14 +278,19 @@ def estimate(values: Any, level: float = LEVEL, draws: int = DRAWS, seed: int = 
         if not (math.isfinite(low) and math.isfinite(high)):
             # So few episodes that more than a tail's share of resamples repeat one value: the
             # bootstrap has no finite end; Student's t does (wide, which is the truth about them).
-            fallback = _t_interval(matrix if seeds == 1 else matrix.mean(axis=0, keepdims=True), level, len(t), 0)
-            return Estimate(mean, fallback.low, fallback.high, episodes, seeds, sd, se, fallback.draws, level,
-                            f"t interval ({flat} of {len(t):,} resamples had no spread: too few episodes "
-                            "for the bootstrap)", len(t), 0.0, 0.0, flat)
+            return _conservative_t(matrix, mean, se, sd, level, len(t), flat,
+                                   f"{flat} of {len(t):,} resamples had no spread: too few episodes for the bootstrap")
+        if seeds > 1 and (high - low) / 2 > t_quantile(1 - (1 - level) / 2, min(seeds, episodes) - 1) * se:
+            # A few seeds that differ a lot (0.36 vs 0.96 success): resamples repeating one seed have a
+            # tiny se and a huge t; the t interval with the fewer of seeds and episodes as its degrees of
+            # freedom is wide enough and does not swing with them.
+            return _conservative_t(matrix, mean, se, sd, level, len(t), flat,
+                                   f"the bootstrap over {seeds} seeds was wider and unstable")
         if stable or len(t) >= MAX_DRAWS:
             break
         more, more_flat = _resampled_t(matrix, mean, rng, len(t))
         t, flat = np.concatenate([t, more]), flat + more_flat
+    low, high = _bounded(matrix, low, high)
     return Estimate(mean, low, high, episodes, seeds, sd, se, confidence, level, METHOD, len(t), mc_low, mc_high, flat)
 
 
@@ -305,6 +329,8 @@ def decide(est: Estimate, op: str, goal: float, power: float = POWER) -> Decisio
         return Decision("PASS", p_goal, None, power)
     if not bool(holds(op, est.high, goal)) and not bool(holds(op, est.low, goal)):
         return Decision("FAIL", p_goal, None, power)
+    if est.seeds > 1:  # the spread between seeds may dominate: more episodes of the same seeds may never decide
+        return Decision("UNDECIDED", p_goal, None, power)
     return Decision("UNDECIDED", p_goal, episodes_for_power(est, goal, power), power)
 
 

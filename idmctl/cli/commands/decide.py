@@ -28,17 +28,19 @@ def decide(
     ui_url: options.UiUrl = options.UI_URL,
 ) -> None:
     """PASS / FAIL / UNDECIDED for the goal: estimate, 95 % interval (bootstrap-t over episodes), P(goal)."""
-    from idmctl.track.decide import build_decisions, paired_lines, plot_decisions, write_tags  # start-up: pulls numpy and pydantic
+    from idmctl.track.decide import (build_decisions, paired_lines, paired_results, plot_decisions,  # start-up: pulls numpy
+                                     write_tags)
 
     reports = build_decisions(experiment, goal, checkpoint)
     if against is not None:
         reports += build_decisions(against, goal or str(reports[0].goal), checkpoint)
-    pairs = paired_lines(reports)
+    paired = paired_results(reports)
+    pairs = paired_lines(reports, paired)
     if plot is not None:
         plot_decisions(reports, plot)
     tagged = 0 if no_tags else write_tags(reports)
     if as_json:
-        emit_json({"decisions": [r.to_json() for r in reports], "paired": pairs, "tagged_runs": tagged,
+        emit_json({"decisions": [r.to_json() for r in reports], "paired": paired, "tagged_runs": tagged,
                    "plot": str(plot) if plot is not None else None})
         return
     for report in reports:

@@ -97,7 +97,9 @@ def test_a_run_passes_with_its_interval_and_arithmetic(cli, tracked):
         "  per episode (qdecide#1): 38.0, 44.5, 41.0, 35.5 mm",
         "  estimate: mean 39.8 mm = 159.0 mm / 4 episodes",
         "  spread: sd 3.9 mm, standard error 1.9 mm = 3.9 / √4",
-        "  95 % interval: [34.0, 47.8] mm (studentized bootstrap (bootstrap-t) over episodes, 2,000 resamples)",
+        # 4 episodes: 24 of the 2,000 resamples repeat one episode (no spread); kept, at t = ±∞.
+        "  95 % interval: [34.0, 47.8] mm (studentized bootstrap (bootstrap-t) over episodes, 2,000 resamples; "
+        "Monte-Carlo error of the ends ±0.72 / ±0 mm; 24 without spread kept)",
         "  P(sim_eef_mm_4ep <= 60) = 1.00",
         "  verdict: PASS (the whole interval [34.0, 47.8] mm is <= 60 mm)",
     ]
@@ -153,8 +155,11 @@ def test_two_runs_on_the_same_episodes_are_compared_paired(cli, tracked):
     [line] = [line for line in result.output.splitlines() if line.startswith("paired ")]
     # qdecide#1 − qclose#3 per episode: 38−55, 44.5−66, 41−58, 35.5−63 = −17, −21.5, −17, −27.5 → mean −20.75 mm.
     assert line.startswith("paired qdecide#1 − qclose#3: -20.8 mm, 95 % interval [")
-    assert line.endswith("on the same 4 episodes under sim:Lift/valid:4ep (studentized bootstrap (bootstrap-t) "
-                         "over episodes of the per-episode differences)")
+    # Two of the 4 differences are equal (−17): 119 of 2,000 resamples have no spread, more than a 2.5 % tail,
+    # so the bootstrap has no finite end and Student's t (3 degrees of freedom) gives the interval.
+    assert line.endswith("on the same 4 episodes under sim:Lift/valid:4ep (t interval, 3 degrees of freedom (119 of "
+                         "2,000 resamples had no spread: too few episodes for the bootstrap) of the per-episode "
+                         "differences)")
 
 
 def test_the_best_checkpoint_is_warned_as_chosen_on_the_same_episodes(cli, tracked):
@@ -183,7 +188,8 @@ def test_card_a_baseline_is_a_point_estimate_without_a_spread(cli):
         "  the point fails the goal eef_mm_5ep <= 125, but with no spread there is no interval and no P(goal)",
         "  5 episodes decide it only if the per-episode sd is below |131.8 − 125| · √5 / t(4) = 6.8 · 2.236 / 2.776"
         " = 5.5 mm",
-        "  verdict: UNDECIDED (log the per-episode errors of this evaluation to decide it)",
+        "  verdict: UNDECIDED (a point estimate: a mean without its episodes has no interval; import the "
+        "per-episode file with `idmctl eval import FILE --name NAME --protocol card-A/MG-30-sim:5ep` to decide it)",
     ]
 
 
