@@ -76,7 +76,7 @@ def run_smoke_on_cluster(resolved: ResolvedSpec, job: SmokeJob, deadline_s: floa
                          extra_sbatch: list[str] | None = None, poll_s: float = 2.0) -> SmokeMeasurement:
     """The smoke of ``resolved`` as a one-node Slurm job from ``code_dir`` (a code snapshot every node
     sees), waited for at most ``deadline_s``. ``extra_sbatch`` is for tests (a begin time in the future)."""
-    from idmctl.gate.smoke import _report_from_stdout  # the same report the smoke on this host reads
+    from idmctl.gate.smoke import _report_from_stdout  # here: the smoke check imports this module's caller
 
     started = time.perf_counter()
     folder = home() / "smokes" / f"{resolved.name}-{os.getpid()}-{int(time.time())}"

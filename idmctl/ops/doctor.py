@@ -332,7 +332,7 @@ def check_slurm() -> Row:
 def check_cluster_settings() -> Row:
     """What the cluster's own settings (``scontrol show config``, QoS and partition grace times) mean for
     idmctl's jobs: whether a preempted job is signalled first and has time to checkpoint, and the rest."""
-    from idmctl.ops.cluster_settings import WARN as SETTING_WARN, judge, read_cluster
+    from idmctl.ops.cluster_settings import WARN as SETTING_WARN, judge, read_cluster  # start-up: Slurm profiles only
 
     _, scheduler, _ = _cluster()
     if scheduler != "slurm" or not shutil.which("scontrol"):
@@ -448,9 +448,9 @@ class NodeProbe:
 def check_nodes(request: NodeProbe) -> list[Row]:
     """One row per node: what a job there can read, write and reach (idmctl.ops.node_probe)."""
     from ground.spec.schema import StageSpec  # start-up: pydantic and yaml, only for this option
-    from idmctl.core.profile import load_profile
-    from idmctl.job.code import store_for
-    from idmctl.ops.node_probe import probe_nodes
+    from idmctl.core.profile import load_profile  # start-up: pydantic, only for this option
+    from idmctl.job.code import store_for  # start-up: 12 more project modules, only for this option
+    from idmctl.ops.node_probe import probe_nodes  # start-up: only for this option
 
     _, scheduler, _ = _cluster()
     if scheduler != "slurm" or not shutil.which("sbatch"):

@@ -8,7 +8,7 @@ server, write its own scratch (``$SLURM_TMPDIR`` and other variables expanded on
 scratch its own or shared. The login side (:func:`probe_nodes`) waits for every answer with a deadline,
 and a node whose probe never started is a row too, naming the partition and Slurm's reason.
 
-The node side imports the standard library only: it runs before anything else works there.
+The node side imports the standard library and ``ground.contract`` only: it runs before anything else works there.
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
+
+from ground.contract import ENV_DB_URL
 
 OK, WARN, FAIL = "OK", "WARN", "FAIL"
 PROBE_TIME = "0:02:00"
@@ -126,7 +128,7 @@ def _main(argv: list[str] | None = None) -> int:
         parser.add_argument(flag, required=True)
     parser.add_argument("--cache")
     args = parser.parse_args(argv)
-    from_env = os.environ.get("IDMCTL_DB_URL") or None
+    from_env = os.environ.get(ENV_DB_URL) or None
     tracking = os.environ.get("MLFLOW_TRACKING_URI") or None
     result = probe(args.home, args.code_store, args.scratch, args.cache, from_env,
                    tracking if tracking and not tracking.startswith("sqlite:") else None, args.marker)

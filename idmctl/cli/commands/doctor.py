@@ -7,7 +7,8 @@ from typing import Annotated, Optional
 import typer
 
 from idmctl.cli.commands import options
-from ground.errors import CheckFailed
+from ground.errors import CheckFailed, UserError
+from ground.units import parse_duration
 from idmctl.cli.output import console, emit_json, make_table, styled
 
 def doctor(
@@ -27,11 +28,8 @@ def doctor(
     """Python and packages, $IDMCTL_HOME, both stores, Slurm and the cluster profile, rendering, /dev/shm and
     scratch. Exit 1 when something required is missing (a FAIL row); WARN rows do not fail."""
     from idmctl.cli.app import debug_on  # start-up: only this command needs it (3 more project modules)
-    from idmctl.ops.doctor import run_doctor  # start-up: only this command needs it (7 more project modules)
+    from idmctl.ops.doctor import NodeProbe, run_doctor  # start-up: only this command needs it (7 more project modules)
 
-    from ground.errors import UserError
-    from ground.units import parse_duration
-    from idmctl.ops.doctor import NodeProbe
 
     probe = None
     if nodes:

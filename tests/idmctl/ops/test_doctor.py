@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ground.contract import ENV_CLUSTER, ENV_HOME
+from ground.contract import ENV_CLUSTER, ENV_DB_URL, ENV_HOME
 from idmctl.record.head import HEAD_REVISION
 
 REPO = Path(__file__).resolve().parents[3]
@@ -95,7 +95,7 @@ def test_a_network_filesystem_home_fails(monkeypatch, tmp_path: Path) -> None:
     assert "local disk" in row.fix
     # With the team's PostgreSQL and an MLflow server nothing SQLite lives there: NFS is where run
     # directories and code snapshots belong, so compute nodes see them.
-    monkeypatch.setenv("IDMCTL_DB_URL", "postgresql://idmctl@db.example:5432/idmctl")
+    monkeypatch.setenv(ENV_DB_URL, "postgresql://idmctl@db.example:5432/idmctl")
     assert check_home(mounts).status == "FAIL"  # MLflow's store would still be SQLite there
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://mlflow.example:5000")
     row = check_home(mounts)

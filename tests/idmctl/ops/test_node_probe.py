@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from ground.contract import ENV_DB_URL
+
 
 def _node_rows(result) -> dict[str, dict]:  # type: ignore[no-untyped-def]
     return {row["name"]: row for row in json.loads(result.output)["rows"] if row["name"].startswith("node ")}
@@ -20,7 +22,7 @@ def test_every_node_reaches_the_shared_store_and_reads_the_cache_and_its_scratch
         cli, slurm_home: Path, tmp_path: Path, monkeypatch) -> None:
     pg_url = os.environ.get("IDMCTL_TEST_PG_URL")
     if pg_url:
-        monkeypatch.setenv("IDMCTL_DB_URL", pg_url)
+        monkeypatch.setenv(ENV_DB_URL, pg_url)
     cache = tmp_path / "cache"
     cache.mkdir()
     result = cli("doctor", "--json", "--no-render", "--nodes", "--cache", str(cache), "--nodes-deadline", "90s")
@@ -40,7 +42,7 @@ def test_every_node_reaches_the_shared_store_and_reads_the_cache_and_its_scratch
 @pytest.mark.slow
 def test_a_store_the_nodes_cannot_reach_and_a_missing_cache_fail_with_the_fix_and_no_secret(
         cli, slurm_home: Path, tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setenv("IDMCTL_DB_URL", "postgresql://idmctl:s3cret-pw@127.0.0.1:1/idmctl")
+    monkeypatch.setenv(ENV_DB_URL, "postgresql://idmctl:s3cret-pw@127.0.0.1:1/idmctl")
     result = cli("doctor", "--json", "--no-render", "--nodes", "--cache", str(tmp_path / "no-such-mount"),
                  "--nodes-deadline", "90s")
     assert result.exit_code == 1, result.output

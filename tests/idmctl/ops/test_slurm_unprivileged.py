@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from ground.contract import ENV_CLUSTER, ENV_DB_URL, ENV_HOME
 from pg_support import fresh_database
 from slurm_support import cluster_changing, squeue_state, wait_until
 
@@ -79,8 +80,8 @@ def team() -> Iterator[dict[str, Path]]:
 def _as(user: str, home: Path, *args: str, db_url: str, **env: str) -> subprocess.CompletedProcess[str]:
     """``idmctl ARGS`` as USER, from the checkout, with only what a login shell would give them."""
     environment = {"HOME": f"/home/{user}", "USER": user, "LOGNAME": user, "PATH": os.environ["PATH"],
-                   "SLURM_CONF": os.environ["SLURM_CONF"], "IDMCTL_HOME": str(home), "IDMCTL_CLUSTER": "local-slurm",
-                   "IDMCTL_DB_URL": db_url, "COLUMNS": "200", **env}
+                   "SLURM_CONF": os.environ["SLURM_CONF"], ENV_HOME: str(home), ENV_CLUSTER: "local-slurm",
+                   ENV_DB_URL: db_url, "COLUMNS": "200", **env}
     return subprocess.run(["runuser", "-u", user, "--", "env", "-i", *(f"{k}={v}" for k, v in environment.items()),
                            sys.executable, "-m", "idmctl", *args],
                           cwd=REPO, capture_output=True, text=True, timeout=180)
