@@ -121,7 +121,7 @@ _COMMANDS: dict[str, Callable[[typer.Typer], None]] = {
     # In the order `idmctl --help` lists them: typer puts plain commands before groups, each in the
     # order they were registered.
     "quickstart": _command("quickstart"), "compare": _command("compare"), "decide": _command("decide"),
-    "ui": _command("ui"),
+    "report": _command("report"), "ui": _command("ui"),
     "preflight": _command("preflight"),
     "submit": _jobs("submit"), "sync": _jobs("sync"), "watch": _jobs("watch"), "cancel": _jobs("cancel"),
     "train": _train, "ledger": _command("ledger"), "doctor": _command("doctor"), "gc": _command("gc"),

@@ -1,0 +1,30 @@
+"""The store reads ``idmctl report`` needs: an experiment's jobs, and its newest preflight with its checks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlmodel import col, select
+
+from idmctl.record.db import session
+from idmctl.record.models import Job, PreflightCheck, PreflightRun
+
+
+def jobs_of(experiments: list[str]) -> list[Job]:
+    """Every job of these experiments, detached, oldest submission first."""
+    with session() as db:
+        jobs = list(db.exec(select(Job).where(col(Job.experiment).in_(experiments))))
+        db.expunge_all()
+    return sorted(jobs, key=lambda j: (j.submitted_at is None, j.submitted_at, j.id))
+
+
+def newest_preflight(experiment: str) -> tuple[Any, list[Any]] | None:
+    """The experiment's newest preflight run and its checks (detached); None when it has none."""
+    with session() as db:
+        run = db.exec(select(PreflightRun).where(PreflightRun.experiment == experiment)
+                      .order_by(col(PreflightRun.id).desc())).first()
+        if run is None:
+            return None
+        checks = list(db.exec(select(PreflightCheck).where(PreflightCheck.run_id == run.id).order_by(col(PreflightCheck.id))))
+        db.expunge_all()
+    return run, checks
