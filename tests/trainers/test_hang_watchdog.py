@@ -65,6 +65,38 @@ def test_the_watchdog_dumps_and_kills_a_local_deadlock(tmp_path: Path, capsys: p
     assert f"{contract.FAILURE_MARKER} cause=hang " in capsys.readouterr().err
 
 
+def test_a_start_up_that_never_beats_is_a_hang_at_its_deadline(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A trainer stuck before its first step (here: a process that only sleeps, with faulthandler on the stacks
+    signal as the trainer has) never arms the heartbeat check; the start-up deadline catches it."""
+    import subprocess
+    import sys
+
+    from idmctl.ops.failures.classify import classify
+    from trainers.watchdog import start_deadline_s, watch
+
+    # 200 GB to stage at 1 GB/s and a 30 s build, margin 2: 460 s; nothing measured: the floor.
+    assert start_deadline_s(200_000_000_000, 1e9, 30.0, margin=2.0, floor=300.0) == 460.0
+    assert start_deadline_s(0, None, None, margin=2.0, floor=300.0) == 300.0
+    stuck = subprocess.Popen([sys.executable, "-c", "import faulthandler, signal, time; "
+                              f"faulthandler.register(signal.SIG{contract.STACKS_SIGNAL}); time.sleep(120)"],
+                             stderr=subprocess.PIPE, text=True)
+    previous = signal.getsignal(signal.SIGTERM)  # watch() ignores TERM once it fires (see the test above)
+    try:
+        started = time.monotonic()
+        assert watch(tmp_path, stuck.pid, k=5, floor=600.0, poll=0.2, dump_wait=0.5, start_deadline=1.0) == \
+            contract.EXIT_HANG
+        assert time.monotonic() - started < 30  # the deadline, not the 600 s floor of a running trainer
+        assert stuck.wait(timeout=30) == -9
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        stuck.kill()
+    assert "in <module>" in (stuck.stderr.read() if stuck.stderr else "")  # its stacks were dumped first
+    marker = capsys.readouterr().err.strip().splitlines()[-1]
+    assert re.fullmatch(rf"{contract.FAILURE_MARKER} cause=hang node=\S+ phase=start step=none silent_s=\d+\.\d "
+                        r"threshold_s=1\.0", marker), marker
+    assert classify("FAILED", exit_code=f"{contract.EXIT_HANG}:0", log_tail=marker, started=True).cause == "hang"
+
+
 def test_a_term_during_the_watchdogs_own_shutdown_leaves_the_job_log_clean(tmp_path: Path) -> None:
     """The job script TERMs the watchdog when the trainer exits; a trainer that fails in its first second
     exits before the watchdog has finished. The TERM lands in the watchdog's interpreter shutdown here on
