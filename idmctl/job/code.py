@@ -2,7 +2,7 @@
 
 Submit freezes the tree it gated (``ground.code_snapshot``); every later attempt of the chain (sync's
 resubmissions, Slurm's requeues, ``submit --resume``) runs that same snapshot. ``idmctl gc`` removes the
-snapshots no unfinished chain uses.
+snapshots no unfinished chain uses (``idmctl.job.code_gc``).
 """
 
 from __future__ import annotations
@@ -18,9 +18,7 @@ from ground.code_snapshot import (OBJECTS_DIR, SNAPSHOTS_DIR, SnapshotError, Tre
 from ground.contract import spec_roots
 from ground.errors import UserError
 from ground.paths import expand_path
-from idmctl.record.jobs import unfinished_job_codes
 from ground.code_snapshot import MANIFEST
-from ground.code_snapshot import _remove_tree
 from ground.code_snapshot import environment, environment_digest, known_environment
 
 if TYPE_CHECKING:
@@ -120,63 +118,3 @@ def usage(store: Path | None = None) -> StoreUsage:
         if (store / SNAPSHOTS_DIR).is_dir() else []
     objects = [p for p in (store / OBJECTS_DIR).rglob("*") if p.is_file()] if (store / OBJECTS_DIR).is_dir() else []
     return StoreUsage(store, len(snapshots), len(objects), sum(p.stat().st_size for p in objects))
-
-
-@dataclass(frozen=True)
-class Collected:
-    store: Path
-    kept: list[str]
-    """Snapshots an unfinished chain or a pending/running job uses."""
-    removed: list[str]
-    freed_bytes: int
-
-
-def snapshots_in_use() -> set[str]:
-    """Snapshot folders of every job not final and of the last attempt of every ACTIVE chain."""
-    used: set[str] = set()
-    for stored in unfinished_job_codes():
-        try:
-            code = JobCode.from_record(stored)
-        except ValueError:
-            continue
-        if code is not None:
-            used.add(str(Path(code.directory).resolve()))
-    return used
-
-
-def collect(store: Path, dry_run: bool = False) -> Collected:
-    """Remove the snapshots nothing unfinished uses, then every object no snapshot links to any more."""
-
-    used = snapshots_in_use()
-    kept, removed = [], []
-    root = store / SNAPSHOTS_DIR
-    for folder in sorted(root.glob("*")) if root.is_dir() else []:
-        if not folder.is_dir():
-            continue
-        if str(folder.resolve()) in used:
-            kept.append(folder.name)
-            continue
-        removed.append(folder.name)
-        if not dry_run:
-            _remove_tree(folder)
-    # An object is still needed while a kept snapshot links to it (same inode); the rest is freed.
-    needed = {(p.stat().st_dev, p.stat().st_ino) for name in kept for p in (root / name).rglob("*")
-              if p.is_file() and not p.is_symlink()}
-    freed = 0
-    objects = store / OBJECTS_DIR
-    for obj in sorted(objects.rglob("*")) if objects.is_dir() else []:
-        if not obj.is_file():
-            continue
-        info = obj.stat()
-        if (info.st_dev, info.st_ino) in needed:
-            continue
-        freed += info.st_size
-        if not dry_run:
-            obj.unlink()
-    if not dry_run and objects.is_dir():
-        for folder in objects.iterdir():
-            if folder.is_dir() and not any(folder.iterdir()):
-                folder.rmdir()
-    return Collected(store, kept, removed, freed)
-
-

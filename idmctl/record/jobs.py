@@ -132,6 +132,27 @@ def unfinished_job_codes() -> list[dict[str, Any]]:
     return found
 
 
+def unfinished_job_rows() -> list[str]:
+    """Every column of every job not ended and of every job of an ACTIVE chain, each row as one text
+    (JSON of its raw values, a damaged column's text as it is): the code store's collector keeps every
+    snapshot any field of these names, the fields known today and any added later."""
+    import json
+
+    import sqlalchemy as sa  # start-up: SQLAlchemy; only `gc` asks
+
+    from idmctl.record.db import session  # start-up: SQLAlchemy, as above
+
+    found = []
+    with session() as orm:
+        connection = orm.connection()
+        active = {row[0] for row in connection.execute(sa.text("SELECT id FROM chain WHERE status = 'ACTIVE'"))}
+        for row in connection.execute(sa.text("SELECT * FROM job")).mappings():
+            if is_terminal(row["state"]) and row["chain_id"] not in active:
+                continue
+            found.append(json.dumps(dict(row), default=str, ensure_ascii=False))
+    return found
+
+
 def stop_chain_of(job_id: int) -> "Job":
     """Mark the chain of a submitted, unfinished job CANCELLED (so it is not retried) and return the job;
     UserError for an unknown or never-submitted job, CheckFailed for one already ended."""

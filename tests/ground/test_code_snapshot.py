@@ -162,7 +162,8 @@ def test_environment_changes_read_as_a_diff() -> None:
 def test_gc_keeps_what_an_unfinished_chain_uses_and_frees_the_rest(repo: Path, tmp_path: Path) -> None:
     from datetime import datetime, timezone
 
-    from idmctl.job.code import JobCode, collect, usage
+    from idmctl.job.code import JobCode, usage
+    from idmctl.job.code_gc import collect
     from idmctl.record.db import session
     from idmctl.record.models import Chain, Job
 
