@@ -7,6 +7,8 @@ on SIGUSR1/SIGTERM and exit 75, resume from the checkpoint. ``IDMCTL_TEST_BEHAVI
 - ``typeerror``: raise TypeError at start (card A 6321)
 - ``oom``: allocate memory until the cgroup kills it
 - ``ranks``: every rank writes ``rank-<SLURM_PROCID>.txt`` and exits 0
+- ``affinity``: every rank writes ``affinity-<SLURM_PROCID>.json`` (its CPU count by ``sched_getaffinity``,
+  its node, ``SLURM_CPUS_PER_TASK``, ``SRUN_CPUS_PER_TASK``) and exits 0
 - ``emit:FILE``: print FILE's ``log`` text and exit with its ``exit`` status (a failure sample, JSON)
 - ``hang:N:TOTAL[:SECONDS]``: like ``steps:TOTAL:SECONDS`` with the trainer's heartbeat (progress.json),
   but the chain's first attempt deadlocks after step N (a lock taken twice in the main thread, while a
@@ -55,6 +57,11 @@ def main() -> int:
         return int(sample["exit"])
     if behavior == "ranks":
         (run_dir / f"rank-{rank}.txt").write_text(os.environ.get("SLURM_NODEID", "?"))
+        return 0
+    if behavior == "affinity":  # the CPUs this rank may run on, and what srun and sbatch told it
+        (run_dir / f"affinity-{rank}.json").write_text(json.dumps({
+            "cpus": len(os.sched_getaffinity(0)), "node": os.environ.get("SLURMD_NODENAME"),
+            **{key: os.environ.get(key) for key in ("SLURM_CPUS_PER_TASK", "SRUN_CPUS_PER_TASK", "SLURM_NTASKS")}}))
         return 0
     if behavior.startswith("hang:"):
         _, hang_at, total, *rest = behavior.split(":")

@@ -59,7 +59,9 @@ class ResolvedSpec:
 
 HASH_NEUTRAL_DEFAULTS: dict[tuple[str, str], Any] = {("loader", "repeats"): 1, ("resources", "signal_lead"): None,
                                                      ("data", "models"): "tiny", ("data", "text_encoder"): None,
-                                                     ("train", "keep_last"): 2, ("train", "keep_best"): True}
+                                                     ("train", "keep_last"): 2, ("train", "keep_best"): True,
+                                                     ("resources", "account"): None, ("resources", "constraint"): None,
+                                                     ("resources", "reservation"): None, ("code", "launch"): None}
 """Fields added after specs were recorded, left out of the canonical form at their default: a spec
 that does not use them keeps the hash (and the preflight passes) it had before they existed."""
 
@@ -70,12 +72,12 @@ HASH_NEUTRAL_SECTIONS = ("code",)
 
 def canonical_spec(spec: ExperimentSpec) -> dict[str, Any]:
     dumped = spec.model_dump(mode="json")
+    for section in HASH_NEUTRAL_SECTIONS:  # before the fields: a section at its defaults holds them at theirs
+        if dumped.get(section) == type(spec).model_fields[section].default.model_dump(mode="json"):
+            del dumped[section]
     for (section, key), default in HASH_NEUTRAL_DEFAULTS.items():
         if isinstance(dumped.get(section), dict) and dumped[section].get(key) == default:
             del dumped[section][key]
-    for section in HASH_NEUTRAL_SECTIONS:
-        if dumped.get(section) == type(spec).model_fields[section].default.model_dump(mode="json"):
-            del dumped[section]
     return dumped
 
 

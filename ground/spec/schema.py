@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import re
+import shlex
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
@@ -49,6 +50,17 @@ SLURM_NAME = r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}"
 """A job name, QoS or partition that is safe in an ``#SBATCH`` line (matched against the whole value)."""
 NODE_LIST = r"[A-Za-z0-9._\-\[\],]{1,1024}"
 """A Slurm host name or host list (``worker-5``, ``n[1-2]``)."""
+CONSTRAINT = r"[A-Za-z0-9_.:*\-&|!\[\](),]{1,512}"
+"""A Slurm ``--constraint`` feature expression (``h100``, ``a100&ib``, ``[rack1|rack2]``): no space, quote or
+newline, so it stays one ``#SBATCH`` word."""
+LAUNCH_MODES = ("per_rank", "per_node", "single")
+"""How an entry's processes start (``code.launch``): ``per_rank``, srun starts one task per rank (one per GPU,
+or ``cpu_ranks``), each with its share of the node's CPUs; ``per_node``, srun starts the entry once per
+node with all the node's GPUs and CPUs, and it starts its own ranks (torchrun, accelerate, deepspeed);
+``single``, one process on one node."""
+PER_NODE_LAUNCHERS = ("torchrun", "python -m torch.distributed.run", "python -m torch.distributed.launch",
+                      "accelerate launch", "deepspeed")
+"""Command lines that start their own ranks, one per GPU of the node they run on: ``per_node``."""
 
 BetaParameter = Annotated[float, Field(gt=0, le=1_000)]
 """A Beta distribution's parameter: > 0; beyond 1,000 the distribution is a spike (every sample at one t)."""
@@ -306,6 +318,14 @@ class ResourcesSpec(Strict):
     """Partition, when the cluster wants one besides the QoS."""
     exclude: list[Annotated[str, Field(pattern=f"^{NODE_LIST}$")]] = []
     """Nodes to avoid (``--exclude``)."""
+    account: str | None = Field(default=None, pattern=f"^{SLURM_NAME}$")
+    """``--account`` the job is charged to; None: the cluster profile's ``account``, else the user's default.
+    The gate checks the user has an association with it granting the QoS (``sacctmgr show assoc``)."""
+    constraint: str | None = Field(default=None, pattern=f"^{CONSTRAINT}$")
+    """``--constraint``: node features the job needs, e.g. the GPU type (``h100``), which sets the step time;
+    None: the profile's ``constraint``. ``sbatch --test-only`` at submit refuses a feature no node has."""
+    reservation: str | None = Field(default=None, pattern=f"^{SLURM_NAME}$")
+    """``--reservation`` to run in; None: the profile's. An ended or unknown one is refused at submit."""
     time_limit: str | None = None
     """Wall-clock limit, Slurm format (e.g. 30-00:00:00). Unset: derived from the estimated wall clock
     with a margin, capped at the QoS max wall (``idmctl exp show`` prints the arithmetic)."""
@@ -530,6 +550,10 @@ class CodeSpec(Strict):
     """What the job runs: a Python module (``team_idm.train``: ``python -m MODULE --run-dir RUN_DIR``) or
     a command line (``bash scripts/run.sh``, run from the snapshot with ``IDMCTL_RUN_DIR`` set). None is
     idmctl's trainer; ``--entry`` overrides it. The preflight's smoke runs this same entry."""
+    launch: Literal["per_rank", "per_node", "single"] | None = None
+    """How the entry starts (:data:`LAUNCH_MODES`). None: detected from the command line (torchrun,
+    ``python -m torch.distributed.run``, ``accelerate launch``, ``deepspeed`` → ``per_node``), else
+    ``per_rank``. A stated mode the command line contradicts is a spec error."""
 
     @field_validator("roots")
     @classmethod
@@ -545,6 +569,42 @@ class CodeSpec(Strict):
         if entry is not None and (not entry.strip() or re.search(r"[\x00-\x1f\x7f]", entry)):
             raise ValueError("the entry is empty or holds a control character: a module name or one command line")
         return entry
+
+    @field_validator("launch")
+    @classmethod
+    def _launch_agrees(cls, launch: str | None, info: ValidationInfo) -> str | None:
+        check_launch(info.data.get("entry"), launch)  # entry is declared (so validated) first
+        return launch
+
+
+def detect_launch(entry: str | None) -> str | None:
+    """``per_node`` when the command line starts its own ranks (:data:`PER_NODE_LAUNCHERS`), else None
+    (nothing to tell from it: a module, or ``bash run.sh`` whose script the command line does not show)."""
+    if entry is None or re.fullmatch(ENTRY_MODULE, entry):
+        return None
+    try:
+        words = shlex.split(entry)
+    except ValueError:
+        return None
+    while words and (words[0] == "env" or re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", words[0])):
+        words = words[1:]  # `env A=1 torchrun …`, `OMP_NUM_THREADS=8 torchrun …`
+    if not words:
+        return None
+    program = words[0].rsplit("/", 1)[-1]
+    if re.fullmatch(r"python[0-9.]*", program):
+        module = words[words.index("-m") + 1] if "-m" in words[:-1] else None
+        return "per_node" if module in ("torch.distributed.run", "torch.distributed.launch") else None
+    if program in ("torchrun", "deepspeed") or (program == "accelerate" and words[1:2] == ["launch"]):
+        return "per_node"
+    return None
+
+
+def check_launch(entry: str | None, launch: str | None) -> None:
+    """A stated launch mode the command line contradicts (``torchrun`` stated ``per_rank``: 8 launchers × 8 ranks)."""
+    detected = detect_launch(entry)
+    if launch is not None and detected is not None and launch != detected:
+        raise ValueError(f"launch {launch!r} contradicts the entry {entry!r}, which starts its own ranks "
+                         f"({detected}): say launch: {detected}, or run the script per rank without its launcher")
 
 
 class ExperimentSpec(Strict):

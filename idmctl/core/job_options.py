@@ -40,7 +40,15 @@ class JobRequest:
     cpus_per_node: int | None = _flag("-c", "cpus")
     """CPUs per node (``resources.cpus``)."""
     gpus_per_node: int | None = _flag("--gres", "gpus_per_node")
-    """GPUs per node, from ``--gres gpu:N``; 0 asks for none."""
+    """GPUs per node, from ``--gres gpu:N`` (or ``--gpus-per-node N``); 0 asks for none."""
+    account: str | None = _flag("--account", "account")
+    """The Slurm account charged (``resources.account``, else the profile's)."""
+    partition: str | None = _flag("--partition", "partition")
+    """The partition (``resources.partition``, else the QoS tier's, else the profile's)."""
+    constraint: str | None = _flag("--constraint", "constraint")
+    """Node features the job needs, e.g. the GPU type (``resources.constraint``, else the profile's)."""
+    reservation: str | None = _flag("--reservation", "reservation")
+    """A reservation to run in (``resources.reservation``, else the profile's)."""
     job_name: str | None = _flag("-J")
     """The Slurm job name (default: the spec's ``resources.job_name`` or the experiment)."""
     exclude: tuple[str, ...] | None = _flag("--exclude")
@@ -137,9 +145,9 @@ class JobOptions:
     nodes: int
     """``--nodes``."""
     ranks_per_node: int
-    """``--ntasks-per-node``: one rank per GPU, or ``cpu_ranks`` on CPU."""
+    """Ranks (processes of the training) per node: one per GPU, or ``cpu_ranks`` on CPU."""
     cpus_per_node: int
-    """CPUs per node; each rank gets ``cpus_per_node // ranks_per_node`` (at least 1)."""
+    """CPUs per node; each task gets ``cpus_per_node // tasks_per_node`` (at least 1)."""
     mem: str
     """Memory per node as written (e.g. ``4GB``), read as Slurm reads it (``ground.units.parse_slurm_mem``)."""
     gpus_per_node: int
@@ -176,10 +184,25 @@ class JobOptions:
     """An evaluation job of the checkpoint at this step (``contract.EVAL_ENTRY`` in the batch shell, one
     process): it loads the checkpoint, runs the spec's evaluations and logs into the training chain's
     MLflow run at this step; None for training."""
+    account: str | None = None
+    """``--account``: flag, spec, then the cluster profile's; None lets Slurm use the user's default."""
+    constraint: str | None = None
+    """``--constraint``: flag, spec, then the profile's (node features, e.g. the GPU type)."""
+    reservation: str | None = None
+    """``--reservation``: flag, spec, then the profile's."""
+    launch: str = "per_rank"
+    """How the entry starts (``ground.spec.schema.LAUNCH_MODES``): ``per_rank`` one srun task per rank,
+    ``per_node`` one per node holding all its GPUs and CPUs (the entry starts its ranks), ``single`` one."""
+
+    @property
+    def tasks_per_node(self) -> int:
+        """``--ntasks-per-node``: the ranks when srun starts them, one task when the entry starts its own."""
+        return self.ranks_per_node if self.launch == "per_rank" else 1
 
     @property
     def cpus_per_task(self) -> int:
-        return max(1, self.cpus_per_node // self.ranks_per_node)
+        """``--cpus-per-task`` of the allocation and of the training srun (which does not inherit it since 22.05)."""
+        return max(1, self.cpus_per_node // self.tasks_per_node)
 
     @property
     def mem_mib(self) -> int:

@@ -221,6 +221,19 @@ class ClusterProfile(_Strict):
     code_store: str | None = None
     """Where submit keeps the code snapshots jobs run (``ground.code_snapshot``): a folder every node mounts.
     None: ``$IDMCTL_HOME/code`` (the local executor and a single-host cluster)."""
+    slurm_cluster: str | None = None
+    """Slurm's ``ClusterName`` of this cluster: the gate reads the user's associations (``sacctmgr show assoc``)
+    only when the Slurm tools here talk to this cluster; None: not read (a profile for another cluster)."""
+    account: str | None = None
+    """The account jobs are charged to when neither the spec (``resources.account``) nor ``--account`` says."""
+    account_required: bool = False
+    """The cluster refuses a job without ``--account``: the gate FAILs one with none, before anything is written."""
+    partition: str | None = None
+    """The partition when neither the spec, ``--partition`` nor the QoS tier's ``partition`` says."""
+    constraint: str | None = None
+    """Node features every job needs here unless the spec or ``--constraint`` says (e.g. the GPU type)."""
+    reservation: str | None = None
+    """A reservation every job runs in unless the spec or ``--reservation`` says."""
     notify: list[str] = []
     """Where sync and decide tell the team what happened (a failure and what was done, a chain stopped or
     completed, a goal's verdict): apprise URLs (``json://host/hook``, ``slack://…``, ``mailto://…``).
@@ -243,6 +256,10 @@ class ClusterProfile(_Strict):
             hint = f"did you mean {close[0]!r}?" if close else f"this cluster ({self.name}) has: {', '.join(self.qos)}"
             raise UserError(f"unknown QoS {qos!r}", file=file, field=field, hint=hint)
         return self.qos[qos]
+
+
+JOB_DEFAULT_FIELDS = ("slurm_cluster", "account", "account_required", "partition", "constraint", "reservation")
+"""The profile's job defaults and association facts (issue 51): out of the profile hash while unset."""
 
 
 def profile_path(name_or_path: str | None = None) -> Path:
@@ -272,6 +289,8 @@ def load_profile(name_or_path: str | None = None) -> tuple[ClusterProfile, str]:
         first = exc.errors()[0]
         dotted = ".".join(str(p) for p in first["loc"])
         raise UserError(first["msg"], file=str(path), field=dotted, hint="fix the cluster profile") from exc
-    # Where messages go changes nothing a job does: not part of a preflight's identity.
-    digest = hashlib.sha256(profile.model_dump_json(exclude={"notify"}).encode()).hexdigest()
+    # Where messages go changes nothing a job does: not part of a preflight's identity. Fields added after
+    # preflights were recorded count only once set, so a profile that does not use them keeps its hash.
+    unset = {name for name in JOB_DEFAULT_FIELDS if getattr(profile, name) == ClusterProfile.model_fields[name].default}
+    digest = hashlib.sha256(profile.model_dump_json(exclude={"notify", *unset}).encode()).hexdigest()
     return profile, digest

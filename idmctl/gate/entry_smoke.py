@@ -23,6 +23,7 @@ from pathlib import Path
 
 from ground import contract
 from ground.spec.loader import ResolvedSpec
+from ground.spec.schema import detect_launch
 from idmctl.core.checks import SmokeMeasurement
 from idmctl.gate import box
 from ground.code_snapshot import default_store, materialize
@@ -115,6 +116,14 @@ def entry_argv(entry: str, run_dir: Path) -> list[str]:
     return [sys.executable, "-m", entry, "--run-dir", str(run_dir)] if is_module(entry) else shlex.split(entry)
 
 
+def _launch_env(resolved: ResolvedSpec, entry: str) -> dict[str, str]:
+    """An entry that starts its own ranks (``code.launch: per_node``) is smoked as the job starts it, on one
+    device: told to start one rank on one node (the job tells it the node's GPUs and the nodes)."""
+    if (resolved.spec.code.launch or detect_launch(entry)) != "per_node":
+        return {}
+    return {contract.ENV_NPROC_PER_NODE: "1", contract.ENV_NNODES: "1"}
+
+
 def run_entry_smoke(resolved: ResolvedSpec, entry: str, timeout_s: float) -> SmokeMeasurement:
     """Run ``entry`` for :data:`SMOKE_STEPS` steps from a snapshot of the code it will run as a job."""
     from idmctl.job.code import tree_for  # start-up: 11 more project modules only this path needs
@@ -130,7 +139,8 @@ def run_entry_smoke(resolved: ResolvedSpec, entry: str, timeout_s: float) -> Smo
         env = {**os.environ, contract.ENV_RUN_DIR: str(run_dir), contract.ENV_SMOKE_STEPS: str(SMOKE_STEPS),
                contract.ENV_SMOKE_BATCH: str(batch), "IDMCTL_PYTHON": sys.executable, "PYTHONUNBUFFERED": "1",
                "PYTHONPATH": os.pathsep.join([str(directory), *roots, *filter(None, [os.environ.get("PYTHONPATH")])]),
-               **({contract.ENV_CODE_ROOTS: os.pathsep.join(roots)} if roots else {})}
+               **({contract.ENV_CODE_ROOTS: os.pathsep.join(roots)} if roots else {}),
+               **_launch_env(resolved, entry)}
         cwd = Path(roots[0]) if roots and not is_module(entry) else directory
         try:
             # In the box: its own session, output bounded, and at the deadline (or once it has ended)

@@ -1,17 +1,24 @@
 """Check ``qos``: the job fits its QoS tier — GPU cap, max wall, a preempt cycle long enough to
 stage in and reach a checkpoint (card jobs 6054/6108/6158: 1 h cycle < 2 h stage → preempted ×3),
-and a tolerable expected queue wait from recorded jobs (card job 5961: 6 days for 8 GPUs on
-core-extra, then cancelled)."""
+a tolerable expected queue wait from recorded jobs (card job 5961: 6 days for 8 GPUs on
+core-extra, then cancelled), and an account the cluster takes: one when the profile requires it, with an
+association granting the QoS where ``sacctmgr show assoc`` is readable (``idmctl.gate.assoc``)."""
 
 from __future__ import annotations
 
 import statistics
 from collections import defaultdict
+from typing import TYPE_CHECKING
 
 from idmctl.plan.budget import fmt_bandwidth, fmt_seconds, routed_staging_fix, staging, step_estimate
 from idmctl.plan.limits import derive
 from idmctl.core.checks import CheckResult, PreflightContext, QueueWait, Status
 from ground.units import format_duration
+from idmctl.gate.assoc import read as read_associations
+
+if TYPE_CHECKING:
+    from ground.spec.schema import ResourcesSpec
+    from idmctl.core.profile import ClusterProfile
 
 NAME = "qos"
 LONG_QUEUE_WAIT_S = 86400.0
@@ -88,6 +95,13 @@ def check(ctx: PreflightContext) -> CheckResult:
         else:
             notes.append(f"{stage_text} + {ckpt_text} < preempt cycle {format_duration(cycle)}")
 
+    account_fail, account_fix, account_note = _account(res, profile, numbers)
+    if account_fail:
+        fails.append(account_fail)
+        fixes.append(account_fix)
+    elif account_note:
+        notes.append(account_note)
+
     wait_text, wait_warn, wait_fix, wait_numbers = _queue_wait(ctx.measurements.queue_waits, res.qos, gpus,
                                                                profile.queue_wait_warn_seconds)
     numbers.update(wait_numbers)
@@ -106,6 +120,34 @@ def check(ctx: PreflightContext) -> CheckResult:
     if warns:
         return CheckResult(NAME, Status.WARN, "; ".join(warns + notes), numbers, "; ".join(fixes))
     return CheckResult(NAME, Status.PASS, f"{res.qos}: " + "; ".join(notes), numbers)
+
+
+def _account(res: "ResourcesSpec", profile: "ClusterProfile", numbers: dict[str, object]) -> tuple[str, str, str]:
+    """(fail, fix, note): the job's account against the profile's requirement and the user's associations
+    (``sacctmgr show assoc``, where readable: ``idmctl.gate.assoc``)."""
+    account = res.account or profile.account
+    numbers["account"] = account
+    if account is None and profile.account_required:
+        return (f"no account: cluster {profile.name} refuses a job without one (profile account_required)",
+                "set resources.account or pass --account (`sacctmgr show assoc user=$USER` lists yours)", "")
+    assoc = read_associations(profile.slurm_cluster)
+    if assoc.unread is not None:
+        return "", "", f"associations not read ({assoc.unread})" if account else ""
+    judged = account or assoc.default_account
+    numbers.update(assoc_accounts=assoc.accounts, assoc_default_account=assoc.default_account)
+    if judged is None:
+        return "", "", "no account asked and none by default"
+    if judged not in assoc.accounts:
+        return (f"account {judged!r}: {assoc.user} has no association with it on {profile.slurm_cluster} "
+                f"(sacctmgr show assoc: {', '.join(assoc.accounts) or 'none'})",
+                f"use --account {' or '.join(assoc.accounts)}" if assoc.accounts else "ask the cluster's admins for an association", "")
+    granted = assoc.qos_of(judged, res.partition)
+    numbers["assoc_qos"] = granted
+    if res.qos not in granted:
+        return (f"QoS {res.qos!r} is not granted to {assoc.user} under account {judged} (sacctmgr show assoc: "
+                f"{', '.join(granted) or 'none'})", f"use one of: {', '.join(granted)}" if granted else
+                "ask the cluster's admins for the QoS", "")
+    return "", "", f"account {judged}{'' if account else ' (default)'} grants {res.qos} (sacctmgr show assoc)"
 
 
 def _queue_wait(waits: list[QueueWait], qos: str, gpus: int,

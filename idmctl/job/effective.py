@@ -12,6 +12,7 @@ on what it measured too, so the fields that change that (``SMOKE_FIELDS``) are p
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -110,6 +111,16 @@ class EffectiveJob:
                 "spec_hash": self.declared.hash, "effective_spec_hash": self.resolved.hash}
 
 
+def with_profile_defaults(options: JobOptions, profile: ClusterProfile) -> JobOptions:
+    """What neither flag nor spec says, the cluster profile does: its account, constraint and reservation,
+    and the partition of the QoS tier (else the profile's)."""
+    tier = profile.qos.get(options.qos)
+    return replace(options, account=options.account or profile.account,
+                   partition=options.partition or (tier.partition if tier else None) or profile.partition,
+                   constraint=options.constraint or profile.constraint,
+                   reservation=options.reservation or profile.reservation)
+
+
 INTERPRETERS = ("bash", "sh", "python", "python3")
 """Programs whose first argument is the script that must exist (``bash scripts/run.sh``)."""
 
@@ -145,6 +156,31 @@ def check_entry_exists(entry: str, declared: ResolvedSpec, from_flag: bool) -> N
     if program in INTERPRETERS and len(words) > 1 and not words[1].startswith("-") and not (cwd / words[1]).is_file():
         raise UserError(f"{words[1]!r} does not exist in {cwd} (a command-line entry runs from the first code root)",
                         file=where, field=field_name, hint="give the script's path relative to that root")
+    if program in INTERPRETERS and len(words) > 1 and declared.spec.code.launch is None and not from_flag:
+        _require_stated_launch(cwd / words[1], declared)
+
+
+_LAUNCHER = re.compile(r"(?:^|[\s/\"'(])(torchrun|deepspeed)\b|\baccelerate\s+launch\b|-m\s+torch\.distributed\.(?:run|launch)\b")
+"""A line of a launch script that starts the node's ranks itself (``ground.spec.schema.PER_NODE_LAUNCHERS``)."""
+
+
+def _require_stated_launch(script: Path, declared: ResolvedSpec) -> None:
+    """Card A's ``bash run.sh`` starts ``torchrun --nproc_per_node 8`` itself: under srun's one task per rank that
+    is 8 launchers × 8 ranks. The command line cannot show it, the script can: such a script with no
+    ``code.launch`` stated is a spec error naming the line."""
+    try:
+        lines = script.read_text(errors="replace").splitlines()
+    except OSError:
+        return
+    for number, line in enumerate(lines, 1):
+        code = line.split("#", 1)[0] if not line.lstrip().startswith("#!") else ""
+        found = _LAUNCHER.search(code)
+        if found:
+            raise UserError(f"{script.name}:{number} starts its own ranks ({found.group(0).strip()}); under one srun "
+                            "task per rank that is a launcher per rank, each starting every rank",
+                            file=str(declared.path), field="code.launch",
+                            hint="state code.launch: per_node (once per node, with the node's GPUs), or per_rank "
+                                 "if the script starts one process")
 
 
 def build(experiment: str, request: JobRequest, cluster: str | None, version: str | None = None) -> EffectiveJob:
@@ -157,6 +193,7 @@ def build(experiment: str, request: JobRequest, cluster: str | None, version: st
     options = resolve_options(declared, request)
     if request.qos is not None:  # a typo on the command line is bad input; the spec's own QoS is the checks' to judge
         profile.tier(options.qos, file="command line", field=flag_of("qos"))
+    options = with_profile_defaults(options, profile)
     if options.hold and profile.scheduler != "slurm":
         raise UserError(f"--hold needs a Slurm cluster; {profile.name} runs jobs at once", file="command line",
                         field=flag_of("hold"), hint="drop --hold, or submit with --cluster naming a Slurm profile")

@@ -21,7 +21,8 @@ from ground.errors import UserError
 from ground.paths import REPO_ROOT, expand_path
 from ground.spec.loader import ResolvedSpec
 from ground.stage import layer_set, model_identity, spec_identity
-from ground.spec.schema import MAX_COUNT, NODE_LIST, SLURM_NAME, check_job_mem, check_job_time
+from ground.spec.schema import (CONSTRAINT, MAX_COUNT, NODE_LIST, SLURM_NAME, check_job_mem, check_job_time,
+                                detect_launch)
 from ground.units import slurm_mem, slurm_time
 from idmctl.core.job_options import JobOptions, JobRequest, flag_of
 from idmctl.job.template import fill
@@ -30,6 +31,7 @@ from idmctl.plan.shm import need_bytes
 
 _NAME = re.compile(SLURM_NAME)
 _NODE_LIST = re.compile(NODE_LIST)
+_CONSTRAINT = re.compile(CONSTRAINT)
 _SBATCH_PATH = re.compile(r"^/[A-Za-z0-9._/+@%=-]{1,4000}$")
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _UNSAFE_CHARS = re.compile(r"[\x00-\x1f\x7f`$;|&<>\\'\"]")
@@ -97,10 +99,11 @@ def resolve_options(resolved: ResolvedSpec, request: JobRequest) -> JobOptions:
         if request.entry is not None:
             raise UserError("--build runs the build entry; --entry does not go with it", file="command line",
                             field=flag_of("entry"), hint="drop --entry")
+    entry = contract.BUILD_ENTRY if build else pick("entry", resolved.spec.code.entry or DEFAULT_ENTRY)
     options = JobOptions(
         job_name=pick("job_name", f"{resolved.name}-build-{build}" if build else res.job_name or resolved.name),
         qos=pick("qos", res.qos),
-        partition=res.partition,
+        partition=pick("partition", res.partition),
         nodes=res.nodes,
         ranks_per_node=gpus if gpus > 0 else res.cpu_ranks,
         cpus_per_node=pick("cpus_per_node", res.cpus),
@@ -109,16 +112,27 @@ def resolve_options(resolved: ResolvedSpec, request: JobRequest) -> JobOptions:
         time_limit=pick("time_limit", res.time_limit),
         exclude=list(pick("exclude", res.exclude)),
         retries=pick("retries", res.retries),
-        entry=contract.BUILD_ENTRY if build else pick("entry", resolved.spec.code.entry or DEFAULT_ENTRY),
+        entry=entry,
         hold=request.hold,
         build=build,
         dependency=request.dependency,
         kill_on_invalid_dep=request.kill_on_invalid_dep,
+        account=pick("account", res.account),
+        constraint=pick("constraint", res.constraint),
+        reservation=pick("reservation", res.reservation),
+        launch="per_rank" if build else launch_mode(resolved, entry, request.entry is not None),
     )
     check_name(options.job_name, *reversed(source("job_name", "resources.job_name")))
     check_name(options.qos, *reversed(source("qos", "resources.qos")))
-    if options.partition is not None:
-        check_name(options.partition, "resources.partition", spec_file)
+    for name in ("partition", "account", "reservation"):
+        if getattr(options, name) is not None:
+            check_name(getattr(options, name), *reversed(source(name, f"resources.{name}")))
+    if options.constraint is not None and not _CONSTRAINT.fullmatch(options.constraint):
+        raise _bad(f"{options.constraint!r} is not a Slurm feature expression", *reversed(source("constraint", "resources.constraint")),
+                   "node features such as h100 or a100&ib (no spaces, quotes or newlines)")
+    if options.launch == "single" and options.nodes > 1:
+        raise UserError(f"launch single runs one process, on one node; resources.nodes is {options.nodes}",
+                        file=spec_file, field="code.launch", hint="set resources.nodes: 1, or launch: per_node / per_rank")
     check_nodes(options.exclude, *reversed(source("exclude", "resources.exclude")))
     check_entry(options.entry, *source("entry", "code.entry"))
     for name, spec_field, check in (("mem", "resources.mem", check_job_mem),
@@ -138,6 +152,17 @@ def resolve_options(resolved: ResolvedSpec, request: JobRequest) -> JobOptions:
     if not 0 <= options.retries <= 1_000:
         raise UserError("must be 0 … 1000", file="command line", field=flag_of("retries"), hint="resubmission budget")
     return options
+
+
+def launch_mode(resolved: ResolvedSpec, entry: str, from_flag: bool) -> str:
+    """How ``entry`` starts: the spec's ``code.launch``, else what its command line shows, else ``per_rank``.
+    An ``--entry`` the stated mode contradicts is bad input naming the flag (the spec's own pair is checked
+    when the spec loads)."""
+    stated, detected = resolved.spec.code.launch, detect_launch(entry)
+    if stated is not None and detected is not None and stated != detected:
+        raise UserError(f"{entry!r} starts its own ranks ({detected}), but code.launch is {stated}", file="command line",
+                        field="--entry", hint=f"give an entry that matches launch: {stated}, or change code.launch")
+    return stated or detected or "per_rank"
 
 
 def entry_words(entry: str) -> list[str] | None:
@@ -205,6 +230,10 @@ def render_script(resolved: ResolvedSpec, options: JobOptions, ctx: RenderContex
         contract.ENV_RUN_DIR: str(ctx.run_dir),
         "IDMCTL_PYTHON": ctx.python,
         **({contract.ENV_CHECKPOINT_EVERY: str(options.checkpoint_every)} if options.checkpoint_every else {}),
+        # A team's launch script that calls srun itself gets the CPUs per task too (srun reads this, not
+        # SLURM_CPUS_PER_TASK, since 22.05); one started once per node learns how many ranks to start.
+        "SRUN_CPUS_PER_TASK": str(options.cpus_per_task),
+        **_launch_env(options),
         **ctx.extra_env,
     }
     for key, value in env.items():
@@ -230,12 +259,30 @@ def render_script(resolved: ResolvedSpec, options: JobOptions, ctx: RenderContex
         "guard_stage_args": _guard_stage_args(resolved, options, ctx),
         "stage_in": stage,
         "rendezvous": _multi_node_env(options),
+        "launch_mode": options.launch,
+        "launch_said": LAUNCH_SAID[options.launch],
+        "tasks_per_node": options.tasks_per_node,
+        "cpus_per_task": options.cpus_per_task,
         "launch": _entry_lines(options, ctx, env),
         "python": q(ctx.python),
         "hang_k": f"{options.hang_k:g}",
         "hang_floor_s": f"{options.hang_floor_s:g}",
         "hang_poll_s": f"{options.hang_poll_s:g}",
     }) + "\n"
+
+
+LAUNCH_SAID = {"per_rank": "one task per rank, Fabric reads SLURM_* and needs ntasks-per-node == devices",
+               "per_node": "one task per node holding its GPUs and CPUs; the entry starts its own ranks",
+               "single": "one process"}
+"""The launch modes as the script's comment says them."""
+
+
+def _launch_env(options: JobOptions) -> dict[str, str]:
+    """What an entry that starts its own ranks (``per_node``) needs to start the right number: the
+    ranks per node (``torchrun --nproc_per_node "$IDMCTL_NPROC_PER_NODE"``) and the nodes."""
+    if options.launch != "per_node":
+        return {}
+    return {contract.ENV_NPROC_PER_NODE: str(options.ranks_per_node), contract.ENV_NNODES: str(options.nodes)}
 
 
 CONTRACT_SLOTS = {"ENV_CHAIN_ID": contract.ENV_CHAIN_ID, "ENV_ATTEMPT": contract.ENV_ATTEMPT,
@@ -248,10 +295,13 @@ def _sbatch_lines(options: JobOptions, log_path: str) -> list[str]:
     """The ``#SBATCH`` header, in this order; an option without a value is left out."""
     directives: list[tuple[str, object]] = [
         ("job-name", options.job_name),
+        ("account", options.account),
         ("qos", options.qos),
         ("partition", options.partition or None),
+        ("reservation", options.reservation),
+        ("constraint", options.constraint),
         ("nodes", options.nodes),
-        ("ntasks-per-node", options.ranks_per_node),
+        ("ntasks-per-node", options.tasks_per_node),
         ("cpus-per-task", options.cpus_per_task),
         ("mem", slurm_mem(options.mem)),  # Slurm's own words: 1600GB → 1600G, the card's allocation
         ("gres", f"gpu:{options.gpus_per_node}" if options.gpus_per_node else None),

@@ -237,7 +237,7 @@ def resume(experiment: str, chain_id: int, request: JobRequest, cluster: str | N
 
 
 INHERITED_FLAGS = ("qos", "time_limit", "mem", "cpus_per_node", "gpus_per_node", "job_name", "exclude", "retries",
-                   "entry", "build")
+                   "entry", "build", "account", "partition", "constraint", "reservation")
 """What ``submit --resume`` takes from the chain's last attempt unless given again: everything that makes
 the job the chain's (its resources, entry, build). Not --hold or a dependency: those are about this
 submission, not the chain."""

@@ -43,9 +43,44 @@ class SchedulerRefused(CheckFailed):
 
     def __init__(self, verdict: Verdict) -> None:
         self.verdict = verdict
+        fix = fix_for(verdict.words) or ("the cluster profile allows what the cluster does not: "
+                                         "fix the QoS, partition, account or limit it names")
         super().__init__(f"submit refused by the scheduler ({verdict.command}): {verdict.words}; "
-                         "nothing was submitted or recorded (the cluster profile allows what the cluster does not: "
-                         "fix the QoS, partition, account or limit it names)")
+                         f"nothing was submitted or recorded (fix: {fix})")
+
+
+REFUSAL_FIXES = (
+    ("Invalid feature specification", "no node has the --constraint / resources.constraint asked; the nodes' "
+                                      "features: {features}"),
+    ("Requested reservation is invalid", "the reservation has ended or does not exist (`scontrol show reservation`): "
+                                         "drop --reservation / resources.reservation or name a current one"),
+    ("Invalid account or account/partition combination", "you have no association with that account (on that "
+                                                          "partition): `sacctmgr show assoc user=$USER` lists yours; "
+                                                          "set --account / resources.account to one of them"),
+    ("Invalid partition name", "no such partition (`sinfo -s` lists them): fix --partition / resources.partition"),
+    ("Invalid qos specification", "the QoS is not granted to you: `sacctmgr show assoc user=$USER` lists yours"),
+)
+"""Slurm's refusal words (sbatch 22.05.8 on the local cluster, ``sbatch --test-only``) → the fix to print."""
+
+
+def fix_for(words: str) -> str | None:
+    """The fix for a refusal, from Slurm's own words; None for words not known here."""
+    for said, fix in REFUSAL_FIXES:
+        if said in words:
+            return fix.format(features=_node_features()) if "{features}" in fix else fix
+    return None
+
+
+def _node_features() -> str:
+    """``sinfo``'s node features, for the fix of a constraint no node has."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["sinfo", "-h", "-o", "%f"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown (sinfo did not answer)"
+    features = sorted({f for line in out.split() for f in line.split(",") if f and f != "(null)"})
+    return ", ".join(features) if features else "none (sinfo -o %f): drop the constraint"
 
 
 def scheduler_verdict(scheduler: str, script: str) -> Verdict:

@@ -21,6 +21,7 @@ export IDMCTL_SPEC_HASH=959f947602b69c1da82d9d4f7908a1d6ff3d5072da729fe9ada44463
 export PYTHONUNBUFFERED=1
 export IDMCTL_RUN_DIR=/home/operator/idmctl/runs/latent_c_n4/1
 export IDMCTL_PYTHON=/opt/idmctl/venv/bin/python
+export SRUN_CPUS_PER_TASK=14
 export IDMCTL_CODE_VERSION=0123456789abcdef0123456789abcdef01234567
 export IDMCTL_SNAPSHOT=/home/operator/idmctl/code/0123456789abcdef0123456789abcdef01234567
 export IDMCTL_CODE_STORE=/home/operator/idmctl/code
@@ -52,9 +53,10 @@ node_guard stage --cache-root /nas/cache/cosmos_hidden_multi
 # stage-in: none (a build job writes the cache)
 node_guard train
 
-# Ranks: srun under Slurm (Fabric reads SLURM_* and needs ntasks-per-node == devices);
-# the local executor runs the same script without srun.
-if [ -n "${SLURM_JOB_ID:-}" ]; then LAUNCH=(srun --kill-on-bad-exit=1); else LAUNCH=(); fi
+# Ranks: srun under Slurm (launch per_rank: one task per rank, Fabric reads SLURM_* and needs ntasks-per-node == devices);
+# the local executor runs the same script without srun. srun gets --cpus-per-task itself: since Slurm 22.05
+# it does not inherit it from sbatch, and each task would be confined to one CPU.
+if [ -n "${SLURM_JOB_ID:-}" ]; then LAUNCH=(srun --kill-on-bad-exit=1 --ntasks-per-node=8 --cpus-per-task=14); else LAUNCH=(); fi
 # A cache build: the builder runs once, in this shell, and starts its ranks as one srun step itself.
 /opt/idmctl/venv/bin/python -m trainers.build_job --run-dir "$RUN_DIR" --mode rgb --processes 8 &
 TRAINER=$!

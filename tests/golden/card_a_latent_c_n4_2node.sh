@@ -12,10 +12,10 @@
 #SBATCH --open-mode=append
 #SBATCH --requeue
 #SBATCH --signal=B:USR1@60
-# idmctl: step time 10.1 s/step (data-bound lower bound; compute unmeasured (no GPU smoke); estimate: data 10.1 s/step); checkpoint write unknown (no smoke or earlier run measured one)
-# idmctl: time limit = 30-00:00:00 (from resources.time_limit 30-00:00:00); derived would be: (stage-in 4.4 h + 60,000 steps × 10.1 s/step + cold page cache 2.0 min) × 1.25 margin = 9.0 d → 8-23:09:00 (a lower bound: the step time holds no compute)
-# idmctl: checkpoint interval = 500 steps (from train.checkpoint_every 500); derived would be: non-preemptible core-extra: lose at most 4.0 h to a failure → interval ≤ 4.0 h; 4.0 h ÷ 10.1 s/step = 1,431 steps
-# idmctl: signal lead = 60 s (derived): (10.1 s step + unmeasured write) × 3 = 30.2 s, at least 60 s (Slurm's timer) → 60.0 s
+# idmctl: step time 10.1 s/step (data-bound lower bound; compute unmeasured (no GPU smoke); estimate: max(storage 10.1 s, loader CPU unmeasured, compute unmeasured) + 0 s not overlapped (num_workers 0: the rank's batch loader reads 2 batches ahead on threads) = 10.1 s/step, bound by storage); checkpoint write unknown (no smoke or earlier run measured one)
+# idmctl: time limit = 30-00:00:00 (from resources.time_limit 30-00:00:00); derived would be: (stage-in 4.4 h + 60,000 steps × 10.1 s/step + cold page cache 2.0 min) × 1.25 margin = 9.0 d → 9-00:40:00 (a lower bound: the step time holds no compute)
+# idmctl: checkpoint interval = 500 steps (from train.checkpoint_every 500); derived would be: non-preemptible core-extra: lose at most 4.0 h to a failure → interval ≤ 4.0 h; 4.0 h ÷ 10.1 s/step = 1,421 steps
+# idmctl: signal lead = 60 s (derived): (10.1 s step + unmeasured write) × 3 = 30.4 s, at least 60 s (Slurm's timer) → 60.0 s
 # idmctl: resources.time_limit 30-00:00:00 asks for 30.0 d, 3.3× the derived 9.0 d: a longer queue wait and a hung job found late
 set -uo pipefail
 export IDMCTL_HOME=/home/operator/idmctl
@@ -25,6 +25,7 @@ export IDMCTL_SPEC_HASH=39bc18d7283b4b8a74236996f795257982a97f439ca2a728589f20f5
 export PYTHONUNBUFFERED=1
 export IDMCTL_RUN_DIR=/home/operator/idmctl/runs/latent_c_n4_2node/1
 export IDMCTL_PYTHON=/opt/idmctl/venv/bin/python
+export SRUN_CPUS_PER_TASK=14
 export IDMCTL_CODE_VERSION=0123456789abcdef0123456789abcdef01234567
 export IDMCTL_SNAPSHOT=/home/operator/idmctl/code/0123456789abcdef0123456789abcdef01234567
 export IDMCTL_CODE_STORE=/home/operator/idmctl/code
@@ -92,15 +93,16 @@ fi
 export IDMCTL_CACHE_ROOT="$STAGE_DEST"
 node_guard train
 
-# Ranks: srun under Slurm (Fabric reads SLURM_* and needs ntasks-per-node == devices);
-# the local executor runs the same script without srun.
+# Ranks: srun under Slurm (launch per_rank: one task per rank, Fabric reads SLURM_* and needs ntasks-per-node == devices);
+# the local executor runs the same script without srun. srun gets --cpus-per-task itself: since Slurm 22.05
+# it does not inherit it from sbatch, and each task would be confined to one CPU.
 # 2 nodes × 8 tasks: world 16; rank 0's host is the allocation's first node.
 if [ -n "${SLURM_JOB_ID:-}" ]; then
   export MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"
   export MASTER_PORT="$((15000 + SLURM_JOB_ID % 10000))"  # Fabric: job id's last 4 digits + 15000
   echo "idmctl: $SLURM_JOB_NUM_NODES nodes ($SLURM_JOB_NODELIST), rendezvous $MASTER_ADDR:$MASTER_PORT"
 fi
-if [ -n "${SLURM_JOB_ID:-}" ]; then LAUNCH=(srun --kill-on-bad-exit=1); else LAUNCH=(); fi
+if [ -n "${SLURM_JOB_ID:-}" ]; then LAUNCH=(srun --kill-on-bad-exit=1 --ntasks-per-node=8 --cpus-per-task=14); else LAUNCH=(); fi
 "${LAUNCH[@]}" /opt/idmctl/venv/bin/python -m trainers.train --run-dir "$RUN_DIR" &
 TRAINER=$!
 # The hang watchdog: stacks of every rank, then kill, when the heartbeat stops (trainers/watchdog.py).

@@ -12,12 +12,12 @@
 #SBATCH --open-mode=append
 #SBATCH --requeue
 #SBATCH --signal=B:USR1@61
-# idmctl: step time 20.1 s/step (data-bound lower bound; compute unmeasured (no GPU smoke); estimate: data 20.1 s/step); checkpoint write unknown (no smoke or earlier run measured one)
-# idmctl: time limit = 30-00:00:00 (from resources.time_limit 30-00:00:00); derived would be: (stage-in 44.1 min + 60,000 steps × 20.1 s/step + cold page cache 2.0 min) × 1.25 margin = 17.5 d, capped at QoS sub max wall 3.0 d → 3-00:00:00 (a lower bound: the step time holds no compute)
-# idmctl: checkpoint interval = 500 steps (from train.checkpoint_every 500); derived would be: preemptible sub: expected loss interval/2 ≤ 10% of the 60.0 min cycle → interval ≤ 12.0 min; 12.0 min ÷ 20.1 s/step = 35 steps
-# idmctl: signal lead = 61 s (derived): (20.1 s step + unmeasured write) × 3 = 60.4 s → 61 s
+# idmctl: step time 20.3 s/step (data-bound lower bound; compute unmeasured (no GPU smoke); estimate: max(storage 20.3 s, loader CPU unmeasured, compute unmeasured) + 0 s not overlapped (num_workers 0: the rank's batch loader reads 2 batches ahead on threads) = 20.3 s/step, bound by storage); checkpoint write unknown (no smoke or earlier run measured one)
+# idmctl: time limit = 30-00:00:00 (from resources.time_limit 30-00:00:00); derived would be: (stage-in 44.1 min + 60,000 steps × 20.3 s/step + cold page cache 2.0 min) × 1.25 margin = 17.6 d, capped at QoS sub max wall 3.0 d → 3-00:00:00 (a lower bound: the step time holds no compute)
+# idmctl: checkpoint interval = 500 steps (from train.checkpoint_every 500); derived would be: preemptible sub: expected loss interval/2 ≤ 10% of the 60.0 min cycle → interval ≤ 12.0 min; 12.0 min ÷ 20.3 s/step = 35 steps
+# idmctl: signal lead = 61 s (derived): (20.3 s step + unmeasured write) × 3 = 60.8 s → 61 s
 # idmctl: resources.time_limit 30-00:00:00 asks for 30.0 d, 10.0× the derived 3.0 d: a longer queue wait and a hung job found late
-# idmctl: train.checkpoint_every 500 = 2.8 h of work, > 2× the 12.0 min the derivation allows: a failure loses 83.8 min on average
+# idmctl: train.checkpoint_every 500 = 2.8 h of work, > 2× the 12.0 min the derivation allows: a failure loses 84.4 min on average
 set -uo pipefail
 export IDMCTL_HOME=/home/operator/idmctl
 export IDMCTL_CHAIN_ID=1
@@ -26,6 +26,7 @@ export IDMCTL_SPEC_HASH=d60d1585d10978f1b1b6901c50838c229a0300bfae37b25be4886288
 export PYTHONUNBUFFERED=1
 export IDMCTL_RUN_DIR=/home/operator/idmctl/runs/latent_c_n4_routed/1
 export IDMCTL_PYTHON=/opt/idmctl/venv/bin/python
+export SRUN_CPUS_PER_TASK=14
 export IDMCTL_CODE_VERSION=0123456789abcdef0123456789abcdef01234567
 export IDMCTL_SNAPSHOT=/home/operator/idmctl/code/0123456789abcdef0123456789abcdef01234567
 export IDMCTL_CODE_STORE=/home/operator/idmctl/code
@@ -93,9 +94,10 @@ fi
 export IDMCTL_CACHE_ROOT="$STAGE_DEST"
 node_guard train
 
-# Ranks: srun under Slurm (Fabric reads SLURM_* and needs ntasks-per-node == devices);
-# the local executor runs the same script without srun.
-if [ -n "${SLURM_JOB_ID:-}" ]; then LAUNCH=(srun --kill-on-bad-exit=1); else LAUNCH=(); fi
+# Ranks: srun under Slurm (launch per_rank: one task per rank, Fabric reads SLURM_* and needs ntasks-per-node == devices);
+# the local executor runs the same script without srun. srun gets --cpus-per-task itself: since Slurm 22.05
+# it does not inherit it from sbatch, and each task would be confined to one CPU.
+if [ -n "${SLURM_JOB_ID:-}" ]; then LAUNCH=(srun --kill-on-bad-exit=1 --ntasks-per-node=8 --cpus-per-task=14); else LAUNCH=(); fi
 "${LAUNCH[@]}" /opt/idmctl/venv/bin/python -m trainers.train --run-dir "$RUN_DIR" &
 TRAINER=$!
 # The hang watchdog: stacks of every rank, then kill, when the heartbeat stops (trainers/watchdog.py).

@@ -10,7 +10,7 @@
 #SBATCH --open-mode=append
 #SBATCH --requeue
 #SBATCH --signal=B:USR1@60
-# idmctl: step time 0.131 ms/step (data-bound lower bound; compute unmeasured (no CPU smoke); estimate: data 0.131 ms/step); checkpoint write unknown (no smoke or earlier run measured one)
+# idmctl: step time 0.131 ms/step (data-bound lower bound; compute unmeasured (no CPU smoke); estimate: max(storage 0.131 ms, loader CPU unmeasured, compute unmeasured) + 0 s not overlapped (num_workers 0: the rank's batch loader reads 2 batches ahead on threads) = 0.131 ms/step, bound by storage); checkpoint write unknown (no smoke or earlier run measured one)
 # idmctl: time limit = 0-00:30:00 (from resources.time_limit 0:30:00); derived would be: (200 steps × 0.131 ms/step) × 1.25 margin = 0.0 s, at least 30.0 min for start-up and evaluation → 0-00:30:00 (a lower bound: the step time holds no compute)
 # idmctl: checkpoint interval = 50 steps (from train.checkpoint_every 50); derived would be: non-preemptible core-own: lose at most 4.0 h to a failure → interval ≤ 4.0 h; 4.0 h ÷ 0.131 ms/step = 200 steps (the whole run)
 # idmctl: signal lead = 60 s (derived): (0.131 ms step + unmeasured write) × 3 = 0.393 ms, at least 60 s (Slurm's timer) → 60.0 s
@@ -22,6 +22,7 @@ export IDMCTL_SPEC_HASH=457ac3e2b853bb05229804ad03c4f3e3d186958d7080f43c7e2aa175
 export PYTHONUNBUFFERED=1
 export IDMCTL_RUN_DIR=/home/operator/idmctl/runs/quickstart/1
 export IDMCTL_PYTHON=/opt/idmctl/venv/bin/python
+export SRUN_CPUS_PER_TASK=2
 export IDMCTL_CODE_VERSION=0123456789abcdef0123456789abcdef01234567
 export IDMCTL_SNAPSHOT=/home/operator/idmctl/code/0123456789abcdef0123456789abcdef01234567
 export IDMCTL_CODE_STORE=/home/operator/idmctl/code
@@ -53,9 +54,10 @@ node_guard stage --cache-root /home/operator/idmctl/quickstart/hidden_cache
 # stage-in: disabled (stage.enabled: false); the trainer reads data.cache_root in place
 node_guard train
 
-# Ranks: srun under Slurm (Fabric reads SLURM_* and needs ntasks-per-node == devices);
-# the local executor runs the same script without srun.
-if [ -n "${SLURM_JOB_ID:-}" ]; then LAUNCH=(srun --kill-on-bad-exit=1); else LAUNCH=(); fi
+# Ranks: srun under Slurm (launch per_rank: one task per rank, Fabric reads SLURM_* and needs ntasks-per-node == devices);
+# the local executor runs the same script without srun. srun gets --cpus-per-task itself: since Slurm 22.05
+# it does not inherit it from sbatch, and each task would be confined to one CPU.
+if [ -n "${SLURM_JOB_ID:-}" ]; then LAUNCH=(srun --kill-on-bad-exit=1 --ntasks-per-node=1 --cpus-per-task=2); else LAUNCH=(); fi
 "${LAUNCH[@]}" /opt/idmctl/venv/bin/python -m trainers.train --run-dir "$RUN_DIR" &
 TRAINER=$!
 # The hang watchdog: stacks of every rank, then kill, when the heartbeat stops (trainers/watchdog.py).

@@ -34,6 +34,11 @@ def submit(
     retries: job_flags.Retries = None,
     entry: job_flags.Entry = None,
     build: job_flags.Build = None,
+    account: job_flags.Account = None,
+    partition: job_flags.Partition = None,
+    constraint: job_flags.Constraint = None,
+    reservation: job_flags.Reservation = None,
+    gpus_per_node: job_flags.GpusPerNode = None,
     hold: Annotated[bool, typer.Option("--hold", help="Submit held (Slurm's --hold); the job waits for `scontrol release ID`.")] = False,
     resume: Annotated[int | None, typer.Option("--resume", **options.JOB_ID, help="A new attempt of ended chain N: its checkpoints, its MLflow run, its code snapshot.")] = None,
     code: Annotated[str, typer.Option("--code", help="With --resume: chain (its snapshot) or current (move the chain to the tree as it is now).")] = "chain",
@@ -50,7 +55,9 @@ def submit(
     from idmctl.ops import submit as submitting
     from idmctl.ops.verdict import SchedulerRefused
 
-    request = job_flags.flags(qos, gres, cpus, mem, exclude, job_name, time_limit, retries, entry, build, hold)
+    request = job_flags.flags(qos, gres, cpus, mem, exclude, job_name, time_limit, retries, entry, build, hold,
+                              account=account, partition=partition, constraint=constraint, reservation=reservation,
+                              gpus_per_node=gpus_per_node)
     from ground.spec import load_experiments
 
     if code != "chain" and resume is None:
@@ -82,6 +89,11 @@ def submit(
                    else "submit-time checks pass")
         err_console.print(f"{verdict} ({planned.admission.seconds * 1000:.0f} ms)", markup=False)
         err_console.print(planned.verdict.line(), markup=False)
+        if planned.verdict.asked and not planned.verdict.accepted:
+            from idmctl.ops.verdict import fix_for  # start-up: only a refused dry-run prints a fix
+
+            err_console.print(f"fix: {fix_for(planned.verdict.words) or 'the QoS, partition, account or limit it names'}",
+                              markup=False)
         typer.echo(planned.script, nl=False)
         return
     if force and not (reason and reason.strip()):

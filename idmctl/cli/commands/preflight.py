@@ -39,6 +39,11 @@ def preflight(
     retries: job_flags.Retries = None,
     entry: job_flags.Entry = None,
     build: job_flags.Build = None,
+    account: job_flags.Account = None,
+    partition: job_flags.Partition = None,
+    constraint: job_flags.Constraint = None,
+    reservation: job_flags.Reservation = None,
+    gpus_per_node: job_flags.GpusPerNode = None,
     what_if: Annotated[list[str] | None, typer.Option(
         "--what-if", help="section.field=value: rerun the static checks on the altered spec (never edited, "
                           "nothing recorded) beside the original. Repeatable.")] = None,
@@ -56,7 +61,9 @@ def preflight(
     from idmctl.core.profile import load_profile  # start-up: pulls pydantic
 
     variants = load_experiments(experiment)
-    request = job_flags.flags(qos, gres, cpus, mem, exclude, job_name, time_limit, retries, entry, build)
+    request = job_flags.flags(qos, gres, cpus, mem, exclude, job_name, time_limit, retries, entry, build,
+                              account=account, partition=partition, constraint=constraint, reservation=reservation,
+                              gpus_per_node=gpus_per_node)
     is_sweep = variants[0].sweep is not None and len(variants) > 1 or experiment == variants[0].sweep
     if request.given_fields() and (is_sweep or what_if):
         # A sweep's table and --what-if check the spec's own resources: a flag here would be dropped unseen.

@@ -48,9 +48,10 @@ def test_corrected_n4_passes_every_check_that_can_run_here(card):
     assert "1,871 files × 3,822,059,520 B = 7,151,073,361,920 B" in by_name["disk"].summary
     assert "the cache is not on this machine" in by_name["disk"].summary
     assert got["smoke"] == "SKIP" and not report.unlocks_submit
-    assert ("271.8 GB × 37% misses ÷ NVMe (staged) 8.0 GB/s + × 63% hits ÷ page cache 20.0 GB/s = 21.1 s/step "
+    # resources.mem 1600GB is 1600 GiB, as Slurm reads it: cache 1.6 TB of a 2.4 TB working set → 67 % hits.
+    assert ("271.8 GB × 33% misses ÷ NVMe (staged) 8.0 GB/s + × 67% hits ÷ page cache 20.0 GB/s = 20.3 s/step "
             "(cold cache: 34.0 s/step)") in by_name["io"].summary
-    assert "14.7 d" in by_name["io"].summary
+    assert "14.1 d" in by_name["io"].summary
 
 
 def test_wrong_class_kwarg_fails_introspection_naming_class_and_line(card):
@@ -137,9 +138,10 @@ def test_checkpoint_interval_longer_than_preempt_cycle_fails_qos(card):
 def test_n12_dense_fails_io_with_the_cards_numbers(card):
     result = io.check(ctx_for("n12_dense_60k", card[0]))
     assert result.status is Status.FAIL
-    assert "815.4 GB × 80% misses ÷ NVMe (staged) 8.0 GB/s + × 20% hits ÷ page cache 20.0 GB/s = 89.7 s/step" in result.summary
+    # 1600GB = 1600 GiB (Slurm's G) − 216.9 GB resident = 1.5 TB of cache over a 7.2 TB working set: 21 % hits.
+    assert "815.4 GB × 79% misses ÷ NVMe (staged) 8.0 GB/s + × 21% hits ÷ page cache 20.0 GB/s = 89.1 s/step" in result.summary
     assert "(cold cache: 101.9 s/step)" in result.summary
-    assert "× 60,000 steps + cold first pass 107.6 s = 62.3 d" in result.summary
+    assert "× 60,000 steps + cold first pass 112.6 s = 61.9 d" in result.summary
     assert result.numbers["step_bytes"] == 12 * 5 * 27 * 48 * 5120 * 2 * 1024
 
 

@@ -64,6 +64,11 @@ CASES: dict[str, dict] = {
     "team_launch_script": dict(experiment=str(REPO / "examples" / "team_repo" / "experiments" / "team_n4.yaml"),
                                request=JobRequest(), cluster="local-slurm", code=TEAM_CODE,
                                env={"IDMCTL_TEAM_DATA": "/data/team"}),
+    # The team's launch script that starts its own ranks with torchrun (code.launch: per_node, card A's
+    # `bash run.sh` shape): once per node with its 8 GPUs and 112 CPUs, told how many ranks to start.
+    "team_torchrun_per_node": dict(experiment=str(REPO / "examples" / "team_repo" / "experiments" / "team_torchrun_8gpu.yaml"),
+                                   request=JobRequest(), cluster="card", code=TEAM_CODE,
+                                   env={"IDMCTL_TEAM_DATA": "/data/team"}),
     # A chain submitted before code snapshots existed, resubmitted after a preemption: it runs the live tree.
     "pre_snapshot_chain_resubmit": dict(experiment="quickstart", request=JobRequest(), cluster="local-slurm",
                                         chain_id=3, attempt=3, code=None,

@@ -1,4 +1,4 @@
-"""A job asks Slurm for what its spec and flags say, in Slurm's own words (issue 51, item 1).
+"""A job asks Slurm for what its spec and flags say, in Slurm's own words.
 
 Slurm reads ``--mem``'s K, M, G, T as 1024-based and a bare number as MiB; the accepted and refused
 spellings below were asked of the local Slurm 22.05.8 (``sbatch --test-only --mem=…``): 1GB, 1G, 1Gb,
