@@ -58,6 +58,8 @@ MIN_WINDOW = timedelta(minutes=1)
 MAX_LINES_PER_CALL = 20_000
 """Records read from one sacct call at most (~4 MB of lines at ~200 bytes): memory stays bounded
 whatever the history's size."""
+STORE_BATCH = 1_000
+"""Jobs stored and classified per transaction."""
 CALL_DEADLINE_S = 120.0
 """One sacct call's deadline (seconds): a slow slurmdbd gives a smaller window, not a hung import."""
 
@@ -189,13 +191,14 @@ def import_windows(since: datetime, until: datetime | None = None) -> tuple[dict
 
     def store(records: list[SacctJob]) -> None:
         nonlocal failed_runs
-        if not records:
-            return
-        result, runs = import_and_classify(records)
-        total["seen"] += result["seen"]
-        total["imported"] += result["imported"]
-        total["failed"].update(result["failed"])
-        failed_runs += runs
+        # A window may hold up to MAX_LINES_PER_CALL jobs: stored STORE_BATCH at a time, so the ORM rows of
+        # one transaction, not the window, set the peak (measured: 77 MB at 900 jobs a window, 179 MB at 7,900).
+        for start in range(0, len(records), STORE_BATCH):
+            result, runs = import_and_classify(records[start:start + STORE_BATCH])
+            total["seen"] += result["seen"]
+            total["imported"] += result["imported"]
+            total["failed"].update(result["failed"])
+            failed_runs += runs
 
     for text, end in history_windows(since, until):
         ready: list[SacctJob] = []
