@@ -25,7 +25,7 @@ import math
 import re
 import shutil
 from array import array
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator
@@ -92,7 +92,8 @@ class EvalFile:
         return order, [[row[e] for e in order] for row in by_seed.values()]
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        # Not dataclasses.asdict: it deep-copies a million-row record's lists once more.
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 # ------------------------------------------------------------------------------------------- reading
@@ -192,7 +193,8 @@ def read_eval_file(path: Path, *, name: str, protocol: str, metrics: list[str] |
     episodes: list[str] = []
     seeds: list[str] = []
     values: dict[str, array] = {}
-    seen: dict[tuple[str, str], str] = {}
+    seen: dict[str, str] = {}
+    """(seed, episode) key → where it was first: the row's label, interned per row (one str, not a tuple)."""
     for place, row in _rows(path):
         if not columns:
             columns = list(row)
@@ -225,10 +227,11 @@ def read_eval_file(path: Path, *, name: str, protocol: str, metrics: list[str] |
             raise UserError("no episode id", file=str(path), field=f"{place}, column {episode_key}", hint="every row names its episode")
         episode = str(episode).strip()
         seed = str(row.get(seed_key, "")).strip() if seed_key else ""
-        if (seed, episode) in seen:
+        key = f"{seed}\x1f{episode}" if seed else episode
+        if key in seen:
             raise UserError(f"duplicate episode {episode!r}" + (f" of seed {seed}" if seed else ""), file=str(path),
-                            field=f"{place}, column {episode_key}", hint=f"first at {seen[(seed, episode)]}; each episode once per seed")
-        seen[(seed, episode)] = place
+                            field=f"{place}, column {episode_key}", hint=f"first at {seen[key]}; each episode once per seed")
+        seen[key] = place
         for metric in wanted:
             raw = row.get(metric)
             number = _number("" if raw is None else str(raw) if not isinstance(raw, bool) else str(raw).lower(), place, metric, path)
