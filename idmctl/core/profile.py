@@ -18,8 +18,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from ground.contract import ENV_CLUSTER
 from ground.errors import UserError
-from ground.paths import clusters_dir, exists
+from ground.paths import clusters_dir, exists, expand_path
 from ground.units import parse_bandwidth, parse_bytes, parse_duration, parse_slurm_mem
+from idmctl.core.cron import schedule_problem
 
 
 class _Strict(BaseModel):
@@ -111,8 +112,10 @@ class StorageFacts(_Strict):
     @field_validator("nas_read", "nvme_read", "page_cache_read", "direct_read")
     @classmethod
     def _bandwidth(cls, value: str | None) -> str | None:
-        if value is not None:
-            parse_bandwidth(value)
+        # Plans divide by these rates: 0 B/s (or less) is no rate at all, never "infinitely slow".
+        if value is not None and not parse_bandwidth(value) > 0:
+            raise ValueError(f"a read rate must be above 0 B/s (got {value!r}); measure it (bench.page_cache) "
+                             "or leave the optional ones out")
         return value
 
     @property
@@ -188,6 +191,14 @@ class ControllerJob(_Strict):
         parse_duration(value)
         return value
 
+    @field_validator("time_limit")
+    @classmethod
+    def _limited(cls, value: str) -> str:
+        # Slurm reads --time=0 as no limit at all: the limit that bounds a hung store would be gone.
+        if not parse_duration(value) >= 60:
+            raise ValueError(f"the controller's time limit must be at least 1 minute (got {value!r}; 0 is no limit to Slurm)")
+        return value
+
     @field_validator("mem")
     @classmethod
     def _size(cls, value: str) -> str:
@@ -197,8 +208,9 @@ class ControllerJob(_Strict):
     @field_validator("schedule")
     @classmethod
     def _cron(cls, value: str) -> str:
-        if len(value.split()) != 5 or any(c in value for c in "\n;`$"):
-            raise ValueError("five cron fields, e.g. '*/10 * * * *'")
+        problem = schedule_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
         return value
 
 
@@ -289,6 +301,9 @@ def load_profile(name_or_path: str | None = None) -> tuple[ClusterProfile, str]:
         first = exc.errors()[0]
         dotted = ".".join(str(p) for p in first["loc"])
         raise UserError(first["msg"], file=str(path), field=dotted, hint="fix the cluster profile") from exc
+    if profile.code_store and not expand_path(profile.code_store).is_absolute():
+        # A relative store is the profile's own neighbour, never each command's working directory.
+        profile = profile.model_copy(update={"code_store": str(Path(path).parent / profile.code_store)})
     # Where messages go changes nothing a job does: not part of a preflight's identity. Fields added after
     # preflights were recorded count only once set, so a profile that does not use them keeps its hash.
     unset = {name for name in JOB_DEFAULT_FIELDS if getattr(profile, name) == ClusterProfile.model_fields[name].default}

@@ -2,7 +2,8 @@
 inside Slurm (the profile's ``controller.schedule``, on its controller QoS/partition), so a hang that the
 job's own watchdog could not report (the node wedged, the watchdog killed with it) is still found by
 sync's heartbeat check. ``idmctl controller install`` puts idmctl's block into the user's scrontab
-(between its begin/end lines, the rest kept), ``… remove`` takes it out.
+(between its begin/end lines, the rest kept), ``… remove`` takes it out. Only the lines between those
+markers are idmctl's; a table whose block lost its end line is refused with the fix, unchanged.
 
 scrontab needs ``ScronParameters=enable`` in slurm.conf (an admin's setting); where it is off, or the
 command is missing, install says so in one line and changes nothing.
@@ -13,13 +14,14 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 from ground import contract
-from ground.errors import CheckFailed
+from ground.errors import CheckFailed, UserError
 from ground.paths import REPO_ROOT, home
 from ground.units import parse_bytes, parse_duration, slurm_time
 from idmctl.core.profile import ClusterProfile
@@ -55,16 +57,36 @@ def render_block(profile: ClusterProfile, cluster: str | None, python: str = sys
 
 
 def without_block(crontab: str) -> str:
-    """``crontab`` with idmctl's block (begin line to end line) taken out; everything else as it was."""
-    kept, inside = [], False
-    for line in crontab.splitlines():
-        if line == BEGIN:
-            inside = True
-        elif inside and line == END:
-            inside = False
-        elif not inside:
+    """``crontab`` with idmctl's block (begin line to end line) taken out; every other line as it was.
+
+    Only the lines between idmctl's own markers are idmctl's: a begin line with no end line after it (a
+    hand edit that lost the end) or a second begin line inside the block is refused with the fix, since
+    where idmctl's lines stop is then unknown and the user's own entries would go with them."""
+    lines = crontab.split("\n")  # not splitlines: a form feed or \x1c inside a user's line is theirs to keep
+    if lines and lines[-1] == "":
+        lines.pop()
+    kept: list[str] = []
+    began: int | None = None
+    for number, line in enumerate(lines, 1):
+        marker = line.rstrip()
+        if marker == BEGIN:
+            if began is not None:
+                raise _unterminated(began, f"another begin line at line {number}")
+            began = number
+        elif began is not None and marker == END:
+            began = None
+        elif began is None:
             kept.append(line)
+    if began is not None:
+        raise _unterminated(began, "no end line after it")
     return "\n".join(kept) + ("\n" if kept else "")
+
+
+def _unterminated(line: int, what: str) -> UserError:
+    return UserError(f"your scrontab has idmctl's begin line at line {line} and {what}: where idmctl's block ends "
+                     "is unknown, so nothing was changed", field="scrontab",
+                     hint=f"run `scrontab -e` and put the line {END!r} where idmctl's block ends (or delete the "
+                          "block's lines), then run this again")
 
 
 def install(block: str) -> str:
@@ -88,8 +110,30 @@ def _scrontab() -> str:
     return found
 
 
+SCRONTAB_DEADLINE_S = 30.0
+"""How long one ``scrontab`` call may take: it asks slurmctld, which may not answer."""
+
+
+def _call(args: list[str]) -> subprocess.CompletedProcess[str]:
+    """``scrontab`` with a deadline: past it, its whole process group is ended and the call is one line.
+    (``subprocess.run``'s timeout kills the child only, then waits on pipes a grandchild may hold open.)"""
+    process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env=os.environ.copy(), start_new_session=True)
+    try:
+        out, err = process.communicate(timeout=SCRONTAB_DEADLINE_S)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        process.communicate()
+        raise CheckFailed(f"scrontab did not answer within {SCRONTAB_DEADLINE_S:g} s (is slurmctld reachable?); "
+                          "nothing was changed") from None
+    return subprocess.CompletedProcess(args, process.returncode, out, err)
+
+
 def _current() -> str:
-    result = subprocess.run([_scrontab(), "-l"], capture_output=True, text=True, timeout=30, env=os.environ.copy())
+    result = _call([_scrontab(), "-l"])
     if result.returncode != 0:
         said = (result.stderr.strip().splitlines() or [f"exit {result.returncode}"])[-1]
         if "no crontab" in said.lower():
@@ -102,8 +146,7 @@ def _write(crontab: str) -> None:
     with tempfile.NamedTemporaryFile("w", suffix=".scrontab", delete=False) as handle:
         handle.write(crontab)
     try:
-        result = subprocess.run([_scrontab(), handle.name], capture_output=True, text=True, timeout=30,
-                                env=os.environ.copy())
+        result = _call([_scrontab(), handle.name])
     finally:
         os.unlink(handle.name)
     if result.returncode != 0:
