@@ -33,7 +33,16 @@ def code_roots(spec: ExperimentSpec) -> list[Path]:
     roots = [REPO_ROOT]
     for root in spec.code.roots:
         path = expand_path(root)
-        roots.append((path if path.is_absolute() else REPO_ROOT / path).resolve())
+        try:
+            resolved = (path if path.is_absolute() else REPO_ROOT / path).resolve()
+        except (RuntimeError, OSError, ValueError) as exc:  # a symlink loop (RuntimeError), a name no filesystem holds
+            raise UserError(f"code root {root!r} cannot be resolved: {exc}", field="code.roots",
+                            hint="name a real folder, not a symlink loop") from None
+        if resolved == Path(resolved.anchor) or resolved == Path.home().resolve():
+            # Hashing every file of the machine (or of the home folder) takes minutes before failing.
+            raise UserError(f"code root {root!r} is {resolved}: the snapshot would copy everything under it",
+                            field="code.roots", hint="name the team repository's own folder")
+        roots.append(resolved)
     return roots
 
 

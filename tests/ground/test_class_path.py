@@ -117,6 +117,25 @@ def test_bad_class_paths_and_entries_are_one_line_exit_2_and_record_nothing(
     assert not list((idmctl_home / "code" / "snapshots").glob("*")) if (idmctl_home / "code").exists() else True
 
 
+@pytest.mark.parametrize("root", ["/", "~", "LOOP"])
+def test_a_root_that_is_the_whole_machine_or_a_symlink_loop_is_refused_before_any_hashing(
+        cli, tiny_cache, tmp_path: Path, team: Path, root: str, idmctl_home: Path) -> None:
+    """``code.roots: ['/']`` hashed the whole machine for a minute before failing; a loop raised."""
+    if root == "LOOP":
+        (tmp_path / "a").symlink_to(tmp_path / "b")
+        (tmp_path / "b").symlink_to(tmp_path / "a")
+        root = str(tmp_path / "a")
+    spec = _spec(tiny_cache, tmp_path, team, "hidden_multilayer")
+    document = yaml.safe_load(spec.read_text())
+    document["code"]["roots"] = [root]
+    spec.write_text(yaml.safe_dump(document))
+    for command in (("preflight", str(spec), "--no-smoke"), ("submit", str(spec), "--dry-run")):
+        result = cli(*command)
+        line = _one_line(result)
+        assert result.exit_code == 2 and "code.roots" in line and repr(root) in line, line
+    assert not (idmctl_home / "runs").exists()
+
+
 def test_a_root_outside_the_project_is_in_the_code_version_and_the_snapshot(tiny_cache, tmp_path: Path, team: Path) -> None:
     spec = load_spec(str(_spec(tiny_cache, tmp_path, team, "hidden_multilayer"))).spec
     assert spec_roots(spec) == [team.resolve()]
