@@ -28,3 +28,11 @@ def newest_preflight(experiment: str) -> tuple[Any, list[Any]] | None:
         checks = list(db.exec(select(PreflightCheck).where(PreflightCheck.run_id == run.id).order_by(col(PreflightCheck.id))))
         db.expunge_all()
     return run, checks
+
+
+def ended_jobs() -> list[Job]:
+    """Every job that has ended, of any experiment (the history a forecast stands on), detached."""
+    with session() as db:
+        jobs = list(db.exec(select(Job).where(col(Job.ended_at).is_not(None))))
+        db.expunge_all()
+    return jobs

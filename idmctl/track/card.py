@@ -180,6 +180,43 @@ def _plan(experiments: list[str]) -> list[str]:
     return lines
 
 
+def _finish(experiments: list[str], jobs: list[Any]) -> list[str]:
+    """The finish date's P10 / P50 / P90 for the steps still to train, from the store's history on the
+    spec's QoS × GPU count (``idmctl.plan.forecast``), with what it rests on."""
+    from ground.spec import load_spec  # start-up: pulls pydantic and yaml
+    from idmctl.core.profile import load_profile  # start-up: pulls pydantic
+    from idmctl.plan.forecast import Plan, forecast, history_from_jobs, lines as forecast_lines  # start-up: numpy
+    from idmctl.plan.limits import limits_for  # start-up: pulls pydantic and yaml
+    from idmctl.record.card import ended_jobs  # start-up: record's session loads SQLAlchemy on first use
+
+    out: list[str] = []
+    history = history_from_jobs(ended_jobs())
+    profile, _ = load_profile(None)
+    for experiment in experiments:
+        try:
+            resolved = load_spec(experiment)
+        except UserError as exc:
+            out.append(f"{experiment}: no spec to plan from ({exc.what})")
+            continue
+        spec = resolved.spec
+        done = max([int((j.committed_step or {}).get("step") or 0) for j in jobs if j.experiment == experiment
+                    and isinstance(j.committed_step, dict)] or [0])
+        if any(j.experiment == experiment and str(j.state).startswith("COMPLETED") and j.chain_id for j in jobs):
+            out.append(f"{experiment}: a chain completed; nothing left to forecast")
+            continue
+        limits = limits_for(resolved, profile)
+        steps = max(0, spec.train.steps - done)
+        stage_s = max(0.0, limits.wall_s - spec.train.steps * limits.step_s)
+        tier = profile.qos.get(spec.resources.qos)
+        plan = Plan(steps=steps, step_s=limits.step_s, checkpoint_every=max(1, int(limits.checkpoint_every.effective)),
+                    stage_in_s=stage_s, qos=spec.resources.qos, gpus=spec.resources.nodes * spec.resources.gpus_per_node,
+                    preemptible=bool(tier and tier.preemptible), step_source=limits.step_source)
+        out += [f"### {experiment}: {steps:,} of {spec.train.steps:,} steps to go on {plan.qos} × {plan.gpus} GPU "
+                f"(cluster profile {profile.name})", ""]
+        out += [f"- {line.strip()}" for line in forecast_lines(forecast(plan, history))] + [""]
+    return out
+
+
 def _baselines() -> list[str]:
     from idmctl.track.compare import load_baselines  # start-up: the card's sections load the store/track modules only when drawn
 
@@ -259,6 +296,7 @@ def build_card(experiments: list[str], with_figures: bool = False) -> Card:
         tldr.append(f"- GPU-hours: {total.charged_h:.2f} charged, {total.useful_h:.2f} useful, {total.lost_total_h:.2f} lost")
     card.sections.append(("TL;DR", tldr))
     card.sections.append(("The plan's arithmetic", _plan(experiments)))
+    card.sections.append(("Finish date (P10–P90)", _finish(experiments, jobs)))
     card.sections.append(("Every attempt", _attempts(jobs, by_job)))
     if failures:
         from idmctl.ops.failures.report import markdown  # start-up: the card's sections load the store/track modules only when drawn

@@ -86,6 +86,11 @@ def test_an_experiment_with_no_runs_says_what_there_is(cli) -> None:
     assert sections["Every attempt"] == ["No job has been submitted yet."]
     assert sections["GPU-hours"] == ["No run has ended: nothing charged yet."]
     assert sections["The plan's arithmetic"] == ["latent_c_n4_d12: no preflight recorded (run `idmctl preflight latent_c_n4_d12`)."]
+    # No history at all: the finish date is the range its stated assumptions give, and says so.
+    finish = sections["Finish date (P10–P90)"]
+    assert finish[0].startswith("### latent_c_n4_d12: ") and " steps to go on core-own × 8 GPU" in finish[0]
+    assert finish[2].startswith("- finish P10 ") and finish[2].endswith(
+        "(too little history (0 past jobs): the range its assumptions give)")
 
 
 def test_bad_input_is_one_line(cli, tmp_path: Path) -> None:
