@@ -11,6 +11,9 @@ where the 2.38 TB working set is far larger than any page cache. ``fio`` (``benc
 same list of ranges, in the same order, one wave of N ranges per sample; loader and fio passes are
 interleaved.
 
+Both through the page cache (the trainer's default: card A's page cache serves 67 % of a step) and
+with O_DIRECT (``direct=True``), pass by pass.
+
 CPU: every thread's CPU time of this process (``time.process_time``: the reader thread, the ``preadv``
 pool, the HDF5 targets, the kernel's copies) over a pass ÷ the bytes it delivered, against
 ``numpy.copyto`` of the same number of bytes between two buffers of a batch's size, in the same run.
@@ -70,17 +73,20 @@ def _write_cache(root: Path, files: int, frames: int, grid: tuple[int, int], cha
             "data.cache_files": files, "loader.batch_size": BATCH_SIZE}
 
 
-def _loader_pass(dataset: Any, order: list[list[int]], files: list[Path]) -> tuple[float, float, float, int]:
+def _loader_pass(dataset: Any, order: list[list[int]], files: list[Path],
+                 direct: bool = False) -> tuple[float, float, float, int]:
     """(wall seconds, bytes from disk, CPU seconds of every thread, bytes delivered) for one pass over
-    ``order`` through the trainer's batch loader, from an empty page cache."""
+    ``order`` through the trainer's batch loader, from an empty page cache (``direct``: O_DIRECT)."""
     from cache.batches import BatchLoader
 
     fio.evict(files)
     before, cpu, start = _read_bytes(), time.process_time(), time.perf_counter()
-    loader = BatchLoader(dataset, order, BATCH_SIZE)
+    loader = BatchLoader(dataset, order, BATCH_SIZE, direct=direct)
     for _ in loader:
         pass
     seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+    if direct and loader.direct_bytes != loader.bytes_read:
+        raise RuntimeError(f"only {loader.direct_bytes:,} of {loader.bytes_read:,} B went through O_DIRECT")
     return seconds, float(_read_bytes() - before), cpu, loader.bytes_read
 
 
@@ -128,7 +134,11 @@ def run(fast: bool) -> list[Figure] | str:
         all_files = sorted((root / "hidden").glob("*.safetensors"))
         depth, rates = fio.best_depth(waves[:4], depths=(16,) if fast else fio.DEPTHS)
         loader_rates, fio_rates, disk, cpu_per_gb, copy_per_gb, walls = [], [], [], [], [], []
+        direct_rates, direct_cpu = [], []
         for _ in range(repeats):
+            seconds, _, cpu, _ = _loader_pass(dataset, order, all_files, direct=True)
+            direct_rates.append(useful / seconds / 1e6)
+            direct_cpu.append(cpu / (useful / 1e9))
             seconds, read, cpu, delivered = _loader_pass(dataset, order, all_files)
             if delivered != useful:
                 raise RuntimeError(f"the loader delivered {delivered:,} B, the ranges hold {useful:,} B")
@@ -155,6 +165,14 @@ def run(fast: bool) -> list[Figure] | str:
                note=("process CPU (every thread: reader, preadv pool, HDF5 targets, kernel copies) over a pass "
                      f"÷ its bytes; the copy moves {BATCH_SIZE * len(waves[0]) * range_bytes:,} B (a batch) at a time, "
                      f"warm; {load}")),
+        Figure(f"{SPEC} batch loader, O_DIRECT (direct=True): useful throughput", "MB/s", direct_rates,
+               f"fio io_uring O_DIRECT depth {depth}, the same ranges in the same order", fio_rates,
+               higher_is_better=True, target="≥ 0.85× fio on the same ranges",
+               note=f"the same passes with the ranges read around the page cache (card A's frames are whole "
+                    f"pages, so every range qualifies); {load}"),
+        Figure(f"{SPEC} batch loader, O_DIRECT: CPU seconds per GB delivered", "s", direct_cpu,
+               "numpy.copyto of the same bytes, same run", copy_per_gb, target="≤ 1.5×",
+               note=f"no kernel copy: the device writes into the buffer; {load}"),
         Figure(f"{SPEC} batch loader: bytes from disk per pass", "B", disk, "the ranges' bytes",
                [float(useful)], target="≤ 1.1× the ranges",
                note=f"read_bytes of this process (0 workers: the loader reads here); fio depths tried (MB/s): "

@@ -13,12 +13,17 @@ step computes on, so the reads overlap compute. On a GPU the batch goes to the d
 ``non_blocking=True`` and its buffer is reused only after that copy's CUDA event; the model converts
 the dtype on the device (``kv_projectors``' ``.to(dtype)``). Nothing passes through /dev/shm.
 
+``direct=True`` reads the aligned ranges with O_DIRECT (the device writes into the buffer, no kernel
+copy, no page cache; buffers are then page-aligned): for working sets far larger than the page cache,
+where the plan's O_DIRECT verdict says it serves better (``idmctl.plan.budget.uncached_verdict``).
+
 The batch order is the DataLoader's own: its sampler per epoch (``set_epoch``) cut into ``batch_size``
 chunks, the last one short, so a run reads the same samples in the same order whichever path loads them.
 """
 
 from __future__ import annotations
 
+import mmap
 import os
 import queue
 import threading
@@ -28,7 +33,7 @@ from typing import Any, Protocol
 
 import torch
 
-from cache.hidden import CacheFileInfo, open_for_ranges, range_pieces, read_pieces
+from cache.hidden import CacheFileInfo, direct_readable, open_for_ranges, range_pieces, read_pieces
 from cache.prefetch import PREFETCH_DEPTH, buffer_slots
 from ground.errors import UserError
 from ground.units import format_bytes
@@ -76,8 +81,14 @@ class _Slot:
     """One preallocated batch buffer; ``copied`` is the CUDA event of its last H2D copy (the reader
     waits on it before writing the next batch into the same bytes)."""
 
-    def __init__(self, rows: int, shape: tuple[int, ...], dtype: torch.dtype, pin: bool):
-        self.hidden = torch.empty((rows, *shape), dtype=dtype, pin_memory=pin)
+    def __init__(self, rows: int, shape: tuple[int, ...], dtype: torch.dtype, pin: bool, page_aligned: bool):
+        self._memory: mmap.mmap | None = None
+        if page_aligned and not pin:  # cudaHostAlloc's pinned memory is page-aligned already
+            nbytes = rows * int(torch.Size(shape).numel()) * dtype.itemsize
+            self._memory = mmap.mmap(-1, max(nbytes, 1))
+            self.hidden = torch.frombuffer(self._memory, dtype=torch.uint8, count=nbytes).view(dtype).view(rows, *shape)
+        else:
+            self.hidden = torch.empty((rows, *shape), dtype=dtype, pin_memory=pin)
         # One flat byte row per sample: the rows the sample's ranges are read into, end to end.
         self.rows = self.hidden.view(torch.uint8).numpy().reshape(rows, -1)
         self.copied: Any = None
@@ -92,14 +103,18 @@ class BatchLoader:
     ahead. A batch's tensors stay valid until the next ``next()`` (its buffer is then reused)."""
 
     def __init__(self, dataset: RangeDataset, order: Iterable[list[int]], batch_size: int,
-                 device: torch.device | str = "cpu", depth: int = PREFETCH_DEPTH, pin: bool | None = None):
-        self.dataset, self.device = dataset, torch.device(device)
+                 device: torch.device | str = "cpu", depth: int = PREFETCH_DEPTH, pin: bool | None = None,
+                 direct: bool = False):
+        self.dataset, self.device, self.direct = dataset, torch.device(device), direct
+        self.direct_bytes = 0
+        """Bytes read with O_DIRECT (``direct`` and the sample's ranges aligned); the rest went through
+        the page cache."""
         shape, dtype = dataset.hidden_shape()
         pin = self.device.type == "cuda" and torch.cuda.is_available() if pin is None else pin
         slots = buffer_slots(0, depth)
         sample_bytes = int(torch.Size(shape).numel()) * dtype.itemsize
         try:
-            self._slots = [_Slot(batch_size, shape, dtype, pin) for _ in range(slots)]
+            self._slots = [_Slot(batch_size, shape, dtype, pin, direct) for _ in range(slots)]
         except RuntimeError as exc:  # cudaHostAlloc / malloc refused: say what was asked for
             need = slots * batch_size * sample_bytes
             raise UserError(f"cannot allocate the loader's {slots} batch buffers ({depth} prefetch + 1 in use) × "
@@ -136,14 +151,18 @@ class BatchLoader:
             self._ready.put(exc)
 
     def _read(self, indices: list[int], slot: _Slot) -> dict[str, Any]:
-        fds: dict[Path, int] = {}
+        fds: dict[tuple[Path, bool], int] = {}
         pieces = []
         try:
             for row, item in enumerate(indices):
                 info, ranges = self.dataset.hidden_ranges(item)
-                if info.path not in fds:
-                    fds[info.path] = open_for_ranges(info.path)
-                pieces += range_pieces(fds[info.path], info.path, ranges, memoryview(slot.rows[row]))
+                # O_DIRECT only where every range and the row's address are aligned; else the page cache.
+                direct = self.direct and direct_readable(ranges, slot.rows[row].ctypes.data)
+                if (info.path, direct) not in fds:
+                    fds[(info.path, direct)] = open_for_ranges(info.path, direct)
+                if direct:
+                    self.direct_bytes += slot.rows.shape[1]
+                pieces += range_pieces(fds[(info.path, direct)], info.path, ranges, memoryview(slot.rows[row]))
             # The small targets (HDF5) are read on this thread while the pool's preadv calls run.
             targets = read_pieces(pieces, lambda: [self.dataset.targets(item) for item in indices])
         finally:
@@ -179,10 +198,13 @@ class BatchLoader:
         self._free.put(slot)  # the reader waits on the event before it writes here again
         return moved
 
-    def close(self) -> None:
-        """Stop the reader (it exits at its next batch); idempotent."""
+    def close(self, wait_s: float = 0.0) -> None:
+        """Stop the reader (it exits before its next batch); idempotent. ``wait_s``: wait that long for a
+        read in flight to end (a measurement that follows must not count its CPU)."""
         self._stop.set()
         self._free.put(None)
+        if wait_s and self._thread is not threading.current_thread():
+            self._thread.join(wait_s)
 
     def __del__(self) -> None:
         self.close()

@@ -20,6 +20,7 @@ is unpickled), and a selection is the same N exact ``preadv`` ranges as ours.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import struct
@@ -335,7 +336,13 @@ def pread_into(fd: int, view: memoryview, offset: int, path: Path, what: str = "
     first is a one-line error naming what was being read."""
     done = 0
     while done < len(view):
-        got = os.preadv(fd, [view[done:]], offset + done)
+        try:
+            got = os.preadv(fd, [view[done:]], offset + done)
+        except OSError as exc:
+            # O_DIRECT: after a short read at an unaligned end of file the next offset is unaligned (EINVAL).
+            if exc.errno != errno.EINVAL or done == 0:
+                raise
+            got = 0
         if got == 0:
             raise _bad(path, f"truncated while reading {what or f'{len(view):,} B'} at byte {offset + done:,}", hint)
         done += got
@@ -391,11 +398,24 @@ def read_pieces(pieces: list[tuple[int, memoryview, int, Path, str]],
     return result
 
 
-def open_for_ranges(path: Path) -> int:
-    """An fd with readahead off: the kernel reads the asked ranges and nothing beyond them."""
-    fd = os.open(path, os.O_RDONLY)
+DIRECT_ALIGNMENT = 4096
+"""O_DIRECT wants file offsets, lengths and memory addresses on the device's block boundaries; 4 KiB
+covers every common logical block size. Our files' data sections start page-aligned, and card A's frame
+(27 × 48 × 5120 × 2 B = 13,271,040 B) is a whole number of pages, so its ranges qualify."""
+
+
+def open_for_ranges(path: Path, direct: bool = False) -> int:
+    """An fd with readahead off: the kernel reads the asked ranges and nothing beyond them. ``direct``:
+    O_DIRECT, around the page cache (the device writes into the caller's buffer: no kernel copy)."""
+    fd = os.open(path, os.O_RDONLY | (os.O_DIRECT if direct else 0))
     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
     return fd
+
+
+def direct_readable(ranges: list[tuple[int, int, str]], address: int) -> bool:
+    """Whether ``ranges`` laid end to end from memory ``address`` meet O_DIRECT's alignment."""
+    return address % DIRECT_ALIGNMENT == 0 and all(
+        offset % DIRECT_ALIGNMENT == 0 and length % DIRECT_ALIGNMENT == 0 for offset, length, _ in ranges)
 
 
 def read_exact_slice(info: CacheFileInfo, layer_indices: list[int], frame_start: int,

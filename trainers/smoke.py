@@ -44,7 +44,7 @@ def run_smoke(spec: ExperimentSpec, steps: int = 3, batch_size: int = 2, device:
     """
     from torch.utils.data import DataLoader
 
-    from cache.batches import supports
+    from cache.batches import BatchLoader, supports
     from cache.registry import build_dataset, repeat_samples
     from trainers.registry import build_model
     from trainers.train import noise_generator
@@ -107,6 +107,8 @@ def run_smoke(spec: ExperimentSpec, steps: int = 3, batch_size: int = 2, device:
     report["losses"] = losses
     report["all_finite"] = all(math.isfinite(x) for x in losses)
     if supports(dataset):
+        if isinstance(batches, BatchLoader):
+            batches.close(wait_s=60)  # its read-ahead must not run into the measurement
         report.update(measure_loader_cpu(dataset, distinct))
     report["step_s"] = statistics.median(step_seconds)
     report["peak_mem_bytes"] = _peak_bytes(device)

@@ -151,3 +151,27 @@ def test_a_team_class_or_whole_file_reads_stay_on_the_dataloader() -> None:
     workers = spec.model_copy(update={"loader": spec.loader.model_copy(update={"num_workers": 1})})
     assert trainer_batches(build_dataloader(workers, "train", shuffle=False, seed=0), 0, torch.device("cpu")) is None
     assert not supports(object())
+
+
+def test_o_direct_reads_aligned_ranges_into_page_aligned_buffers_and_falls_back_elsewhere(tmp_path: Path) -> None:
+    """A geometry whose frame is one page (4 × 4 tokens × 128 channels × 2 B = 4096 B): every range is
+    aligned and O_DIRECT carries all of it, with the very bytes the page-cache path gives; the test's
+    float32 quickstart geometry (2,048 B frames) is not, and falls back to the page cache."""
+    from cache.hidden import DIRECT_ALIGNMENT
+
+    spec = _spec(dtype="bfloat16", channels=128)
+    _write_data(spec, dtype=torch.bfloat16)
+    dataset = build_dataset(spec, "train")
+    order = [[0, 5], [3, 9], [11]]
+    direct = BatchLoader(dataset, order, 2, direct=True)
+    buffered = BatchLoader(dataset, order, 2)
+    for got, want in zip(direct, buffered):
+        assert got["hidden"].data_ptr() % DIRECT_ALIGNMENT == 0
+        torch.testing.assert_close(got["hidden"], want["hidden"], rtol=0, atol=0)
+        assert got["demo"] == want["demo"]
+    assert direct.direct_bytes == direct.bytes_read == buffered.bytes_read > 0 and buffered.direct_bytes == 0
+
+    unaligned, _ = _bf16_data()  # 4 × 4 × 32 × 2 B = 1,024 B frames
+    fallback = BatchLoader(build_dataset(unaligned, "train"), order, 2, direct=True)
+    list(fallback)
+    assert fallback.direct_bytes == 0 and fallback.bytes_read > 0
