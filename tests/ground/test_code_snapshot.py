@@ -242,8 +242,9 @@ def test_resume_runs_the_chains_snapshot_and_code_current_moves_it_through_the_g
 
 
 def test_an_untracked_module_locks_submit_until_the_code_is_preflighted_again(tiny_cache) -> None:
-    """In a copy of the project: a pass recorded for the tree unlocks submit; a new, never `git add`ed
-    module the entry could import makes it another code version, and the same pass no longer does."""
+    """In a copy of the project: a pass recorded for the tree unlocks submit, also after the README and
+    another experiment's spec are edited (documentation and specs are not what runs); a new, never
+    `git add`ed module the entry could import makes it another code version, and the same pass no longer does."""
     import subprocess
     import sys
     import tempfile
@@ -262,6 +263,9 @@ def test_an_untracked_module_locks_submit_until_the_code_is_preflighted_again(ti
                                   env={**os.environ, contract.ENV_HOME: str(home)})
         assert recorded.returncode == 0, recorded.stderr
         assert recorded.stdout.strip() == snap.code_version(project)
+        (project / "README.md").write_text((project / "README.md").read_text() + "\nA line of documentation.\n")
+        other = next((project / "experiments").glob("*.yaml"))
+        other.write_text(other.read_text() + "\n# another experiment's edit\n")
         env = {contract.ENV_CLUSTER: "local", "IDMCTL_TEST_BEHAVIOR": "steps:1:0.01"}
         unlocked = idmctl(project, home, "submit", spec, "--entry", "tests.jobs_entry", **env)
         assert unlocked.returncode == 0, unlocked.stderr
