@@ -111,6 +111,12 @@ def check(ctx: PreflightContext) -> CheckResult:
     else:
         notes.append(wait_text)
 
+    # The finish date with its range, before submit: the waits above and the tier's preemptions (plan/forecast).
+    from idmctl.plan.forecast import finish_note  # start-up: numpy, only where a preflight runs
+
+    finish, numbers["finish_forecast"] = finish_note(ctx, limits, tier, gpus)
+    notes.append(finish)
+
     if limits.checkpoint_warning:
         warns.append(limits.checkpoint_warning)
         fixes.append(f"set train.checkpoint_every: {int(limits.checkpoint_every.derived):,} or leave it unset to "

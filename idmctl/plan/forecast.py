@@ -65,6 +65,8 @@ class Plan:
     preemptible: bool = False
     step_source: str = "estimate"
     """Where the step time comes from (``smoke on …``, ``running job …``, ``estimate``)."""
+    assumed_preemptions_per_h: tuple[float, float] | None = None
+    """Without running history: the range of preemption rates assumed (the profile's preempt cycle ½–2×)."""
 
 
 @dataclass
@@ -120,7 +122,7 @@ def forecast(plan: Plan, history: list[PastJob], draws: int = DRAWS, seed: int =
         notes.append(f"preemptions: {preempted} in {hours:.1f} running hours = {preempted / hours:.2f}/h "
                      "(the rate drawn from its Gamma(k + ½, H) posterior)")
     else:
-        low_rate, high_rate = ASSUMED_PREEMPTIONS_PER_H[plan.preemptible]
+        low_rate, high_rate = plan.assumed_preemptions_per_h or ASSUMED_PREEMPTIONS_PER_H[plan.preemptible]
         rate = rng.uniform(low_rate, high_rate, draws)
         notes.append(f"preemptions: ASSUMED {low_rate:g}–{high_rate:g}/h ({'preemptible' if plan.preemptible else 'not preemptible'}"
                      f" QoS, no running history on {plan.qos} × {plan.gpus} GPU)")
@@ -191,3 +193,21 @@ def lines(result: Forecast, start_epoch: float | None = None) -> list[str]:
              else f"too little history ({result.history_jobs} past jobs): the range its assumptions give")
     return [f"finish P10 {date(result.p10_s)}, P50 {date(result.p50_s)}, P90 {date(result.p90_s)} ({basis})",
             *[f"  {note}" for note in result.assumptions]]
+
+
+def finish_note(ctx: Any, limits: Any, tier: Any, gpus: int) -> tuple[str, dict[str, Any]]:
+    """preflight's qos check: the finish date's range for this spec before submit, from the recorded queue
+    waits on its QoS × GPU count and the tier's preemptions (its preempt cycle ½–2× when preemptible)."""
+    from idmctl.plan.budget import staging  # start-up: only where a preflight runs
+
+    spec = ctx.spec
+    stage = staging(ctx)
+    cycle_h = (tier.preempt_cycle_seconds or 0) / 3600 if tier.preemptible else 0
+    plan = Plan(steps=spec.train.steps, step_s=limits.step_s, checkpoint_every=max(1, int(limits.checkpoint_every.effective)),
+                stage_in_s=stage.seconds if stage.enabled else 0.0, qos=spec.resources.qos, gpus=gpus,
+                preemptible=tier.preemptible, step_source=limits.step_source,
+                assumed_preemptions_per_h=(0.5 / cycle_h, 2 / cycle_h) if cycle_h else None)
+    history = [PastJob(w.qos, w.gpus, w.seconds, 0.0, 0) for w in ctx.measurements.queue_waits]
+    result = forecast(plan, history, draws=1000)
+    head, *rest = lines(result)
+    return head + " [" + "; ".join(r.strip() for r in rest[2:]) + "]", result.to_json()
