@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from ground.errors import UserError
 from idmctl.core.job_state import JobState, is_failed
 from idmctl.record.fast import stored_json_value
+from idmctl.record.stored_json import typed
 from idmctl.record.head import HEAD_REVISION  # the schema the fast reads understand
 from idmctl.record.url import shared_url
 
@@ -131,7 +132,8 @@ def ledger_inputs_fast(db: Path, user: str | None = None) -> tuple[list[LedgerJo
         return None
     finally:
         connection.close()
-    return [(*tuple(job)[:-1], stored_json_value(job["runs"], job["id"], "runs")) for job in jobs], causes
+    return [(*tuple(job)[:-1], typed(stored_json_value(job["runs"], job["id"], "runs"), "runs", job["id"]))
+            for job in jobs], causes
 
 
 def ledger_inputs(db: "Session", user: str | None = None) -> tuple[list[LedgerJob], dict[tuple[int, int], str]]:
@@ -148,7 +150,7 @@ def ledger_inputs(db: "Session", user: str | None = None) -> tuple[list[LedgerJo
     for *head, ended_at, script, started_at, runs in db.exec(query).all():
         seconds = None if ended_at is None else round(max(0.0, (ended_at - started_at).total_seconds()), 3)
         jobs.append((*head, None if ended_at is None else str(ended_at), script, seconds,
-                     runs))
+                     typed(runs, "runs", head[0])))
     return jobs, _causes(db.exec(select(Failure.job_id, Failure.cause, Failure.detail_json)).all())
 
 

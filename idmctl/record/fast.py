@@ -132,6 +132,8 @@ def stored_json_value(text: str | None, job: object, column: str) -> Any:
     not JSON is one line naming the job and the column."""
     if text is None:
         return None
+    if isinstance(text, (int, float)):  # a bare JSON number: the column's NUMERIC affinity stored it as one
+        return text
     try:
         return json.loads(text)
     except (ValueError, RecursionError) as exc:

@@ -48,6 +48,8 @@ class StoredJSON(sa.types.TypeDecorator):
         column = self.column
 
         def checked(value: Any) -> Any:
+            if isinstance(value, (int, float)):  # a bare JSON number: SQLite's NUMERIC affinity stored it as one
+                return value
             try:
                 return decode(value)
             except (ValueError, RecursionError):

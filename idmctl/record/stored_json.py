@@ -14,6 +14,7 @@ import json
 from typing import Any
 
 from ground.errors import UserError
+from idmctl.core.notice import warn
 from idmctl.record.fast import connect, rows
 
 
@@ -33,6 +34,32 @@ def job_options(text: str | None, job: object) -> dict[str, Any]:
     return value
 
 
+LIST_COLUMNS = frozenset({"runs"})
+"""The job columns whose value is a list of objects; every other JSON column holds one object."""
+_warned: set[tuple[object, str]] = set()
+
+
+def typed(value: Any, column: str, job: object) -> Any:
+    """A job's JSON ``column`` as its readers take it: an object (``runs``: a list of objects), or None.
+    A value of another shape (a list or a number where an object belongs: a hand edit, a restore gone
+    wrong) is one warning line naming the job and the column, once, and reads as never recorded: the
+    command goes on showing the rest of the record, and nothing is written back."""
+    if value is None:
+        return None
+    if column in LIST_COLUMNS:
+        ok = isinstance(value, list) and all(isinstance(item, dict) for item in value)
+    else:
+        ok = isinstance(value, dict)
+    if ok:
+        return value
+    if (job, column) not in _warned:
+        _warned.add((job, column))
+        wanted = "a list of objects" if column in LIST_COLUMNS else "an object"
+        warn(f"warning: job {job}: its stored {column} is damaged (a {type(value).__name__}, not {wanted}); "
+             "read as not recorded (restore the store from a backup, or correct that row)")
+    return None
+
+
 def newest_efficiency(experiment: str) -> Any:
     """The efficiency report of ``experiment``'s newest job that has one (None when none does, or when
     only the ORM can read the store: the efficiency hint is advice, and submit imports no ORM for it)."""
@@ -41,7 +68,7 @@ def newest_efficiency(experiment: str) -> Any:
             return None
         found = rows(db, "SELECT id, efficiency FROM job WHERE experiment = ? AND efficiency IS NOT NULL "
                          "ORDER BY id DESC LIMIT 1", (experiment,))
-    return found[0].efficiency if found else None
+    return typed(found[0].efficiency, "efficiency", found[0].id) if found else None
 
 
 EVAL_FIELDS = ("of_chain", "step", "after", "choice", "replaces", "moved_to")

@@ -22,17 +22,19 @@ def show(
     row = job_by_id(job)
     if row is None:
         raise UserError(f"no job {job}", field="JOB", hint="see `idmctl jobs`")
-    from idmctl.record.stored_json import job_options  # start-up: only this command needs it (8 more project modules)
+    from idmctl.record.stored_json import job_options, typed  # start-up: only this command needs it (8 more project modules)
 
     options = job_options(row.options_json, row.id)
-    efficiency = row.efficiency
-    code = row.code or {}
-    admitted = (row.admitted or {}).get("admission") or {}
+    efficiency = typed(row.efficiency, "efficiency", row.id)
+    code = typed(row.code, "code", row.id) or {}
+    admission = (typed(row.admitted, "admitted", row.id) or {}).get("admission")
+    admitted = admission if isinstance(admission, dict) else {}
+    controller = typed(row.controller, "controller", row.id)
     if as_json:
         emit_json({"job": row.id, "chain": row.chain_id, "attempt": row.attempt, "experiment": row.experiment,
                    "scheduler_id": row.scheduler_id, "state": row.state, "exit_code": row.exit_code,
                    "nodes": row.node_list, "qos": row.qos, "reason": row.reason, "code": code or None,
-                   "admission_failed": admitted.get("failed"), "controller": row.controller or None,
+                   "admission_failed": admitted.get("failed"), "controller": controller or None,
                    "efficiency": efficiency})
         return
     console.print(f"job {row.id} ({row.executor} {row.scheduler_id or '—'}) chain {row.chain_id} attempt {row.attempt}  "
@@ -45,10 +47,10 @@ def show(
                       markup=False)
     else:
         console.print(f"code: {row.code_version or '—'} (the live tree: submitted before code snapshots)", markup=False)
-    if isinstance(row.controller, dict):
+    if controller:
         from idmctl.ops.controller import controller_code_line  # start-up: only a job a controller follows
 
-        console.print(f"controller: {controller_code_line(row.controller, code)}", markup=False)
+        console.print(f"controller: {controller_code_line(controller, code)}", markup=False)
     if row.reason:
         console.print(f"reason: {row.reason}", markup=False)
     if not efficiency:
