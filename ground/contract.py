@@ -179,10 +179,11 @@ def spec_roots(spec: "ExperimentSpec | None") -> list["Path"]:
         return []
     from ground.class_path import code_roots
     from ground.errors import UserError
+    from ground.paths import exists  # here: ground.paths imports this module
 
     roots = code_roots(spec)[1:]
     for given, root in zip(spec.code.roots, roots):
-        if not root.is_dir():
+        if not (exists(root) and root.is_dir()):  # exists: a name too long for any filesystem names nothing
             raise UserError(f"code root {given!r} is not a folder on this machine ({root})", field="code.roots",
                             hint="name the team repository's folder (relative to the project root, or absolute)")
     return roots
