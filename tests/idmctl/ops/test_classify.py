@@ -358,6 +358,10 @@ def test_specific_states_keep_their_cause_unless_the_log_names_the_root_behind_t
     assert classify("TIMEOUT", exit_code="0:0", log_tail=ecc, started=True).cause == "timeout"
     # A generic state: a hang cancelled by hand is the hang (collective_timeout), not `cancelled`.
     assert classify("CANCELLED by 1000", exit_code="0:15", log_tail=watchdog, started=True).cause == "collective_timeout"
+    # host_data-084: a training frozen at the end of an epoch, ^C'd: the traceback ends in the DataLoader queue's wait.
+    frozen = classify("CANCELLED by 1000", exit_code="0:15", log_tail=corpus_log("host_data-084"), started=True)
+    assert (frozen.cause, frozen.headline) == ("hang", 'File "/home/yimengzh/miniconda2/envs/pytorch/lib/python3.5/'
+                                                       'queue.py", line 164, in get')
     step = ("slurmstepd: error: *** STEP 1234.0 ON n7 CANCELLED AT 2026-11-30T10:01:02 DUE TO NODE FAILURE, "
             "SEE SLURMCTLD LOG FOR DETAILS ***")
     assert classify("FAILED", exit_code="1:0", log_tail=step, started=True).cause == "node_fail"
