@@ -61,7 +61,8 @@ HASH_NEUTRAL_DEFAULTS: dict[tuple[str, str], Any] = {("loader", "repeats"): 1, (
                                                      ("data", "models"): "tiny", ("data", "text_encoder"): None,
                                                      ("train", "keep_last"): 2, ("train", "keep_best"): True,
                                                      ("resources", "account"): None, ("resources", "constraint"): None,
-                                                     ("resources", "reservation"): None, ("code", "launch"): None}
+                                                     ("resources", "reservation"): None, ("code", "launch"): None,
+                                                     ("eval", "resources"): None}
 """Fields added after specs were recorded, left out of the canonical form at their default: a spec
 that does not use them keeps the hash (and the preflight passes) it had before they existed."""
 

@@ -391,6 +391,31 @@ class StageSpec(Strict):
     stages 4 of 12 layers, 2.38 TB instead of 7.15 TB."""
 
 
+class EvalResources(Strict):
+    """What an evaluation job (``submit --eval``) asks for, where its derivation from training is not wanted."""
+
+    cpus: int | None = Field(default=None, ge=1, le=MAX_COUNT)
+    """CPUs of the eval job; None: one training rank's share (``resources.cpus`` ÷ ranks per node)."""
+    mem: str | None = None
+    """Memory of the eval job, as Slurm reads it; None: one training rank's share (``resources.mem`` ÷ ranks)."""
+    time_limit: str | None = None
+    """Its time limit; None: the training job's (no evaluator time is measured yet)."""
+
+    @field_validator("mem")
+    @classmethod
+    def _mem_is_size(cls, value: str | None) -> str | None:
+        if value is not None:
+            check_job_mem(value)
+        return value
+
+    @field_validator("time_limit")
+    @classmethod
+    def _time_is_duration(cls, value: str | None) -> str | None:
+        if value is not None:
+            check_job_time(value)
+        return value
+
+
 class EvalSpec(Strict):
     """Evaluation on held-out episodes."""
 
@@ -400,6 +425,9 @@ class EvalSpec(Strict):
     """Episode counts evaluated (each ≥ 1); each logs ``eef_mm_<n>ep`` (`[-3]` once logged ``eef_mm_-3ep nan``)."""
     simulator: bool = False
     """Also evaluate by replay in robosuite (``sim_eef_mm_<n>ep``)."""
+    resources: EvalResources | None = None
+    """The eval jobs' own resources where the derived ones (one process, one GPU, a training rank's share of
+    the node) are not wanted."""
 
 
 class LatentCacheSpec(Strict):

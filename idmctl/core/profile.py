@@ -271,7 +271,7 @@ class ClusterProfile(_Strict):
 
 
 JOB_DEFAULT_FIELDS = ("slurm_cluster", "account", "account_required", "partition", "constraint", "reservation")
-"""The profile's job defaults and association facts (issue 51): out of the profile hash while unset."""
+"""The profile's job defaults and association facts: out of the profile hash while unset."""
 
 
 def profile_path(name_or_path: str | None = None) -> Path:

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from ground import contract
 from ground.errors import CheckFailed, UserError
 from ground.paths import atomic_write_text
+from ground.units import slurm_mem
 from idmctl.core.job_options import JobOptions, JobRequest
 from idmctl.core.job_state import is_terminal
 from idmctl.job.code import JobCode
@@ -40,6 +41,7 @@ from idmctl.record.stored_json import eval_columns, eval_link, job_options
 
 if TYPE_CHECKING:
     from ground.spec.loader import ResolvedSpec
+    from ground.spec.schema import EvalResources
     from idmctl.job.effective import EffectiveJob
     from idmctl.ops.submit import Submitted
 
@@ -111,7 +113,8 @@ def submit_with_evals(experiment: str, request: JobRequest, cluster: str | None,
                                                         .read_text()), training.script_path)
     options = JobOptions(**{k: v for k, v in stored.items() if k in JobOptions.__dataclass_fields__})
     submitted.evaluated = {step: evaluated[step] for step in steps if step in evaluated}
-    submitted.evals = [_submit_one(resolved, "slurm", _eval_options(options, step, training.scheduler_id),
+    own = resolved.spec.eval.resources
+    submitted.evals = [_submit_one(resolved, "slurm", _eval_options(options, step, training.scheduler_id, own),
                                    JobCode.from_record(training.code), training.admitted,
                                    {"of_chain": training.chain_id, "step": step, "after": training.scheduler_id,
                                     "choice": choice}, Path(training.script_path).parent, training.preflight_id,
@@ -120,12 +123,44 @@ def submit_with_evals(experiment: str, request: JobRequest, cluster: str | None,
     return submitted
 
 
-def _eval_options(options: JobOptions, step: int, after: str) -> JobOptions:
-    """The training job's options for one evaluation process: one node, one task, at most one GPU (the
-    evaluators run on rank 0 alone in training too), the same memory, QoS and time limit."""
+def _eval_options(options: JobOptions, step: int, after: str, own: "EvalResources | None" = None) -> JobOptions:
+    """The training job's options sized for one evaluation process: one node, one task, at most one GPU (the
+    evaluators run on rank 0 alone in training too), one training rank's share of the node's CPUs and
+    memory (card A: 112 CPUs ÷ 8 = 14, 1600G ÷ 8 = 200G, not the whole node), the same QoS and time limit
+    (no evaluator time is measured yet); ``eval.resources`` (``own``) overrides each."""
+    ranks = max(1, options.ranks_per_node)
+    cpus = own.cpus if own and own.cpus else max(1, options.cpus_per_node // ranks)
+    share_mib = -(-options.mem_mib // ranks)
+    mem = own.mem if own and own.mem else slurm_mem(f"{share_mib}M")
+    time_limit = own.time_limit if own and own.time_limit else options.time_limit
+    said = "eval.resources" if own else None
+    derivation = [f"eval job: 1 process, {min(1, options.gpus_per_node)} GPU; CPUs "
+                  + (f"{cpus} ({said})" if own and own.cpus else f"{options.cpus_per_node} ÷ {ranks} ranks = {cpus}")
+                  + "; memory " + (f"{mem} ({said})" if own and own.mem else
+                                   f"{slurm_mem(options.mem)} ÷ {ranks} ranks = {mem} (one training rank's share)")
+                  + f"; time limit {time_limit} " + (f"({said})" if own and own.time_limit else
+                                                      "(the training job's: no evaluator time measured yet)")]
     return replace(options, job_name=f"{options.job_name}-eval-{step}", entry=contract.EVAL_ENTRY, eval_step=step,
                    nodes=1, ranks_per_node=1, gpus_per_node=min(1, options.gpus_per_node), retries=0, hold=False,
-                   build=None, dependency=f"afterok:{after}", kill_on_invalid_dep=True)
+                   build=None, dependency=f"afterok:{after}", kill_on_invalid_dep=True, cpus_per_node=cpus, mem=mem,
+                   time_limit=time_limit, derivation=derivation, launch="single")
+
+
+def dry_run_evals(job: "EffectiveJob", choice: str, admitted: dict[str, Any],
+                  code: JobCode | None) -> list[tuple[str, str]]:
+    """``submit --dry-run --eval CHOICE``: (what, script) of each eval job the submit would send, sized as
+    :func:`_eval_options` sizes them, waiting on job 0 (which stands in for the training job's id)."""
+    from idmctl.ops.submit import DRY_RUN_CHAIN_ID, DRY_RUN_JOB_ID, _context, runs_dir  # submit imports this module
+
+    out = []
+    run_dir = runs_dir(job.resolved.name, DRY_RUN_CHAIN_ID)
+    for step in plan(choice, job):
+        options = _eval_options(job.options, step, DRY_RUN_JOB_ID, job.resolved.spec.eval.resources)
+        ctx = replace(_context(job.resolved, DRY_RUN_CHAIN_ID, 1, "slurm", {}, admitted, code), run_dir=run_dir,
+                      log_path=str(run_dir / f"eval-step-{step}-%j.out"))
+        out.append((f"eval job of step {step} (job {DRY_RUN_JOB_ID} stands in for the training job's id)",
+                    render_script(job.resolved, options, ctx)))
+    return out
 
 
 def _submit_one(resolved: "ResolvedSpec", scheduler: str, options: JobOptions, code: JobCode | None,

@@ -24,7 +24,8 @@ from ground.spec.schema import ExperimentSpec
 from idmctl.core.job_state import JobState, is_terminal
 from idmctl.core.profile import load_profile, profile_path
 from idmctl.gate.admission import judge
-from idmctl.ops.controller import submit_controller
+from idmctl.job.controller_script import ControllerContext, controller_request, render_controller_script
+from idmctl.ops.controller import CONTROLLER_LOG, submit_controller, wanted
 from idmctl.ops.executors import executor_for
 from idmctl.job.code import JobCode, freeze, planned, require_present, tree_for
 from idmctl.job.effective import EffectiveJob, active_exclusions, build as build_effective
@@ -137,19 +138,46 @@ class DryRun:
     admission: Admission
     verdict: Verdict
     """What the scheduler says about ``script`` (``sbatch --test-only``): submit asks the same."""
+    others: list[tuple[str, str]] = field(default_factory=list)
+    """The other scripts the submit would send, as (what it is, script): the controller job that follows the
+    attempt (a Slurm profile with ``controller.enabled``). ``--eval``'s are ``eval_jobs.dry_run_evals``'."""
+    admitted: dict[str, Any] = field(default_factory=dict)
+    """The admission as the scripts saw it (an eval job's script is rendered with the same)."""
+    code: JobCode | None = None
+    """The snapshot the scripts run from."""
+
+
+DRY_RUN_JOB_ID = "0"
+"""Stands in for the training job's scheduler id in the dependencies of the scripts a dry run shows."""
 
 
 def dry_run(experiment: str, request: JobRequest, cluster: str | None) -> DryRun:
-    """The exact script a submit would send (chain id 0 stands in for the one submit would create), and
-    the verdicts submit would reach on it. Never raises on a FAIL: showing it is the point."""
+    """The exact script a submit would send (chain id 0 stands in for the one submit would create), the
+    verdicts submit would reach on it, and the controller's script. Never raises on a FAIL: showing it is
+    the point."""
     snapshot = tree_for(load_spec(experiment).spec)
     version = snapshot.version
     job = prepare(experiment, request, cluster, version)
     admission = _judge(job, latest_passing(job.declared, job.profile_hash, job.smoke_flags, version), version)
+    code = planned(snapshot, job.profile, job.declared.spec)
+    admitted = {"admission": admission.as_dict()}
     script = render_script(job.resolved, job.options, _context(job.resolved, DRY_RUN_CHAIN_ID, 1, job.profile.scheduler, {},
-                                                               {"admission": admission.as_dict()},
-                                                               planned(snapshot, job.profile, job.declared.spec)))
-    return DryRun(script, job, admission, verdict_if_askable(job.profile.scheduler, script))
+                                                               admitted, code))
+    return DryRun(script, job, admission, verdict_if_askable(job.profile.scheduler, script),
+                  _controller_dry_run(job, cluster, code), admitted, code)
+
+
+def _controller_dry_run(job: EffectiveJob, cluster: str | None, code: JobCode) -> list[tuple[str, str]]:
+    """The controller job that would follow the attempt, as ``ops.controller.submit_controller`` renders it."""
+    if not wanted(job.profile):
+        return []
+    settings = job.profile.controller
+    run_dir = runs_dir(job.resolved.name, DRY_RUN_CHAIN_ID)
+    ctx = ControllerContext(chain_id=DRY_RUN_CHAIN_ID, attempt=1, after=DRY_RUN_JOB_ID,
+                            log_path=str(run_dir / CONTROLLER_LOG), idmctl_home=home(), cluster=cluster,
+                            partition=settings.partition, repo_root=Path(code.directory))
+    script = render_controller_script(controller_request(ctx, settings.qos, settings.time_limit, settings.mem), ctx)
+    return [(f"controller job after the attempt (job {DRY_RUN_JOB_ID} stands in for its id)", script)]
 
 
 def submit(experiment: str, request: JobRequest, cluster: str | None,

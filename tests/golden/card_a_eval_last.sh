@@ -3,8 +3,8 @@
 #SBATCH --qos=core-own
 #SBATCH --nodes=1
 #SBATCH --ntasks-per-node=1
-#SBATCH --cpus-per-task=112
-#SBATCH --mem=1600G
+#SBATCH --cpus-per-task=14
+#SBATCH --mem=200G
 #SBATCH --gres=gpu:1
 #SBATCH --time=30-00:00:00
 #SBATCH --exclude=worker-5
@@ -14,10 +14,7 @@
 #SBATCH --signal=B:USR1@61
 #SBATCH --dependency=afterok:4242
 #SBATCH --kill-on-invalid-dep=yes
-# idmctl: step time 20.3 s/step (data-bound lower bound; compute unmeasured (no GPU smoke); estimate: max(storage 20.3 s, loader CPU unmeasured, compute unmeasured) + 0 s not overlapped (num_workers 0: the rank's batch loader reads 2 batches ahead on threads) = 20.3 s/step, bound by storage); checkpoint write unknown (no smoke or earlier run measured one)
-# idmctl: time limit = 30-00:00:00 (from resources.time_limit 30-00:00:00); derived would be: (stage-in 2.2 h + 60,000 steps × 20.3 s/step + cold page cache 2.0 min) × 1.25 margin = 17.7 d → 17-17:00:00 (a lower bound: the step time holds no compute)
-# idmctl: checkpoint interval = 500 steps (from train.checkpoint_every 500); derived would be: non-preemptible core-own: lose at most 4.0 h to a failure → interval ≤ 4.0 h; 4.0 h ÷ 20.3 s/step = 710 steps
-# idmctl: signal lead = 61 s (derived): (20.3 s step + unmeasured write) × 3 = 60.8 s → 61 s
+# idmctl: eval job: 1 process, 1 GPU; CPUs 112 ÷ 8 ranks = 14; memory 1600G ÷ 8 ranks = 200G (one training rank's share); time limit 30-00:00:00 (the training job's: no evaluator time measured yet)
 set -uo pipefail
 export IDMCTL_HOME=/home/operator/idmctl
 export IDMCTL_CHAIN_ID=8
@@ -26,7 +23,7 @@ export IDMCTL_SPEC_HASH=9f2e7784b5ca32c1082f53434fdf59efb4c72957457114d99532f5ae
 export PYTHONUNBUFFERED=1
 export IDMCTL_RUN_DIR=/home/operator/idmctl/runs/latent_c_n4/7
 export IDMCTL_PYTHON=/opt/idmctl/venv/bin/python
-export SRUN_CPUS_PER_TASK=112
+export SRUN_CPUS_PER_TASK=14
 export IDMCTL_CODE_VERSION=0123456789abcdef0123456789abcdef01234567
 export IDMCTL_SNAPSHOT=/home/operator/idmctl/code/0123456789abcdef0123456789abcdef01234567
 export IDMCTL_CODE_STORE=/home/operator/idmctl/code
@@ -94,10 +91,10 @@ fi
 export IDMCTL_CACHE_ROOT="$STAGE_DEST"
 node_guard train
 
-# Ranks: srun under Slurm (launch per_rank: one task per rank, Fabric reads SLURM_* and needs ntasks-per-node == devices);
+# Ranks: srun under Slurm (launch single: one process);
 # the local executor runs the same script without srun. srun gets --cpus-per-task itself: since Slurm 22.05
 # it does not inherit it from sbatch, and each task would be confined to one CPU.
-if [ -n "${SLURM_JOB_ID:-}" ]; then LAUNCH=(srun --kill-on-bad-exit=1 --ntasks-per-node=1 --cpus-per-task=112); else LAUNCH=(); fi
+if [ -n "${SLURM_JOB_ID:-}" ]; then LAUNCH=(srun --kill-on-bad-exit=1 --ntasks-per-node=1 --cpus-per-task=14); else LAUNCH=(); fi
 # An evaluation of one checkpoint: loads checkpoints/step-60000, resumes nothing, logs into the chain's MLflow run.
 /opt/idmctl/venv/bin/python -m trainers.eval_job --run-dir "$RUN_DIR" --step 60000 &
 TRAINER=$!

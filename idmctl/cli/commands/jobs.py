@@ -67,9 +67,6 @@ def submit(
         raise UserError("--dry-run does not go with --resume", file="command line", field="--dry-run",
                         hint="dry-run the experiment itself: the script differs only in its chain and attempt")
 
-    if evaluate is not None and dry_run:
-        raise UserError("--eval does not go with --dry-run", file="command line", field="--eval",
-                        hint="dry-run the chain without --eval")
     variants = load_experiments(experiment)
     if evaluate is not None and variants[0].sweep is not None:
         raise UserError("--eval submits one chain's eval jobs, not a sweep's", file="command line", field="--eval",
@@ -83,6 +80,11 @@ def submit(
         return
     if dry_run:
         planned = submitting.dry_run(experiment, request, cluster)
+        evals: list[tuple[str, str]] = []
+        if evaluate is not None:
+            from idmctl.ops.eval_jobs import dry_run_evals  # start-up: only --dry-run --eval plans eval jobs
+
+            evals = dry_run_evals(planned.job, evaluate, planned.admitted, planned.code)
         print_checks(planned.admission.results, f"submit-time checks: {planned.job.declared.name} on "
                      f"{planned.job.profile.name}", err=True)
         verdict = (f"submit would be refused: {', '.join(planned.admission.failed)} FAIL" if planned.admission.failed
@@ -95,6 +97,8 @@ def submit(
             err_console.print(f"fix: {fix_for(planned.verdict.words) or 'the QoS, partition, account or limit it names'}",
                               markup=False)
         typer.echo(planned.script, nl=False)
+        for what, script in [*evals, *planned.others]:  # after the first script's commands: sbatch reads only its header
+            typer.echo(f"\n# ==== idmctl: then the {what} ====\n{script}", nl=False)
         return
     if force and not (reason and reason.strip()):
         raise UserError("--force needs --reason", file="command line", field="--reason", hint='e.g. --reason "smoke passed on login node"')

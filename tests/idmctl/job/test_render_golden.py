@@ -94,7 +94,8 @@ def render_case(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> s
     if "eval_of" in case:
         from idmctl.ops.eval_jobs import _eval_options
 
-        options = _eval_options(options, job.resolved.spec.train.steps, case["eval_of"]["after"])
+        options = _eval_options(options, job.resolved.spec.train.steps, case["eval_of"]["after"],
+                                job.resolved.spec.eval.resources)
     # The script itself, as on the operator's machine.
     monkeypatch.setenv(contract.ENV_HOME, str(HOME))
     chain_id = case.get("chain_id", 1)

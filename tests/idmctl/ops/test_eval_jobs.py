@@ -88,8 +88,14 @@ def test_eval_choices_that_name_no_kept_checkpoint_are_bad_input(cli, tiny_cache
             "checkpoint pruned") in " ".join(result.output.split())
     result = cli("submit", str(spec), "--force", "--reason", "test", "--cluster", "local", "--eval", "last")
     assert result.exit_code == 2 and "--eval chains jobs with Slurm dependencies" in result.output, result.output
+    # --dry-run --eval shows every script the submit would send, after the training one; a bad choice is still bad input.
     result = cli("submit", str(spec), "--cluster", "local-slurm", "--eval", "last", "--dry-run")
-    assert result.exit_code == 2 and "--eval does not go with --dry-run" in result.output, result.output
+    assert result.exit_code == 0, result.output
+    assert "\n# ==== idmctl: then the eval job of step 12 (job 0 stands in for the training job's id) ====\n#!/bin/bash\n" \
+        in result.stdout
+    assert "#SBATCH --dependency=afterok:0\n" in result.stdout and "--step 12 &" in result.stdout
+    result = cli("submit", str(spec), "--cluster", "local-slurm", "--eval", "5", "--dry-run")
+    assert result.exit_code == 2 and "--eval '5' is not a checkpoint this run writes" in result.output, result.output
     result = cli("submit", str(spec), "--force", "--reason", "test", "--cluster", "local-slurm", "--eval", "last",
                  "--resume", "99")
     assert result.exit_code == 2 and "no chain 99" in result.output, result.output
