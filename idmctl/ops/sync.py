@@ -21,6 +21,7 @@ from ground.contract import CAUSE_HANG
 from ground.mlflow_store import store_init_lock
 from ground.paths import mlflow_tracking_uri
 from ground.trainer_stats import attempt_totals
+from ground.tracking_spool import flush_spool
 from idmctl.core.notice import warn
 from idmctl.ops.executors import executor_for
 from idmctl.core.executor import UNCONFIRMED, JobStatus
@@ -157,6 +158,10 @@ def sync(retry: bool = True, chain_id: int | None = None) -> SyncReport:
                                                  {job.scheduler_id: job.submitted_at for job in group
                                                   if job.scheduler_id and job.submitted_at}))
                for name, group in by_executor.items()]
+    # What a job that ended could not send to the tracking server goes there now (a later attempt would
+    # too, but a chain's last attempt has none): records stay spooled while the server does not answer.
+    _flush_tracking([job for group, statuses in answers for job in group
+                     if (status := statuses.get(job.scheduler_id or "")) is not None and is_terminal(status.state)])
     ended: list[int] = []
     for group, statuses in answers:
         ended_rows: list[Job] = []
@@ -230,6 +235,17 @@ def sync(retry: bool = True, chain_id: int | None = None) -> SyncReport:
         _log_efficiency(ended)
     report.evals = follow_evals(report.resubmitted, report.finished)
     return report
+
+
+def _flush_tracking(jobs: list[Job]) -> None:
+    for job in jobs:
+        run_dir = run_dir_of(job)
+        if run_dir is None:
+            continue
+        result = flush_spool(run_dir)
+        if result.error and result.pending:
+            warn(f"warning: job {job.id}: {result.pending} tracking record(s) still spooled in "
+                 f"{run_dir} (the tracking server: {result.error}); a later sync sends them")
 
 
 def _note_hang(db: Session, job: Job) -> bool:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from idmctl.cli.commands import options
 from ground.errors import UserError
+from ground.tracking_spool import spool_status
 from idmctl.cli.output import console, emit_json
 
 
@@ -30,12 +32,14 @@ def show(
     admission = (typed(row.admitted, "admitted", row.id) or {}).get("admission")
     admitted = admission if isinstance(admission, dict) else {}
     controller = typed(row.controller, "controller", row.id)
+    spooled = spool_status(Path(row.script_path).parent) if row.script_path else None
+    tracking = spooled.describe() if spooled is not None else None
     if as_json:
         emit_json({"job": row.id, "chain": row.chain_id, "attempt": row.attempt, "experiment": row.experiment,
                    "scheduler_id": row.scheduler_id, "state": row.state, "exit_code": row.exit_code,
                    "nodes": row.node_list, "qos": row.qos, "reason": row.reason, "code": code or None,
                    "admission_failed": admitted.get("failed"), "controller": controller or None,
-                   "efficiency": efficiency})
+                   "tracking": tracking, "efficiency": efficiency})
         return
     console.print(f"job {row.id} ({row.executor} {row.scheduler_id or '—'}) chain {row.chain_id} attempt {row.attempt}  "
                   f"{row.experiment}  {row.state} {row.exit_code or ''} on {row.node_list or '—'}  qos {row.qos or '—'}",
@@ -53,6 +57,8 @@ def show(
         console.print(f"controller: {controller_code_line(controller, code)}", markup=False)
     if row.reason:
         console.print(f"reason: {row.reason}", markup=False)
+    if tracking:
+        console.print(tracking, markup=False)
     if not efficiency:
         console.print("efficiency: not yet (the report is written by `idmctl sync` when the job ends)", markup=False)
         return
