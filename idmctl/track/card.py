@@ -312,7 +312,7 @@ def build_card(experiments: list[str], with_figures: bool = False) -> Card:
         card.sections.append(("Decisions", decided))
 
     # What is still open
-    open_items = [f"- job {j.scheduler_id or j.id} ({j.experiment}) is {j.state}" for j in jobs if j.ended_at is None]
+    open_items = [_open_job(j) for j in jobs if j.ended_at is None]
     open_items += [f"- failure {row.job} ({row.cause}) has no fix recorded (suggested: {row.suggested_fix})"
                    for row in failures if row.fix_id is None]
     for report in reports:
@@ -324,6 +324,22 @@ def build_card(experiments: list[str], with_figures: bool = False) -> Card:
     if with_figures:
         card.figures = _figures(card, jobs)
     return card
+
+
+def _open_job(job: Any) -> str:
+    """A job not ended; a pending one with why it waits (Slurm's reason, read) and since when."""
+    name = f"- job {job.scheduler_id or job.id} ({job.experiment})"
+    if str(job.state).startswith("PENDING"):
+        from datetime import datetime, timezone
+
+        from idmctl.plan.pending import why_pending  # start-up: only a card with a pending job reads it
+
+        submitted = job.submitted_at
+        if submitted is not None and submitted.tzinfo is None:
+            submitted = submitted.replace(tzinfo=timezone.utc)
+        waited = (datetime.now(timezone.utc) - submitted).total_seconds() if submitted else None
+        return f"{name} is {why_pending(job.reason).line(waited)}"
+    return f"{name} is {job.state}"
 
 
 def _figures(card: Card, jobs: list[Any]) -> list[tuple[str, bytes]]:

@@ -100,3 +100,19 @@ def test_bad_input_is_one_line(cli, tmp_path: Path) -> None:
     assert (result.exit_code, result.output) == (2, "error: --html: card.png is not an .html file (e.g. --html card.html)\n")
     result = cli("report", "latent_c_n4#3")
     assert result.exit_code == 2 and "give the experiment, not the chain" in result.output
+
+
+def test_a_pending_job_says_why_it_waits(cli) -> None:
+    from datetime import datetime, timedelta, timezone
+
+    from idmctl.record import session
+    from idmctl.record.models import Job
+
+    with session() as db:
+        db.add(Job(scheduler_id="7001", experiment="latent_c_n4", state="PENDING", reason="QOSMaxGRESPerUser",
+                   gpus=8, qos="core-own", submitted_at=datetime.now(timezone.utc) - timedelta(hours=3)))
+    result = cli("report", "latent_c_n4", "--json")
+    assert result.exit_code == 0, result.output
+    [line] = [item for item in json.loads(result.output)["open"] if "7001" in item]
+    assert line == ("- job 7001 (latent_c_n4) is pending for 3.0 h: qos limit — its QoS is at a limit: it waits for the "
+                    "QoS's other jobs (often the team's own) to end (Slurm reason QOSMaxGRESPerUser)")
