@@ -19,7 +19,7 @@ from ground import heartbeat
 from ground import tracking as names
 from ground.contract import CAUSE_HANG
 from ground.mlflow_store import store_init_lock
-from ground.paths import mlflow_tracking_uri
+from ground.paths import atomic_write_text, home, mlflow_tracking_uri
 from ground.trainer_stats import attempt_totals
 from ground.tracking_spool import flush_spool
 from idmctl.core.notice import warn
@@ -237,15 +237,32 @@ def sync(retry: bool = True, chain_id: int | None = None) -> SyncReport:
     return report
 
 
+PENDING_SPOOLS = "tracking_spools_pending"
+"""In ``$IDMCTL_HOME``: run directories of ended jobs whose spool a sync could not send yet, one a line. An
+ended job is not polled again, so this list is how a later sync knows to try them."""
+
+
 def _flush_tracking(jobs: list[Job]) -> None:
-    for job in jobs:
-        run_dir = run_dir_of(job)
-        if run_dir is None:
+    listed = home() / PENDING_SPOOLS
+    try:
+        earlier = [Path(line) for line in listed.read_text().splitlines() if line.strip()]
+    except OSError:
+        earlier = []
+    todo = {str(run_dir): (job.id, run_dir) for job in jobs if (run_dir := run_dir_of(job)) is not None}
+    for run_dir in earlier:
+        todo.setdefault(str(run_dir), (None, run_dir))
+    still: list[str] = []
+    for key, (job_id, run_dir) in todo.items():
+        if not run_dir.is_dir():
             continue
         result = flush_spool(run_dir)
         if result.error and result.pending:
-            warn(f"warning: job {job.id}: {result.pending} tracking record(s) still spooled in "
-                 f"{run_dir} (the tracking server: {result.error}); a later sync sends them")
+            still.append(key)
+            if job_id is not None:  # said once, when the job ends; the list keeps it for later syncs
+                warn(f"warning: job {job_id}: {result.pending} tracking record(s) still spooled in "
+                     f"{run_dir} (the tracking server: {result.error}); a later sync sends them")
+    if still or earlier:
+        atomic_write_text(listed, "".join(f"{line}\n" for line in still))
 
 
 def _note_hang(db: Session, job: Job) -> bool:

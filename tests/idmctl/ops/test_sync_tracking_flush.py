@@ -10,7 +10,7 @@ from types import SimpleNamespace
 from ground.contract import MLFLOW_RUN_ID_FILE
 from ground.paths import mlflow_artifacts_dir, mlflow_tracking_uri
 from ground.tracking_spool import Spool, create_record, metrics_record, spool_status
-from idmctl.ops.sync import _flush_tracking
+from idmctl.ops.sync import PENDING_SPOOLS, _flush_tracking
 
 
 def _spooled_run(run_dir: Path) -> Spool:
@@ -52,3 +52,12 @@ def test_a_tracking_server_that_does_not_answer_leaves_the_records_and_one_line(
     assert "a later sync sends them" in lines[0]
     status = spool_status(run_dir)
     assert status is not None and "6 records spooled" in status.describe()
+    # The job is not polled again once recorded: the next sync finds its spool on the pending list, says
+    # nothing more while the server is still away, and sends it once the server answers.
+    _flush_tracking([])
+    assert len(_warnings(caplog)) == 1
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")  # the home's own store answers
+    _flush_tracking([])
+    status = spool_status(run_dir)
+    assert status is None or status.describe() is None
+    assert (idmctl_home / PENDING_SPOOLS).read_text() == ""
