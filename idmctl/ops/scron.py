@@ -53,7 +53,7 @@ def render_block(profile: ClusterProfile, cluster: str | None, python: str = sys
     q = shlex.quote
     env = [f"{contract.ENV_HOME}={q(str(root))}", *([f"{contract.ENV_CLUSTER}={q(cluster)}"] if cluster else [])]
     command = f"cd {q(str(repo_root))} && {' '.join(env)} {q(python)} -m idmctl sync"
-    return "\n".join([BEGIN, *(f"#SCRON {option}" for option in options), f"{settings.schedule} {command}", END]) + "\n"
+    return "\n".join([BEGIN, *(f"#SCRON {option}" for option in options), f"{' '.join(settings.schedule.split())} {command}", END]) + "\n"
 
 
 def without_block(crontab: str) -> str:

@@ -94,3 +94,36 @@ def test_idmctl_home_that_reaches_the_script(cli, tmp_path: Path, monkeypatch: p
     assert result.exit_code == 2 and "Traceback" not in result.output, result.output
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert not home.exists()
+
+
+CONTROLLER_FIELDS = {"qos": "share", "partition": "debug", "mem": "400MiB", "time_limit": "0:03:00",
+                     "schedule": "*/10 * * * *"}
+
+
+@pytest.mark.parametrize("field", sorted(CONTROLLER_FIELDS))
+def test_every_controller_field_that_reaches_the_scrontab_block(cli, tmp_path: Path, field: str) -> None:
+    """The scrontab block is a table the user's own lines share: a value that added a line there would
+    run (or hide) a command. Refused in one line, or the block has the clean block's lines."""
+    from ground.paths import clusters_dir
+
+    def show(value: str):  # type: ignore[no-untyped-def]
+        data = yaml.safe_load((clusters_dir() / "local-slurm.yaml").read_text())
+        data["controller"][field] = value
+        path = tmp_path / "profile.yaml"
+        path.write_text(yaml.safe_dump(data))
+        return cli("controller", "show", "--cluster", str(path))
+
+    clean = show(CONTROLLER_FIELDS[field])
+    assert clean.exit_code == 0, clean.output
+    for payload in PAYLOADS:
+        for value in (CONTROLLER_FIELDS[field] + payload, payload + CONTROLLER_FIELDS[field]):
+            result = show(value)
+            where = f"controller.{field} {value!r}"
+            assert "Traceback" not in result.output, where
+            if result.exit_code == 0:
+                lines, clean_lines = result.stdout.splitlines(), clean.stdout.splitlines()
+                assert len(lines) == len(clean_lines), f"{where}: {result.stdout}"
+                assert [line.split("=")[0] for line in lines[:-2]] == [line.split("=")[0] for line in clean_lines[:-2]]
+                continue
+            lines = result.stderr.strip().splitlines()
+            assert result.exit_code == 2 and len(lines) == 1 and f"controller.{field}" in lines[0], f"{where}: {result.output}"
