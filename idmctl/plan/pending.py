@@ -64,3 +64,19 @@ def why_pending(reason: str | None) -> Pending:
         if pattern.match(code):
             return Pending(family, code, meaning)
     return Pending("other", code, "see https://slurm.schedmd.com/job_reason_codes.html")
+
+
+def pending_line(reason: str | None, submitted_at: object) -> str:
+    """``jobs show``'s line for a pending job: why it waits (Slurm's reason, read) and since its submission."""
+    from datetime import datetime, timezone
+
+    waited = None
+    if isinstance(submitted_at, str):  # a row read with sqlite3 holds the stored text
+        try:
+            submitted_at = datetime.fromisoformat(submitted_at)
+        except ValueError:
+            submitted_at = None
+    if isinstance(submitted_at, datetime):
+        since = submitted_at if submitted_at.tzinfo else submitted_at.replace(tzinfo=timezone.utc)
+        waited = max(0.0, (datetime.now(timezone.utc) - since).total_seconds())
+    return why_pending(reason).line(waited)

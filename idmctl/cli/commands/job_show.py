@@ -55,7 +55,11 @@ def show(
         from idmctl.ops.controller import controller_code_line  # start-up: only a job a controller follows
 
         console.print(f"controller: {controller_code_line(controller, code)}", markup=False)
-    if row.reason:
+    if row.reason and str(row.state).startswith("PENDING"):
+        from idmctl.plan.pending import pending_line  # start-up: only a pending job reads it
+
+        console.print(pending_line(row.reason, row.submitted_at), markup=False)
+    elif row.reason:
         console.print(f"reason: {row.reason}", markup=False)
     if tracking:
         console.print(tracking, markup=False)

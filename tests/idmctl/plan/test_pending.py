@@ -44,3 +44,22 @@ def test_reasons_the_local_slurm_gives_are_read() -> None:
 ])
 def test_documented_codes_fall_into_their_family(code: str | None, family: str) -> None:
     assert why_pending(code).family == family
+
+
+def test_jobs_show_says_why_a_pending_job_waits(cli) -> None:
+    from datetime import datetime, timedelta, timezone
+
+    from idmctl.record import session
+    from idmctl.record.models import Job
+
+    with session() as db:
+        job = Job(scheduler_id="7002", experiment="latent_c_n4", state="PENDING", reason="Dependency", gpus=8,
+                  qos="core-own", submitted_at=datetime.now(timezone.utc) - timedelta(minutes=42))
+        db.add(job)
+        db.flush()
+        job_id = job.id
+    result = cli("jobs", "show", str(job_id))
+    assert result.exit_code == 0, result.output
+    [line] = [line for line in result.output.splitlines() if line.startswith("pending for ")]
+    assert line.endswith(" min: dependency — waits for the job(s) it depends on (Slurm reason Dependency)"), line
+    assert 41 <= int(line.split()[2]) <= 43, line  # 42 min since submit, give or take the test's own time
