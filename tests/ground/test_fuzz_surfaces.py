@@ -112,7 +112,7 @@ figure_values = st.one_of(numbers.map(str), st.sampled_from(["nan", "-nan", "inf
                                                              "1_000", "1e-400", "", "NaN", "١٢", "+5", "5."]), texts)
 step_lines = st.builds(
     lambda marker, fields, tail: f"{marker} " + " ".join(f"{k}={v}" for k, v in fields) + tail,
-    st.sampled_from([contract.STEP_MARKER, contract.PHASE_MARKER, contract.CHECKPOINT_MARKER, "IDMCTL_STEPX", ""]),
+    st.sampled_from([contract.STEP_MARKER, contract.PHASE_MARKER, contract.CHECKPOINT_MARKER, contract.STEP_MARKER + "X", ""]),
     st.lists(st.tuples(st.sampled_from(["step", "loss", "seconds", "peak_mem_bytes", "bytes", "dataset_s", "model_s",
                                         "checkpoint_s", "checkpoint_bytes", "zz"]), figure_values), max_size=5),
     st.sampled_from(["", " ", "\r", " extra words", " step=1", "\x00"]),
