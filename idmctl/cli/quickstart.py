@@ -32,7 +32,7 @@ DEMO_SEED = 0
 CAMERA_PX = 64
 """Square agentview frames; a multiple of 16 as video models want."""
 DEMO_STEPS = 50
-STAGES = 8
+STAGES = 9
 JOB_TIMEOUT_S = 1800.0
 WHAT_TO_DO = {
     "doctor": "fix the FAIL rows above (`idmctl doctor` shows the full table)",
@@ -44,6 +44,7 @@ WHAT_TO_DO = {
     "train": "read the job's log (`idmctl jobs`; `idmctl failures` classifies the cause), then rerun",
     "eval": "the trained run is in MLflow (`idmctl compare quickstart`); rerun to train and evaluate again",
     "compare": "`idmctl compare quickstart` draws the same table; `idmctl decide quickstart` the goal's verdict",
+    "report": "`idmctl report quickstart --markdown` writes the same card from the record",
 }
 """What to do when a stage fails, shown on the one line that reports it (``--debug`` shows the traceback)."""
 TRAIN_LINE = re.compile(r"^(step \d+/\d+ loss \S+|eval at step .*|done: .*)")
@@ -236,6 +237,19 @@ def compare_stage(resolved: ResolvedSpec, result: QuickstartResult) -> None:
     result.stages["decide"] = [d.to_json() for d in build_decisions(EXPERIMENT)]
 
 
+def report_stage(result: QuickstartResult) -> None:
+    """The progress card from the record: what `idmctl report quickstart --markdown` prints."""
+    import sys
+
+    from idmctl.track.card import build_card, card_json  # start-up: only this stage needs it
+
+    card = build_card([EXPERIMENT])
+    stage(9, "report", f"the {EXPERIMENT} card from the record ({len(card.sections)} sections, "
+                       f"{len(card.open_items)} open items): idmctl report {EXPERIMENT} --markdown")
+    sys.stdout.write(card.markdown())
+    result.stages["report"] = card_json(card)
+
+
 def doctor_stage(result: QuickstartResult) -> None:
     """``idmctl doctor`` first: quiet when every row is OK; otherwise the rows that are not, with their fixes."""
     from idmctl.ops.doctor import OK, run_doctor  # start-up: only this command needs it (4 more project modules)
@@ -290,4 +304,5 @@ def run_quickstart(debug: bool = False) -> QuickstartResult:
     run_dir = _stage(6, "train", debug, train_stage, job, result)
     _stage(7, "eval", debug, evaluation_stage, resolved, run_dir, result)
     _stage(8, "compare", debug, compare_stage, resolved, result)
+    _stage(9, "report", debug, report_stage, result)
     return result

@@ -15,13 +15,16 @@ def test_quickstart_from_an_empty_home_ends_with_a_sim_eef_compare_row(cli, idmc
     result = cli("quickstart")
     assert result.exit_code == 0, result.output[-3000:]
     output = result.output
-    for k, name in enumerate(["specs", "demos", "cache", "preflight", "submit", "train", "eval", "compare"], 1):
-        assert f"[{k}/8] {name}: " in output, name
-    assert "[2/8] demos: 12 Lift demos × 50 steps" in output
+    for k, name in enumerate(["specs", "demos", "cache", "preflight", "submit", "train", "eval", "compare", "report"], 1):
+        assert f"[{k}/9] {name}: " in output, name
+    assert "[2/9] demos: 12 Lift demos × 50 steps" in output
     assert "splits train 8, valid 4" in output
-    assert "[3/8] cache: 12 built, 0 already cached, 12 demos" in output
-    assert re.search(r"\[4/8\] preflight: 9 PASS in", output)
-    assert re.search(r"\[6/8\] train: job \d+ COMPLETED", output)
+    assert "[3/9] cache: 12 built, 0 already cached, 12 demos" in output
+    assert re.search(r"\[4/9\] preflight: 9 PASS in", output)
+    assert re.search(r"\[6/9\] train: job \d+ COMPLETED", output)
+    # Stage 9: the card from the record, its TL;DR deciding the goal with its interval.
+    assert re.search(r"\[9/9\] report: the quickstart card from the record \(\d+ sections, \d+ open items\)", output)
+    assert "# Where quickstart stands" in output and "- decision: quickstart#1: " in output
 
     losses = re.search(r"loss (\d+\.\d+) → (\d+\.\d+)", output)
     assert losses and float(losses.group(2)) < 0.7 * float(losses.group(1))

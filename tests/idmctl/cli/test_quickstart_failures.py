@@ -82,7 +82,7 @@ def test_a_failing_stage_is_one_line_and_debug_shows_the_traceback(cli, monkeypa
     assert result.exit_code == 1
     assert result.exception is None or isinstance(result.exception, SystemExit)
     last = result.output.strip().splitlines()[-1]
-    assert last == ("quickstart stopped at [2/8] demos: RuntimeError: EGL: eglInitialize failed; what to do: "
+    assert last == ("quickstart stopped at [2/9] demos: RuntimeError: EGL: eglInitialize failed; what to do: "
                     "`idmctl doctor` checks rendering; the demo file is written atomically, so rerunning is safe "
                     "(`--debug` shows the traceback)")
     assert "Traceback" not in result.output and "second line" not in result.output
@@ -105,7 +105,7 @@ def test_a_bad_spec_names_the_stage_and_keeps_exit_2(cli, monkeypatch) -> None:
     result = cli("quickstart")
     assert result.exit_code == 2
     assert result.output.strip().splitlines()[-1] == (
-        "error: experiments/quickstart.yaml:train: quickstart stopped at [1/8] specs: unknown field 'lr' "
+        "error: experiments/quickstart.yaml:train: quickstart stopped at [1/9] specs: unknown field 'lr' "
         "(`idmctl exp list` validates every spec and names the broken field)")
 
 
@@ -121,4 +121,4 @@ def test_a_machine_that_is_not_ready_stops_at_the_doctor_in_one_line(tmp_path: P
     assert done.stderr.strip().splitlines() == [
         "quickstart stopped: doctor found IDMCTL_HOME, slurm missing; "
         "what to do: fix the FAIL rows above (`idmctl doctor` shows the full table)"]
-    assert "[1/8]" not in done.stdout
+    assert "[1/9]" not in done.stdout
