@@ -48,7 +48,9 @@ def _job(state: str, chain_status: str = "DONE", **columns) -> None:
                    state=state, created_at=datetime.now(timezone.utc), **columns))
 
 
-def test_gc_removes_only_snapshots_and_objects_it_wrote_and_none_a_live_job_names(tmp_path: Path) -> None:
+def test_gc_removes_only_snapshots_and_objects_it_wrote_and_none_a_live_job_names(tmp_path: Path,
+                                                                              store_backend: str) -> None:
+    """On the embedded SQLite store and on the real PostgreSQL (its JSON columns come back decoded)."""
     repo = _repo(tmp_path / "repo")
     store = tmp_path / "store"
     by_controller, _ = _snapshot(repo, store, 1)
