@@ -214,6 +214,36 @@ class ControllerJob(_Strict):
         return value
 
 
+class SmokeJob(_Strict):
+    """``preflight EXP --smoke-on cluster``: the short one-node job the smoke runs as, where the GPUs are."""
+
+    qos: str | None = None
+    """A QoS for short tests (a debug tier); None: the user's default."""
+    partition: str | None = None
+    """The partition with the job's GPUs; None: the default partition."""
+    gpus: int = Field(default=1, ge=0)
+    """GPUs on the node (the smoke runs one rank on one); 0 on a CPU-only cluster."""
+    cpus: int = Field(default=4, ge=1)
+    mem: str = "16G"
+    """Its memory, as Slurm reads it (1024-based K/M/G/T)."""
+    time_limit: str = "0:15:00"
+    """Slurm's limit for the job (the wait's deadline is ``--smoke-timeout``, queue included)."""
+
+    @field_validator("mem")
+    @classmethod
+    def _mem(cls, value: str) -> str:
+        if parse_slurm_mem(value) <= 0:
+            raise ValueError("a size above 0, e.g. 16G")
+        return value
+
+    @field_validator("time_limit")
+    @classmethod
+    def _limit(cls, value: str) -> str:
+        if parse_duration(value) <= 0:
+            raise ValueError("a time above 0, e.g. 0:15:00")
+        return value
+
+
 class ClusterProfile(_Strict):
     """A cluster: scheduler kind, QoS tiers, node and storage facts."""
 
@@ -246,6 +276,8 @@ class ClusterProfile(_Strict):
     """Node features every job needs here unless the spec or ``--constraint`` says (e.g. the GPU type)."""
     reservation: str | None = None
     """A reservation every job runs in unless the spec or ``--reservation`` says."""
+    smoke_job: SmokeJob = SmokeJob()
+    """Where ``preflight --smoke-on cluster`` runs the smoke (Slurm only)."""
     notify: list[str] = []
     """Where sync and decide tell the team what happened (a failure and what was done, a chain stopped or
     completed, a goal's verdict): apprise URLs (``json://host/hook``, ``slack://…``, ``mailto://…``).

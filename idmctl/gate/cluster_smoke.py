@@ -17,34 +17,18 @@ import shlex
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from ground.paths import atomic_write_text, home
 from ground.spec.loader import ResolvedSpec
 from idmctl.core.checks import SmokeMeasurement
 from idmctl.core.job_state import is_terminal
+from idmctl.core.profile import ClusterProfile, SmokeJob
+from idmctl.gate.smoke import DEFAULT_ENTRY, _report_from_stdout
 from idmctl.gate.tracebacks import last_frame_and_exception
 
 CALL_TIMEOUT_S = 30.0
 LOG_TAIL_LINES = 8
-
-
-@dataclass(frozen=True)
-class SmokeJob:
-    """Where and how big the smoke job is (the cluster profile's ``smoke_job``, overridable per call)."""
-
-    qos: str | None = None
-    """A QoS for short tests (a debug tier); None: the user's default."""
-    partition: str | None = None
-    """The partition with the job's GPUs; None: the default partition."""
-    gpus: int = 1
-    """GPUs on the one node (the smoke runs one rank); 0 on a CPU-only cluster."""
-    cpus: int = 4
-    mem: str = "16G"
-    """As Slurm reads it (1024-based)."""
-    time_limit: str = "0:15:00"
-    """Slurm's limit for the job; the wait's deadline adds the queue."""
 
 
 def _sh(args: list[str]) -> subprocess.CompletedProcess[str]:
@@ -72,12 +56,28 @@ def _tail(path: Path) -> str:
     return " | ".join(lines[-LOG_TAIL_LINES:]) or "(empty log)"
 
 
+def smoke_on_cluster(resolved: ResolvedSpec, profile: ClusterProfile, deadline_s: float,
+                     entry: str = DEFAULT_ENTRY) -> SmokeMeasurement:
+    """``preflight --smoke-on cluster``: the smoke on the profile's ``smoke_job``, from a snapshot in the
+    profile's code store (which every node mounts)."""
+    from ground.code_snapshot import materialize
+    from idmctl.job.code import store_for, tree_for  # start-up: 11 more project modules only this path needs
+
+    if profile.scheduler != "slurm":
+        return SmokeMeasurement(ok=False, error=f"--smoke-on cluster needs a Slurm profile ({profile.name} runs jobs "
+                                                "on this host): drop --smoke-on, or set IDMCTL_CLUSTER")
+    if entry != DEFAULT_ENTRY:
+        return SmokeMeasurement(ok=False, entry=entry,
+                                error="--smoke-on cluster runs idmctl's trainer smoke; a team entry's smoke runs on "
+                                      "this host: drop --smoke-on")
+    code_dir = materialize(tree_for(resolved.spec), store_for(profile))
+    return run_smoke_on_cluster(resolved, profile.smoke_job, deadline_s, code_dir=code_dir)
+
+
 def run_smoke_on_cluster(resolved: ResolvedSpec, job: SmokeJob, deadline_s: float, *, code_dir: Path,
                          extra_sbatch: list[str] | None = None, poll_s: float = 2.0) -> SmokeMeasurement:
     """The smoke of ``resolved`` as a one-node Slurm job from ``code_dir`` (a code snapshot every node
     sees), waited for at most ``deadline_s``. ``extra_sbatch`` is for tests (a begin time in the future)."""
-    from idmctl.gate.smoke import _report_from_stdout  # here: the smoke check imports this module's caller
-
     started = time.perf_counter()
     folder = home() / "smokes" / f"{resolved.name}-{os.getpid()}-{int(time.time())}"
     folder.mkdir(parents=True, exist_ok=True)

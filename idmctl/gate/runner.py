@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from ground.paths import expand_path, free_bytes, home
 from idmctl.core.job_state import JobState
-from idmctl.gate import cache, introspection, smoke, spec
+from idmctl.gate import cache, cluster_smoke, introspection, smoke, spec
 from idmctl.gate.blame import name_flags
 from idmctl.gate.check_list import STATIC_CHECKS, run_check
 from idmctl.record import memo
@@ -192,7 +192,8 @@ def recorded_runs() -> list[RecordedRun]:
 def run_preflight(resolved: ResolvedSpec, profile: ClusterProfile, profile_hash: str, *, with_smoke: bool = True,
                   smoke_timeout_s: float = smoke.DEFAULT_TIMEOUT_S, record: bool = True,
                   measurements: Measurements | None = None, job: "EffectiveJob | None" = None,
-                  version: str | None = None, introspect_aside: bool = False) -> PreflightReport:
+                  version: str | None = None, introspect_aside: bool = False,
+                  smoke_on_cluster: bool = False) -> PreflightReport:
     """Run all checks; ``measurements`` replaces gathering (tests, benchmarks); ``version`` is the code
     version when the caller already has it (a sweep computes it once for all variants: two git calls).
 
@@ -203,6 +204,9 @@ def run_preflight(resolved: ResolvedSpec, profile: ClusterProfile, profile_hash:
 
     With ``job`` (preflight given submit's flags) the checks and the smoke judge the effective job,
     and the run is recorded under the spec's own hash with the job's smoke flags in its key.
+
+    ``smoke_on_cluster``: the smoke runs as a short job on the profile's ``smoke_job`` (its GPUs), waited for
+    at most ``smoke_timeout_s`` with the queue (``cluster_smoke``), instead of on this host.
     """
 
     started = time.perf_counter()
@@ -238,7 +242,8 @@ def run_preflight(resolved: ResolvedSpec, profile: ClusterProfile, profile_hash:
                                   "crash the same way", {}, "fix the failing checks above")
         else:
             entry = job.options.entry if job is not None else (resolved.spec.code.entry or smoke.DEFAULT_ENTRY)
-            smoke_result = smoke.run_smoke(resolved, smoke_timeout_s, entry=entry)
+            smoke_result = (cluster_smoke.smoke_on_cluster(resolved, profile, smoke_timeout_s, entry=entry)
+                            if smoke_on_cluster else smoke.run_smoke(resolved, smoke_timeout_s, entry=entry))
     ctx = PreflightContext(resolved, profile, replace(measured, smoke=smoke_result))
     results = {**early, **static_early, **{module.NAME: run_check(module, ctx) for module in STATIC_CHECKS
                                            if module.NAME not in early and module.NAME not in static_early}}

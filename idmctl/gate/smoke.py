@@ -114,7 +114,8 @@ def check(ctx: PreflightContext) -> CheckResult:
         return CheckResult(NAME, Status.FAIL, f"losses not finite on {smoke.device}: {shown}", numbers,
                            "look for NaN/inf in the inputs or lower the learning rate")
     trend = " → ".join(f"{loss:.3g}" for loss in smoke.losses)
-    summary = (f"{len(smoke.losses)} steps at batch {smoke.batch_size} on {smoke.device}, finite losses {trend}; "
+    device = f"{smoke.device} of {smoke.where}" if smoke.where else smoke.device
+    summary = (f"{len(smoke.losses)} steps at batch {smoke.batch_size} on {device}, finite losses {trend}; "
                f"{_timings(smoke)} (wall {smoke.wall_s:.1f} s)")
     res = ctx.spec.resources
     if smoke.device == "cpu" and res.gpus_per_node > 0:

@@ -26,6 +26,9 @@ def print_checks(results: "list[CheckResult]", title: str, err: bool = False) ->
 def preflight(
     experiment: options.Experiment,
     no_smoke: Annotated[bool, typer.Option("--no-smoke", help="Static checks only (cannot unlock submit).")] = False,
+    smoke_on: Annotated[str, typer.Option("--smoke-on", help="Where the smoke runs: here (this host) or cluster (a "
+                                          "short job on the profile's smoke_job: its QoS, partition and GPUs, waited "
+                                          "for within --smoke-timeout, queue included).")] = "here",
     as_json: options.Json = False,
     cluster: options.Cluster = None,
     smoke_timeout: Annotated[float, typer.Option("--smoke-timeout", **options.SMOKE_TIMEOUT, help="Seconds before the smoke is killed.")] = 300.0,
@@ -60,11 +63,17 @@ def preflight(
     from idmctl.gate.runner import run_preflight  # start-up: pulls pydantic and yaml
     from idmctl.core.profile import load_profile  # start-up: pulls pydantic
 
+    if smoke_on not in ("here", "cluster"):
+        raise UserError(f"--smoke-on {smoke_on!r} is not a place the smoke runs", field="--smoke-on",
+                        hint="here (this host) or cluster (a job on the profile's smoke_job)")
     variants = load_experiments(experiment)
     request = job_flags.flags(qos, gres, cpus, mem, exclude, job_name, time_limit, retries, entry, build,
                               account=account, partition=partition, constraint=constraint, reservation=reservation,
                               gpus_per_node=gpus_per_node)
     is_sweep = variants[0].sweep is not None and len(variants) > 1 or experiment == variants[0].sweep
+    if smoke_on == "cluster" and (is_sweep or what_if or build):
+        raise UserError("--smoke-on cluster smokes one training job", field="--smoke-on",
+                        hint="preflight the one experiment (no sweep, --what-if or --build) with it")
     if request.given_fields() and (is_sweep or what_if):
         # A sweep's table and --what-if check the spec's own resources: a flag here would be dropped unseen.
         given = " ".join(f"{flag} {','.join(value) if isinstance(value, list) else value}"
@@ -105,7 +114,7 @@ def preflight(
         report = run_build_preflight(job, with_smoke=not no_smoke, timeout_s=smoke_timeout)
     else:
         report = run_preflight(resolved, profile, profile_hash, with_smoke=not no_smoke, smoke_timeout_s=smoke_timeout,
-                               job=job, version=version, introspect_aside=True)
+                               job=job, version=version, introspect_aside=True, smoke_on_cluster=smoke_on == "cluster")
     if as_json:
         emit_json(report.as_dict())
     else:

@@ -10,7 +10,8 @@ import pytest
 
 from ground.code_snapshot import default_store, materialize
 from ground.spec.loader import load_spec
-from idmctl.gate.cluster_smoke import SmokeJob, run_smoke_on_cluster
+from idmctl.core.profile import SmokeJob
+from idmctl.gate.cluster_smoke import run_smoke_on_cluster
 from idmctl.job.code import tree_for
 
 pytestmark = [pytest.mark.slurm]
@@ -56,3 +57,21 @@ def test_a_smoke_job_that_fails_reports_its_error_from_the_node(slurm_home: Path
     smoke = run_smoke_on_cluster(resolved, SmokeJob(gpus=0, cpus=1, mem="1000M"), 240, code_dir=code)
     assert not smoke.ok and smoke.error.startswith("smoke job ") and " ended FAILED: " in smoke.error, smoke.error
     assert "does not exist" in smoke.error or "No such file" in smoke.error, smoke.error
+
+
+@pytest.mark.slow
+def test_preflight_smoke_on_cluster_records_the_nodes_figures(cli, tiny_cache, slurm_home: Path) -> None:
+    import json
+
+    spec = tiny_cache.spec_file(slurm_home / "specs", "tiny_smoke_on_cluster")
+    result = cli("preflight", str(spec), "--smoke-on", "cluster", "--json")
+    report = json.loads(result.stdout)
+    (smoke,) = [check for check in report["checks"] if check["name"] == "smoke"]
+    assert smoke["status"] == "PASS", smoke
+    assert smoke["numbers"]["where"].startswith("Slurm job ") and " on n" in smoke["numbers"]["where"]
+    assert " on cpu of Slurm job " in smoke["summary"]
+    refused = cli("preflight", str(spec), "--smoke-on", "gpu-box")
+    assert refused.exit_code == 2
+    assert refused.output.strip().splitlines()[-1] == (
+        "error: --smoke-on: --smoke-on 'gpu-box' is not a place the smoke runs (here (this host) or cluster "
+        "(a job on the profile's smoke_job))")
