@@ -140,7 +140,7 @@ def measure(n_jobs: int, mode: str) -> dict[str, float]:
 
 
 def run(fast: bool = False) -> list[Figure] | str:
-    sizes = [2_000] if fast else [10_000, 100_000]
+    sizes = [500] if fast else [10_000, 100_000]
     figures: list[Figure] = []
     for n_jobs in sizes:
         windows, one_call = measure(n_jobs, "windows"), measure(n_jobs, "one-call")
