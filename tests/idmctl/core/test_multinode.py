@@ -40,7 +40,7 @@ def test_each_node_reads_its_share_from_its_own_staged_copy(card) -> None:
     assert two.numbers["data_s_per_step"] == pytest.approx(
         SAMPLE_BYTES * 512 * ((1 - cache["hit_rate"]) / 8e9 + cache["hit_rate"] / 20e9))
     assert two.numbers["data_s_per_step"] == pytest.approx(one.numbers["data_s_per_step"] / 2)
-    assert "× eff. batch 1,024 ÷ 2 nodes = 512 samples/node = 135.9 GB/step/node = 10.6 s/step data in steady state" \
+    assert "× eff. batch 1,024 ÷ 2 nodes = 512 samples/node = 135.9 GB/step/node = 10.1 s/step data in steady state" \
         in two.summary, two.summary
     assert "(cold cache: 17.0 s/step)" in two.summary
     # Both nodes stage the whole cache at once over the shared NAS: twice the 1-node copy time.

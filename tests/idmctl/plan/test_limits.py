@@ -32,15 +32,16 @@ def _ctx(path: Path, cluster: str = "card", **measured: object) -> PreflightCont
 
 def test_unset_limits_are_derived_from_the_estimate_with_arithmetic(tmp_path: Path) -> None:
     limits = derive(_ctx(_spec(tmp_path, **UNSET)))
-    # 271.8 GB/step, 63% of it from the page cache: 37% ÷ 8 GB/s + 63% ÷ 20 GB/s = 21.1 s/step; (2.2 h stage +
-    # 60,000 × 21.1 s + the cold cache's 112.7 s) × 1.25 = 18.5 d, under core-own's 30 d.
-    assert limits.time_limit.arithmetic == ("(stage-in 2.2 h + 60,000 steps × 21.1 s/step + cold page cache 112.7 s) "
-                                            "× 1.25 margin = 18.5 d → 18-11:00:00 (a lower bound: the step time holds "
+    # 271.8 GB/step, 67% of it from the page cache (resources.mem 1600GB = 1600 GiB, as Slurm reads it): 33% ÷ 8 GB/s
+    # + 67% ÷ 20 GB/s = 20.3 s/step; (2.2 h stage + 60,000 × 20.3 s + the cold cache's 2.0 min) × 1.25 = 17.7 d,
+    # under core-own's 30 d.
+    assert limits.time_limit.arithmetic == ("(stage-in 2.2 h + 60,000 steps × 20.3 s/step + cold page cache 2.0 min) "
+                                            "× 1.25 margin = 17.7 d → 17-17:00:00 (a lower bound: the step time holds "
                                             "no compute)")
-    assert limits.time_limit_slurm == "18-11:00:00" and limits.time_limit.source == "derived"
+    assert limits.time_limit_slurm == "17-17:00:00" and limits.time_limit.source == "derived"
     assert limits.checkpoint_every.arithmetic == ("non-preemptible core-own: lose at most 4.0 h to a failure → "
-                                                  "interval ≤ 4.0 h; 4.0 h ÷ 21.1 s/step = 681 steps")
-    assert limits.signal_lead.arithmetic == "(21.1 s step + unmeasured write) × 3 = 63.4 s → 64 s"
+                                                  "interval ≤ 4.0 h; 4.0 h ÷ 20.3 s/step = 710 steps")
+    assert limits.signal_lead.arithmetic == "(20.3 s step + unmeasured write) × 3 = 60.8 s → 61 s"
 
 
 def test_preemptible_tier_and_measured_write_bound_the_interval(tmp_path: Path) -> None:
@@ -48,13 +49,16 @@ def test_preemptible_tier_and_measured_write_bound_the_interval(tmp_path: Path) 
     limits = derive(_ctx(_spec(tmp_path, resources={"qos": "sub", "gpus_per_node": 4, "time_limit": None},
                                loader={"batch_size": 8}, train={"checkpoint_every": None}, stage={"enabled": False}),
                          smoke=smoke))
-    # The smoke's 0.5 s at batch 2 → × (8 × 32 accum = 256 samples per rank) / 2 = 64 s compute per step.
-    assert limits.step_source == "estimate: data 114.3 s/step + smoke compute 64.0 s"
+    # The smoke's 0.5 s at batch 2 → × (8 × 32 accum = 256 samples per rank) / 2 = 64 s compute per step, under
+    # the 101.1 s the storage takes (the step is their max, b5969bb).
+    assert limits.step_source == ("estimate: max(storage 101.1 s, loader CPU unmeasured, compute 64.0 s) + 0 s not "
+                                  "overlapped (num_workers 0: the rank's batch loader reads 2 batches ahead on threads) "
+                                  "= 101.1 s/step, bound by storage")
     assert limits.write_source == "measured by the smoke"
     assert limits.checkpoint_every.arithmetic == (
         "preemptible sub: expected loss interval/2 ≤ 10% of the 60.0 min cycle → interval ≤ 12.0 min; "
-        "write 20.0 s ≤ 2% of interval → interval ≥ 16.7 min; 16.7 min ÷ 178.3 s/step = 5 steps")
-    assert limits.signal_lead.arithmetic == "(178.3 s step + 20.0 s write) × 3 = 595.0 s → 596 s"
+        "write 20.0 s ≤ 2% of interval → interval ≥ 16.7 min; 16.7 min ÷ 101.1 s/step = 9 steps")
+    assert limits.signal_lead.arithmetic == "(101.1 s step + 20.0 s write) × 3 = 363.3 s → 364 s"
 
 
 def test_earlier_runs_of_the_same_code_and_geometry_win(tmp_path: Path) -> None:
@@ -67,8 +71,8 @@ def test_earlier_runs_of_the_same_code_and_geometry_win(tmp_path: Path) -> None:
     assert limits.step_source == ("median of 2 earlier run(s) with code abc1234 and this geometry: "
                                   "latent_c_n4/3, latent_c_n4/4")
     assert limits.write_s == 10.0
-    assert limits.time_limit.arithmetic == ("(stage-in 2.2 h + 60,000 steps × 28.0 s/step + cold page cache 112.7 s) × "
-                                            "1.25 margin = 24.4 d → 24-10:08:00")
+    assert limits.time_limit.arithmetic == ("(stage-in 2.2 h + 60,000 steps × 28.0 s/step + cold page cache 2.0 min) × "
+                                            "1.25 margin = 24.4 d → 24-10:09:00")
     assert derive(_ctx(path, recorded_runs=runs), "fff0000").step_source.startswith("estimate"), \
         "another code version's step time does not count"
 
@@ -88,16 +92,22 @@ def test_a_spec_value_wins_and_warns_when_it_disagrees_badly(tmp_path: Path, cli
 def test_exp_show_prints_each_derived_value_with_its_arithmetic(tmp_path: Path, cli) -> None:
     result = cli("exp", "show", str(_spec(tmp_path, **UNSET)), "--cluster", "card")
     assert result.exit_code == 0, result.output
-    lines = result.stdout.split("# limits on card (derived from measurement; a value in the spec wins):\n")[1].splitlines()
-    assert lines == [
-        "  step time 21.1 s/step (data-bound lower bound; compute unmeasured (no GPU smoke); estimate: data 21.1 "
-        "s/step); checkpoint write unknown (no smoke or earlier run measured one)",
-        "  time limit = 18-11:00:00 (derived): (stage-in 2.2 h + 60,000 steps × 21.1 s/step + cold page cache 112.7 s) "
-        "× 1.25 margin = 18.5 d → 18-11:00:00 (a lower bound: the step time holds no compute)",
-        "  checkpoint interval = 681 steps (derived): non-preemptible core-own: lose at most 4.0 h to a failure → "
-        "interval ≤ 4.0 h; 4.0 h ÷ 21.1 s/step = 681 steps",
-        "  signal lead = 64 s (derived): (21.1 s step + unmeasured write) × 3 = 63.4 s → 64 s",
+    section = result.stdout.split("# limits on card (derived from measurement; a value in the spec wins):\n")[1]
+    # The console wraps long lines: compared word by word, each expected line starting on its own.
+    expected = [
+        "  step time 20.3 s/step (data-bound lower bound; compute unmeasured (no GPU smoke); estimate: max(storage "
+        "20.3 s, loader CPU unmeasured, compute unmeasured) + 0 s not overlapped (num_workers 0: the rank's batch "
+        "loader reads 2 batches ahead on threads) = 20.3 s/step, bound by storage); checkpoint write unknown (no smoke "
+        "or earlier run measured one)",
+        "  time limit = 17-17:00:00 (derived): (stage-in 2.2 h + 60,000 steps × 20.3 s/step + cold page cache 2.0 min) "
+        "× 1.25 margin = 17.7 d → 17-17:00:00 (a lower bound: the step time holds no compute)",
+        "  checkpoint interval = 710 steps (derived): non-preemptible core-own: lose at most 4.0 h to a failure → "
+        "interval ≤ 4.0 h; 4.0 h ÷ 20.3 s/step = 710 steps",
+        "  signal lead = 61 s (derived): (20.3 s step + unmeasured write) × 3 = 60.8 s → 61 s",
     ]
+    assert " ".join(section.split()) == " ".join(" ".join(expected).split())
+    starts = [line for line in section.splitlines() if line.startswith("  ")]
+    assert [line.split()[:2] for line in starts] == [line.split()[:2] for line in expected]
 
 
 def test_submit_dry_run_uses_and_explains_the_derived_limits(tmp_path: Path, cli, idmctl_home: Path) -> None:
@@ -113,8 +123,8 @@ def test_submit_dry_run_uses_and_explains_the_derived_limits(tmp_path: Path, cli
     result = cli("submit", str(path), "--cluster", "card", "--dry-run")
     assert result.exit_code == 0, result.output
     script = result.stdout
-    # (7,946 s stage + 60,000 × 30 s + 112.7 s of cold page cache) × 1.25 = 2,260,073 s → whole minutes
-    assert "#SBATCH --time=26-03:48:00\n" in script
+    # (7,946 s stage + 60,000 × 30 s + 2.0 min of cold page cache) × 1.25 = 2,260,082 s → whole minutes
+    assert "#SBATCH --time=26-03:49:00\n" in script
     assert "#SBATCH --signal=B:USR1@126\n" in script  # (30 s + 12 s) × 3
     assert f"export {ENV_CHECKPOINT_EVERY}=480\n" in script  # 4 h ÷ 30 s
     assert ("# idmctl: step time 30.0 s/step (measured: 1 earlier run(s) on GPU: planned/7; median of 1 earlier "
