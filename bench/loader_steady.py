@@ -80,9 +80,10 @@ def _loader_pass(dataset: Any, order: list[list[int]], files: list[Path],
     ``order`` through the trainer's batch loader, from an empty page cache (``direct``: O_DIRECT)."""
     from cache.batches import BatchLoader
 
+    loader = BatchLoader(dataset, order, BATCH_SIZE, direct=direct, start=False)  # buffers allocated, faulted in
     fio.evict(files)
     before, cpu, start = _read_bytes(), time.process_time(), time.perf_counter()
-    loader = BatchLoader(dataset, order, BATCH_SIZE, direct=direct)
+    loader.start()
     for _ in loader:
         pass
     seconds, cpu = time.perf_counter() - start, time.process_time() - cpu

@@ -91,6 +91,9 @@ class _Slot:
             self.hidden = torch.empty((rows, *shape), dtype=dtype, pin_memory=pin)
         # One flat byte row per sample: the rows the sample's ranges are read into, end to end.
         self.rows = self.hidden.view(torch.uint8).numpy().reshape(rows, -1)
+        # Touch every page now: the kernel's first-touch faults (and zeroing) happen once, at start-up,
+        # not inside the reads of the first batches.
+        self.rows.fill(0)
         self.copied: Any = None
 
 
@@ -104,7 +107,7 @@ class BatchLoader:
 
     def __init__(self, dataset: RangeDataset, order: Iterable[list[int]], batch_size: int,
                  device: torch.device | str = "cpu", depth: int = PREFETCH_DEPTH, pin: bool | None = None,
-                 direct: bool = False):
+                 direct: bool = False, start: bool = True):
         self.dataset, self.device, self.direct = dataset, torch.device(device), direct
         self.direct_bytes = 0
         """Bytes read with O_DIRECT (``direct`` and the sample's ranges aligned); the rest went through
@@ -132,6 +135,11 @@ class BatchLoader:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._produce, args=(iter(order),), daemon=True,
                                         name="batch-reader")
+        if start:
+            self.start()
+
+    def start(self) -> None:
+        """Start reading ahead (``start=False`` at construction: a benchmark times reads, not allocation)."""
         self._thread.start()
 
     # -- the reader thread ----------------------------------------------------------------------
