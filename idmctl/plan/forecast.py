@@ -28,6 +28,9 @@ from typing import Any
 
 import numpy as np
 
+from ground.units import format_duration
+from idmctl.plan.budget import fmt_seconds
+
 DRAWS = 4000
 SEED = 0
 MIN_HISTORY = 3
@@ -92,10 +95,6 @@ class Forecast:
                 "assumptions": self.assumptions}
 
 
-def _days(seconds: float) -> str:
-    return f"{seconds / 86400:.1f} d" if seconds >= 86400 else f"{seconds / 3600:.1f} h"
-
-
 def forecast(plan: Plan, history: list[PastJob], draws: int = DRAWS, seed: int = SEED) -> Forecast:
     """Simulate ``draws`` chains of ``plan`` on what ``history`` says about its QoS and GPU count."""
     if plan.steps < 0 or not plan.step_s > 0 or plan.checkpoint_every < 1:
@@ -105,13 +104,13 @@ def forecast(plan: Plan, history: list[PastJob], draws: int = DRAWS, seed: int =
     waits = np.array([j.waited_s for j in same if j.waited_s is not None], dtype=float)
     hours = sum(j.ran_s for j in same) / 3600
     preempted = sum(j.preemptions for j in same)
-    notes = [f"work: {plan.steps:,} steps × {plan.step_s:.2f} s/step ({plan.step_source}) = {_days(plan.steps * plan.step_s)}",
-             f"checkpoint every {plan.checkpoint_every:,} steps; stage-in {plan.stage_in_s / 60:.0f} min after each start"]
+    notes = [f"work: {plan.steps:,} steps × {fmt_seconds(plan.step_s)}/step ({plan.step_source}) = {format_duration(plan.steps * plan.step_s)}",
+             f"checkpoint every {plan.checkpoint_every:,} steps; stage-in {format_duration(plan.stage_in_s)} after each start"]
     enough = len(same) >= MIN_HISTORY
     if enough and len(waits):
         wait = lambda n: rng.choice(waits, n)  # noqa: E731 (resampled as they were)
         notes.append(f"queue wait: {len(waits)} past submit → start waits on {plan.qos} × {plan.gpus} GPU, resampled "
-                     f"(median {_days(float(np.median(waits)))}; submit → eligible not recorded: counted whole)")
+                     f"(median {format_duration(float(np.median(waits)))}; submit → eligible not recorded: counted whole)")
     else:
         low, high = ASSUMED_WAIT_S
         wait = lambda n: np.exp(rng.uniform(math.log(low), math.log(high), n))  # noqa: E731
@@ -186,8 +185,8 @@ def lines(result: Forecast, start_epoch: float | None = None) -> list[str]:
         if not math.isfinite(seconds):
             return "never (preempted faster than it checkpoints)"
         if start_epoch is None:
-            return _days(seconds)
-        return f"{datetime.fromtimestamp(start_epoch + seconds, timezone.utc):%Y-%m-%d %H:%M} UTC (+{_days(seconds)})"
+            return format_duration(seconds)
+        return f"{datetime.fromtimestamp(start_epoch + seconds, timezone.utc):%Y-%m-%d %H:%M} UTC (+{format_duration(seconds)})"
 
     basis = (f"from {result.history_jobs} past jobs" if result.from_history
              else f"too little history ({result.history_jobs} past jobs): the range its assumptions give")

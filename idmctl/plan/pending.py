@@ -13,6 +13,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from ground.units import format_duration
+
 FAMILIES: list[tuple[str, re.Pattern[str], str]] = [
     ("held", re.compile(r"^(JobHeldUser|JobHeldAdmin|held)$"), "held: it runs only once released (scontrol release JOBID)"),
     ("dependency", re.compile(r"^(Dependency|DependencyNeverSatisfied)$"), "waits for the job(s) it depends on"),
@@ -45,14 +47,8 @@ class Pending:
     meaning: str
 
     def line(self, waited_s: float | None = None) -> str:
-        since = f" for {_span(waited_s)}" if waited_s is not None else ""
+        since = f" for {format_duration(waited_s)}" if waited_s is not None else ""
         return f"pending{since}: {self.family} — {self.meaning} (Slurm reason {self.reason})"
-
-
-def _span(seconds: float) -> str:
-    if seconds < 3600:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h" if seconds < 2 * 86400 else f"{seconds / 86400:.1f} d"
 
 
 def why_pending(reason: str | None) -> Pending:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ground.errors import UserError
+from ground.units import format_duration
 
 
 @dataclass
@@ -100,9 +101,7 @@ def _cell(text: Any) -> str:
 
 
 def _hours(seconds: float | None) -> str:
-    if seconds is None:
-        return "—"
-    return f"{seconds / 3600:.1f} h" if seconds < 2 * 86400 else f"{seconds / 86400:.1f} d"
+    return "—" if seconds is None else format_duration(seconds)
 
 
 # ------------------------------------------------------------------------------------------ sections
@@ -352,19 +351,9 @@ def _figures(card: Card, jobs: list[Any]) -> list[tuple[str, bytes]]:
     figures: list[tuple[str, bytes]] = []
     drawn = [r for r in card.decisions if r.runs]
     if drawn:
-        figure, axis = plt.subplots(figsize=(9, 1.2 + 0.8 * len(drawn)), dpi=100)
-        for index, report in enumerate(drawn):
-            y = len(drawn) - 1 - index
-            for member in report.runs:
-                axis.scatter(member.errors_mm, [y + 0.15] * len(member.errors_mm), s=14, alpha=0.6, color="tab:blue")
-            if report.estimate is not None:
-                est = report.estimate
-                axis.errorbar([est.mean], [y - 0.1], xerr=[[est.mean - est.low], [est.high - est.mean]], fmt="o",
-                              color="black", capsize=4)
-            axis.axvline(report.goal.value, color="red", linewidth=1.0)
-        axis.set_yticks(range(len(drawn)), [f"{r.subject}: {r.verdict}" for r in reversed(drawn)], fontsize=8)
-        axis.set(xlabel=f"{drawn[0].goal.metric} per episode; bar: mean and 95 % interval; red: goal")
-        figures.append(("per-episode results, the estimate and its 95 % interval, the goal", _png(figure, plt)))
+        from idmctl.track.decide import decision_figure  # start-up: the card's sections load the store/track modules only when drawn
+
+        figures.append(("per-episode results, the estimate and its 95 % interval, the goal", _png(decision_figure(drawn), plt)))
     ended = [j for j in jobs if j.started_at and j.ended_at]
     if ended:
         figure, axis = plt.subplots(figsize=(9, 3), dpi=100)

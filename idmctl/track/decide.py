@@ -418,6 +418,13 @@ def plot_decisions(reports: list[DecisionReport], out: Path) -> Path:
     if not drawn:
         raise UserError("nothing to plot: no per-episode results and no baseline value", field="--plot",
                         hint="decide a run that logged per-episode results")
+    figure = decision_figure(drawn)
+    return save_png(figure, out)
+
+
+def decision_figure(drawn: list[DecisionReport]) -> Any:
+    """Per-episode values (dots), the estimate and its 95 % interval (bar), a baseline's point (diamond) and
+    the goal (red line), one row per decision: ``--plot`` and the card's ``--html`` draw the same figure."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -436,11 +443,11 @@ def plot_decisions(reports: list[DecisionReport], out: Path) -> Path:
             axis.scatter([report.point], [y - 0.1], marker="D", color="grey")
         axis.axvline(report.goal.value, color="red", linewidth=1.0)
     axis.set_yticks(range(len(drawn)), [f"{r.subject}: {r.verdict}" for r in reversed(drawn)], fontsize=8)
-    axis.set(xlabel=f"{drawn[0].goal.metric} per episode (mm); bar: mean and 95 % interval; red: goal",
+    unit = f" ({drawn[0].unit})" if drawn[0].unit else ""
+    axis.set(xlabel=f"{drawn[0].goal.metric} per episode{unit}; bar: mean and 95 % interval; red: goal",
              title=f"goal {drawn[0].goal}")
     axis.grid(alpha=0.3, axis="x")
-
-    return save_png(figure, out)
+    return figure
 
 
 def paired_results(reports: list[DecisionReport]) -> list[dict[str, Any]]:
