@@ -116,3 +116,26 @@ def test_a_pending_job_says_why_it_waits(cli) -> None:
     [line] = [item for item in json.loads(result.output)["open"] if "7001" in item]
     assert line == ("- job 7001 (latent_c_n4) is pending for 3.0 h: qos limit — its QoS is at a limit: it waits for the "
                     "QoS's other jobs (often the team's own) to end (Slurm reason QOSMaxGRESPerUser)")
+
+
+def test_a_decided_experiment_has_its_decision_in_the_tldr_and_its_plot_in_the_html(cli, tmp_path: Path,
+                                                                                    monkeypatch) -> None:
+    """Two runs logged by the trainer's own RunLogger (test_decide's helper) into a real MLflow store."""
+    from ground.contract import ENV_EXPERIMENTS
+    from test_decide import SPEC, _train_run
+
+    specs = tmp_path / "experiments"
+    specs.mkdir()
+    (specs / "qcard.yaml").write_text(SPEC.format(lr="3.0e-3"))
+    monkeypatch.setenv(ENV_EXPERIMENTS, str(specs))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    _train_run(tmp_path, "qcard", 1, {200: [38.0, 44.5, 41.0, 35.5]})
+    result = cli("report", "qcard", "--markdown")
+    assert result.exit_code == 0, result.output
+    [line] = [line for line in result.output.splitlines() if line.startswith("- decision: ")]
+    # 38.0, 44.5, 41.0, 35.5 mm → mean 39.75 mm, interval [34.0, 47.8] mm (test_decide's numbers).
+    assert line.startswith("- decision: qcard#1: PASS for sim_eef_mm_4ep <= 60 — mean 39.75 mm, 95 % interval [33.98, 47.82] mm")
+    out = tmp_path / "card.html"
+    result = cli("report", "qcard", "--html", str(out))
+    assert result.exit_code == 0, result.output
+    assert out.read_text().count("src='data:image/png;base64,iVBORw0KGgo") == 1  # the decision's figure
