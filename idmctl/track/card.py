@@ -216,6 +216,30 @@ def _finish(experiments: list[str], jobs: list[Any]) -> list[str]:
     return out
 
 
+def _parameters(experiments: list[str]) -> list[str]:
+    """Parameters by part, counted on the model the spec builds (meta device: no memory, instant at full
+    size — ``idmctl model summary``), card A's rounded figures beside when the shape is the card's."""
+    from ground.spec import load_spec  # start-up: pulls pydantic and yaml
+
+    lines = ["| experiment | DiT blocks | KV projectors | action encoder/decoder, timestep | total | card A (N=4) |",
+             "|---|---|---|---|---|---|"]
+    for experiment in experiments:
+        try:
+            resolved = load_spec(experiment)
+            from trainers.registry import CARD_PARAMS_N4, CARD_SHAPE, build_model, parameter_table  # heavy: torch
+
+            params = parameter_table(build_model(resolved.spec, device="meta"))
+        except UserError as exc:
+            lines.append(f"| {experiment} | — | — | — | — | the spec's model could not be built: {_cell(exc.what)} |")
+            continue
+        shape = (resolved.spec.data.routing_n, resolved.spec.model.depth) == CARD_SHAPE
+        card = (" / ".join(f"{CARD_PARAMS_N4[k] / 1e6:.1f}M" for k in ("dit", "kv_projectors", "action_io", "total"))
+                + " (the card's, rounded)") if shape else "another shape"
+        lines.append(f"| {experiment} | " + " | ".join(f"{params[k]:,}" for k in ("dit", "kv_projectors", "action_io", "total"))
+                     + f" | {card} |")
+    return lines
+
+
 def _baselines() -> list[str]:
     from idmctl.track.compare import load_baselines  # start-up: the card's sections load the store/track modules only when drawn
 
@@ -295,6 +319,7 @@ def build_card(experiments: list[str], with_figures: bool = False) -> Card:
         tldr.append(f"- GPU-hours: {total.charged_h:.2f} charged, {total.useful_h:.2f} useful, {total.lost_total_h:.2f} lost")
     card.sections.append(("TL;DR", tldr))
     card.sections.append(("The plan's arithmetic", _plan(experiments)))
+    card.sections.append(("Parameters by part", _parameters(experiments)))
     card.sections.append(("Finish date (P10–P90)", _finish(experiments, jobs)))
     card.sections.append(("Every attempt", _attempts(jobs, by_job)))
     if failures:

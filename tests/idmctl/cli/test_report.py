@@ -59,6 +59,9 @@ def test_card_a_golden_failure_table_with_fixes(cli, store_backend) -> None:
     gpu = lines[lines.index("## GPU-hours") + 4]
     assert gpu == "| 51.82 | 0.02 | 51.80 | loader_config 16.00, python_exception 16.00, preempted 11.80, shm_enospc 8.00 | 3 | 3.93 |"
     assert "- GPU-hours: 51.82 charged, 0.02 useful, 51.80 lost" in lines
+    # Card A's parameter table, counted on the model latent_c_n4 builds (meta device), the card's beside it.
+    assert ("| latent_c_n4 | 83,963,904 | 20,975,616 | 138,563,968 | 243,503,488 | 84.2M / 20.5M / 138.0M / 242.6M "
+            "(the card's, rounded) |") in lines
     # Every attempt, the completed one too; card A's baselines under their protocols, said to be point estimates.
     assert any(line.startswith("| 6400 | latent_c_n4 | — | core-own | 1 | COMPLETED |") for line in lines)
     assert ("| Latent-A multistream | eef_mm_24ep | 105 | card-A/MG-30-held-out:24ep | a mean only: a point estimate "
