@@ -352,7 +352,11 @@ def assurance(est: Estimate, goal: float, more: int, draws: int = ASSURANCE_DRAW
     total = n + more
     if est.successes is not None:
         rate = rng.beta(est.successes + 0.5, n - est.successes + 0.5, draws)
-        new = rng.binomial(more, rate) if more > 0 else np.zeros(draws, dtype=np.int64)
+        # Binomial(m, p) from one normal per draw, the same for every m (common random numbers: the
+        # probability grows smoothly with m, so the search does not stop on noise; rng.binomial per m
+        # kept its promise 72 % of the time, this 79 %: test_decision_power.py).
+        z = rng.standard_normal(draws)
+        new = np.clip(np.round(more * rate + z * np.sqrt(more * rate * (1 - rate))), 0, more)
         pooled = (est.successes + new) / total
         z = _normal_quantile(1 - (1 - est.level) / 2)
         centre = (pooled + z * z / (2 * total)) / (1 + z * z / total)
