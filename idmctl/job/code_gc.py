@@ -14,11 +14,17 @@ The collector owns only what submit wrote into the store (``ground.code_snapshot
   as well. A row names a snapshot by its folder (``…/snapshots/<name>``) or by its manifest's version.
 
 A store path that exists and is not a folder is refused (one line, exit 2), never walked.
+
+In a team's shared store each member's submits write their own snapshots and objects: gc removes only
+what belongs to the user running it (its owner), and leaves a colleague's, listed, whatever that
+colleague's record says (their jobs may be in a store this user does not read). A removal the filesystem
+refuses is listed too, never a traceback.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +51,17 @@ class Collected:
     freed_bytes: int
     foreign: list[str]
     """Entries of ``snapshots/`` and ``objects/`` that idmctl did not write: left as they are."""
+    others: list[str] = ()  # type: ignore[assignment]
+    """Snapshots another user wrote (a team's shared store): theirs to collect, left as they are."""
+    refused: list[str] = ()  # type: ignore[assignment]
+    """Entries the filesystem would not let this user remove, with the reason."""
+
+
+def _ours(path: Path) -> bool:
+    try:
+        return path.lstat().st_uid == os.geteuid()
+    except OSError:
+        return False
 
 
 def check_store(store: Path) -> None:
@@ -97,6 +114,8 @@ def collect(store: Path, dry_run: bool = False) -> Collected:
     removed: list[str] = []
     foreign: list[str] = []
     remaining: list[Path] = []
+    others: list[str] = []
+    refused: list[str] = []
     root = store / SNAPSHOTS_DIR
     for folder in sorted(root.iterdir()) if root.is_dir() else []:
         if not is_snapshot(folder):
@@ -107,9 +126,18 @@ def collect(store: Path, dry_run: bool = False) -> Collected:
             kept.append(folder.name)
             remaining.append(folder)
             continue
-        removed.append(folder.name)
+        if not _ours(folder):
+            others.append(folder.name)
+            remaining.append(folder)
+            continue
         if not dry_run:
-            _remove_tree(folder)
+            try:
+                _remove_tree(folder)
+            except OSError as exc:
+                refused.append(f"{SNAPSHOTS_DIR}/{folder.name} ({exc.strerror or exc})")
+                remaining.append(folder)
+                continue
+        removed.append(folder.name)
     # An object is still needed while anything left under snapshots/ links to it (same inode).
     needed = set()
     for folder in remaining:
@@ -131,11 +159,18 @@ def collect(store: Path, dry_run: bool = False) -> Collected:
                     foreign.append(f"{OBJECTS_DIR}/{sub.name}/{obj.name}")
                 continue
             info = obj.stat()
-            if (info.st_dev, info.st_ino) in needed:
-                continue
-            freed += info.st_size
+            if (info.st_dev, info.st_ino) in needed or info.st_uid != os.geteuid():
+                continue  # still linked, or a colleague's (their snapshot's contents; theirs to collect)
             if not dry_run:
-                obj.unlink()
+                try:
+                    obj.unlink()
+                except OSError as exc:
+                    refused.append(f"{OBJECTS_DIR}/{sub.name}/{obj.name} ({exc.strerror or exc})")
+                    continue
+            freed += info.st_size
         if not dry_run and not any(sub.iterdir()):
-            sub.rmdir()
-    return Collected(store, kept, removed, freed, foreign)
+            try:
+                sub.rmdir()
+            except OSError:
+                pass  # another user's submit may be writing into it right now
+    return Collected(store, kept, removed, freed, foreign, others, refused)

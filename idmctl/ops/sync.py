@@ -39,6 +39,7 @@ from idmctl.record.stored_json import eval_link
 from idmctl.record.exclusions import exclude_node, nodes_excluded_for
 from idmctl.record.failures import failures_of
 from idmctl.record.jobs import unfinished_jobs  # noqa: F401  (re-exported: `watch` asks sync for it)
+from idmctl.record.url import shared_url, writer
 from idmctl.record.models import Chain, Failure, Job
 from idmctl.record.stored_json import job_options
 from ground.contract import MLFLOW_RUN_ID_FILE
@@ -146,7 +147,9 @@ def sync(retry: bool = True, chain_id: int | None = None) -> SyncReport:
     from idmctl.ops.submit import ResubmitRefused, resubmit  # start-up: the submit path, only once a job ended
 
     report = SyncReport()
-    jobs = unfinished_jobs(chain_id)
+    # In the team's store, each member's sync (and controller) looks after that member's jobs: a colleague's
+    # run directory, log and spool are theirs to read, and their own syncs record them.
+    jobs = unfinished_jobs(chain_id, user=writer()[0] if shared_url() else None)
     by_executor: dict[str, list[Job]] = defaultdict(list)
     for job in jobs:
         by_executor[job.executor].append(job)

@@ -172,9 +172,9 @@ def stop_chain_of(job_id: int) -> "Job":
     return row
 
 
-def unfinished_jobs(chain_id: int | None = None) -> list["Job"]:
-    """Every submitted job not in a final state (of chain ``chain_id`` only, when given): what sync asks
-    the scheduler about."""
+def unfinished_jobs(chain_id: int | None = None, user: str | None = None) -> list["Job"]:
+    """Every submitted job not in a final state (of chain ``chain_id`` only, when given; submitted by
+    ``user`` only, when given): what sync asks the scheduler about."""
     from sqlmodel import select  # start-up: SQLAlchemy; only sync and watch ask, which write through it
 
     from idmctl.record.db import session  # start-up: SQLAlchemy, as above
@@ -184,6 +184,8 @@ def unfinished_jobs(chain_id: int | None = None) -> list["Job"]:
         query = select(Job).where(Job.scheduler_id.is_not(None))  # type: ignore[union-attr]
         if chain_id is not None:
             query = query.where(Job.chain_id == chain_id)
+        if user is not None:
+            query = query.where(Job.user == user)
         return [job for job in orm.exec(query).all() if not is_terminal(job.state)]
 
 

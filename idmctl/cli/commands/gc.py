@@ -28,7 +28,8 @@ def gc(
     done = collect(store, dry_run=dry_run)
     if as_json:
         emit_json({"store": str(done.store), "dry_run": dry_run, "kept": done.kept, "removed": done.removed,
-                   "freed_bytes": done.freed_bytes, "foreign": done.foreign})
+                   "freed_bytes": done.freed_bytes, "foreign": done.foreign, "others": list(done.others),
+                   "refused": list(done.refused)})
         return
     verb = "would remove" if dry_run else "removed"
     console.print(f"{done.store}: {verb} {len(done.removed)} snapshot(s), {format_bytes(done.freed_bytes)} of file "
@@ -39,3 +40,8 @@ def gc(
         shown = ", ".join(done.foreign[:5]) + (f" and {len(done.foreign) - 5} more" if len(done.foreign) > 5 else "")
         console.print(f"  left {len(done.foreign)} entr{'y' if len(done.foreign) == 1 else 'ies'} idmctl did not "
                       f"write: {shown}", markup=False)
+    if done.others:
+        console.print(f"  left {len(done.others)} snapshot(s) other users wrote (theirs to collect): "
+                      f"{', '.join(done.others[:5])}{' …' if len(done.others) > 5 else ''}", markup=False)
+    for entry in done.refused:
+        console.print(f"  could not remove {entry}", markup=False)

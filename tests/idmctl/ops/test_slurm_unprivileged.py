@@ -126,3 +126,49 @@ def test_a_member_runs_the_loop_and_another_cannot_cancel_their_job(team: dict[s
         assert own.returncode == 0, own.stderr
         wait_until(lambda: squeue_state(running["scheduler_id"]) in ("", "CANCELLED", "COMPLETING"), 60,
                    f"{alice}'s job {running['scheduler_id']} to leave the queue after her own cancel")
+
+
+def test_a_shared_code_store_serves_both_members_and_gc_leaves_a_colleagues_snapshot(team: dict[str, Path]) -> None:
+    alice, bob = USERS
+    team_dir = Path(tempfile.mkdtemp(prefix="idmctl-team-", dir="/home"))  # not pytest's: its folders are 0700
+    team_dir.chmod(0o755)
+    shared = team_dir / "code"
+    shared.mkdir()
+    shared.chmod(0o1777)  # like /tmp: everyone writes, nobody removes another's entries
+    profile = team_dir / "team-slurm.yaml"
+    profile.write_text((REPO / "clusters" / "local-slurm.yaml").read_text() + f"\ncode_store: {shared}\n")
+    profile.chmod(0o644)
+    try:
+        with fresh_database() as db_url:
+            ids = {}
+            for user in (alice, bob):
+                done = _as(user, team[user], "submit", "quickstart", "--entry", "tests.jobs_entry", "--force",
+                           "--reason", "shared store", "--qos", "core-own", "--json", db_url=db_url,
+                           IDMCTL_CLUSTER=str(profile))
+                assert done.returncode == 0, f"{user}: {done.stderr}"
+                ids[user] = json.loads(done.stdout)["job"]
+
+            def both_ended() -> bool:
+                for user in (alice, bob):  # each member's sync records that member's jobs
+                    synced = _as(user, team[user], "sync", db_url=db_url, IDMCTL_CLUSTER=str(profile))
+                    assert synced.returncode == 0, f"{user}: {synced.stderr}"
+                rows = json.loads(_as(alice, team[alice], "jobs", "--json", db_url=db_url,
+                                      IDMCTL_CLUSTER=str(profile)).stdout)
+                return all(r["state"] == "COMPLETED" for r in rows if r["job"] in ids.values())
+
+            wait_until(both_ended, 120, "both members' jobs to complete", poll_s=1.0)
+            snapshots = sorted(p.name for p in (shared / "snapshots").iterdir())
+            assert snapshots, "no snapshot in the shared store"
+            owners = {(shared / "snapshots" / name).owner() for name in snapshots}
+            # gc as bob: his own snapshot (if he wrote one) goes, alice's stays, listed, no traceback
+            collected = _as(bob, team[bob], "gc", "--json", db_url=db_url, IDMCTL_CLUSTER=str(profile))
+            assert collected.returncode == 0, collected.stderr
+            report = json.loads(collected.stdout)
+            assert not report["refused"], report
+            left = sorted(p.name for p in (shared / "snapshots").iterdir())
+            if alice in owners:
+                assert any((shared / "snapshots" / name).owner() == alice for name in left)
+                assert report["others"], report
+            assert all((shared / "snapshots" / name).owner() != bob for name in left)
+    finally:
+        shutil.rmtree(team_dir, ignore_errors=True)
