@@ -122,8 +122,9 @@ def _number(text: str, where: str, metric: str, path: Path) -> float:
     return value
 
 
-def _rows(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
-    """(where, row) per data row: ``row 7`` (the CSV's line number counting the header as 1) or ``episodes[6]``."""
+def _rows(path: Path, said: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(where, row) per data row: ``row 7`` (the CSV's line number counting the header as 1) or ``episodes[6]``.
+    ``said`` receives what a JSON document says about its rows (``seeds_share_episodes``)."""
     suffix = path.suffix.lower()
     if suffix == ".json":
         if path.stat().st_size > MAX_JSON_BYTES:
@@ -134,6 +135,8 @@ def _rows(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise UserError(f"not JSON: {str(exc)[:80]}", file=str(path), hint="a damaged or incomplete file: write it again") from None
         rows, label = (document, "") if isinstance(document, list) else (document.get("episodes") if isinstance(document, dict) else None, "episodes")
+        if isinstance(document, dict) and document.get("seeds_share_episodes") is True:
+            said["seeds_share_episodes"] = True  # the file says its seeds repeat the same scenes
         if not isinstance(rows, list):
             raise UserError("no rows", file=str(path), field="episodes",
                             hint='a list of {"episode": …, "<metric>": …} objects, or {"episodes": [that list]}')
@@ -195,7 +198,8 @@ def read_eval_file(path: Path, *, name: str, protocol: str, metrics: list[str] |
     values: dict[str, array] = {}
     seen: dict[str, str] = {}
     """(seed, episode) key → where it was first: the row's label, interned per row (one str, not a tuple)."""
-    for place, row in _rows(path):
+    said: dict[str, Any] = {}
+    for place, row in _rows(path, said):
         if not columns:
             columns = list(row)
             episode_key = _pick(columns, EPISODE_COLUMNS, episode_column, path, "--episode-column")
@@ -240,6 +244,7 @@ def read_eval_file(path: Path, *, name: str, protocol: str, metrics: list[str] |
         seeds.append(seed)
     if not episodes:
         raise UserError("no episode rows" + (f" with {where}" if where else ""), file=str(path), hint="one row per episode after the header")
+    seeds_share_episodes = seeds_share_episodes or bool(said.get("seeds_share_episodes"))
     _check_complete(path, episodes, seeds, seeds_share_episodes, episode_key or "episode")
     digest = hashlib.sha256()
     with path.open("rb") as handle:

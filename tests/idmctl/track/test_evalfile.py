@@ -234,3 +234,15 @@ def test_resampling_goes_on_until_the_verdict_is_stable():
     near = estimate(values, goal=far.high)  # a goal on the end itself
     assert near.resamples > 2000
     assert near.mc_error_high < far.mc_error_high  # more resamples, a surer end
+
+
+def test_a_json_file_may_say_its_seeds_repeat_the_same_scenes(tmp_path):
+    """What an episode is comes from the file: {"seeds_share_episodes": true, "episodes": [...]}."""
+    rows = [{"episode": e, "seed": s, "eef_mm": 100.0 + 3 * e + s} for s in (0, 1) for e in range(3)]
+    path = tmp_path / "eval.json"
+    path.write_text(json.dumps({"seeds_share_episodes": True, "episodes": rows}))
+    record = read_eval_file(path, name="x", protocol="p")
+    assert record.seeds_share_episodes and record.keys()[:3] == ["0", "1", "2"]
+    assert record.matrix("eef_mm") == (["0", "1", "2"], [[100.0, 103.0, 106.0], [101.0, 104.0, 107.0]])
+    path.write_text(json.dumps({"episodes": rows}))  # not said: each (seed, episode) is its own scene
+    assert read_eval_file(path, name="x", protocol="p").keys()[:2] == ["0/0", "0/1"]
