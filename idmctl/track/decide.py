@@ -406,7 +406,8 @@ def write_tags(reports: list[DecisionReport], tracking_uri: str | None = None) -
     for run_id, report in runs:
         for key, value in decision_tags(report).items():
             client.set_tag(run_id, key, value)
-    announce_verdicts(client, reports)
+    # An imported evaluation has no run to mark as announced: only tracked runs' verdicts are sent.
+    announce_verdicts(client, [r for r in reports if r.runs and not r.runs[0].run_id.startswith("eval:")])
     return len(runs)
 
 
