@@ -15,10 +15,12 @@ from idmctl.plan.limits import derive
 from idmctl.core.checks import CheckResult, PreflightContext, QueueWait, Status
 from ground.units import format_duration
 from idmctl.gate.assoc import read as read_associations
+from idmctl.gate.cluster_settings import cluster_texts as read_cluster_texts, parse_config, preemption_notice
 
 if TYPE_CHECKING:
     from ground.spec.schema import ResourcesSpec
     from idmctl.core.profile import ClusterProfile
+    from idmctl.plan.limits import Limits
 
 NAME = "qos"
 LONG_QUEUE_WAIT_S = 86400.0
@@ -94,6 +96,12 @@ def check(ctx: PreflightContext) -> CheckResult:
             fixes.append("checkpoint more often (train.checkpoint_every) or use a non-preemptible QoS")
         else:
             notes.append(f"{stage_text} + {ckpt_text} < preempt cycle {format_duration(cycle)}")
+        notice_warn, notice_fix, notice_note = _preemption_notice(res, profile, limits, checkpoint_s, numbers)
+        if notice_warn:
+            warns.append(notice_warn)
+            fixes.append(notice_fix)
+        elif notice_note:
+            notes.append(notice_note)
 
     account_fail, account_fix, account_note = _account(res, profile, numbers)
     if account_fail:
@@ -126,6 +134,39 @@ def check(ctx: PreflightContext) -> CheckResult:
     if warns:
         return CheckResult(NAME, Status.WARN, "; ".join(warns + notes), numbers, "; ".join(fixes))
     return CheckResult(NAME, Status.PASS, f"{res.qos}: " + "; ".join(notes), numbers)
+
+
+def _preemption_notice(res: "ResourcesSpec", profile: "ClusterProfile", limits: "Limits", checkpoint_s: float,
+                       numbers: dict[str, object]) -> tuple[str, str, str]:
+    """(warn, fix, note): whether a preempted job of this tier can checkpoint before it is killed, from the
+    cluster's own settings (``cluster_settings``: the user signal at preemption, the tier's GraceTime), read
+    only on the cluster the profile names. Without time to save, a preemption loses the steps since the
+    last periodic checkpoint: the checks above bound that, so this is a WARN with the arithmetic."""
+    if profile.scheduler != "slurm" or not profile.slurm_cluster:
+        return "", "", "preemption notice not read (the profile names no slurm_cluster to ask)"
+    config = parse_config(read_cluster_texts()[0])
+    if not config:
+        return "", "", "preemption notice not read (Slurm does not answer here)"
+    if config.get("ClusterName") != profile.slurm_cluster:
+        return "", "", (f"preemption notice not read (Slurm here is cluster {config.get('ClusterName')!r}, the "
+                        f"profile's is {profile.slurm_cluster!r})")
+    notice = preemption_notice(res.qos, res.partition)
+    if notice is None:
+        return "", "", "preemption notice not read (Slurm does not answer here)"
+    write_s = limits.write_s
+    need = limits.step_s + (write_s or 0.0)
+    need_text = (f"step {fmt_seconds(limits.step_s)} + write "
+                 f"{fmt_seconds(write_s) if write_s is not None else 'unmeasured'} = {fmt_seconds(need)}")
+    numbers.update(preempt_signalled=notice.signalled, preempt_grace_s=notice.grace_s, preempt_save_need_s=need)
+    how = "its USR1" if notice.signalled else "TERM (no send_user_signal)"
+    if notice.grace_s < need:
+        return (f"preemptible {res.qos}: no checkpoint on preemption here ({notice.source} < {need_text}): each "
+                f"preemption loses the steps since the last checkpoint, up to {format_duration(checkpoint_s)} "
+                f"(half on average)",
+                f"ask the admins for a GraceTime ≥ {fmt_seconds(need * 3)} on {res.qos}, or use a non-preemptible "
+                "QoS; checkpointing more often shortens the loss", "")
+    return "", "", (f"a preemption sends {how} and leaves {fmt_seconds(notice.grace_s)} to save ≥ {need_text} "
+                    f"({notice.source})")
 
 
 def _account(res: "ResourcesSpec", profile: "ClusterProfile", numbers: dict[str, object]) -> tuple[str, str, str]:

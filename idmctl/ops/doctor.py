@@ -332,7 +332,7 @@ def check_slurm() -> Row:
 def check_cluster_settings() -> Row:
     """What the cluster's own settings (``scontrol show config``, QoS and partition grace times) mean for
     idmctl's jobs: whether a preempted job is signalled first and has time to checkpoint, and the rest."""
-    from idmctl.ops.cluster_settings import WARN as SETTING_WARN, judge, read_cluster  # start-up: Slurm profiles only
+    from idmctl.gate.cluster_settings import WARN as SETTING_WARN, judge, read_cluster  # start-up: Slurm profiles only
 
     _, scheduler, _ = _cluster()
     if scheduler != "slurm" or not shutil.which("scontrol"):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from idmctl.ops.cluster_settings import OK, WARN, judge, parse_config, parse_grace_times, signal_on_preemption
+from idmctl.gate.cluster_settings import OK, WARN, judge, parse_config, parse_grace_times, signal_on_preemption
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "scontrol_config"
 LOCAL = (DATA / "22.05.8-local.txt").read_text()
@@ -85,3 +85,27 @@ def test_doctor_reads_the_live_cluster_settings(cli, local_slurm: str) -> None:
     assert "GraceTime (qos sub) (WARN) 10 s" in row["detail"]
     assert "preempt_send_user_signal" in row["detail"]
     assert row["fix"] == "ask for a GraceTime ≥ 60 s on this tier"
+
+
+@pytest.mark.cluster_reader
+def test_the_qos_check_weighs_the_save_against_the_tiers_grace_on_the_live_cluster(local_slurm: str) -> None:
+    from types import SimpleNamespace
+
+    from idmctl.core.profile import load_profile
+    from idmctl.gate.qos import _preemption_notice
+
+    profile, _ = load_profile("local-slurm")
+    res = SimpleNamespace(qos="sub", partition=None)
+    numbers: dict = {}
+    # QoS sub: USR1 at preemption (preempt_send_user_signal), GraceTime 10 s (scripts/slurm/up.sh)
+    quick = SimpleNamespace(step_s=0.5, write_s=1.5)
+    warn, _, note = _preemption_notice(res, profile, quick, 60.0, numbers)  # type: ignore[arg-type]
+    assert not warn and note.startswith("a preemption sends its USR1 and leaves 10.0 s to save ≥ step 0.500 s + write")
+    assert numbers["preempt_signalled"] is True and numbers["preempt_grace_s"] == 10.0
+    slow = SimpleNamespace(step_s=8.0, write_s=5.0)
+    warn, fix, _ = _preemption_notice(res, profile, slow, 3600.0, numbers)  # type: ignore[arg-type]
+    assert warn.startswith("preemptible sub: no checkpoint on preemption here (SlurmctldParameters="
+                           "preempt_send_user_signal, GraceTime 10 s (qos sub) < step 8.000 s + write 5.000 s = 13.0 s)")
+    assert "up to 60.0 min (half on average)" in warn and "GraceTime ≥ 39.0 s on sub" in fix
+    card, _ = load_profile("card")  # another cluster's profile: this host's Slurm says nothing about it
+    assert _preemption_notice(res, card, slow, 3600.0, {})[2].startswith("preemption notice not read")

@@ -200,6 +200,45 @@ def _job_container(config: dict[str, str]) -> Finding:
                    "on it (the node guard checks for stale segments)")
 
 
+@dataclass(frozen=True)
+class PreemptionNotice:
+    """What a preempted job of one QoS gets on this cluster before it is killed."""
+
+    signalled: bool
+    """Its own ``--signal`` (USR1) arrives when preemption starts; else TERM at the start of GraceTime."""
+    grace_s: float
+    """GraceTime of the job's tier: the seconds between the first signal and the kill."""
+    source: str
+    """Which settings said so (``scontrol show config``, the QoS's or partition's GraceTime)."""
+
+
+def preemption_notice(qos: str, partition: str | None = None) -> PreemptionNotice | None:
+    """For a job of ``qos`` (on ``partition``): the notice the cluster gives at preemption, read from the
+    cluster (three calls, once per process); None where Slurm does not answer here."""
+    config_text, qos_text, partitions = cluster_texts()
+    if not config_text.strip():
+        return None
+    config = parse_config(config_text)
+    graces = parse_grace_times(qos_text if "qos" in (config.get("PreemptType") or "") else "",
+                               partitions if "partition_prio" in (config.get("PreemptType") or "") else "")
+    key = f"qos {qos}" if f"qos {qos}" in graces else f"partition {partition}" if partition else None
+    grace = graces.get(key or "", 0.0)
+    signalled = signal_on_preemption(config)
+    return PreemptionNotice(signalled is not None, grace,
+                            f"{signalled or 'no send_user_signal'}, GraceTime {_secs(grace)}"
+                            + (f" ({key})" if key in graces else " (no grace for this tier)"))
+
+
+_CACHED: list[tuple[str, str, str]] = []
+
+
+def cluster_texts() -> tuple[str, str, str]:
+    """:func:`read_cluster`, once per process (a preflight of a sweep asks for every variant)."""
+    if not _CACHED:
+        _CACHED.append(read_cluster())
+    return _CACHED[0]
+
+
 def _ask(argv: list[str]) -> str:
     try:
         out = subprocess.run(argv, capture_output=True, text=True, timeout=CALL_TIMEOUT_S)
