@@ -37,14 +37,14 @@ def test_card_n4_io_check_says_its_step_time_is_a_data_bound_lower_bound(cli) ->
     result = cli("preflight", "latent_c_n4", "--cluster", "card", "--no-smoke", "--json")
     io = next(c for c in json.loads(result.stdout)["checks"] if c["name"] == "io")
     assert io["status"] == "PASS"
-    # The page cache serves 63% of the 271.8 GB from memory: 21.1 s/step in steady state, not 34.0 s.
-    assert "= 21.1 s/step data in steady state (page cache per node" in io["summary"]
+    # The page cache serves 67% of the 271.8 GB from memory: 20.3 s/step in steady state, not 34.0 s.
+    assert "= 20.3 s/step data in steady state (page cache per node" in io["summary"]
     assert "(cold cache: 34.0 s/step)" in io["summary"]
     data = io["numbers"]["data_s_per_step"]
     assert (f"; {UNMEASURED}; step = max(storage {data:.1f} s, loader CPU unmeasured, compute unmeasured) + 0 s not "
             "overlapped (num_workers 0: the rank's batch loader reads 2 batches ahead on threads) = "
-            f"{data:.1f} s/step, bound by storage; × 60,000 steps + cold first pass 112.7 s = 14.7 d + stage-in 2.2 h "
-            "= 14.8 d; ≥ 14.8 d vs resources.time_limit 30-00:00:00 (30.0 d)") in io["summary"]
+            f"{data:.1f} s/step, bound by storage; × 60,000 steps + cold first pass 2.0 min = 14.1 d + stage-in 2.2 h "
+            "= 14.2 d; ≥ 14.2 d vs resources.time_limit 30-00:00:00 (30.0 d)") in io["summary"]
     assert io["numbers"]["compute_s_per_step"] is None
     assert io["numbers"]["step_provenance"] == {"basis": "lower_bound", "source": "no GPU smoke", "device": None,
                                                 "label": UNMEASURED}
@@ -52,16 +52,16 @@ def test_card_n4_io_check_says_its_step_time_is_a_data_bound_lower_bound(cli) ->
 
 def test_card_n12_what_if_at_k8_shows_its_days_as_lower_bounds(cli) -> None:
     result = cli("preflight", "latent_c_n12_dense", "--cluster", "card", "--no-smoke", "--what-if", "loader.repeats=8")
-    assert "train_s: ≥ 62.3 d → ≥ 7.7 d" in result.output
-    assert "11.1 s/step data in steady state" in result.output
+    assert "train_s: ≥ 61.9 d → ≥ 7.6 d" in result.output
+    assert "11.0 s/step data in steady state" in result.output
 
 
 def test_exp_show_marks_the_step_time_and_the_time_limit_it_derives(cli) -> None:
     shown = cli("exp", "show", "latent_c_n4", "--cluster", "card")
     assert shown.exit_code == 0, shown.output
-    assert (f"  step time 21.1 s/step ({UNMEASURED}; estimate: max(storage 21.1 s, loader CPU unmeasured, compute "
+    assert (f"  step time 20.3 s/step ({UNMEASURED}; estimate: max(storage 20.3 s, loader CPU unmeasured, compute "
             "unmeasured) + 0 s not overlapped (num_workers 0: the rank's batch loader reads 2 batches ahead on threads) "
-            "= 21.1 s/step, bound by storage); checkpoint write unknown "
+            "= 20.3 s/step, bound by storage); checkpoint write unknown "
             "(no smoke or earlier run measured one)") in shown.output.replace("\n", "")
     assert "(a lower bound: the step time holds no compute)" in shown.output.replace("\n", "")
     document = json.loads(cli("exp", "show", "latent_c_n4", "--cluster", "card", "--json").stdout)
@@ -161,4 +161,4 @@ def test_qos_checkpoint_work_on_a_preemptible_tier_is_a_lower_bound_too(cli) -> 
     result = cli("preflight", "latent_c_n4", "--cluster", "card", "--no-smoke", "--json", "--what-if", "resources.qos=sub")
     qos = next(row for row in json.loads(result.stdout)["checks"] if row["name"] == "qos")
     assert qos["after"]["numbers"]["step_provenance"]["basis"] == "lower_bound"
-    assert {"number": "first_checkpoint_s", "before": "—", "after": "≥ 5.1 h"} in qos["changed"]
+    assert {"number": "first_checkpoint_s", "before": "—", "after": "≥ 5.0 h"} in qos["changed"]

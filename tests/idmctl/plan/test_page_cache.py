@@ -27,12 +27,12 @@ def test_card_n4_hit_rate_is_the_cache_over_the_routed_working_set() -> None:
     assert cache.working_set == 1871 * 4 * 318_504_960
     loader_bytes = 8 * 3 * 8 * 265_420_800  # 8 ranks × 3 batch buffers × 8 samples × bf16 bytes as cached
     assert cache.resident.bytes == 8 * ASSUMED_RESIDENT_PER_RANK + loader_bytes
-    assert cache.cache == 1_600_000_000_000 - cache.resident.bytes
+    assert cache.cache == 1600 * 1024**3 - cache.resident.bytes  # --mem 1600GB is 1600 GiB, as Slurm reads it
     assert cache.hit == pytest.approx(cache.cache / cache.working_set)
     assert cache.data_s == pytest.approx(cache.step_bytes * (1 - cache.hit) / 8e9 + cache.step_bytes * cache.hit / 20e9)
     assert cache.cold_data_s == pytest.approx(271_790_899_200 / 8e9)
     text = cache_arithmetic(cache)
-    assert "hit = min(1, 1.5 TB ÷ 2.4 TB) = 63%" in text and "(assumed, no CPU smoke measured host memory)" in text
+    assert "hit = min(1, 1.6 TB ÷ 2.4 TB) = 67%" in text and "(assumed, no CPU smoke measured host memory)" in text
     assert "uniform random windows over the working set, no other job's pages on the node" in text
 
 
@@ -67,9 +67,9 @@ def test_reading_around_the_cache_is_judged_from_a_measured_rate_only() -> None:
     assert n12 and "not measured here (storage.direct_read" in cache_arithmetic(n12)
     measured = profile.model_copy(update={"storage": profile.storage.model_copy(update={"direct_read": "8GB/s"})})
     n12 = step_estimate(_ctx("latent_c_n12_dense", measured)).cache
-    assert n12 and "(measured) = 101.9 s/step vs 89.7 s cached: keep the page cache" in cache_arithmetic(n12)
+    assert n12 and "(measured) = 101.9 s/step vs 89.1 s cached: keep the page cache" in cache_arithmetic(n12)
     n4 = step_estimate(_ctx("latent_c_n4", measured)).cache
-    assert n4 and "O_DIRECT" not in cache_arithmetic(n4)  # 2.4 TB is under 2× the 1.5 TB cache
+    assert n4 and "O_DIRECT" not in cache_arithmetic(n4)  # 2.4 TB is under 2× the 1.6 TB cache
 
 
 def test_a_profile_without_a_page_cache_rate_charges_every_byte_to_the_storage() -> None:
