@@ -46,6 +46,8 @@ class ControllerContext:
     cluster: str | None = None
     """The profile file the chain was admitted under (``IDMCTL_CLUSTER`` of the controller's sync)."""
     partition: str | None = None
+    account: str | None = None
+    """The account the attempt was charged to (a cluster that requires one refuses the controller without)."""
     begin: str | None = None
     """``now+SECONDS``: start no sooner (a controller re-armed while sacct has not recorded the end yet)."""
     python: str = sys.executable
@@ -73,10 +75,15 @@ class FollowUp:
     origin: str | None = None
     """The first controller of this outage's series, once there is a series."""
     label: str | None = None
+    account: str | None = None
+    """The attempt's account: the follow-up is charged to it too."""
 
     def encoded(self) -> str:
-        return json.dumps({"attempt": self.attempt, "run_dir": self.run_dir, "follow_up": self.follow_up,
-                           "origin": self.origin, "label": self.label}, separators=(",", ":"))
+        fields = {"attempt": self.attempt, "run_dir": self.run_dir, "follow_up": self.follow_up,
+                  "origin": self.origin, "label": self.label}
+        if self.account is not None:  # written only when set: scripts of jobs without one stay as they were
+            fields["account"] = self.account
+        return json.dumps(fields, separators=(",", ":"))
 
     @classmethod
     def decoded(cls, text: str | None) -> "FollowUp | None":
@@ -84,7 +91,7 @@ class FollowUp:
         try:
             data = json.loads(text or "")
             return cls(int(data["attempt"]), str(data["run_dir"]), int(data.get("follow_up") or 0),
-                       data.get("origin") or None, data.get("label") or None)
+                       data.get("origin") or None, data.get("label") or None, data.get("account") or None)
         except (ValueError, TypeError, KeyError):
             return None
 
@@ -105,6 +112,8 @@ def render_controller_script(request: JobRequest, ctx: ControllerContext) -> str
         check_name(request.qos, "controller.qos", where)
     if ctx.partition is not None:
         check_name(ctx.partition, "controller.partition", where)
+    if ctx.account is not None:
+        check_name(ctx.account, "controller.account", where)
     check_name(request.job_name or "", "controller job name", where)
     if not ctx.follow_up and not DEPENDENCY.fullmatch(request.dependency or ""):
         raise UserError(f"{request.dependency!r} is not a job dependency", field="controller.dependency",
@@ -117,6 +126,7 @@ def render_controller_script(request: JobRequest, ctx: ControllerContext) -> str
     directives: list[tuple[str, object]] = [
         ("job-name", request.job_name),
         ("qos", request.qos),
+        ("account", ctx.account),
         ("partition", ctx.partition),
         ("nodes", 1),
         ("ntasks", 1),
@@ -132,7 +142,7 @@ def render_controller_script(request: JobRequest, ctx: ControllerContext) -> str
     ]
     header = ["#SBATCH --" + name + ("" if value is True else f"={value}") for name, value in directives if value is not None]
     q = shlex.quote
-    me = FollowUp(ctx.attempt, str(Path(ctx.log_path).parent), ctx.follow_up, ctx.origin, ctx.label)
+    me = FollowUp(ctx.attempt, str(Path(ctx.log_path).parent), ctx.follow_up, ctx.origin, ctx.label, ctx.account)
     env = {contract.ENV_HOME: str(ctx.idmctl_home), **({contract.ENV_CLUSTER: ctx.cluster} if ctx.cluster else {}),
            ENV_CONTROLLER: me.encoded(), "PYTHONUNBUFFERED": "1"}
     return fill("controller", {

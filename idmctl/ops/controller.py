@@ -34,6 +34,7 @@ from idmctl.job.controller_script import ControllerContext, FollowUp, controller
 from idmctl.ops.executors import executor_for
 from idmctl.record.job_facts import CONTROLLER, record_fact
 from idmctl.record.jobs import job_by_id
+from idmctl.record.stored_json import job_options
 
 CONTROLLER_LOG = "controller-%j.out"
 MAX_BEGIN_S = 999_999
@@ -53,6 +54,7 @@ def submit_controller(job_id: int, chain_id: int, attempt: int, after: str, run_
     root, version = code_root(_recorded_code(job_id))
     ctx = ControllerContext(chain_id=chain_id, attempt=attempt, after=after, log_path=str(run_dir / CONTROLLER_LOG),
                             idmctl_home=home(), cluster=cluster, partition=profile.controller.partition,
+                            account=_charged_account(job_id) or profile.account,
                             begin=f"now+{begin_s}" if begin_s else None, repo_root=root, label=label)
     # An eval job's chain shares the training chain's run directory: its controller script is named apart.
     path = run_dir / f"controller-{label or attempt}.sbatch"
@@ -107,6 +109,15 @@ class FollowedUp:
     why: str = ""
 
 
+def _charged_account(job_id: int) -> str | None:
+    """The account the attempt's job was submitted with (its recorded options), if any."""
+    row = job_by_id(job_id)
+    if row is None:
+        return None
+    account = job_options(row.options_json, row.id).get("account")
+    return account if isinstance(account, str) and account else None
+
+
 def follow_up_delay_s(settings: ControllerJob, follow_up: int) -> int:
     """Seconds before follow-up ``follow_up`` (1-based) starts: the backoff, doubled for each try before it."""
     return int(round(parse_duration(settings.outage_backoff) * 2 ** (follow_up - 1)))
@@ -127,7 +138,7 @@ def submit_follow_up(chain_id: int, after: str, me: FollowUp, my_id: str, cluste
     begin = min(max(follow_up_delay_s(settings, nxt), 1), MAX_BEGIN_S)
     run_dir = Path(me.run_dir)
     ctx = ControllerContext(chain_id=chain_id, attempt=me.attempt, after=after, log_path=str(run_dir / CONTROLLER_LOG),
-                            idmctl_home=home(), cluster=cluster, partition=settings.partition,
+                            idmctl_home=home(), cluster=cluster, partition=settings.partition, account=me.account,
                             begin=f"now+{begin}", follow_up=nxt, origin=me.origin or my_id or None, label=me.label)
     try:
         scheduler_id = _sbatch(ctx, settings, run_dir / f"controller-{me.label or me.attempt}-follow-up-{nxt}.sbatch")

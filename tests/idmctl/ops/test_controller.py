@@ -163,6 +163,25 @@ def test_a_follow_up_waits_on_no_job_and_starts_after_its_backoff(tmp_path: Path
     assert delays == [120, 240, 480, 960, 1920, 3840] and sum(delays) == 126 * 60
 
 
+def test_a_controller_is_charged_to_the_attempts_account_and_its_follow_ups_too(tmp_path: Path) -> None:
+    from idmctl.job.controller_script import (ENV_CONTROLLER, ControllerContext, FollowUp, controller_request,
+                                              render_controller_script)
+
+    ctx = ControllerContext(chain_id=4, attempt=1, after="2318", log_path=str(tmp_path / "controller-%j.out"),
+                            idmctl_home=tmp_path, account="team", repo_root=tmp_path)
+    script = render_controller_script(controller_request(ctx, "share", "0:03:00", "400MiB"), ctx)
+    assert "#SBATCH --qos=share\n#SBATCH --account=team\n" in script
+    exported = next(line for line in script.splitlines() if line.startswith(f"export {ENV_CONTROLLER}="))
+    value = subprocess.run(["bash", "-c", f"{exported}; printf %s \"${ENV_CONTROLLER}\""], capture_output=True,
+                           text=True, check=True).stdout
+    assert FollowUp.decoded(value) == FollowUp(1, str(tmp_path), 0, None, None, "team")
+    # Without an account nothing changes: no directive, and the variable as scripts of old wrote it.
+    plain = ControllerContext(chain_id=4, attempt=1, after="2318", log_path=str(tmp_path / "controller-%j.out"),
+                              idmctl_home=tmp_path, repo_root=tmp_path)
+    script = render_controller_script(controller_request(plain, "share", "0:03:00", "400MiB"), plain)
+    assert "--account" not in script and '"account"' not in script
+
+
 def test_jobs_show_says_which_idmctl_the_controller_runs() -> None:
     from idmctl.ops.controller import controller_code_line
 
