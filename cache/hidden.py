@@ -273,9 +273,28 @@ def check_matches(info: CacheFileInfo, *, layers: list[int] | None = None, frame
         expected["layers"] = None
     for key, want in expected.items():
         if want is not None and actual[key] != want:
-            raise UserError(f"file has {key} {actual[key]} but the spec says {want}", file=str(info.path),
-                            field=f"data.{'cached_layers' if key == 'layers' else key}",
+            raise UserError(f"file has {key} {actual[key]} but the spec says {want}{_bytes_differ(info, key, want)}",
+                            file=str(info.path), field=f"data.{'cached_layers' if key == 'layers' else key}",
                             hint="fix the spec or rebuild the cache")
+
+
+def _bytes_differ(info: CacheFileInfo, key: str, want: Any) -> str:
+    """What the difference does to the bytes a reader takes from the file, as arithmetic: the exact ranges
+    are computed from the spec's geometry, so a reader trusting it would cut the file at the wrong places."""
+    grid, channels, itemsize = (info.height, info.width), info.channels, info.torch_dtype.itemsize
+    if key == "layers":
+        return ""
+    if key == "frames":
+        frame = info.geometry.frame_bytes
+        return (f": a layer is {info.frames} × {frame:,} B = {info.frames * frame:,} B in the file, "
+                f"{want} × {frame:,} B = {want * frame:,} B by the spec")
+    spec_grid = tuple(want) if key == "token_grid" else grid
+    spec_channels = want if key == "channels" else channels
+    spec_itemsize = _SPEC_DTYPES[want].itemsize if key == "dtype" and want in _SPEC_DTYPES else itemsize
+    have = grid[0] * grid[1] * channels * itemsize
+    need = spec_grid[0] * spec_grid[1] * spec_channels * spec_itemsize
+    return (f": a frame is {grid[0]} × {grid[1]} × {channels} × {itemsize} B = {have:,} B in the file, "
+            f"{spec_grid[0]} × {spec_grid[1]} × {spec_channels} × {spec_itemsize} B = {need:,} B by the spec")
 
 
 def file_positions(info: CacheFileInfo, cached_layers: list[int] | None, indices: list[int]) -> list[int]:

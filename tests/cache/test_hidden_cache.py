@@ -122,10 +122,17 @@ def test_wrong_shape_dtype_and_selection(tmp_path: Path) -> None:
     info = inspect_file(path)
     with pytest.raises(UserError) as exc:
         check_matches(info, layers=BLOCKS, frames=8, token_grid=(27, 48), channels=16, dtype="bfloat16")
+    # The line says what the difference does to the bytes: ranges cut from the spec's geometry.
     assert exc.value.line() == (f"error: {path}:data.token_grid: file has token_grid (3, 4) but the spec says "
-                                f"(27, 48) (fix the spec or rebuild the cache)")
-    with pytest.raises(UserError, match="file has dtype bfloat16 but the spec says float32"):
+                                f"(27, 48): a frame is 3 × 4 × 16 × 2 B = 384 B in the file, 27 × 48 × 16 × 2 B = "
+                                f"41,472 B by the spec (fix the spec or rebuild the cache)")
+    with pytest.raises(UserError) as exc:
         check_matches(info, dtype="float32")
+    assert ("file has dtype bfloat16 but the spec says float32: a frame is 3 × 4 × 16 × 2 B = 384 B in the file, "
+            "3 × 4 × 16 × 4 B = 768 B by the spec") in exc.value.line()
+    with pytest.raises(UserError, match=r"file has frames 8 but the spec says 24: a layer is 8 × 384 B = 3,072 B "
+                                        r"in the file, 24 × 384 B = 9,216 B by the spec"):
+        check_matches(info, frames=24)
     with pytest.raises(UserError, match=r"layer index 6 is outside the 6 cached layers \[2, 5, 8, 11, 14, 17\]"):
         read_hidden(path, [1, 6], 0, 2)
     with pytest.raises(UserError, match="frames 7..8 are outside the 8 cached"):
