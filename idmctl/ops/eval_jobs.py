@@ -15,7 +15,10 @@ while they still wait, a fresh eval job where Slurm already killed them. A chain
 not end OK, and :func:`follow` scancels whatever is left of a chain sync saw end.
 
 The gate: eval jobs are submitted with the training job they follow, under its admission (the same
-spec hash, code snapshot and passing preflight), with the spec's own resources.
+spec hash, code snapshot and passing preflight), sized by :func:`_eval_options`; the eval job's own
+resources are judged by the static checks that apply to it (:func:`judge_evals`: its QoS tier's GPU cap,
+max wall and preempt cycle, its loader's /dev/shm and host memory, its stage-in's scratch), so a FAIL
+refuses the submit before anything is written and names the eval job.
 """
 
 from __future__ import annotations
@@ -27,8 +30,9 @@ from typing import TYPE_CHECKING, Any
 
 from ground import contract
 from ground.errors import CheckFailed, UserError
+from ground.units import format_duration, parse_duration, slurm_mem
 from ground.paths import atomic_write_text
-from ground.units import slurm_mem
+from idmctl.core.checks import CheckResult, Measurements, PreflightContext, Status
 from idmctl.core.job_options import JobOptions, JobRequest
 from idmctl.core.job_state import is_terminal
 from idmctl.job.code import JobCode
@@ -101,7 +105,13 @@ def submit_with_evals(experiment: str, request: JobRequest, cluster: str | None,
     bad input before anything is written."""
     from idmctl.ops import submit as submitting  # sync imports this module; submit stays off its start-up
 
-    steps = plan(choice, submitting.prepare(experiment, request, cluster))
+    job = submitting.prepare(experiment, request, cluster)
+    steps = plan(choice, job)
+    judged = judge_evals(job, steps)
+    if force_reason is None and any(r.status is Status.FAIL for r in judged):
+        from idmctl.gate.admission import Admission  # here: only a refused eval job shows its checks
+
+        raise submitting.Refused(job, Admission(judged, None, 0.0, {}))
     evaluated = completed_evals(resume) if resume is not None else {}
     if resume is None:
         submitted = submitting.submit(experiment, request, cluster, force_reason=force_reason)
@@ -161,6 +171,96 @@ def dry_run_evals(job: "EffectiveJob", choice: str, admitted: dict[str, Any],
         out.append((f"eval job of step {step} (job {DRY_RUN_JOB_ID} stands in for the training job's id)",
                     render_script(job.resolved, options, ctx)))
     return out
+
+
+EVAL_CHECKS = ("qos", "shm", "loader", "disk")
+"""The static checks an eval job's own resources go through: the rest judge the spec or the training run
+(introspection, io and cache read the same spec and files training does; the smoke is training's)."""
+
+
+def eval_resolved(job: "EffectiveJob", options: JobOptions) -> "ResolvedSpec":
+    """The effective spec with the eval job's resources (one node, one process, its GPUs, CPUs, memory, time
+    limit): what its checks judge. Validated as any spec is (bad input names ``eval.resources``)."""
+    from pydantic import ValidationError  # here: only a submit with --eval sizes an eval spec
+
+    from ground.spec.loader import ResolvedSpec  # here: as above (the module's TYPE_CHECKING name)
+    from ground.spec.schema import ExperimentSpec  # here: as above
+
+    canonical = job.resolved.canonical
+    own = {"nodes": 1, "gpus_per_node": options.gpus_per_node, "cpu_ranks": 1, "cpus": options.cpus_per_node,
+           "mem": options.mem, "time_limit": options.time_limit}
+    try:
+        spec = ExperimentSpec.model_validate({**canonical, "resources": {**canonical["resources"], **own}})
+    except ValidationError as exc:
+        message = str(exc.errors()[0]["msg"]).removeprefix("Value error, ")
+        raise UserError(f"the eval job's resources are invalid: {message}", file=str(job.resolved.path),
+                        field="eval.resources", hint="set eval.resources {cpus, mem, time_limit} the cluster allows") from exc
+    return ResolvedSpec(name=job.resolved.name, path=job.resolved.path, spec=spec, chain=job.resolved.chain)
+
+
+def judge_evals(job: "EffectiveJob", steps: list[int], measurements: Measurements | None = None) -> list[CheckResult]:
+    """The eval jobs' own resources through :data:`EVAL_CHECKS`, one row per check named ``eval <check>``,
+    its summary naming the eval jobs and what each asks for. They share one size (only the step differs),
+    so they are judged once. ``measurements``: instead of gathering them (tests)."""
+    from idmctl.gate import disk, loader, shm  # here: only a submit with --eval judges eval jobs
+    from idmctl.gate.check_list import run_check  # here: as above
+    from idmctl.gate.runner import gather  # here: as above
+
+    if not steps:
+        return []
+    options = _eval_options(job.options, steps[0], "0", job.resolved.spec.eval.resources)
+    resolved = eval_resolved(job, options)
+    measured = measurements if measurements is not None else gather(resolved, job.profile, None, memo_only=True)
+    ctx = PreflightContext(resolved, job.profile, replace(measured, smoke=None))
+    which = (f"eval job of step {steps[0]}" if len(steps) == 1
+             else f"eval jobs of steps {', '.join(map(str, steps))}")
+    size = (f"{options.gpus_per_node} GPU, {options.cpus_per_node} CPUs, {options.mem}, "
+            f"{options.time_limit or 'no time limit'}")
+    rows = [_eval_qos(ctx, options), run_check(shm, ctx), run_check(loader, ctx), disk.stage_check(ctx)]
+    return [replace(row, name=f"eval {name}", summary=f"{which} ({size}): {row.summary}")
+            for name, row in zip(EVAL_CHECKS, rows)]
+
+
+def _eval_qos(ctx: PreflightContext, options: JobOptions) -> CheckResult:
+    """The eval job against its QoS tier: the tier exists, its GPU cap, its max wall, and on a preemptible
+    tier a stage-in that ends inside the preempt cycle (an eval writes no checkpoint to resume from: a
+    preemption restarts it)."""
+    from idmctl.plan.budget import staging  # here: as judge_evals
+
+    qos = ctx.spec.resources.qos
+    tier = ctx.profile.qos.get(qos)
+    if tier is None:
+        return CheckResult("qos", Status.FAIL, f"QoS {qos!r} does not exist on cluster {ctx.profile.name}", {},
+                           f"use one of: {', '.join(ctx.profile.qos)}")
+    gpus, fails, fixes, notes = options.gpus_per_node, [], [], []
+    numbers: dict[str, object] = {"qos": qos, "gpus": gpus, "max_gpus": tier.max_gpus,
+                                  "max_wall_s": tier.max_wall_seconds}
+    if tier.max_gpus is not None and gpus > tier.max_gpus:
+        fails.append(f"{gpus} GPU > {qos} max {tier.max_gpus}")
+        fixes.append("use a QoS that allows a GPU")
+    else:
+        notes.append(f"{gpus} GPU ≤ max {tier.max_gpus if tier.max_gpus is not None else 'unlimited'}")
+    if options.time_limit:
+        limit_s = parse_duration(options.time_limit)
+        numbers["time_limit_s"] = limit_s
+        if limit_s > tier.max_wall_seconds:
+            fails.append(f"time limit {options.time_limit} > {qos} max wall {tier.max_wall}")
+            fixes.append(f"set eval.resources.time_limit ≤ {tier.max_wall}")
+        else:
+            notes.append(f"time limit {options.time_limit} ≤ max wall {tier.max_wall}")
+    cycle = tier.preempt_cycle_seconds if tier.preemptible else None
+    if cycle is not None:
+        stage = staging(ctx)
+        numbers.update(preempt_cycle_s=cycle, stage_s=stage.seconds)
+        if stage.enabled and not stage.reused and stage.seconds >= cycle:
+            fails.append(f"preemptible {qos}: stage-in {format_duration(stage.seconds)} ≥ preempt cycle "
+                         f"{format_duration(cycle)}: preempted before it scores, every attempt")
+            fixes.append("use a non-preemptible QoS for the eval jobs, or stage less")
+        else:
+            notes.append(f"stage-in {format_duration(stage.seconds)} < preempt cycle {format_duration(cycle)}")
+    if fails:
+        return CheckResult("qos", Status.FAIL, "; ".join(fails + notes), numbers, "; ".join(fixes))
+    return CheckResult("qos", Status.PASS, f"{qos}: " + "; ".join(notes), numbers)
 
 
 def _submit_one(resolved: "ResolvedSpec", scheduler: str, options: JobOptions, code: JobCode | None,

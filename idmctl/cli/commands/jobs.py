@@ -81,14 +81,16 @@ def submit(
     if dry_run:
         planned = submitting.dry_run(experiment, request, cluster)
         evals: list[tuple[str, str]] = []
+        judged = list(planned.admission.results)
         if evaluate is not None:
-            from idmctl.ops.eval_jobs import dry_run_evals  # start-up: only --dry-run --eval plans eval jobs
+            from idmctl.ops import eval_jobs  # start-up: only --dry-run --eval plans eval jobs
 
-            evals = dry_run_evals(planned.job, evaluate, planned.admitted, planned.code)
-        print_checks(planned.admission.results, f"submit-time checks: {planned.job.declared.name} on "
+            evals = eval_jobs.dry_run_evals(planned.job, evaluate, planned.admitted, planned.code)
+            judged += eval_jobs.judge_evals(planned.job, eval_jobs.plan(evaluate, planned.job))
+        failed = [r.name for r in judged if r.status.value == "FAIL"]
+        print_checks(judged, f"submit-time checks: {planned.job.declared.name} on "
                      f"{planned.job.profile.name}", err=True)
-        verdict = (f"submit would be refused: {', '.join(planned.admission.failed)} FAIL" if planned.admission.failed
-                   else "submit-time checks pass")
+        verdict = f"submit would be refused: {', '.join(failed)} FAIL" if failed else "submit-time checks pass"
         err_console.print(f"{verdict} ({planned.admission.seconds * 1000:.0f} ms)", markup=False)
         err_console.print(planned.verdict.line(), markup=False)
         if planned.verdict.asked and not planned.verdict.accepted:

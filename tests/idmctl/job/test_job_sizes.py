@@ -59,3 +59,48 @@ def test_the_spec_overrides_the_eval_jobs_resources(cli, tmp_path: Path) -> None
     refused = cli("submit", str(bad), "--cluster", "card", "--dry-run", "--eval", "last")
     assert refused.exit_code == 2 and len(refused.stderr.strip().splitlines()) == 1, refused.output
     assert refused.stderr.startswith(f"error: {bad}:eval.resources.mem: '1.5T' is not a size Slurm reads"), refused.stderr
+
+
+
+def _row(stderr: str, name: str) -> tuple[str, str]:
+    """(status, reason) of the check table's row ``name``, its wrapped lines joined."""
+    rows: list[list[str]] = []
+    for line in stderr.splitlines():
+        cells = [cell.strip() for cell in line.split("│")[1:-1]]
+        if len(cells) != 4:
+            continue
+        if cells[0]:
+            rows.append(cells)
+        elif rows:
+            rows[-1] = [" ".join(filter(None, (a, b))) for a, b in zip(rows[-1], cells)]
+    found = next(row for row in rows if row[0] == name)
+    return found[1], found[2]
+
+
+def test_the_dry_run_judges_the_eval_jobs_own_resources(cli, idmctl_home: Path) -> None:
+    result = cli("submit", "latent_c_n4", "--cluster", "card", "--dry-run", "--eval", "last")
+    assert result.exit_code == 0, result.output
+    size = "eval job of step 60000 (1 GPU, 14 CPUs, 200G, 30-00:00:00)"
+    assert _row(result.stderr, "eval qos") == (
+        "PASS", f"{size}: core-own: 1 GPU ≤ max 8; time limit 30-00:00:00 ≤ max wall 30-00:00:00")
+    assert _row(result.stderr, "eval loader") == (
+        "PASS", f"{size}: consistent: num_workers 0, persistent_workers false (derived), prefetch 0/worker, "
+                "pin_memory true; 1 ranks × 3 batch buffers (2 read ahead + 1 in use) × 8 samples × 265,420,800 "
+                "B/sample (bfloat16) = 6.4 GB pinned vs resources.mem 214.7 GB")
+    assert _row(result.stderr, "eval shm")[0] == "PASS"
+    assert _row(result.stderr, "eval disk") == (
+        "PASS", f"{size}: fits (48%): stage-in 1,871 files × 3,822,059,520 B = 7,151,073,361,920 B (7.2 TB, 6.5 TiB; "
+                "estimated from data.cache_files, the cache is not on this machine) vs 15.0 TB scratch of a card node")
+    assert "submit-time checks pass" in result.stderr
+
+
+def test_an_eval_job_over_its_qos_max_wall_is_shown_failing_naming_the_eval_job(cli, tmp_path: Path,
+                                                                                idmctl_home: Path) -> None:
+    spec = tmp_path / "eval_too_long.yaml"
+    spec.write_text(yaml.safe_dump({"extends": "latent_c_n4", "eval": {"resources": {"time_limit": "40-00:00:00"}}}))
+    result = cli("submit", str(spec), "--cluster", "card", "--dry-run", "--eval", "last")
+    assert result.exit_code == 0, result.output  # a dry run shows the FAIL; it refuses nothing
+    assert _row(result.stderr, "eval qos") == (
+        "FAIL", "eval job of step 60000 (1 GPU, 14 CPUs, 200G, 40-00:00:00): time limit 40-00:00:00 > core-own max "
+                "wall 30-00:00:00; 1 GPU ≤ max 8")
+    assert "submit would be refused: eval qos FAIL" in result.stderr

@@ -101,3 +101,22 @@ def test_eval_choices_that_name_no_kept_checkpoint_are_bad_input(cli, tiny_cache
     assert result.exit_code == 2 and "no chain 99" in result.output, result.output
     with session() as db:
         assert db.exec(select(Job)).all() == []
+
+
+def test_an_eval_job_its_qos_refuses_stops_the_submit_before_anything_is_written(cli, tiny_cache, tmp_path: Path) -> None:
+    """The eval job's own time limit (eval.resources) over local-slurm's core-own max wall: the submit is refused
+    naming the eval job, before the training job or any row exists."""
+    from sqlmodel import select
+
+    from idmctl.record.db import session
+    from idmctl.record.models import Job
+
+    spec = tiny_cache.spec_file(tmp_path / "specs", "tiny_eval_long", train={"steps": 12, "checkpoint_every": 4},
+                                eval={"resources": {"time_limit": "2-00:00:00"}})
+    result = cli("submit", str(spec), "--cluster", "local-slurm", "--eval", "last")
+    assert result.exit_code == 1, result.output
+    said = " ".join(result.output.split())
+    assert "submit refused: eval qos FAIL on the job as submitted" in said, said
+    assert "eval job of step 12 (" in said and "time limit 2-00:00:00 > core-own max wall 1-00:00:00" in said, said
+    with session() as db:
+        assert db.exec(select(Job)).all() == []
