@@ -24,7 +24,7 @@ from ground.spec.loader import ResolvedSpec
 from idmctl.core.checks import SmokeMeasurement
 from idmctl.core.job_state import is_terminal
 from idmctl.core.profile import ClusterProfile, SmokeJob
-from idmctl.gate.smoke import DEFAULT_ENTRY, _report_from_stdout
+from idmctl.gate.smoke import DEFAULT_ENTRY, _report_from_stdout, measured
 from idmctl.gate.tracebacks import last_frame_and_exception
 
 CALL_TIMEOUT_S = 30.0
@@ -116,9 +116,4 @@ def run_smoke_on_cluster(resolved: ResolvedSpec, job: SmokeJob, deadline_s: floa
     if report is None:
         error = last_frame_and_exception(text) if "Traceback" in text else _tail(log)
         return SmokeMeasurement(ok=False, wall_s=wall, where=here, error=f"smoke job {job_id} ended {state}: {error}")
-    return SmokeMeasurement(
-        ok=True, losses=[float(x) for x in report.get("losses", [])], device=str(report.get("device", "cpu")),
-        batch_size=int(report.get("batch_size", 2)), dataset_s=report.get("dataset_s"), sample_s=report.get("sample_s"),
-        model_s=report.get("model_s"), step_s=report.get("step_s"), peak_mem_bytes=report.get("peak_mem_bytes"),
-        params=report.get("params"), wall_s=wall, checkpoint_s=report.get("checkpoint_s"),
-        checkpoint_bytes=report.get("checkpoint_bytes"), where=here)
+    return measured(report, wall, where=here)

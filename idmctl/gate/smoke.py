@@ -69,15 +69,23 @@ def run_smoke(resolved: ResolvedSpec, timeout_s: float = DEFAULT_TIMEOUT_S, entr
         error = last_frame_and_exception(done.stderr or done.stdout)
         fact = f"exit {done.returncode}" if (done.returncode or 0) >= 0 else box.ended(done.returncode or 0)
         return SmokeMeasurement(ok=False, error=f"{fact}: {error}", wall_s=wall)
+    return measured(report, wall)
+
+
+def measured(report: dict, wall: float, where: str | None = None) -> SmokeMeasurement:
+    """``trainers.smoke``'s report as the smoke measurement, each figure judged against its domain first
+    (wherever the smoke ran: this host, or a job on the cluster)."""
     why = out_of_domain({k: v for k, v in report.items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
     if why is not None:
-        return SmokeMeasurement(ok=False, error=f"the smoke's report holds a figure outside its domain: {why}", wall_s=wall)
-    losses = [float(x) for x in report.get("losses", [])]
+        return SmokeMeasurement(ok=False, error=f"the smoke's report holds a figure outside its domain: {why}",
+                                wall_s=wall, where=where)
     return SmokeMeasurement(
-        ok=True, losses=losses, device=str(report.get("device", "cpu")), batch_size=int(report.get("batch_size", 2)),
-        dataset_s=report.get("dataset_s"), sample_s=report.get("sample_s"), model_s=report.get("model_s"),
-        step_s=report.get("step_s"), peak_mem_bytes=report.get("peak_mem_bytes"), params=report.get("params"),
-        wall_s=wall, checkpoint_s=report.get("checkpoint_s"), checkpoint_bytes=report.get("checkpoint_bytes"),
+        ok=True, losses=[float(x) for x in report.get("losses", [])], device=str(report.get("device", "cpu")),
+        batch_size=int(report.get("batch_size", 2)), dataset_s=report.get("dataset_s"), sample_s=report.get("sample_s"),
+        model_s=report.get("model_s"), step_s=report.get("step_s"), peak_mem_bytes=report.get("peak_mem_bytes"),
+        params=report.get("params"), wall_s=wall, checkpoint_s=report.get("checkpoint_s"),
+        checkpoint_bytes=report.get("checkpoint_bytes"), loader_cpu_s_per_gb=report.get("loader_cpu_s_per_gb"),
+        where=where,
     )
 
 

@@ -110,6 +110,9 @@ def test_quickstart_full_preflight_with_smoke_on_cpu_unlocks_submit(tmp_path: Pa
     # The CPU job gets the CPU smoke's compute time, as one of the step's three terms.
     assert re.search(r"; compute [0-9.]+ m?s \(smoke ", by_name["io"]["summary"]), by_name["io"]["summary"]
     assert by_name["io"]["numbers"]["compute_s_per_step"] is not None
+    # ...and the loader's CPU per GB the smoke measured on the job's own data path reaches the plan.
+    assert smoke_numbers["loader_cpu_s_per_gb"] is not None and smoke_numbers["loader_cpu_s_per_gb"] > 0
+    assert "loader CPU not measured" not in by_name["io"]["summary"] and "loader CPU unmeasured" not in by_name["io"]["summary"]
     assert report["unlocks_submit"] is True
     profile, profile_hash = load_profile("local")
     assert require_pass(load_spec(str(spec_path)), profile, profile_hash).id == report["run_id"]
