@@ -25,6 +25,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from bench.common import Figure, print_figures
+from ground.contract import ENV_DB_URL, ENV_HOME
 
 REPO = Path(__file__).resolve().parents[1]
 RECORDED = REPO / "tests/idmctl/ops/slurm_drift/fixtures/local-22.05-sacct-import.out"
@@ -127,8 +128,8 @@ def measure(n_jobs: int, mode: str) -> dict[str, float]:
                                            max_duration=MAX_DURATION_S))
         fake.chmod(0o755)
         env = {**os.environ, "PATH": f"{base / 'bin'}{os.pathsep}{os.environ['PATH']}",
-               "IDMCTL_HOME": str(base / "home")}
-        env.pop("IDMCTL_DB_URL", None)  # a store of its own (SQLite), whatever the shell points at
+               ENV_HOME: str(base / "home")}
+        env.pop(ENV_DB_URL, None)  # a store of its own (SQLite), whatever the shell points at
         done = subprocess.run([sys.executable, "-c", _CHILD, mode], env=env, capture_output=True, text=True,
                               cwd=REPO, timeout=3600)
         if done.returncode != 0:

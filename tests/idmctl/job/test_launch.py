@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from ground.contract import ENV_NNODES, ENV_NPROC_PER_NODE
 from ground.spec.schema import detect_launch
 from idmctl.core.job_options import JobRequest
 from idmctl.job.effective import build
@@ -110,7 +111,7 @@ def test_per_rank_srun_gets_the_cpus_per_task_and_the_script_exports_them(cli, t
     assert "#SBATCH --ntasks-per-node=2\n#SBATCH --cpus-per-task=1\n" in result.stdout
     assert "LAUNCH=(srun --kill-on-bad-exit=1 --ntasks-per-node=2 --cpus-per-task=1)" in result.stdout
     assert "\nexport SRUN_CPUS_PER_TASK=1\n" in result.stdout
-    assert "IDMCTL_NPROC_PER_NODE" not in result.stdout  # only an entry that starts its own ranks is told
+    assert ENV_NPROC_PER_NODE not in result.stdout  # only an entry that starts its own ranks is told
 
 
 def test_the_smoke_starts_a_per_node_entry_as_the_job_does_with_one_rank(monkeypatch, tmp_path: Path) -> None:
@@ -121,8 +122,8 @@ def test_the_smoke_starts_a_per_node_entry_as_the_job_does_with_one_rank(monkeyp
 
     monkeypatch.setenv("IDMCTL_TEAM_DATA", str(tmp_path))
     torchrun = load_spec(str(TEAM / "team_torchrun_8gpu.yaml"))
-    assert _launch_env(torchrun, torchrun.spec.code.entry) == {"IDMCTL_NPROC_PER_NODE": "1", "IDMCTL_NNODES": "1"}
+    assert _launch_env(torchrun, torchrun.spec.code.entry) == {ENV_NPROC_PER_NODE: "1", ENV_NNODES: "1"}
     per_rank = load_spec(str(TEAM / "team_n4.yaml"))
     assert _launch_env(per_rank, per_rank.spec.code.entry) == {}
-    assert _launch_env(per_rank, "torchrun --nproc_per_node 8 train.py") == {"IDMCTL_NPROC_PER_NODE": "1",
-                                                                              "IDMCTL_NNODES": "1"}
+    assert _launch_env(per_rank, "torchrun --nproc_per_node 8 train.py") == {ENV_NPROC_PER_NODE: "1",
+                                                                              ENV_NNODES: "1"}
