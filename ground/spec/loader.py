@@ -62,7 +62,7 @@ HASH_NEUTRAL_DEFAULTS: dict[tuple[str, str], Any] = {("loader", "repeats"): 1, (
                                                      ("train", "keep_last"): 2, ("train", "keep_best"): True,
                                                      ("resources", "account"): None, ("resources", "constraint"): None,
                                                      ("resources", "reservation"): None, ("code", "launch"): None,
-                                                     ("eval", "resources"): None}
+                                                     ("eval", "resources"): None, ("resources", "build"): None}
 """Fields added after specs were recorded, left out of the canonical form at their default: a spec
 that does not use them keeps the hash (and the preflight passes) it had before they existed."""
 

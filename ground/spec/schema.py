@@ -337,6 +337,8 @@ class ResourcesSpec(Strict):
     """``-J``; defaults to the experiment name."""
     retries: int = Field(default=0, ge=0, le=1_000)
     """Resubmissions allowed for retryable causes (preemption, node failure), like ``sbmr N``."""
+    build: BuildResources | None = None
+    """A cache build job's own resources (``submit --build``) where the derived ones are not wanted."""
 
     @field_validator("mem")
     @classmethod
@@ -414,6 +416,22 @@ class EvalResources(Strict):
         if value is not None:
             check_job_time(value)
         return value
+
+
+class BuildResources(EvalResources):
+    """What a cache build job (``submit --build``) asks for, where its derivation is not wanted."""
+
+    cpus: int | None = Field(default=None, ge=1, le=MAX_COUNT)
+    """CPUs of the build job; None: ``resources.cpus``."""
+    mem: str | None = None
+    """Memory of the build job, as Slurm reads it; None: the build smoke's peak RSS × builder ranks per node
+    × 1.25 where a passing build preflight measured it, else ``resources.mem``."""
+    time_limit: str | None = None
+    """Its time limit; None: the build smoke's estimate ÷ 0.8 where measured on the job's device kind, else
+    ``resources.time_limit``."""
+
+
+ResourcesSpec.model_rebuild()  # its ``build`` field names BuildResources, defined after it
 
 
 class EvalSpec(Strict):

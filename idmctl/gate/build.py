@@ -44,6 +44,7 @@ from idmctl.record.preflights import record_run, version_for
 
 if TYPE_CHECKING:
     from cache.build_plan import BuildPlan
+    from idmctl.core.job_options import JobOptions
     from idmctl.job.effective import EffectiveJob
     from idmctl.gate.admission import Admission
     from idmctl.gate.runner import PreflightReport
@@ -175,17 +176,12 @@ def judge_smoke(job: "EffectiveJob", plan: "BuildPlan", smoke: BuildSmoke | None
         return CheckResult(SMOKE_NAME, Status.FAIL, f"{source}the 1-file encode failed: {smoke.error}",
                            {"error": smoke.error}, "fix the error above; the build job would fail the same way")
     options = job.options
-    processes = options.nodes * options.ranks_per_node  # the build's ranks, every node's
-    todo = plan.todo if plan.todo is not None else 0
-    per_process = math.ceil(todo / processes)
-    norm_s = (smoke.norm_s_per_demo or 0.0) * (smoke.norm_demos or 0.0)
-    estimate = smoke.load_s + norm_s + per_process * smoke.encode_s
+    processes, todo, norm_s, estimate = _estimate(options, plan, smoke)
     limit = options.time_seconds
     mem_need = smoke.peak_rss_bytes * options.ranks_per_node  # --mem is per node
     mem_have = options.mem_mib * 2**20
-    job_kind, ran_on = DeviceKind.of_job(options.gpus_per_node), DeviceKind.of(smoke.device)
-    provenance = (Provenance(Basis.MEASURED, f"1-file encode on {smoke.device}", ran_on) if ran_on is job_kind
-                  else Provenance(Basis.UNMEASURED, f"no {job_kind.label} smoke", None))
+    job_kind = DeviceKind.of_job(options.gpus_per_node)
+    provenance = _provenance(options, smoke)
     numbers = {"load_s": smoke.load_s, "encode_s": smoke.encode_s, "norm_s": norm_s, "todo": todo,
                "processes": processes, "estimate_s": estimate, "time_limit_s": limit,
                "peak_rss_bytes": smoke.peak_rss_bytes, "mem_bytes": mem_have, "bytes_per_file": smoke.bytes_per_file,
@@ -217,6 +213,100 @@ def judge_smoke(job: "EffectiveJob", plan: "BuildPlan", smoke: BuildSmoke | None
     return CheckResult(SMOKE_NAME, Status.PASS, f"{source}{arithmetic}", numbers)
 
 
+def _estimate(options: "JobOptions", plan: "BuildPlan", smoke: BuildSmoke) -> tuple[int, int, float, float]:
+    """(processes, files to build, norm pass s, wall-clock estimate s): ``load + norm + ⌈todo ÷ processes⌉ ×
+    encode``, the build's ranks on every node."""
+    processes = options.nodes * options.ranks_per_node
+    todo = plan.todo if plan.todo is not None else 0
+    norm_s = (smoke.norm_s_per_demo or 0.0) * (smoke.norm_demos or 0.0)
+    return processes, todo, norm_s, smoke.load_s + norm_s + math.ceil(todo / processes) * smoke.encode_s
+
+
+def _provenance(options: "JobOptions", smoke: BuildSmoke) -> Provenance:
+    """Measured when the smoke's encode ran on the job's kind of device (a CPU encode says nothing of a GPU's)."""
+    job_kind, ran_on = DeviceKind.of_job(options.gpus_per_node), DeviceKind.of(smoke.device)
+    return (Provenance(Basis.MEASURED, f"1-file encode on {smoke.device}", ran_on) if ran_on is job_kind
+            else Provenance(Basis.UNMEASURED, f"no {job_kind.label} smoke", None))
+
+
+MIN_TIME_S = 600.0
+"""A derived build time limit is at least this: the smoke's estimate leaves out what every job spends besides the
+encode (start-up, the snapshot check, the node guard, writing the marker files)."""
+MEM_MARGIN = 1.25
+"""A derived build ``--mem``: the smoke's peak RSS per builder rank × ranks per node × this (a busier encode, a
+bigger episode than the smoke's one file)."""
+
+
+def sized(job: "EffectiveJob", version: str | None) -> "JobOptions":
+    """A build job sized for what it does: each of CPUs, memory and time limit from ``--cpus/--mem/--time``,
+    else ``resources.build`` in the spec, else derived from the passing build preflight's smoke (memory: peak
+    RSS × ranks per node × :data:`MEM_MARGIN`; time: the estimate ÷ :data:`ESTIMATE_WARN`, at least
+    :data:`MIN_TIME_S`, where the encode ran
+    on the job's kind of device), else the spec's ``resources`` (memory; time limit). One line per value in
+    ``options.derivation`` (the script's ``# idmctl: build job:`` lines). No time limit from any of them is bad
+    input."""
+    from dataclasses import replace
+
+    from idmctl.record.preflights import latest_passing  # here: only a --build job reads its build smoke
+    from ground.units import slurm_mem, slurm_time  # here: as above
+
+    options, request = job.options, job.request
+    own = job.resolved.spec.resources.build
+    run = latest_passing(job.declared, job.profile_hash, job.smoke_flags, version)
+    smoke = stored_smoke(run)
+    if smoke is not None and not smoke.ok:
+        smoke = None
+    plan_ = None
+    if smoke is not None:
+        try:
+            plan_ = _plan(job)
+        except UserError:
+            smoke = None
+    source = f"build smoke of preflight #{run.id}" if run is not None else ""
+    lines: list[str] = []
+    cpus = options.cpus_per_node
+    if not request.is_given("cpus_per_node") and own and own.cpus:
+        cpus = own.cpus
+        lines.append(f"CPUs {cpus} (resources.build)")
+    mem = options.mem
+    if request.is_given("mem"):
+        lines.append(f"memory {mem} (--mem)")
+    elif own and own.mem:
+        mem = own.mem
+        lines.append(f"memory {mem} (resources.build)")
+    elif smoke is not None and plan_ is not None and smoke.peak_rss_bytes:
+        need = smoke.peak_rss_bytes * options.ranks_per_node * MEM_MARGIN
+        mem = f"{math.ceil(need / 2**30)}G"
+        lines.append(f"memory peak {format_bytes(smoke.peak_rss_bytes)} × {options.ranks_per_node} ranks × {MEM_MARGIN} = "
+                     f"{format_bytes(need)} → {mem} ({source})")
+    else:
+        lines.append(f"memory {slurm_mem(mem)} (resources.mem: no build smoke measured the peak)")
+    time_limit = options.time_limit
+    if request.is_given("time_limit"):
+        lines.append(f"time limit {time_limit} (--time)")
+    elif own and own.time_limit:
+        time_limit = own.time_limit
+        lines.append(f"time limit {time_limit} (resources.build)")
+    elif smoke is not None and plan_ is not None and _provenance(options, smoke).measured:
+        processes, todo, norm_s, estimate = _estimate(options, plan_, smoke)
+        seconds = max(MIN_TIME_S, estimate / ESTIMATE_WARN)
+        time_limit = slurm_time(math.ceil(seconds / 60) * 60)
+        lines.append(f"time limit (load {smoke.load_s:.1f} s{f' + norm pass {norm_s:.1f} s' if norm_s else ''} + "
+                     f"⌈{todo} files ÷ {processes} process(es)⌉ × {smoke.encode_s:.2f} s/file = "
+                     f"{format_duration(estimate)}) ÷ {ESTIMATE_WARN}, at least {format_duration(MIN_TIME_S)} → {time_limit} "
+                     f"({source})")
+    elif time_limit is not None:
+        lines.append(f"time limit {time_limit} (resources.time_limit: build time unmeasured)")
+    else:
+        raise UserError("a build job needs a time limit: none in --time, resources.build or resources.time_limit, "
+                        "and no passing build preflight measured the build", file=str(job.declared.path),
+                        field="resources.build.time_limit",
+                        hint="pass --time, or run `idmctl preflight EXP --build MODE --time …` (its build_smoke row "
+                             "estimates the wall clock) and submit again")
+    return replace(options, cpus_per_node=cpus, mem=mem, time_limit=time_limit,
+                   derivation=[*options.derivation, "build job: " + "; ".join(lines)])
+
+
 def _checks(job: "EffectiveJob", smoke: BuildSmoke | None, source: str = "") -> list[CheckResult]:
     try:
         plan = _plan(job)
@@ -235,6 +325,7 @@ def run_build_preflight(job: "EffectiveJob", *, with_smoke: bool = True, timeout
 
     started = time.perf_counter()
     version = version_for(job.declared.spec)
+    job = replace(job, options=sized(job, version))
     static = _checks(job, None)
     smoke: BuildSmoke | None = None
     if with_smoke:

@@ -206,11 +206,10 @@ def build(experiment: str, request: JobRequest, cluster: str | None, version: st
     from idmctl.job.derived import job_limits
 
     if options.build:
-        # A build has no steps or checkpoints to derive limits from: its time limit is the spec's or --time's,
-        # judged by the build preflight's estimate (build_smoke).
-        if options.time_limit is None:
-            raise UserError("a build job needs a time limit", file=str(declared.path), field="resources.time_limit",
-                            hint="pass --time (the build preflight's build_smoke row estimates the wall clock)")
+        # A build has no steps or checkpoints to derive limits from: it is sized by its own arithmetic (the
+        # passing build preflight's smoke), resources.build or the flags, by gate.build.sized, which submit and
+        # the build preflight apply to this job (the gate's floor is above this one).
+        pass
     else:
         options = job_limits(declared, profile, options, version)
     options = replace(options, hang_k=profile.hang.k, hang_floor_s=profile.hang.floor_seconds,

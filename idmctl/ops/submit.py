@@ -83,6 +83,10 @@ def prepare(experiment: str, request: JobRequest, cluster: str | None,
             version: str | None = None) -> EffectiveJob:
     """The effective job, rendered once: bad input fails here, before anything is written."""
     job = build_effective(experiment, request, cluster, version)
+    if job.options.build:
+        from idmctl.gate.build import sized  # here: only a --build job is sized from its build smoke
+
+        job = replace(job, options=sized(job, version))
     render_script(job.resolved, job.options, _context(job.resolved, DRY_RUN_CHAIN_ID, 1, job.profile.scheduler, {}))
     return job
 

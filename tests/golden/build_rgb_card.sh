@@ -13,6 +13,7 @@
 #SBATCH --requeue
 #SBATCH --signal=B:USR1@600
 #SBATCH --hold
+# idmctl: build job: memory 1600G (resources.mem: no build smoke measured the peak); time limit 12:00:00 (--time)
 set -uo pipefail
 export IDMCTL_HOME=/home/operator/idmctl
 export IDMCTL_CHAIN_ID=1

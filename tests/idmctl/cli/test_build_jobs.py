@@ -11,6 +11,7 @@ tiny seeded Wan VAE on CPU.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -83,6 +84,18 @@ def test_build_submit_needs_a_passing_build_preflight(cli, idmctl_home: Path) ->
     assert "#SBATCH --ntasks-per-node=1\n#SBATCH --cpus-per-task=2\n" in planned.stdout
     assert "#SBATCH --job-name=gate-build-rgb\n" in planned.stdout
     assert '-m trainers.build_job --run-dir "$RUN_DIR" --mode rgb --processes 1 &' in planned.stdout
+    # Sized by the smoke's arithmetic: memory peak × ranks × 1.25, time limit the estimate ÷ 0.8 (whole minutes,
+    # at least 10), both from this preflight's build_smoke.
+    peak, estimate = smoke["peak_rss_bytes"], smoke["estimate_s"]
+    mem_g = math.ceil(peak * 1 * 1.25 / 2**30)
+    minutes = math.ceil(max(600.0, estimate / 0.8) / 60)
+    assert f"#SBATCH --mem={mem_g}G\n" in planned.stdout
+    assert f"#SBATCH --time=0-{minutes // 60:02d}:{minutes % 60:02d}:00\n" in planned.stdout
+    derivation = next(line for line in planned.stdout.splitlines() if line.startswith("# idmctl: build job:"))
+    assert re.fullmatch(rf"# idmctl: build job: memory peak .+ × 1 ranks × 1\.25 = .+ → {mem_g}G \(build smoke of "
+                        rf"preflight #{report['run_id']}\); time limit \(load .+ s \+ ⌈9 files ÷ 1 process\(es\)⌉ × "
+                        rf".+ s/file = .+\) ÷ 0\.8, at least 10\.0 min → 0-\d\d:\d\d:00 \(build smoke of preflight #{report['run_id']}\)",
+                        derivation), derivation
     # The smoke's measurement, re-judged at submit against the effective --mem: the tiny VAE's process
     # peaks at hundreds of MB, so 100 MB is refused (oom_host), naming the arithmetic.
     small = cli("submit", str(spec), "--build", "rgb", "--mem", "100MB", "--json")

@@ -104,3 +104,39 @@ def test_an_eval_job_over_its_qos_max_wall_is_shown_failing_naming_the_eval_job(
         "FAIL", "eval job of step 60000 (1 GPU, 14 CPUs, 200G, 40-00:00:00): time limit 40-00:00:00 > core-own max "
                 "wall 30-00:00:00; 1 GPU ≤ max 8")
     assert "submit would be refused: eval qos FAIL" in result.stderr
+
+
+def test_a_build_job_dry_run_shows_the_build_and_its_controller_sized_by_the_spec(cli, tmp_path: Path,
+                                                                                 idmctl_home: Path) -> None:
+    """No build preflight measured this build: memory and time limit are the spec's, and the script says so;
+    resources.build overrides each; no time limit anywhere is bad input."""
+    result = cli("submit", "latent_rgbpt_smoke", "--build", "rgb", "--cluster", "card", "--dry-run")
+    assert result.exit_code == 0, result.output
+    scripts = _scripts(result.stdout)
+    assert list(scripts) == ["training", "controller job after the attempt"]  # "training": the first script
+    build = [line for line in scripts["training"].splitlines() if line.startswith(("#SBATCH", "# idmctl: build job"))]
+    assert build[:7] == ["#SBATCH --job-name=latent_rgbpt_smoke-build-rgb", "#SBATCH --qos=core-own",
+                         "#SBATCH --nodes=1", "#SBATCH --ntasks-per-node=1", "#SBATCH --cpus-per-task=2",
+                         "#SBATCH --mem=4G", "#SBATCH --time=0-00:30:00"]
+    assert ("# idmctl: build job: memory 4G (resources.mem: no build smoke measured the peak); time limit 0:30:00 "
+            "(resources.time_limit: build time unmeasured)") in build
+    assert "#SBATCH --dependency=afterany:0" in _header(scripts["controller job after the attempt"])
+
+    own = tmp_path / "build_sized.yaml"
+    own.write_text(yaml.safe_dump({"extends": "latent_rgbpt_smoke",
+                                   "resources": {"build": {"cpus": 1, "mem": "3G", "time_limit": "2:00:00"}}}))
+    result = cli("submit", str(own), "--build", "rgb", "--cluster", "card", "--dry-run")
+    assert result.exit_code == 0, result.output
+    header = _scripts(result.stdout)["training"]
+    assert "#SBATCH --cpus-per-task=1\n#SBATCH --mem=3G\n#SBATCH --time=0-02:00:00\n" in header
+    assert ("# idmctl: build job: CPUs 1 (resources.build); memory 3G (resources.build); time limit 2:00:00 "
+            "(resources.build)\n") in header
+    flagged = cli("submit", str(own), "--build", "rgb", "--cluster", "card", "--dry-run", "--time", "3:00:00")
+    assert "time limit 3:00:00 (--time)" in flagged.stdout, flagged.output
+
+    untimed = tmp_path / "build_untimed.yaml"
+    untimed.write_text(yaml.safe_dump({"extends": "latent_rgbpt_smoke", "resources": {"time_limit": None}}))
+    refused = cli("submit", str(untimed), "--build", "rgb", "--cluster", "card", "--dry-run")
+    assert refused.exit_code == 2 and len(refused.stderr.strip().splitlines()) == 1, refused.output
+    assert refused.stderr.startswith(f"error: {untimed}:resources.build.time_limit: a build job needs a time limit"), \
+        refused.stderr

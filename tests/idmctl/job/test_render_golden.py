@@ -88,6 +88,10 @@ def render_case(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> s
     # The effective job over an empty home of this test (no store, no runs, no cache: nothing measured).
     job = build(case["experiment"], case["request"], case["cluster"], VERSION)
     options = job.options
+    if options.build:  # sized as submit sizes a build job (nothing measured here: the spec's and the flags')
+        from idmctl.gate.build import sized  # here: only the build case sizes a build job
+
+        options = sized(job, VERSION)
     if "resubmit_excluding" in case:
         stored = options.as_dict()  # what the job row keeps; a resubmission reads it back
         options = with_exclusions(replace(JobOptions(**stored), hold=False), case["resubmit_excluding"])
