@@ -401,7 +401,8 @@ class EvalResources(Strict):
     mem: str | None = None
     """Memory of the eval job, as Slurm reads it; None: one training rank's share (``resources.mem`` ÷ ranks)."""
     time_limit: str | None = None
-    """Its time limit; None: the training job's (no evaluator time is measured yet)."""
+    """Its time limit; None: 2 × what the newest COMPLETED eval job of this spec ran (at least 10 min), else the
+    training job's (evaluator time unmeasured)."""
 
     @field_validator("mem")
     @classmethod

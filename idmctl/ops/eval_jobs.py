@@ -39,7 +39,7 @@ from idmctl.job.code import JobCode
 from idmctl.job.render import render_script
 from idmctl.ops.controller import submit_controller
 from idmctl.ops.executors import executor_for
-from idmctl.record.eval_jobs import completed_evals, eval_jobs_of, store_eval_link
+from idmctl.record.eval_jobs import completed_evals, eval_jobs_of, measured_eval, store_eval_link
 from idmctl.record.jobs import open_chain
 from idmctl.record.stored_json import eval_columns, eval_link, job_options
 
@@ -124,7 +124,8 @@ def submit_with_evals(experiment: str, request: JobRequest, cluster: str | None,
     options = JobOptions(**{k: v for k, v in stored.items() if k in JobOptions.__dataclass_fields__})
     submitted.evaluated = {step: evaluated[step] for step in steps if step in evaluated}
     own = resolved.spec.eval.resources
-    submitted.evals = [_submit_one(resolved, "slurm", _eval_options(options, step, training.scheduler_id, own),
+    measured = measured_eval(resolved.name, training.spec_hash or resolved.hash)
+    submitted.evals = [_submit_one(resolved, "slurm", _eval_options(options, step, training.scheduler_id, own, measured),
                                    JobCode.from_record(training.code), training.admitted,
                                    {"of_chain": training.chain_id, "step": step, "after": training.scheduler_id,
                                     "choice": choice}, Path(training.script_path).parent, training.preflight_id,
@@ -133,23 +134,44 @@ def submit_with_evals(experiment: str, request: JobRequest, cluster: str | None,
     return submitted
 
 
-def _eval_options(options: JobOptions, step: int, after: str, own: "EvalResources | None" = None) -> JobOptions:
+EVAL_TIME_MARGIN = 2.0
+"""A measured eval job's time limit: this × the seconds an earlier eval job of the same spec ran (a busier node,
+a slower file system, the queue's start-up)."""
+EVAL_MIN_TIME_S = 600.0
+"""And at least this: a short evaluation still starts Python, verifies the snapshot and loads the checkpoint."""
+
+
+def _eval_options(options: JobOptions, step: int, after: str, own: "EvalResources | None" = None,
+                  measured: tuple[int, float] | None = None) -> JobOptions:
     """The training job's options sized for one evaluation process: one node, one task, at most one GPU (the
     evaluators run on rank 0 alone in training too), one training rank's share of the node's CPUs and
-    memory (card A: 112 CPUs ÷ 8 = 14, 1600G ÷ 8 = 200G, not the whole node), the same QoS and time limit
-    (no evaluator time is measured yet); ``eval.resources`` (``own``) overrides each."""
+    memory (card A: 112 CPUs ÷ 8 = 14, 1600G ÷ 8 = 200G, not the whole node), the same QoS, and a time limit
+    of :data:`EVAL_TIME_MARGIN` × what an earlier eval job of the spec ran (``measured``: its job id and
+    seconds; at least :data:`EVAL_MIN_TIME_S`), else the training job's (unmeasured); ``eval.resources``
+    (``own``) overrides each."""
+    from ground.units import slurm_time  # here: only a measured eval time needs Slurm's form
+
     ranks = max(1, options.ranks_per_node)
     cpus = own.cpus if own and own.cpus else max(1, options.cpus_per_node // ranks)
     share_mib = -(-options.mem_mib // ranks)
     mem = own.mem if own and own.mem else slurm_mem(f"{share_mib}M")
-    time_limit = own.time_limit if own and own.time_limit else options.time_limit
     said = "eval.resources" if own else None
+    if own and own.time_limit:
+        time_limit, time_text = own.time_limit, f"{own.time_limit} ({said})"
+    elif measured is not None:
+        job_id, seconds = measured
+        limit_s = max(EVAL_MIN_TIME_S, EVAL_TIME_MARGIN * seconds)
+        time_limit = slurm_time(-(-limit_s // 60) * 60)
+        time_text = (f"{EVAL_TIME_MARGIN:g} × {format_duration(seconds)} (eval job {job_id} of this spec, measured), at "
+                     f"least {format_duration(EVAL_MIN_TIME_S)} → {time_limit}")
+    else:
+        time_limit = options.time_limit
+        time_text = f"{time_limit} (the training job's: evaluator time unmeasured, no eval job of this spec ran yet)"
     derivation = [f"eval job: 1 process, {min(1, options.gpus_per_node)} GPU; CPUs "
                   + (f"{cpus} ({said})" if own and own.cpus else f"{options.cpus_per_node} ÷ {ranks} ranks = {cpus}")
                   + "; memory " + (f"{mem} ({said})" if own and own.mem else
                                    f"{slurm_mem(options.mem)} ÷ {ranks} ranks = {mem} (one training rank's share)")
-                  + f"; time limit {time_limit} " + (f"({said})" if own and own.time_limit else
-                                                      "(the training job's: no evaluator time measured yet)")]
+                  + f"; time limit {time_text}"]
     return replace(options, job_name=f"{options.job_name}-eval-{step}", entry=contract.EVAL_ENTRY, eval_step=step,
                    nodes=1, ranks_per_node=1, gpus_per_node=min(1, options.gpus_per_node), retries=0, hold=False,
                    build=None, dependency=f"afterok:{after}", kill_on_invalid_dep=True, cpus_per_node=cpus, mem=mem,
@@ -164,8 +186,9 @@ def dry_run_evals(job: "EffectiveJob", choice: str, admitted: dict[str, Any],
 
     out = []
     run_dir = runs_dir(job.resolved.name, DRY_RUN_CHAIN_ID)
+    measured = measured_eval(job.declared.name, job.declared.hash)
     for step in plan(choice, job):
-        options = _eval_options(job.options, step, DRY_RUN_JOB_ID, job.resolved.spec.eval.resources)
+        options = _eval_options(job.options, step, DRY_RUN_JOB_ID, job.resolved.spec.eval.resources, measured)
         ctx = replace(_context(job.resolved, DRY_RUN_CHAIN_ID, 1, "slurm", {}, admitted, code), run_dir=run_dir,
                       log_path=str(run_dir / f"eval-step-{step}-%j.out"))
         out.append((f"eval job of step {step} (job {DRY_RUN_JOB_ID} stands in for the training job's id)",
@@ -208,7 +231,8 @@ def judge_evals(job: "EffectiveJob", steps: list[int], measurements: Measurement
 
     if not steps:
         return []
-    options = _eval_options(job.options, steps[0], "0", job.resolved.spec.eval.resources)
+    options = _eval_options(job.options, steps[0], "0", job.resolved.spec.eval.resources,
+                            measured_eval(job.declared.name, job.declared.hash))
     resolved = eval_resolved(job, options)
     measured = measurements if measurements is not None else gather(resolved, job.profile, None, memo_only=True)
     ctx = PreflightContext(resolved, job.profile, replace(measured, smoke=None))

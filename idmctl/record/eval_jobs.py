@@ -25,6 +25,19 @@ def completed_evals(chain_id: int) -> dict[int, int]:
                 if job.state == JobState.COMPLETED and job.eval_step is not None}
 
 
+def measured_eval(experiment: str, spec_hash: str) -> tuple[int, float] | None:
+    """(job id, seconds it ran: ended − started) of the newest COMPLETED eval job of this experiment at this
+    spec hash (same evaluations, episodes and model), or None where no eval job of it ran to the end."""
+    with session() as db:
+        rows = db.exec(select(Job).where(Job.experiment == experiment, Job.spec_hash == spec_hash,
+                                         Job.eval_of_chain.is_not(None),  # type: ignore[union-attr]
+                                         Job.state == JobState.COMPLETED.value).order_by(Job.id.desc())).all()  # type: ignore[union-attr]
+        for job in rows:
+            if job.started_at is not None and job.ended_at is not None:
+                return int(job.id or 0), max(0.0, (job.ended_at - job.started_at).total_seconds())
+    return None
+
+
 def store_eval_link(job_id: int, link: dict[str, Any]) -> None:
     """Replace the job's link (it now waits on another attempt, or another eval job stands in for it)."""
     with session() as db:

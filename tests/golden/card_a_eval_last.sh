@@ -14,7 +14,7 @@
 #SBATCH --signal=B:USR1@61
 #SBATCH --dependency=afterok:4242
 #SBATCH --kill-on-invalid-dep=yes
-# idmctl: eval job: 1 process, 1 GPU; CPUs 112 ÷ 8 ranks = 14; memory 1600G ÷ 8 ranks = 200G (one training rank's share); time limit 30-00:00:00 (the training job's: no evaluator time measured yet)
+# idmctl: eval job: 1 process, 1 GPU; CPUs 112 ÷ 8 ranks = 14; memory 1600G ÷ 8 ranks = 200G (one training rank's share); time limit 30-00:00:00 (the training job's: evaluator time unmeasured, no eval job of this spec ran yet)
 set -uo pipefail
 export IDMCTL_HOME=/home/operator/idmctl
 export IDMCTL_CHAIN_ID=8

@@ -37,7 +37,8 @@ def test_card_a_eval_job_asks_for_one_ranks_share_and_the_dry_run_shows_every_sc
         f"#SBATCH --output={idmctl_home}/runs/latent_c_n4/0/eval-step-60000-%j.out"]
     assert "#SBATCH --dependency=afterok:0" in evaluation
     assert ("# idmctl: eval job: 1 process, 1 GPU; CPUs 112 ÷ 8 ranks = 14; memory 1600G ÷ 8 ranks = 200G (one training "
-            "rank's share); time limit 30-00:00:00 (the training job's: no evaluator time measured yet)") in evaluation
+            "rank's share); time limit 30-00:00:00 (the training job's: evaluator time unmeasured, no eval job of this "
+            "spec ran yet)") in evaluation
     controller = _header(scripts["controller job after the attempt"])
     assert "#SBATCH --cpus-per-task=1" in controller and "#SBATCH --dependency=afterany:0" in controller
     assert not (idmctl_home / "runs").exists()
@@ -140,3 +141,34 @@ def test_a_build_job_dry_run_shows_the_build_and_its_controller_sized_by_the_spe
     assert refused.exit_code == 2 and len(refused.stderr.strip().splitlines()) == 1, refused.output
     assert refused.stderr.startswith(f"error: {untimed}:resources.build.time_limit: a build job needs a time limit"), \
         refused.stderr
+
+
+def test_an_eval_jobs_time_limit_follows_the_last_completed_eval_of_the_spec(cli, idmctl_home: Path) -> None:
+    """A COMPLETED eval job of card A's spec that ran 25 min (its row in the store, as sync records it):
+    the next eval job asks for 2 × 25 min, and the eval qos row judges that limit."""
+    from datetime import datetime, timedelta, timezone
+
+    from sqlmodel import select
+
+    from ground.spec.loader import load_spec
+    from idmctl.core.job_state import JobState
+    from idmctl.record.db import session
+    from idmctl.record.models import Job
+
+    spec_hash = load_spec("latent_c_n4").hash
+    started = datetime(2026, 12, 1, 10, 0, tzinfo=timezone.utc)
+    with session() as db:
+        for minutes, state, of_spec in ((25, JobState.COMPLETED, spec_hash), (90, JobState.FAILED, spec_hash),
+                                        (300, JobState.COMPLETED, "another-spec")):
+            db.add(Job(experiment="latent_c_n4", spec_hash=of_spec, state=state.value, started_at=started,
+                       ended_at=started + timedelta(minutes=minutes), eval_of_chain=1, eval_step=60000))
+        db.commit()
+        measured_id = min(job.id for job in db.exec(select(Job)).all())  # the first row: the 25-min COMPLETED one
+    result = cli("submit", "latent_c_n4", "--cluster", "card", "--dry-run", "--eval", "last")
+    assert result.exit_code == 0, result.output
+    evaluation = _header(_scripts(result.stdout)["eval job of step 60000"])
+    assert "#SBATCH --time=0-00:50:00" in evaluation
+    assert ("# idmctl: eval job: 1 process, 1 GPU; CPUs 112 ÷ 8 ranks = 14; memory 1600G ÷ 8 ranks = 200G (one training "
+            f"rank's share); time limit 2 × 25.0 min (eval job {measured_id} of this spec, measured), at least 10.0 min "
+            "→ 0-00:50:00") in evaluation
+    assert _row(result.stderr, "eval qos")[1].endswith("time limit 0-00:50:00 ≤ max wall 30-00:00:00")
