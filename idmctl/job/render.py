@@ -241,6 +241,8 @@ def render_script(resolved: ResolvedSpec, options: JobOptions, ctx: RenderContex
             raise UserError(f"{key!r} is not an environment variable name", field="env")
     if options.build:
         stage = fill("stage_in_none_build", {})
+    elif options.eval_step is not None and spec.stage.enabled:
+        stage = fill("stage_in_none_eval", {})
     else:
         stage = _stage_block(spec.stage.enabled, spec.data.cache_root, spec.stage.dest, spec_file,
                              routed_blocks=spec.data.selected_blocks if spec.stage.layers == "routed" else None,
@@ -391,7 +393,7 @@ def _guard_stage_args(resolved: ResolvedSpec, options: JobOptions, ctx: RenderCo
     args = ""
     if spec.stage.enabled or options.entry == DEFAULT_ENTRY:
         args += f" --cache-root {q(str(check_shell_path(spec.data.cache_root, 'data.cache_root', str(resolved.path))))}"
-    if spec.stage.enabled and ctx.stage_bytes is not None:
+    if spec.stage.enabled and ctx.stage_bytes is not None and options.eval_step is None:  # an eval job stages none
         dest = check_shell_path(spec.stage.dest, "stage.dest", str(resolved.path))
         layers, model = spec_identity(spec.stage.layers, spec.data)
         args += (f" --stage-dest {q(str(dest))} --stage-bytes {int(ctx.stage_bytes)}"

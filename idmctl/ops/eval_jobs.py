@@ -16,8 +16,9 @@ not end OK, and :func:`follow` scancels whatever is left of a chain sync saw end
 
 The gate: eval jobs are submitted with the training job they follow, under its admission (the same
 spec hash, code snapshot and passing preflight), sized by :func:`_eval_options`; the eval job's own
-resources are judged by the static checks that apply to it (:func:`judge_evals`: its QoS tier's GPU cap,
-max wall and preempt cycle, its loader's /dev/shm and host memory, its stage-in's scratch), so a FAIL
+resources are judged by the static checks that apply to it (:func:`judge_evals`: its QoS tier's GPU cap
+and max wall, its loader's /dev/shm and host memory; it stages nothing, reading its held-out files in
+place, so it needs no scratch), so a FAIL
 refuses the submit before anything is written and names the eval job.
 """
 
@@ -212,8 +213,11 @@ def eval_resolved(job: "EffectiveJob", options: JobOptions) -> "ResolvedSpec":
     canonical = job.resolved.canonical
     own = {"nodes": 1, "gpus_per_node": options.gpus_per_node, "cpu_ranks": 1, "cpus": options.cpus_per_node,
            "mem": options.mem, "time_limit": options.time_limit}
+    # It stages nothing (the job script's stage_in_none_eval): it reads its held-out files in place.
+    stage = {**canonical["stage"], "enabled": False}
     try:
-        spec = ExperimentSpec.model_validate({**canonical, "resources": {**canonical["resources"], **own}})
+        spec = ExperimentSpec.model_validate({**canonical, "resources": {**canonical["resources"], **own},
+                                              "stage": stage})
     except ValidationError as exc:
         message = str(exc.errors()[0]["msg"]).removeprefix("Value error, ")
         raise UserError(f"the eval job's resources are invalid: {message}", file=str(job.resolved.path),
@@ -225,7 +229,7 @@ def judge_evals(job: "EffectiveJob", steps: list[int], measurements: Measurement
     """The eval jobs' own resources through :data:`EVAL_CHECKS`, one row per check named ``eval <check>``,
     its summary naming the eval jobs and what each asks for. They share one size (only the step differs),
     so they are judged once. ``measurements``: instead of gathering them (tests)."""
-    from idmctl.gate import disk, loader, shm  # here: only a submit with --eval judges eval jobs
+    from idmctl.gate import loader, shm  # here: only a submit with --eval judges eval jobs
     from idmctl.gate.check_list import run_check  # here: as above
     from idmctl.gate.runner import gather  # here: as above
 
@@ -240,17 +244,25 @@ def judge_evals(job: "EffectiveJob", steps: list[int], measurements: Measurement
              else f"eval jobs of steps {', '.join(map(str, steps))}")
     size = (f"{options.gpus_per_node} GPU, {options.cpus_per_node} CPUs, {options.mem}, "
             f"{options.time_limit or 'no time limit'}")
-    rows = [_eval_qos(ctx, options), run_check(shm, ctx), run_check(loader, ctx), disk.stage_check(ctx)]
+    rows = [_eval_qos(ctx, options), run_check(shm, ctx), run_check(loader, ctx), _eval_disk(job)]
     return [replace(row, name=f"eval {name}", summary=f"{which} ({size}): {row.summary}")
             for name, row in zip(EVAL_CHECKS, rows)]
 
 
-def _eval_qos(ctx: PreflightContext, options: JobOptions) -> CheckResult:
-    """The eval job against its QoS tier: the tier exists, its GPU cap, its max wall, and on a preemptible
-    tier a stage-in that ends inside the preempt cycle (an eval writes no checkpoint to resume from: a
-    preemption restarts it)."""
-    from idmctl.plan.budget import staging  # here: as judge_evals
+def _eval_disk(job: "EffectiveJob") -> CheckResult:
+    """An eval job copies nothing to the node: it reads its held-out files in place (no scratch needed)."""
+    data = job.resolved.spec.data
+    if not job.resolved.spec.stage.enabled:
+        summary = f"no stage-in (stage.enabled false): reads {data.cache_root} in place, as training does"
+    else:
+        summary = (f"no stage-in: reads the files of its held-out split {data.eval_split!r} in place under {data.cache_root} "
+                   f"(training copies the cache to {job.resolved.spec.stage.dest}; the eval job needs no scratch)")
+    return CheckResult("disk", Status.PASS, summary, {"stage_bytes": 0})
 
+
+def _eval_qos(ctx: PreflightContext, options: JobOptions) -> CheckResult:
+    """The eval job against its QoS tier: the tier exists, its GPU cap, its max wall (on a preemptible tier it is
+    requeued and starts over: it writes no checkpoint to resume from)."""
     qos = ctx.spec.resources.qos
     tier = ctx.profile.qos.get(qos)
     if tier is None:
@@ -272,16 +284,9 @@ def _eval_qos(ctx: PreflightContext, options: JobOptions) -> CheckResult:
             fixes.append(f"set eval.resources.time_limit ≤ {tier.max_wall}")
         else:
             notes.append(f"time limit {options.time_limit} ≤ max wall {tier.max_wall}")
-    cycle = tier.preempt_cycle_seconds if tier.preemptible else None
-    if cycle is not None:
-        stage = staging(ctx)
-        numbers.update(preempt_cycle_s=cycle, stage_s=stage.seconds)
-        if stage.enabled and not stage.reused and stage.seconds >= cycle:
-            fails.append(f"preemptible {qos}: stage-in {format_duration(stage.seconds)} ≥ preempt cycle "
-                         f"{format_duration(cycle)}: preempted before it scores, every attempt")
-            fixes.append("use a non-preemptible QoS for the eval jobs, or stage less")
-        else:
-            notes.append(f"stage-in {format_duration(stage.seconds)} < preempt cycle {format_duration(cycle)}")
+    if tier.preemptible:
+        # It stages nothing, so a preemption costs the evaluation done so far, not a stage-in.
+        notes.append(f"preemptible {qos}: a preemption requeues it and the evaluation starts over")
     if fails:
         return CheckResult("qos", Status.FAIL, "; ".join(fails + notes), numbers, "; ".join(fixes))
     return CheckResult("qos", Status.PASS, f"{qos}: " + "; ".join(notes), numbers)

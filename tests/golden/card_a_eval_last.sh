@@ -50,45 +50,10 @@ node_guard() {
     exit "$status"
   fi
 }
-node_guard stage --cache-root /nas/cache/cosmos_hidden_multi --stage-dest /tmp/idm_cache --stage-bytes 7151073361920 --stage-layers all --stage-model 'legacy_pt blocks=2,5,8,11,14,17,20,23,26,29,32,35 T=24 grid=27x48 C=5120 bfloat16 vae=- transformer=-'
+node_guard stage --cache-root /nas/cache/cosmos_hidden_multi
 
-# stage-in: copy the cache to each node's local disk once. The marker records what the copy is
-# (source, layer set, model identity, files: ground/stage.py); a copy of another key is replaced.
-export STAGE_SRC=/nas/cache/cosmos_hidden_multi
-export STAGE_DEST=/tmp/idm_cache
-export STAGE_LAYERS=all
-export STAGE_MODEL='legacy_pt blocks=2,5,8,11,14,17,20,23,26,29,32,35 T=24 grid=27x48 C=5120 bfloat16 vae=- transformer=-'
-export RUN_DIR
-stage_in() (  # a subshell: the lock is released when the copy ends, not held by the trainer
-  node="${SLURMD_NODENAME:-$(hostname)}"
-  mkdir -p "$(dirname "$STAGE_DEST")" || exit 1
-  exec 9>"$STAGE_DEST.lock" && flock 9
-  err="$RUN_DIR/stage-$node.err"
-  plan="$(/opt/idmctl/venv/bin/python -m ground.stage prepare --source "$STAGE_SRC" --dest "$STAGE_DEST" --layers "$STAGE_LAYERS" --model "$STAGE_MODEL" 2>"$err")" || {
-    echo "idmctl: stage-in FAILED (ground.stage exit $?): $(tail -n 1 "$err")"; exit 1; }
-  case "${plan%%$'\t'*}" in
-    staged) echo "idmctl: stage-in skipped on $node: $STAGE_DEST already holds ${plan#*$'\t'}"; exit 0 ;;
-    replace) echo "idmctl: stage-in on $node replaces the copy at $STAGE_DEST: ${plan#*$'\t'}" ;;
-    resume) echo "idmctl: stage-in on $node resumes the unfinished copy at $STAGE_DEST" ;;
-  esac
-  echo "idmctl: stage-in on $node $STAGE_SRC -> $STAGE_DEST ($(du -sb "$STAGE_SRC" | cut -f1) bytes)"
-  cp -a "$STAGE_SRC/." "$STAGE_DEST/" 2>"$err"
-  status=$?
-  if [ "$status" -ne 0 ]; then
-    echo "idmctl: stage-in FAILED (cp exit $status): $(tail -n 1 "$err"); free on $STAGE_DEST: $(df -B1 --output=avail "$STAGE_DEST" | tail -n 1) bytes"
-    exit 1
-  fi
-  /opt/idmctl/venv/bin/python -m ground.stage commit --dest "$STAGE_DEST" 2>"$err" || {
-    echo "idmctl: stage-in FAILED (ground.stage commit exit $?): $(tail -n 1 "$err")"; exit 1; }
-  echo "idmctl: stage-in done on $node"
-)
-if [ -n "${SLURM_JOB_ID:-}" ] && [ "${SLURM_JOB_NUM_NODES:-1}" -gt 1 ]; then
-  srun --nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 --kill-on-bad-exit=1 \
-    bash -c "$(declare -f stage_in); stage_in" || exit 1
-else
-  stage_in || exit 1
-fi
-export IDMCTL_CACHE_ROOT="$STAGE_DEST"
+# stage-in: none (an eval job reads only its held-out episodes' files, in place under data.cache_root:
+# copying the whole cache to the node to score one checkpoint would move every training file too)
 node_guard train
 
 # Ranks: srun under Slurm (launch single: one process);

@@ -90,8 +90,16 @@ def test_the_dry_run_judges_the_eval_jobs_own_resources(cli, idmctl_home: Path) 
                 "B/sample (bfloat16) = 6.4 GB pinned vs resources.mem 214.7 GB")
     assert _row(result.stderr, "eval shm")[0] == "PASS"
     assert _row(result.stderr, "eval disk") == (
-        "PASS", f"{size}: fits (48%): stage-in 1,871 files × 3,822,059,520 B = 7,151,073,361,920 B (7.2 TB, 6.5 TiB; "
-                "estimated from data.cache_files, the cache is not on this machine) vs 15.0 TB scratch of a card node")
+        "PASS", f"{size}: no stage-in: reads the files of its held-out split 'valid' in place under "
+                "/nas/cache/cosmos_hidden_multi (training copies the cache to /tmp/idm_cache; the eval job needs no "
+                "scratch)")
+    # The training job copies the 7.2 TB cache to the node; the eval job's script copies nothing.
+    scripts = _scripts(result.stdout)
+    assert "stage_in || exit 1" in scripts["training"]
+    evaluation = scripts["eval job of step 60000"]
+    assert "stage_in" not in evaluation and "--stage-bytes" not in evaluation
+    assert "# stage-in: none (an eval job reads only its held-out episodes' files, in place under data.cache_root:" \
+        in evaluation
     assert "submit-time checks pass" in result.stderr
 
 
