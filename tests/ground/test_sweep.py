@@ -62,15 +62,15 @@ def test_bad_sweep_is_one_line_exit_2_and_nothing_recorded(cli, tmp_path: Path, 
 
 def test_preflight_of_a_sweep_is_one_table_a_row_per_variant(cli, idmctl_home: Path, tmp_path: Path) -> None:
     # At the card's --mem 1600GB the page cache lets all three fit; at 800GB it holds 29% of N=4's 2.4 TB working
-    # set but 20% of N=6's 3.6 TB, and N=6 reads 6/4 as much: 45.1 s/step × 60K = 31.4 d > 30 d.
+    # set but 20% of N=6's 3.6 TB, and N=6 reads 6/4 as much: 44.8 s/step × 60K = 31.2 d > 30 d.
     path = tmp_path / "phase2_mem.yaml"
     path.write_text("extends: latent_c_phase2\nresources:\n  mem: 800GB\n")
     result = cli("preflight", str(path), "--cluster", "card", "--no-smoke")
     assert result.exit_code == 1
     rows = {line.split("│")[1].strip(): line for line in result.stdout.splitlines() if line.startswith("│ n")}
     assert list(rows) == ["n4_d4", "n4_d12", "n6_d12"]
-    assert "│ [1,4,7,10]" in rows["n4_d4"] and "PASS ≥ 28.0 s/step, ≥ 19.5 d" in rows["n4_d4"]
-    assert "│ [1,3,5,7,9,11]" in rows["n6_d12"] and "FAIL ≥ 45.1 s/step, ≥ 31.4 d" in rows["n6_d12"]
+    assert "│ [1,4,7,10]" in rows["n4_d4"] and "PASS ≥ 27.6 s/step, ≥ 19.3 d" in rows["n4_d4"]
+    assert "│ [1,3,5,7,9,11]" in rows["n6_d12"] and "FAIL ≥ 44.8 s/step, ≥ 31.2 d" in rows["n6_d12"]
     header = next(line for line in result.stdout.splitlines() if line.startswith("┃ variant"))
     assert [c.strip() for c in header.split("┃")[1:-1]] == [
         "variant", "data.selected_layer_indices", "model.depth", "spec", "introspection", "loader", "shm", "io", "qos",

@@ -28,15 +28,15 @@ def test_io_fail_carries_fixes_recomputed_by_the_io_check(cli) -> None:
     io = _check(json.loads(result.stdout[: result.stdout.rindex("}") + 1]), "io")
     assert io["status"] == "FAIL"
     # 1,024 ÷ 4 = 256 samples × 796,262,400 B = 203.8 GB/step, 20% of it from the page cache (1.4 TB of a
-    # 7.2 TB working set): 80% ÷ 8 GB/s + 20% ÷ 20 GB/s = 22.3 s/step; × 60K + 2.2 h stage = 15.5 d. With the
+    # 7.2 TB working set): 80% ÷ 8 GB/s + 20% ÷ 20 GB/s ≈ 22.0 s/step (the job's --mem 1600GB is 1600 GiB of page cache); × 60K + 2.2 h stage = 15.4 d. With the
     # cache N=6 already fits (N=4 did before the cache was modelled).
     assert io["numbers"]["what_ifs"] == [
-        {"set": {"loader.repeats": 4}, "status": "PASS", "headline": "≥ 22.3 s/step, ≥ 15.5 d"},
+        {"set": {"loader.repeats": 4}, "status": "PASS", "headline": "≥ 22.0 s/step, ≥ 15.4 d"},
         {"set": {"data.selected_layer_indices": [1, 3, 5, 7, 9, 11]}, "status": "PASS",
-         "headline": "≥ 38.3 s/step, ≥ 26.7 d"},
+         "headline": "≥ 37.5 s/step, ≥ 26.1 d"},
     ]
-    assert io["fix"].endswith("what-ifs: loader.repeats=4 → ≥ 22.3 s/step, ≥ 15.5 d; "
-                              "data.selected_layer_indices=[1,3,5,7,9,11] (N=6) → ≥ 38.3 s/step, ≥ 26.7 d")
+    assert io["fix"].endswith("what-ifs: loader.repeats=4 → ≥ 22.0 s/step, ≥ 15.4 d; "
+                              "data.selected_layer_indices=[1,3,5,7,9,11] (N=6) → ≥ 37.5 s/step, ≥ 26.1 d")
 
 
 def test_a_fix_and_its_what_if_give_the_same_numbers(cli) -> None:
@@ -49,8 +49,8 @@ def test_a_fix_and_its_what_if_give_the_same_numbers(cli) -> None:
     io = _check(json.loads(result.stdout), "io")
     assert io["after"]["status"] == suggested["status"] == "PASS"
     # No GPU smoke: both step times are the data time alone, lower bounds.
-    assert {"number": "step_s", "before": "≥ 89.7 s", "after": "≥ 38.3 s"} in io["changed"]
-    assert {"number": "wall_s", "before": "≥ 62.4 d", "after": "≥ 26.7 d"} in io["changed"]
+    assert {"number": "step_s", "before": "≥ 89.1 s", "after": "≥ 37.5 s"} in io["changed"]
+    assert {"number": "wall_s", "before": "≥ 62.0 d", "after": "≥ 26.1 d"} in io["changed"]
 
 
 def test_what_if_repeats_shows_changed_numbers_beside_the_originals_and_records_nothing(cli, idmctl_home) -> None:
@@ -61,9 +61,9 @@ def test_what_if_repeats_shows_changed_numbers_beside_the_originals_and_records_
     io_row = next(line for line in out.splitlines() if line.startswith("│ io "))
     # It fits now, so well that the spec's 30 d limit is 2.7× the derived one: the WARN says so, with the number.
     assert "FAIL → WARN" in io_row and "step_bytes: 815.4 GB → 101.9 GB" in io_row
-    assert "set resources.time_limit: 9-18:18:00" in io_row
-    for change in ("step_s: ≥ 89.7 s → ≥ 11.1 s", "train_s: ≥ 62.3 d → ≥ 7.7 d", "wall_s: ≥ 62.4 d → ≥ 7.8 d",
-                   "data_s_per_step: 89.7 s/step → 11.1 s/step"):
+    assert "set resources.time_limit: 9-15:49:00" in io_row
+    for change in ("step_s: ≥ 89.1 s → ≥ 11.0 s", "train_s: ≥ 61.9 d → ≥ 7.6 d", "wall_s: ≥ 62.0 d → ≥ 7.7 d",
+                   "data_s_per_step: 89.1 s/step → 11.0 s/step"):
         assert change in out
     from ground.spec.loader import load_spec
 
