@@ -33,16 +33,19 @@ def test_rows_keep_the_flags_in_their_old_form_and_old_rows_read_back() -> None:
     request = JobRequest.from_given(ROW_FLAGS)
     assert request.gpus_per_node == 4 and request.exclude == ("n1", "n2") and request.hold is True
     assert request.given() == ROW_FLAGS
-    assert JobRequest.from_given({"--hold": None, "--partition": "old"}) == JobRequest()  # unknown/none: ignored
+    assert JobRequest.from_given({"--hold": None, "--nodelist": "old"}) == JobRequest()  # unknown/none: ignored
+    assert JobRequest.from_given({"--partition": "gpu"}).partition == "gpu"  # a flag rows now keep
     assert JobRequest().given() == {} and JobRequest(cpus_per_node=0).given() == {"-c": 0}  # 0 is a value
 
 
 def test_every_option_names_its_flag_and_each_resource_field_exists_where_it_lands() -> None:
-    assert [flag_of(f.name) for f in fields(JobRequest)] == ["--qos", "--time", "--mem", "-c", "--gres", "-J",
+    assert [flag_of(f.name) for f in fields(JobRequest)] == ["--qos", "--time", "--mem", "-c", "--gres", "--account",
+                                                             "--partition", "--constraint", "--reservation", "-J",
                                                              "--exclude", "--retries", "--entry", "--build", "--hold",
                                                              "--dependency", "--kill-on-invalid-dep"]
     options, resources = JobOptions.__dataclass_fields__, ResourcesSpec.model_fields
-    assert RESOURCE_FIELDS == ("qos", "time_limit", "mem", "cpus_per_node", "gpus_per_node")
+    assert RESOURCE_FIELDS == ("qos", "time_limit", "mem", "cpus_per_node", "gpus_per_node", "account", "partition",
+                               "constraint", "reservation")
     assert all(name in options and resource_of(name) in resources for name in RESOURCE_FIELDS)
 
 
