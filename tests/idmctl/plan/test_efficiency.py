@@ -79,13 +79,14 @@ def test_a_real_job_gets_its_report_and_the_next_submit_its_suggestions(
     text = shown.output
     assert f"job {job['job']} (slurm {job['scheduler_id']})" in text and "COMPLETED" in text
     assert "CPU efficiency " in text and "÷ (Elapsed " in text
-    # 1500 MB = 1431 MiB. A step of ~25 s ends before sacct's first 30 s sample: the trainer's VmHWM stands in.
-    assert "memory efficiency " in text and "÷ ReqMem 1.4 GiB" in text
+    # --mem 1500MB is Slurm's 1500M = 1500 MiB = 1.46 GiB. A step of ~25 s ends before sacct's first 30 s
+    # sample: the trainer's VmHWM stands in.
+    assert "memory efficiency " in text and "÷ ReqMem 1.5 GiB" in text
     assert "of the 10.0 min limit" in text
     assert "data wait " in text and "over 6 steps (trainer)" in text
     assert "peak host RSS of rank 0 " in text
     assert "suggest --time 0-00:05:00: completed in " in text
-    assert "suggest --mem " in text and "asked 1.4 GiB" in text
+    assert "suggest --mem " in text and "asked 1.5 GiB" in text
 
     data = json.loads(cli("jobs", "show", str(job["job"]), "--json").stdout)["efficiency"]
     run_id = (Path(job["script"]).parent / contract.MLFLOW_RUN_ID_FILE).read_text().strip()
