@@ -48,3 +48,13 @@ def threshold_s(heartbeat: Heartbeat, k: float, floor: float) -> float:
     """Silence that makes a hang: max(k × measured s/step, floor); the floor alone before a step was timed.
     One home for the job's watchdog and for sync's look at the jobs it sees."""
     return max(k * heartbeat.s_per_step, floor) if heartbeat.s_per_step else floor
+
+
+def start_deadline_s(stage_bytes: int, bandwidth_bps: float | None, build_s: float | None, margin: float,
+                     floor: float) -> float:
+    """Seconds from the watchdog's start to the first beat before the start-up counts as hung: margin × (the
+    stage-in still to come, bytes ÷ bandwidth, + the smoke's measured build time), at least ``floor``. An
+    unmeasured part counts as nothing and the floor stands for it (the job script starts the watchdog
+    after its stage-in: only the build counts there)."""
+    stage = stage_bytes / bandwidth_bps if stage_bytes and bandwidth_bps else 0.0
+    return max(floor, margin * (stage + (build_s or 0.0)))

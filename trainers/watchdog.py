@@ -38,7 +38,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ground.contract import CAUSE_HANG, EXIT_HANG, FAILURE_MARKER, STACKS_SIGNAL
-from ground.heartbeat import read, threshold_s
+from ground.heartbeat import read, start_deadline_s, threshold_s  # noqa: F401  (start_deadline_s: its home)
 from ground.processes import alive
 
 
@@ -87,14 +87,6 @@ def signal_ranks(trainer_pid: int, signame: str) -> str:
 def _iso(epoch: float) -> str:
     return datetime.fromtimestamp(epoch, timezone.utc).isoformat(timespec="milliseconds")
 
-
-def start_deadline_s(stage_bytes: int, bandwidth_bps: float | None, build_s: float | None, margin: float,
-                     floor: float) -> float:
-    """Seconds from the watchdog's start to the first beat before the start-up counts as hung: margin × (the
-    stage-in still to come, bytes ÷ bandwidth, + the smoke's measured build time), at least ``floor``. An
-    unmeasured part counts as nothing and the floor stands for it."""
-    stage = stage_bytes / bandwidth_bps if stage_bytes and bandwidth_bps else 0.0
-    return max(floor, margin * (stage + (build_s or 0.0)))
 
 
 def watch(run_dir: Path, trainer_pid: int, k: float, floor: float, poll: float, dump_wait: float,

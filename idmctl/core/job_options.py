@@ -165,6 +165,8 @@ class JobOptions:
     """The watchdog's k, floor and poll (the cluster profile's ``hang:``, kept so a resubmit uses the same)."""
     hang_floor_s: float = 600.0
     hang_poll_s: float = 30.0
+    hang_start_s: float | None = None
+    """The watchdog's start-up deadline (seconds to the first beat); None: none (a row of an older idmctl)."""
     signal_lead: int | None = None
     """Seconds of USR1 warning; derived from measured step + checkpoint write time (or the spec's)."""
     checkpoint_every: int | None = None

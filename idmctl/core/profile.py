@@ -143,12 +143,22 @@ class HangWatch(_Strict):
     floor: str = "0:10:00"
     """Never sooner: covers a slow first step, an evaluation, a checkpoint write between beats."""
     poll: str = "30s"
+    start_floor: str = "0:05:00"
+    """The first beat of an attempt must come this soon after the trainer starts, or sooner than
+    ``start_margin`` × the smoke's measured build (dataset + model) allows, whichever is longer: a trainer
+    stuck before its first step (a dataset build, NCCL start-up) is a hang, not a wait for the time limit."""
+    start_margin: float = Field(default=3.0, ge=1)
 
-    @field_validator("floor", "poll")
+    @field_validator("floor", "poll", "start_floor")
     @classmethod
     def _duration(cls, value: str) -> str:
-        parse_duration(value)
+        if parse_duration(value) <= 0:
+            raise ValueError("a time above 0, e.g. 5m")
         return value
+
+    @property
+    def start_floor_seconds(self) -> float:
+        return parse_duration(self.start_floor)
 
     @property
     def floor_seconds(self) -> float:

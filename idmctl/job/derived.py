@@ -6,9 +6,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from ground.heartbeat import start_deadline_s
 from ground.units import parse_duration
 from idmctl.core.job_options import JobOptions
-from idmctl.plan.limits import limits_for
+from idmctl.plan.limits import latest_smoke, limits_for
 
 if TYPE_CHECKING:
     from ground.spec.loader import ResolvedSpec
@@ -25,3 +26,11 @@ def job_limits(resolved: ResolvedSpec, profile: ClusterProfile, options: JobOpti
                    signal_lead=int(limits.signal_lead.effective),
                    checkpoint_every=None if resolved.spec.train.checkpoint_every else int(limits.checkpoint_every.derived),
                    derivation=limits.lines())
+
+
+def start_deadline(resolved: "ResolvedSpec", profile: "ClusterProfile") -> float:
+    """The watchdog's start-up deadline for this job: the profile's ``hang.start_floor``, or
+    ``hang.start_margin`` × the latest smoke's build (dataset + model) when that is longer."""
+    smoke = latest_smoke(resolved.hash)
+    build = sum(part for part in (smoke.dataset_s, smoke.model_s) if part) if smoke is not None and smoke.ok else None
+    return start_deadline_s(0, None, build or None, profile.hang.start_margin, profile.hang.start_floor_seconds)

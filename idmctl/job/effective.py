@@ -203,7 +203,7 @@ def build(experiment: str, request: JobRequest, cluster: str | None, version: st
     options = with_exclusions(options, exclusions)
     # What the spec and flags leave open (time limit, checkpoint interval, signal lead) is derived from
     # measurement; the effective spec then carries the derived time limit, so the checks judge it.
-    from idmctl.job.derived import job_limits
+    from idmctl.job.derived import job_limits, start_deadline
 
     if options.build:
         # A build has no steps or checkpoints to derive limits from: it is sized by its own arithmetic (the
@@ -213,7 +213,8 @@ def build(experiment: str, request: JobRequest, cluster: str | None, version: st
     else:
         options = job_limits(declared, profile, options, version)
     options = replace(options, hang_k=profile.hang.k, hang_floor_s=profile.hang.floor_seconds,
-                      hang_poll_s=profile.hang.poll_seconds)
+                      hang_poll_s=profile.hang.poll_seconds,
+                      hang_start_s=None if options.build else start_deadline(declared, profile))
     flagged = [name for name in RESOURCE_FIELDS if request.is_given(name)]
     if declared.spec.resources.time_limit is None and "time_limit" not in flagged:
         flagged.append("time_limit")  # the derived limit: the checks judge the job as it will run

@@ -270,6 +270,7 @@ def render_script(resolved: ResolvedSpec, options: JobOptions, ctx: RenderContex
         "hang_k": f"{options.hang_k:g}",
         "hang_floor_s": f"{options.hang_floor_s:g}",
         "hang_poll_s": f"{options.hang_poll_s:g}",
+        "hang_start": f" --start-deadline {options.hang_start_s:g}" if options.hang_start_s else "",
     }) + "\n"
 
 

@@ -102,7 +102,7 @@ if [ -n "${SLURM_JOB_ID:-}" ]; then LAUNCH=(srun --kill-on-bad-exit=1 --ntasks-p
 "${LAUNCH[@]}" /opt/idmctl/venv/bin/python -m trainers.train --run-dir "$RUN_DIR" &
 TRAINER=$!
 # The hang watchdog: stacks of every rank, then kill, when the heartbeat stops (trainers/watchdog.py).
-/opt/idmctl/venv/bin/python -m trainers.watchdog --run-dir "$RUN_DIR" --trainer-pid "$TRAINER" --k 10 --floor 600 --poll 30 &
+/opt/idmctl/venv/bin/python -m trainers.watchdog --run-dir "$RUN_DIR" --trainer-pid "$TRAINER" --k 10 --floor 600 --poll 30 --start-deadline 300 &
 WATCHDOG=$!
 # USR1 arrives before preemption or the time limit: pass it on so the trainer checkpoints, and
 # requeue afterwards. TERM alone is scancel (or a kill): checkpoint, but never requeue a cancel.

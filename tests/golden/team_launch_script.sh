@@ -63,7 +63,7 @@ if [ -n "${SLURM_JOB_ID:-}" ]; then LAUNCH=(srun --kill-on-bad-exit=1 --ntasks-p
 (cd /home/operator/idmctl/code/0123456789abcdef0123456789abcdef01234567/examples/team_repo && exec "${LAUNCH[@]}" bash scripts/run_idm_train_robocasa_latent_C_layer_routed_n4.sh) &
 TRAINER=$!
 # The hang watchdog: stacks of every rank, then kill, when the heartbeat stops (trainers/watchdog.py).
-/opt/idmctl/venv/bin/python -m trainers.watchdog --run-dir "$RUN_DIR" --trainer-pid "$TRAINER" --k 10 --floor 120 --poll 5 &
+/opt/idmctl/venv/bin/python -m trainers.watchdog --run-dir "$RUN_DIR" --trainer-pid "$TRAINER" --k 10 --floor 120 --poll 5 --start-deadline 300 &
 WATCHDOG=$!
 # USR1 arrives before preemption or the time limit: pass it on so the trainer checkpoints, and
 # requeue afterwards. TERM alone is scancel (or a kill): checkpoint, but never requeue a cancel.

@@ -11,6 +11,7 @@ import signal
 import time
 from datetime import datetime, timezone
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from sqlmodel import select
@@ -140,7 +141,8 @@ def test_a_deadlocked_job_is_dumped_killed_classified_and_resumed(
     first = submit(cli, spec, "--entry", "tests.jobs_entry", "--retries", "1", "-J", "hang_replay")
     script = Path(first["script"]).read_text()
     assert (f"-m trainers.watchdog --run-dir \"$RUN_DIR\" --trainer-pid \"$TRAINER\" --k {hang.k:g} "
-            f"--floor {hang.floor_seconds:g} --poll {hang.poll_seconds:g} &") in script
+            f"--floor {hang.floor_seconds:g} --poll {hang.poll_seconds:g} --start-deadline "
+            f"{hang.start_floor_seconds:g} &") in script
 
     sync_starts: list[float] = []
     sync_ends: list[float] = []
@@ -262,3 +264,20 @@ def test_sync_classifies_a_running_job_whose_heartbeat_is_silent(tmp_path: Path)
     # makes later (seen: 31.2 s under a full suite), never earlier.
     assert 30.0 <= float(silent.group(1)) <= 30.0 + (looked - now) + 0.05, line
     assert "> max(5 × 0.500 s/step, 10 s) = 10.0 s" in failure.evidence
+
+
+def test_the_job_scripts_start_deadline_is_the_profiles_floor_or_the_smokes_build_times_its_margin(monkeypatch) -> None:
+    """A trainer stuck before its first step is caught at max(hang.start_floor, start_margin × (the latest
+    smoke's dataset + model build)): card A's smoke built in 23 + 39 s, so its 5 min floor stands; a build
+    of 100 + 80 s gives 3 × 180 = 540 s."""
+    from idmctl.core.checks import SmokeMeasurement
+    from idmctl.job import derived
+
+    profile = load_profile("card")[0]
+    resolved = SimpleNamespace(hash="x")
+    monkeypatch.setattr(derived, "latest_smoke", lambda _h: SmokeMeasurement(ok=True, dataset_s=23.0, model_s=39.0))
+    assert derived.start_deadline(resolved, profile) == 300.0  # type: ignore[arg-type]
+    monkeypatch.setattr(derived, "latest_smoke", lambda _h: SmokeMeasurement(ok=True, dataset_s=100.0, model_s=80.0))
+    assert derived.start_deadline(resolved, profile) == 540.0  # type: ignore[arg-type]
+    monkeypatch.setattr(derived, "latest_smoke", lambda _h: None)
+    assert derived.start_deadline(resolved, profile) == profile.hang.start_floor_seconds == 300.0  # type: ignore[arg-type]
