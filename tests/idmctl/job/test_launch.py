@@ -68,12 +68,11 @@ def test_a_launch_script_that_starts_its_own_ranks_must_say_so(cli, tmp_path: Pa
     monkeypatch.setenv("IDMCTL_TEAM_DATA", str(tmp_path))
     data = yaml.safe_load((TEAM / "team_torchrun_8gpu.yaml").read_text())
     del data["code"]["launch"]
-    spec = TEAM.parent / "experiments" / f"probe_{tmp_path.name}.yaml"  # beside team_n4, which it extends
+    # Outside the repository: a file written into the tree races every snapshot another test takes.
+    data["extends"] = str(TEAM / "team_n4.yaml")
+    spec = tmp_path / "probe.yaml"
     spec.write_text(yaml.safe_dump(data))
-    try:
-        result = cli("submit", str(spec), "--dry-run", "--cluster", "card")
-    finally:
-        spec.unlink()
+    result = cli("submit", str(spec), "--dry-run", "--cluster", "card")
     _one_line_exit_2(result, f"error: {spec}:code.launch: run_idm_train_torchrun.sh:9 starts its own ranks "
                              "(-m torch.distributed.run); under one srun task per rank")
     assert "state code.launch: per_node" in result.stderr
