@@ -22,6 +22,9 @@ def doctor(
     qos: Annotated[Optional[str], typer.Option("--qos", help="With --nodes: the QoS the probe jobs use.")] = None,
     cache: Annotated[Optional[str], typer.Option("--cache", help="With --nodes: a cache mount every node must "
                                                  "see.")] = None,
+    scratch: Annotated[Optional[str], typer.Option("--scratch", help="With --nodes: where jobs stage, as a job "
+                                                   "names it ($SLURM_TMPDIR is expanded on the node; default: "
+                                                   "stage.dest's default).")] = None,
     nodes_deadline: Annotated[str, typer.Option("--nodes-deadline", help="With --nodes: how long to wait for "
                                                 "every node's answer, e.g. 2m.")] = "2m",
 ) -> None:
@@ -39,7 +42,7 @@ def doctor(
             raise UserError(f"not a duration: {nodes_deadline!r}", field="--nodes-deadline", hint="e.g. 90s or 2m")
         if deadline <= 0:
             raise UserError(f"{nodes_deadline!r} is no time to wait", field="--nodes-deadline", hint="e.g. 90s or 2m")
-        probe = NodeProbe(partition=partition, qos=qos, deadline_s=deadline, cache=cache)
+        probe = NodeProbe(partition=partition, qos=qos, deadline_s=deadline, cache=cache, scratch=scratch)
     report = run_doctor(render=not no_render, debug=debug_on(), nodes=probe)
     if as_json:
         emit_json(report.as_dict())

@@ -25,7 +25,9 @@ def test_every_node_reaches_the_shared_store_and_reads_the_cache_and_its_scratch
         monkeypatch.setenv(ENV_DB_URL, pg_url)
     cache = tmp_path / "cache"
     cache.mkdir()
-    result = cli("doctor", "--json", "--no-render", "--nodes", "--cache", str(cache), "--nodes-deadline", "90s")
+    scratch = slurm_home / "scratch"  # this test's own: other tests' probes may be using the default one now
+    result = cli("doctor", "--json", "--no-render", "--nodes", "--cache", str(cache), "--scratch", str(scratch),
+                 "--nodes-deadline", "90s")
     rows = _node_rows(result)
     assert sorted(rows) == ["node n1", "node n2"], result.output
     for row in rows.values():
@@ -34,9 +36,9 @@ def test_every_node_reaches_the_shared_store_and_reads_the_cache_and_its_scratch
         if pg_url:
             assert "store: postgresql://127.0.0.1:15432 reachable" in row["detail"]
         # both nodes are slurmd processes of this one host: their /tmp is one folder, and the probe says so
-        assert "scratch /tmp/idmctl_stage is shared by n1, n2" in row["detail"]
+        assert f"scratch {scratch} is shared by n1, n2" in row["detail"]
         assert row["status"] == "WARN" and "node-local disk" in row["fix"]
-    assert not list(Path("/tmp/idmctl_stage").glob(".idmctl-probe-*"))  # markers removed
+    assert not list(scratch.glob(".idmctl-probe-*"))  # markers removed
 
 
 @pytest.mark.slow
@@ -44,7 +46,7 @@ def test_a_store_the_nodes_cannot_reach_and_a_missing_cache_fail_with_the_fix_an
         cli, slurm_home: Path, tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv(ENV_DB_URL, "postgresql://idmctl:s3cret-pw@127.0.0.1:1/idmctl")
     result = cli("doctor", "--json", "--no-render", "--nodes", "--cache", str(tmp_path / "no-such-mount"),
-                 "--nodes-deadline", "90s")
+                 "--scratch", str(slurm_home / "scratch"), "--nodes-deadline", "90s")
     assert result.exit_code == 1, result.output
     assert "s3cret-pw" not in result.output
     for row in _node_rows(result).values():
