@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -24,7 +25,7 @@ import pytest
 
 from ground.contract import ENV_CLUSTER, ENV_DB_URL, ENV_HOME
 from pg_support import fresh_database
-from slurm_support import cluster_changing, squeue_state, wait_until
+from slurm_support import cluster_changing, release_requeued, squeue_state, text_so_far, wait_until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("local_slurm")]
 REPO = Path(__file__).resolve().parents[3]
@@ -172,3 +173,64 @@ def test_a_shared_code_store_serves_both_members_and_gc_leaves_a_colleagues_snap
             assert all((shared / "snapshots" / name).owner() != bob for name in left)
     finally:
         shutil.rmtree(team_dir, ignore_errors=True)
+
+
+def _job_row(db_url: str, job: int) -> dict:
+    """The job's row as the team's store holds it, read as the database's owner (not through idmctl)."""
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(db_url)
+    try:
+        with engine.connect() as connection:
+            row = connection.execute(text("SELECT * FROM job WHERE id = :id"), {"id": job}).mappings().one()
+            return dict(row)
+    finally:
+        engine.dispose()
+
+
+def test_a_members_preempted_job_is_requeued_and_resumes_from_her_own_checkpoint(team: dict[str, Path]) -> None:
+    """alice's job on the preemptible `sub` is preempted by bob's `core-own` job (both want all of n1's CPUs):
+    Slurm signals it, it checkpoints into alice's run directory and Slurm requeues it; the next run resumes as
+    alice from that checkpoint, and alice's sync records the preemption (the job's runs) and the resume."""
+    alice, bob = USERS
+    total = 24
+    with fresh_database() as db_url:
+        done = _as(alice, team[alice], "submit", "quickstart", "--entry", "tests.jobs_entry", "--force", "--reason",
+                   "to be preempted", "--qos", "sub", "-c", "2", "--mem", "400MB", "--exclude", "n2", "-J", "alice-low",
+                   "--json", db_url=db_url, IDMCTL_TEST_BEHAVIOR=f"steps:{total}:0.3")
+        assert done.returncode == 0, done.stderr
+        low = json.loads(done.stdout)
+        log, run_dir = Path(low["log"]), Path(low["script"]).parent
+        wait_until(lambda: "entry: step 3" in text_so_far(log), 120, f"3 steps of {alice}'s sub job {low['scheduler_id']}")
+        done = _as(bob, team[bob], "submit", "quickstart", "--entry", "tests.jobs_entry", "--force", "--reason",
+                   "preempts alice", "--qos", "core-own", "-c", "2", "--mem", "400MB", "--exclude", "n2", "-J", "bob-high",
+                   "--json", db_url=db_url, IDMCTL_TEST_BEHAVIOR="steps:2:0.2")
+        assert done.returncode == 0, done.stderr
+        high = json.loads(done.stdout)
+
+        def ended() -> dict | None:
+            release_requeued(low["scheduler_id"])
+            for user in (alice, bob):  # each member's sync records that member's jobs
+                synced = _as(user, team[user], "sync", db_url=db_url)
+                assert synced.returncode == 0, f"{user}: {synced.stderr}"
+            rows = {r["job"]: r for r in json.loads(_as(alice, team[alice], "jobs", "--json", db_url=db_url).stdout)}
+            finished = all(rows[j["job"]]["state"] in ("COMPLETED", "FAILED", "CANCELLED") for j in (low, high))
+            return rows if finished else None
+
+        rows = wait_until(ended, 240, lambda: f"both jobs to end: {text_so_far(log)[-1500:]}", poll_s=1.0)
+        assert rows[high["job"]]["state"] == "COMPLETED" and rows[high["job"]]["user"] == bob
+        mine = rows[low["job"]]
+        assert (mine["state"], mine["user"], mine["chain"], mine["attempt"]) == ("COMPLETED", alice, low["chain"], 1), mine
+        assert mine["restarts"] >= 1, mine  # Slurm requeued the same job: no resubmission
+        record = _job_row(db_url, low["job"])
+        runs = record["runs"] if isinstance(record["runs"], list) else json.loads(record["runs"])
+        assert runs[0]["state"] in ("PREEMPTED", "REQUEUED") and runs[-1]["state"] == "COMPLETED", runs
+        text = log.read_text()
+        assert re.search(r"entry: checkpointed at step \d+ on signal", text), text[-2000:]
+        resumed = [int(s) for s in re.findall(r"entry: resumed from step (\d+)", text)]
+        assert resumed and resumed[0] >= 3, text[-2000:]  # from her first run's checkpoint, not step 0
+        assert f"entry: done {total} steps" in text
+        # Everything the two runs wrote is alice's: her run directory, her checkpoint, her counters.
+        for path in (run_dir, run_dir / "ckpt.json", run_dir / "steps_done.txt", log):
+            assert path.owner() == alice, path
+        assert int((run_dir / "steps_done.txt").read_text()) == total
