@@ -14,6 +14,10 @@ A copy whose key differs from the job's is never reused: stage-in removes it and
 copy is under way its key sits in ``contract.STAGE_PENDING``; a copy cut short (preemption) resumes
 only for the same key, and the rename to the marker is what makes it finished.
 
+``stage.dest`` may name the job's own scratch, as the node names it: a leading ``$SLURM_TMPDIR``,
+``${TMPDIR}`` or site variable (``$LOCAL_SCRATCH/idm``) is expanded by the job script on the node, never
+on the submitting host (``node_named``); such a copy cannot be measured or found before the job runs.
+
 ``python -m ground.stage prepare|commit`` is the job script's side (standard library and ``ground``
 only: it runs on the node before anything heavy).
 """
@@ -26,17 +30,55 @@ import os
 import re
 import shutil
 import sys
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ground.contract import STAGE_MARKER, STAGE_PENDING
+from ground.contract import ENV_HOME, STAGE_MARKER, STAGE_PENDING
 from ground.paths import atomic_write_text
 
 if TYPE_CHECKING:
     from ground.spec.schema import DataSpec
 
 ALL = "all"
+
+_NODE_VARIABLE = re.compile(r"^\$(?:\{([A-Z_][A-Z0-9_]*)\}|([A-Z_][A-Z0-9_]*))(?=/|$)")
+PER_JOB_VARIABLES = ("SLURM_TMPDIR",)
+"""Variables that name a directory of one job by definition: a copy there is gone when the job ends."""
+
+
+@dataclass(frozen=True)
+class NodePath:
+    """A ``stage.dest`` the node names: a leading variable, expanded by the job script on the node."""
+
+    variable: str
+    """The upper-case variable name (``SLURM_TMPDIR``), without ``$`` or braces."""
+    rest: str
+    """What follows it: ``""`` or a path starting with ``/`` (``/idm``); checked by the renderer."""
+
+    @property
+    def shown(self) -> str:
+        """``$SLURM_TMPDIR/idm``: the path as the spec means it, for plan and check lines."""
+        return f"${self.variable}{self.rest}"
+
+    @property
+    def per_job(self) -> bool:
+        """The variable names a directory of this one job: no copy there outlives the job."""
+        return self.variable in PER_JOB_VARIABLES
+
+
+def node_named(dest: str) -> NodePath | None:
+    """``stage.dest`` as the node names it (a leading ``$NAME``/``${NAME}``, upper case), else None (a path
+    of the submitting host, expanded there). ``$IDMCTL_HOME`` stays the host's: the job script exports the
+    very value the submitting host resolved, so it names the same directory on both and can be measured."""
+    match = _NODE_VARIABLE.match(dest)
+    if match is None:
+        return None
+    variable = match.group(1) or match.group(2)
+    if variable == ENV_HOME:
+        return None
+    return NodePath(variable, dest[match.end():])
 
 
 def spec_identity(stage_layers: str, data: "DataSpec") -> tuple[str, str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from idmctl.plan.budget import routed_staging_fix, staging
 from idmctl.core.checks import CheckResult, PreflightContext, Status
+from ground.stage import node_named
 from ground.units import format_bytes
 
 NAME = "disk"
@@ -51,7 +52,13 @@ def stage_check(ctx: PreflightContext) -> CheckResult:
     if not stage.enabled:
         return CheckResult(NAME, Status.PASS, "stage.enabled false: nothing is copied to node-local disk",
                            {"stage_bytes": 0})
-    if ctx.is_this_machine and ctx.measurements.scratch_free_bytes is not None:
+    on_node = node_named(spec.stage.dest)
+    if on_node is not None:
+        # The node expands it when the job runs: this machine's disks say nothing about it.
+        capacity = ctx.profile.node.scratch_bytes
+        source = (f"scratch of a {ctx.profile.name} node ({on_node.shown} is named by the node, not measurable "
+                  f"here: `idmctl doctor --nodes --scratch '{on_node.shown}'` checks it on each node)")
+    elif ctx.is_this_machine and ctx.measurements.scratch_free_bytes is not None:
         capacity = ctx.measurements.scratch_free_bytes
         source = f"free under {spec.stage.dest} on this machine (statvfs)"
     else:

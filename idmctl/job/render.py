@@ -20,7 +20,7 @@ from ground import contract
 from ground.errors import UserError
 from ground.paths import REPO_ROOT, expand_path
 from ground.spec.loader import ResolvedSpec
-from ground.stage import layer_set, model_identity, spec_identity
+from ground.stage import layer_set, model_identity, node_named, spec_identity
 from ground.spec.schema import (CONSTRAINT, MAX_COUNT, NODE_LIST, SLURM_NAME, check_job_mem, check_job_time,
                                 detect_launch)
 from ground.units import slurm_mem, slurm_time
@@ -65,6 +65,19 @@ def check_shell_path(value: str, field_name: str, source: str) -> Path:
         raise _bad(f"{value!r} contains a control character or shell syntax", field_name, source,
                    "use a plain path (no newline, ';', '$(', backticks or quotes)")
     return path
+
+
+def stage_dest_word(dest: str, source: str) -> tuple[str, str | None]:
+    """``stage.dest`` as one shell word of the script, and the variable the node must have set (None: a
+    plain path of the submitting host). A leading ``$NAME``/``${NAME}`` (``ground.stage.node_named``) stays
+    for the node's shell to expand, as ``"${NAME}"/rest``; any other ``$`` is refused as in every path."""
+    named = node_named(dest)
+    if named is None:
+        return shlex.quote(str(check_shell_path(dest, "stage.dest", source))), None
+    if named.rest and (_UNSAFE_CHARS.search(named.rest) or not named.rest.startswith("/")):
+        raise _bad(f"{dest!r}: only a leading ${named.variable} is expanded on the node; the rest must be a plain path",
+                   "stage.dest", source, f"e.g. ${named.variable}/idm (no further $, ';', quotes or backticks)")
+    return f'"${{{named.variable}}}"{shlex.quote(named.rest) if named.rest else ""}', named.variable
 
 
 def check_sbatch_path(path: Path, field_name: str, source: str) -> str:
@@ -239,6 +252,7 @@ def render_script(resolved: ResolvedSpec, options: JobOptions, ctx: RenderContex
     for key, value in env.items():
         if not re.fullmatch(r"[A-Z_][A-Z0-9_]*", key):
             raise UserError(f"{key!r} is not an environment variable name", field="env")
+    copies = spec.stage.enabled and not options.build and options.eval_step is None
     if options.build:
         stage = fill("stage_in_none_build", {})
     elif options.eval_step is not None and spec.stage.enabled:
@@ -250,6 +264,7 @@ def render_script(resolved: ResolvedSpec, options: JobOptions, ctx: RenderContex
                              python=ctx.python, model=model_identity(spec.data))
     q = shlex.quote
     return fill("job", {
+        "stage_where": _stage_where(spec.stage.dest, spec_file) if copies else "",
         **CONTRACT_SLOTS,
         "sbatch_header": "\n".join([*_sbatch_lines(options, log_path),
                                     *(f"# idmctl: {_comment(line)}" for line in options.derivation)]),
@@ -395,11 +410,18 @@ def _guard_stage_args(resolved: ResolvedSpec, options: JobOptions, ctx: RenderCo
     if spec.stage.enabled or options.entry == DEFAULT_ENTRY:
         args += f" --cache-root {q(str(check_shell_path(spec.data.cache_root, 'data.cache_root', str(resolved.path))))}"
     if spec.stage.enabled and ctx.stage_bytes is not None and options.eval_step is None:  # an eval job stages none
-        dest = check_shell_path(spec.stage.dest, "stage.dest", str(resolved.path))
+        dest, _ = stage_dest_word(spec.stage.dest, str(resolved.path))
         layers, model = spec_identity(spec.stage.layers, spec.data)
-        args += (f" --stage-dest {q(str(dest))} --stage-bytes {int(ctx.stage_bytes)}"
+        args += (f" --stage-dest {dest} --stage-bytes {int(ctx.stage_bytes)}"
                  f" --stage-layers {q(layers)} --stage-model {q(model)}")
     return args
+
+
+def _stage_where(dest: str, spec_file: str) -> str:
+    """For a ``stage.dest`` the node names: the check that its variable is set there, before the node guard
+    and stage-in use it (an unset one would stage to ``/idm`` at the root); empty for a plain path."""
+    _, variable = stage_dest_word(dest, spec_file)
+    return fill("stage_dest_on_node", {"variable": variable}) if variable else ""
 
 
 def _comment(text: str) -> str:
@@ -428,13 +450,13 @@ def _stage_block(enabled: bool, cache_root: str, dest: str, spec_file: str, *, r
     if not enabled:
         return fill("stage_in_disabled", {})
     src_path = check_shell_path(cache_root, "data.cache_root", spec_file)
-    dest_path = check_shell_path(dest, "stage.dest", spec_file)
+    dest_word, _ = stage_dest_word(dest, spec_file)
     q = shlex.quote
     if routed_blocks is None:
         tool, copy = "cp", fill("stage_copy_all", {})
     else:
         tool, copy = "cache.convert", fill("stage_copy_routed", {"python": q(python), "suffix": suffix,
                                                                   "blocks": ",".join(str(b) for b in routed_blocks)})
-    return fill("stage_in", {**CONTRACT_SLOTS, "stage_src": q(str(src_path)), "stage_dest": q(str(dest_path)),
+    return fill("stage_in", {**CONTRACT_SLOTS, "stage_src": q(str(src_path)), "stage_dest": dest_word,
                              "stage_layers": q(layer_set(routed_blocks)), "stage_model": q(model),
                              "python": q(python), "stage_copy": copy, "stage_tool": tool})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ from idmctl.core.job_options import JobRequest
 from idmctl.job.render import RenderContext, render_script, resolve_options
 from ground.spec.loader import load_spec
 from ground.contract import STAGE_MARKER, STAGE_PENDING
+from ground.errors import UserError
 from ground.stage import model_identity, stage_key
 
 
@@ -116,6 +118,54 @@ def test_stage_in_disk_full_fails_with_clear_line(tmp_path: Path, idmctl_home: P
     assert not (tmp_path / "dest" / STAGE_MARKER).exists()
 
 
+def test_stage_dest_named_by_the_node_is_expanded_by_the_job_script_there(tmp_path: Path, idmctl_home: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """``stage.dest: $SLURM_TMPDIR/idm`` stays a variable in the script (the submitting host has none), the
+    script expands it from its own environment (as the local executor's job has it), and fails in one line
+    naming the variable where it is unset."""
+    monkeypatch.delenv("SLURM_TMPDIR", raising=False)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "ep0.safetensors").write_bytes(b"x" * 1000)
+    spec = _spec_file(tmp_path, data={"cache_root": str(cache)}, stage={"enabled": True, "dest": "$SLURM_TMPDIR/idm"})
+    resolved = load_spec(str(spec))
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    ctx = RenderContext(run_dir=run_dir, chain_id=1, attempt=1, idmctl_home=idmctl_home, stage_bytes=1000,
+                        log_path=str(run_dir / "log"), python=_stage_only_python(tmp_path))
+    script = render_script(resolved, resolve_options(resolved, JobRequest()), ctx)
+    assert 'export STAGE_DEST="${SLURM_TMPDIR}"/idm' in script
+    assert '--stage-dest "${SLURM_TMPDIR}"/idm --stage-bytes 1000' in script
+    script_path = run_dir / "job.sh"
+    script_path.write_text(script)
+    node_tmp = tmp_path / "job-scratch"
+    node_tmp.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "SLURM_TMPDIR"}
+    unset = subprocess.run(["bash", str(script_path)], capture_output=True, text=True, timeout=30, env=env)
+    assert unset.returncode == 1
+    failed = [line for line in unset.stdout.splitlines() if "FAILED" in line]
+    assert failed == [f"idmctl: stage-in FAILED on {os.uname().nodename}: stage.dest names $SLURM_TMPDIR, which is "
+                      "unset on this node (set it in the job's environment, or give stage.dest a plain path)"]
+    assert not Path("/idm").exists()
+    staged = subprocess.run(["bash", str(script_path)], capture_output=True, text=True, timeout=30,
+                            env={**env, "SLURM_TMPDIR": str(node_tmp)})
+    assert staged.returncode == 0, staged.stdout + staged.stderr
+    assert f"stage-in on {os.uname().nodename} {cache} -> {node_tmp}/idm (" in staged.stdout
+    assert (node_tmp / "idm" / "ep0.safetensors").read_bytes() == b"x" * 1000
+    assert json.loads((node_tmp / "idm" / STAGE_MARKER).read_text())["source"] == str(cache)
+
+
+@pytest.mark.parametrize("dest", ["$SLURM_TMPDIR/$(id)", "$SLURM_TMPDIR/a;b", "$slurm_tmpdir/idm", "$SLURM_TMPDIR/x/$UNSET_X"])
+def test_stage_dest_with_any_other_dollar_is_refused_in_one_line(tmp_path: Path, idmctl_home: Path, dest: str) -> None:
+    spec = _spec_file(tmp_path, stage={"enabled": True, "dest": dest})
+    resolved = load_spec(str(spec))
+    ctx = RenderContext(run_dir=tmp_path / "run", chain_id=1, attempt=1, idmctl_home=idmctl_home,
+                        log_path=str(tmp_path / "log"))
+    with pytest.raises(UserError) as raised:
+        render_script(resolved, resolve_options(resolved, JobRequest()), ctx)
+    assert raised.value.field == "stage.dest" and raised.value.file == str(spec)
+
+
 SPEC_INJECTIONS = [
     ({"resources": {"job_name": "x\n#SBATCH --uid=0"}}, "resources.job_name"),
     ({"resources": {"qos": "core-own;rm -rf /"}}, "resources.qos"),
@@ -124,6 +174,7 @@ SPEC_INJECTIONS = [
     ({"data": {"cache_root": "/data/$(touch /tmp/pwned)"}, "stage": {"enabled": True}}, "data.cache_root"),
     ({"stage": {"enabled": True, "dest": "/tmp/x;reboot"}}, "stage.dest"),
     ({"stage": {"enabled": True, "dest": "/tmp/x\necho hi"}}, "stage.dest"),
+    ({"stage": {"enabled": True, "dest": "$SLURM_TMPDIR/`id`"}}, "stage.dest"),
 ]
 
 

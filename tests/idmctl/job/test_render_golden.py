@@ -60,6 +60,9 @@ CASES: dict[str, dict] = {
     # Card A on sub with the fix for a stage-in longer than the preempt cycle: only the 4 routed blocks staged.
     "card_a_sub_routed_stage_in": dict(experiment=str(SPECS / "latent_c_n4_routed.yaml"), request=JobRequest(qos="sub"),
                                        cluster="card", stage_bytes=CARD_STAGE_BYTES * 4 // 12),  # 4 of 12 blocks
+    # Card A staging to the job's own scratch: stage.dest $SLURM_TMPDIR/idm, expanded on the node.
+    "card_a_stage_slurm_tmpdir": dict(experiment=str(SPECS / "latent_c_n4_slurm_tmpdir.yaml"), request=JobRequest(),
+                                      cluster="card", stage_bytes=CARD_STAGE_BYTES),
     # The team's own launch script (a command-line entry) from their repository in the snapshot.
     "team_launch_script": dict(experiment=str(REPO / "examples" / "team_repo" / "experiments" / "team_n4.yaml"),
                                request=JobRequest(), cluster="local-slurm", code=TEAM_CODE,
