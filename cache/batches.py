@@ -15,7 +15,8 @@ the dtype on the device (``kv_projectors``' ``.to(dtype)``). Nothing passes thro
 
 ``direct=True`` reads the aligned ranges with O_DIRECT (the device writes into the buffer, no kernel
 copy, no page cache; buffers are then page-aligned): for working sets far larger than the page cache,
-where the plan's O_DIRECT verdict says it serves better (``idmctl.plan.budget.uncached_verdict``).
+where the plan chose it (``idmctl.plan.page_cache.CacheFigures.reads_direct``; the job is told by
+``ENV_LOADER_DIRECT``).
 
 The batch order is the DataLoader's own: its sampler per epoch (``set_epoch``) cut into ``batch_size``
 chunks, the last one short, so a run reads the same samples in the same order whichever path loads them.
@@ -35,6 +36,7 @@ import torch
 
 from cache.hidden import CacheFileInfo, direct_readable, open_for_ranges, range_pieces, read_pieces
 from cache.prefetch import PREFETCH_DEPTH, buffer_slots
+from ground.contract import ENV_LOADER_DIRECT
 from ground.errors import UserError
 from ground.units import format_bytes
 
@@ -234,8 +236,9 @@ def _collate_small(samples: list[dict[str, Any]]) -> dict[str, Any]:
 
 def trainer_batches(loader: Any, consumed: int, device: torch.device) -> Iterator[dict[str, Any]] | None:
     """The trainer's batches through :class:`BatchLoader` when the loader runs in the rank's own
-    process (``num_workers 0``) over a dataset with exact ranges; None: use torch's DataLoader."""
+    process (``num_workers 0``) over a dataset with exact ranges; None: use torch's DataLoader.
+    O_DIRECT when the job was told so (``ENV_LOADER_DIRECT``: the plan's choice, made in one place)."""
     if loader.num_workers != 0 or not supports(loader.dataset):
         return None
     return BatchLoader(loader.dataset, sampler_batches(loader.sampler, loader.batch_size, consumed),
-                       loader.batch_size, device)
+                       loader.batch_size, device, direct=os.environ.get(ENV_LOADER_DIRECT) == "1")

@@ -49,6 +49,9 @@ ENV_ROLLBACK = "IDMCTL_ROLLBACK"
 """``1`` on the one resubmission a chain gets after a NaN: resume from the last good checkpoint past it."""
 ENV_CACHE_ROOT = "IDMCTL_CACHE_ROOT"
 """Overrides ``data.cache_root`` in the trainer (the staged copy on node-local disk); not in the spec hash."""
+ENV_LOADER_DIRECT = "IDMCTL_LOADER_DIRECT"
+"""``1``: the trainer's batch loader reads the cache around the page cache (O_DIRECT), as the plan chose
+(``idmctl.plan.page_cache.CacheFigures.reads_direct``) and counted in the step's data time; unset: the page cache."""
 ENV_CHECKPOINT_EVERY = "IDMCTL_CHECKPOINT_EVERY"
 """Steps between checkpoints derived at submit (``idmctl.plan.limits``) when the spec leaves
 ``train.checkpoint_every`` unset; a value in the spec wins."""

@@ -205,15 +205,15 @@ class StepEstimate:
         if self.cache is None:
             text += f"÷ {self.tier} {fmt_bandwidth(self.bandwidth)} = {fmt_seconds(self.data_s)}/step data"
         else:
-            text += f"= {fmt_seconds(self.data_s)}/step data in steady state ({cache_arithmetic(self.cache)})"
+            text += f"= {fmt_seconds(self.data_s)}/step data{'' if self.cache.reads_direct else ' in steady state'} ({cache_arithmetic(self.cache)})"
         text += f"; {self.loader_note}"
         if self.compute_s is not None:
             text += f"; compute {fmt_seconds(self.compute_s)} ({self.compute_note})"
         else:
             text += f"; {self.provenance.label}"
         text += f"; step = {self.step_formula()}"
-        if self.cache is not None and self.cache.warmup_s:
-            text += (f"; × {self.steps:,} steps + cold first pass {fmt_span(self.cache.warmup_s)} = "
+        if self.cache is not None and self.cache.served_warmup_s:
+            text += (f"; × {self.steps:,} steps + cold first pass {fmt_span(self.cache.served_warmup_s)} = "
                      f"{fmt_span(self.train_s)}")
         else:
             text += f"; × {self.steps:,} steps = {fmt_span(self.train_s)}"
@@ -237,13 +237,13 @@ def step_estimate(ctx: PreflightContext) -> StepEstimate:
         step_bytes = io.bytes * read
         # Each node's cache serves its own share; its misses share the NAS with the other nodes' misses.
         cache = figures(ctx, step_bytes // nodes, tier, bandwidth, miss_bps=bandwidth / nodes)
-    data_s = step_bytes / bandwidth if cache is None else cache.data_s
+    data_s = step_bytes / bandwidth if cache is None else cache.served_data_s  # the path the job reads
     compute_s, note, provenance = _compute_seconds(ctx)
     loader_s, loader_note = _loader_seconds(ctx, step_bytes if per_node else step_bytes // nodes)
     overlapped, overlap_note = overlap(spec)
     terms = [data_s, loader_s or 0.0, compute_s or 0.0]
     step_s = max(terms) if overlapped else sum(terms)
-    train_s = step_s * spec.train.steps + (cache.warmup_s if cache is not None else 0.0)
+    train_s = step_s * spec.train.steps + (cache.served_warmup_s if cache is not None else 0.0)
     return StepEstimate(io.bytes, io.formula, spec.train.effective_batch, spec.loader.repeats, step_bytes, tier,
                         bandwidth, data_s, compute_s, note, step_s, spec.train.steps, train_s, staging(ctx).seconds,
                         nodes, per_node, provenance, cache, loader_s, loader_note, overlapped, overlap_note)
@@ -309,8 +309,8 @@ def uncached_verdict(cache: CacheFigures) -> str | None:
     if direct is None:
         return (f"{ratio}: whether reading around the page cache (O_DIRECT) would serve better is not measured "
                 "here (storage.direct_read; `python -m bench.page_cache` on a node measures it)")
-    better = ("reading around the page cache (O_DIRECT) would serve better" if direct < cache.data_s
-              else "keep the page cache: O_DIRECT would be slower")
+    better = ("the job reads around the page cache (O_DIRECT): the step's data time"
+              if cache.reads_direct else "keep the page cache: O_DIRECT would be slower")
     return (f"{ratio}: O_DIRECT {format_bytes(cache.step_bytes)} ÷ {fmt_bandwidth(cache.direct_bps or 0.0)} "
             f"(measured) = {fmt_seconds(direct)}/step vs {fmt_seconds(cache.data_s)} cached: {better}")
 

@@ -154,7 +154,7 @@ def derive(ctx: PreflightContext, version: str | None = None, *, time_override: 
     step_s, step_source, step_provenance, same = _step_time(ctx, version)
     estimate = step_estimate(ctx)
     # A new job's page cache starts cold whatever step time it measured before (a steady window).
-    warmup = estimate.cache.warmup_s if estimate.cache is not None else 0.0
+    warmup = estimate.cache.served_warmup_s if estimate.cache is not None else 0.0
     wall = estimate.stage_s + spec.train.steps * step_s + warmup
 
     writes = [r.checkpoint_write_s for r in same if r.checkpoint_write_s]

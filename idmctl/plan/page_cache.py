@@ -117,12 +117,33 @@ class CacheFigures:
         rate = self.direct_bps * (self._miss_rate / self.storage_bps)  # the same share of a shared NAS
         return self.step_bytes / rate
 
+    @property
+    def reads_direct(self) -> bool:
+        """The job's read path, decided here once: around the page cache (O_DIRECT) when the working set is
+        more than :data:`FAR_LARGER` × the cache and the profile's measured O_DIRECT rate gives a shorter
+        step than the cached steady state; else through the page cache. The plan's data time and the job's
+        loader (``contract.ENV_LOADER_DIRECT``, read by ``cache.batches.trainer_batches``) follow it."""
+        direct = self.direct_data_s
+        return self.working_set > FAR_LARGER * self.cache and direct is not None and direct < self.data_s
+
+    @property
+    def served_data_s(self) -> float:
+        """A step's data time on the chosen path (:attr:`reads_direct`)."""
+        direct = self.direct_data_s
+        return direct if self.reads_direct and direct is not None else self.data_s
+
+    @property
+    def served_warmup_s(self) -> float:
+        """The cold first pass on the chosen path: none around the page cache (there is no cache to fill)."""
+        return 0.0 if self.reads_direct else self.warmup_s
+
     def as_dict(self) -> dict[str, float | int | bool | str | None]:
         return {"working_set_bytes": self.working_set, "mem_limit_bytes": self.mem_limit,
                 "resident_bytes": self.resident.bytes, "resident_measured": self.resident.measured,
                 "cache_bytes": self.cache, "hit_rate": self.hit, "miss_bytes_per_step": self.miss_bytes,
                 "steady_data_s_per_step": self.data_s, "cold_data_s_per_step": self.cold_data_s,
                 "warmup_s": self.warmup_s, "direct_data_s_per_step": self.direct_data_s,
+                "reads_direct": self.reads_direct,
                 "memory_bps": self.memory_bps, "assumptions": ASSUMPTIONS}
 
 

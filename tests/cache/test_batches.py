@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 from cache.batches import BatchLoader, sampler_batches, supports, trainer_batches
 from cache.prefetch import PREFETCH_DEPTH
 from cache.registry import build_dataloader, build_dataset
+from ground.contract import ENV_LOADER_DIRECT
 from ground.errors import UserError
 from hidden_quick_spec import use_hidden_quick
 from test_dataset import _spec, _write_data
@@ -175,3 +176,23 @@ def test_o_direct_reads_aligned_ranges_into_page_aligned_buffers_and_falls_back_
     fallback = BatchLoader(build_dataset(unaligned, "train"), order, 2, direct=True)
     list(fallback)
     assert fallback.direct_bytes == 0 and fallback.bytes_read > 0
+
+
+def test_the_trainer_reads_around_the_page_cache_only_when_the_job_was_told_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plan's choice reaches the trainer's loader by ``ENV_LOADER_DIRECT`` (the page-aligned geometry
+    of the test above: every byte then goes through O_DIRECT); unset or anything but 1, the page cache."""
+    spec = _spec(dtype="bfloat16", channels=128)
+    _write_data(spec, dtype=torch.bfloat16)
+    loader = build_dataloader(spec, "train", shuffle=True, seed=0)
+    for value, direct in ((None, False), ("0", False), ("1", True)):
+        if value is None:
+            monkeypatch.delenv(ENV_LOADER_DIRECT, raising=False)
+        else:
+            monkeypatch.setenv(ENV_LOADER_DIRECT, value)
+        batches = trainer_batches(loader, 0, torch.device("cpu"))
+        assert isinstance(batches, BatchLoader)
+        next(batches)
+        batches.close(wait_s=30)  # the read-ahead ends before the counters are compared
+        assert not batches._thread.is_alive(), "the reader thread did not stop within 30 s"
+        assert batches.direct is direct and batches.bytes_read > 0
+        assert batches.direct_bytes == (batches.bytes_read if direct else 0)

@@ -72,6 +72,28 @@ def test_reading_around_the_cache_is_judged_from_a_measured_rate_only() -> None:
     assert n4 and "O_DIRECT" not in cache_arithmetic(n4)  # 2.4 TB is under 2× the 1.6 TB cache
 
 
+def test_the_read_path_is_chosen_once_and_the_step_counts_the_path_chosen() -> None:
+    """Where O_DIRECT's measured step beats the cached steady state on a working set far larger than the
+    cache, the plan chooses it: the step's data time is the O_DIRECT time and no cold first pass is added
+    (no cache to fill); where it is slower, or the working set fits, the page cache stays."""
+    profile = load_profile("card")[0]
+    fast = profile.model_copy(update={"storage": profile.storage.model_copy(update={"direct_read": "20GB/s"})})
+    estimate = step_estimate(_ctx("latent_c_n12_dense", fast))
+    cache = estimate.cache
+    assert cache is not None and cache.reads_direct
+    assert cache.direct_data_s == cache.step_bytes / 20e9 < cache.data_s
+    assert estimate.data_s == cache.served_data_s == cache.direct_data_s and cache.served_warmup_s == 0.0
+    assert cache.warmup_s > 0  # what the page-cache path would have paid, not counted
+    assert f"(measured) = {cache.direct_data_s:.1f} s/step vs 89.1 s cached: the job reads around the page cache" \
+        in cache_arithmetic(cache)
+    assert estimate.train_s == estimate.step_s * estimate.steps
+    slow = profile.model_copy(update={"storage": profile.storage.model_copy(update={"direct_read": "8GB/s"})})
+    kept = step_estimate(_ctx("latent_c_n12_dense", slow))
+    assert kept.cache is not None and not kept.cache.reads_direct and kept.data_s == kept.cache.data_s
+    n4 = step_estimate(_ctx("latent_c_n4", fast)).cache
+    assert n4 is not None and not n4.reads_direct  # 2.4 TB is under 2× the 1.6 TB cache
+
+
 def test_a_profile_without_a_page_cache_rate_charges_every_byte_to_the_storage() -> None:
     profile = load_profile("card")[0]
     bare = profile.model_copy(update={"storage": profile.storage.model_copy(update={"page_cache_read": None})})
