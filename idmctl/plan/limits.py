@@ -91,6 +91,9 @@ class Limits:
     signal_lead: Derived
     checkpoint_warning: str | None
     time_warning: str | None
+    loader_direct: bool = False
+    """The plan's read path (``CacheFigures.reads_direct``): the job's loader reads O_DIRECT, told by
+    ``contract.ENV_LOADER_DIRECT=1`` in the job's environment; False: the page cache."""
 
     @property
     def time_limit_slurm(self) -> str:
@@ -219,7 +222,8 @@ def derive(ctx: PreflightContext, version: str | None = None, *, time_override: 
 
     return Limits(step_s, step_source, step_provenance, write_s, write_source, wall, time_limit, checkpoint, signal,
                   _checkpoint_warning(checkpoint, step_s, write_s, upper, wall),
-                  _time_warning(time_limit, wall))
+                  _time_warning(time_limit, wall),
+                  estimate.cache is not None and estimate.cache.reads_direct)
 
 
 def _seconds(text: str) -> float:

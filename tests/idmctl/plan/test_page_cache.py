@@ -9,6 +9,7 @@ from ground.spec.loader import load_spec
 from idmctl.core.checks import Measurements, PreflightContext, SmokeMeasurement
 from idmctl.core.profile import ClusterProfile, load_profile
 from idmctl.plan.budget import cache_arithmetic, step_estimate
+from idmctl.plan.limits import derive
 from idmctl.plan.page_cache import ASSUMED_RESIDENT_PER_RANK
 
 
@@ -92,6 +93,9 @@ def test_the_read_path_is_chosen_once_and_the_step_counts_the_path_chosen() -> N
     assert kept.cache is not None and not kept.cache.reads_direct and kept.data_s == kept.cache.data_s
     n4 = step_estimate(_ctx("latent_c_n4", fast)).cache
     assert n4 is not None and not n4.reads_direct  # 2.4 TB is under 2× the 1.6 TB cache
+    # What submit hands the job (as ENV_LOADER_DIRECT) is this same choice.
+    assert derive(_ctx("latent_c_n12_dense", fast), "v").loader_direct
+    assert not derive(_ctx("latent_c_n12_dense", slow), "v").loader_direct
 
 
 def test_a_profile_without_a_page_cache_rate_charges_every_byte_to_the_storage() -> None:
