@@ -324,12 +324,33 @@ def _object_path(store: Path, item: TreeFile) -> Path:
     return store / OBJECTS_DIR / item.sha256[:2] / f"{item.sha256[2:]}.{item.kind}"
 
 
+def _store_folder(store: Path, *parts: str) -> Path:
+    """``store/<parts>``, made where missing; in a team's shared store (group- or other-writable: 1777 like
+    /tmp, or a setgid 2775) each folder it makes gets the store's own mode. The first member's umask would
+    otherwise make ``snapshots/``, ``objects/ab/`` or ``envs/`` theirs alone, and a colleague's submit of
+    other code failed there (PermissionError, seen as two unprivileged users)."""
+    try:
+        mode = store.stat().st_mode & 0o7777
+    except OSError:
+        mode = 0  # made now, by this user's umask: a store of their own
+    folder = store
+    for part in parts:
+        folder = folder / part
+        try:
+            folder.mkdir(parents=True)
+        except FileExistsError:
+            continue
+        if mode & 0o022:
+            os.chmod(folder, mode)
+    return folder
+
+
 def _store_object(store: Path, source: Path, item: TreeFile) -> Path:
     """The content once in ``objects/`` (read-only: a hard link into a snapshot cannot be edited in place)."""
     target = _object_path(store, item)
     if target.exists():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
+    _store_folder(store, OBJECTS_DIR, item.sha256[:2])
     temp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     shutil.copyfile(source, temp)
     if _hash_file(temp) != item.sha256:  # the file changed between hashing and copying: refuse, never mislabel
@@ -350,7 +371,7 @@ def materialize(snapshot: Tree, store: Path | None = None) -> Path:
     final = snapshot_dir(snapshot.snapshot_id, store)
     if (final / MANIFEST).exists():
         return final
-    (store / SNAPSHOTS_DIR).mkdir(parents=True, exist_ok=True)
+    _store_folder(store, SNAPSHOTS_DIR)
     building = store / SNAPSHOTS_DIR / f".{snapshot.snapshot_id}.{os.getpid()}.{time.monotonic_ns()}.tmp"
     try:
         for item in snapshot.files:
@@ -476,9 +497,9 @@ def record_environment(store: Path | None = None) -> str:
     digest = environment_digest(env)
     target = store / ENV_DIR / f"{digest}.json"
     if not target.exists():
-        target.parent.mkdir(parents=True, exist_ok=True)
+        _store_folder(store, ENV_DIR)
         atomic_write_text(target, json.dumps(env, indent=1, sort_keys=True))
-    known.parent.mkdir(parents=True, exist_ok=True)
+    _store_folder(store, ENV_DIR, known.parent.name)
     atomic_write_text(known, digest)
     return digest
 

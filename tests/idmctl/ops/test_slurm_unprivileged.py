@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -129,8 +130,9 @@ def test_a_member_runs_the_loop_and_another_cannot_cancel_their_job(team: dict[s
                    f"{alice}'s job {running['scheduler_id']} to leave the queue after her own cancel")
 
 
-def test_a_shared_code_store_serves_both_members_and_gc_leaves_a_colleagues_snapshot(team: dict[str, Path]) -> None:
-    alice, bob = USERS
+@contextmanager
+def _shared_code_store() -> Iterator[tuple[Path, Path]]:
+    """(the team's code store, a profile naming it): a folder every member writes, like /tmp."""
     team_dir = Path(tempfile.mkdtemp(prefix="idmctl-team-", dir="/home"))  # not pytest's: its folders are 0700
     team_dir.chmod(0o755)
     shared = team_dir / "code"
@@ -140,6 +142,14 @@ def test_a_shared_code_store_serves_both_members_and_gc_leaves_a_colleagues_snap
     profile.write_text((REPO / "clusters" / "local-slurm.yaml").read_text() + f"\ncode_store: {shared}\n")
     profile.chmod(0o644)
     try:
+        yield shared, profile
+    finally:
+        shutil.rmtree(team_dir, ignore_errors=True)
+
+
+def test_a_shared_code_store_serves_both_members_and_gc_leaves_a_colleagues_snapshot(team: dict[str, Path]) -> None:
+    alice, bob = USERS
+    with _shared_code_store() as (shared, profile):
         with fresh_database() as db_url:
             ids = {}
             for user in (alice, bob):
@@ -171,8 +181,6 @@ def test_a_shared_code_store_serves_both_members_and_gc_leaves_a_colleagues_snap
                 assert any((shared / "snapshots" / name).owner() == alice for name in left)
                 assert report["others"], report
             assert all((shared / "snapshots" / name).owner() != bob for name in left)
-    finally:
-        shutil.rmtree(team_dir, ignore_errors=True)
 
 
 def _job_row(db_url: str, job: int) -> dict:
@@ -234,3 +242,78 @@ def test_a_members_preempted_job_is_requeued_and_resumes_from_her_own_checkpoint
         for path in (run_dir, run_dir / "ckpt.json", run_dir / "steps_done.txt", log):
             assert path.owner() == alice, path
         assert int((run_dir / "steps_done.txt").read_text()) == total
+
+
+def test_gc_removes_a_members_own_read_only_snapshot_and_a_colleagues_gc_leaves_it(team: dict[str, Path]) -> None:
+    """Submit writes the code store's objects read-only (0444/0555: a hard link into a snapshot cannot be
+    edited in place), and alice has frozen her snapshot's folders too (chmod -R a-w). gc as bob leaves all
+    of it where it is; gc as alice, the owner, removes her unreferenced snapshot and every object of it."""
+    alice, bob = USERS
+    with _shared_code_store() as (shared, profile), fresh_database() as db_url:
+        env = {"IDMCTL_CLUSTER": str(profile)}
+        done = _as(alice, team[alice], "submit", "quickstart", "--entry", "tests.jobs_entry", "--force", "--reason",
+                   "gc of read-only objects", "--qos", "core-own", "--json", db_url=db_url, **env)
+        assert done.returncode == 0, done.stderr
+        submitted = json.loads(done.stdout)
+
+        def ended() -> bool:
+            synced = _as(alice, team[alice], "sync", db_url=db_url, **env)
+            assert synced.returncode == 0, synced.stderr
+            rows = json.loads(_as(alice, team[alice], "jobs", "--json", db_url=db_url, **env).stdout)
+            return any(r["job"] == submitted["job"] and r["state"] == "COMPLETED" for r in rows)
+
+        wait_until(ended, 120, f"{alice}'s job {submitted['scheduler_id']} to complete", poll_s=1.0)
+        (snapshot,) = (shared / "snapshots").iterdir()
+        objects = [p for p in (shared / "objects").rglob("*") if p.is_file()]
+        assert objects and all(p.owner() == alice and not p.stat().st_mode & 0o222 for p in objects), objects
+        size = sum(p.stat().st_size for p in objects)
+        frozen = subprocess.run(["runuser", "-u", alice, "--", "chmod", "-R", "a-w", str(snapshot)],
+                                capture_output=True, text=True)
+        assert frozen.returncode == 0, frozen.stderr
+        assert not snapshot.stat().st_mode & 0o222
+
+        by_bob = _as(bob, team[bob], "gc", "--json", db_url=db_url, **env)
+        assert by_bob.returncode == 0, by_bob.stderr
+        report = json.loads(by_bob.stdout)
+        assert (report["removed"], report["others"], report["refused"], report["freed_bytes"]) == (
+            [], [snapshot.name], [], 0), report
+        assert snapshot.is_dir() and all(p.exists() for p in objects)  # alice's, left as they were
+
+        by_alice = _as(alice, team[alice], "gc", "--json", db_url=db_url, **env)
+        assert by_alice.returncode == 0, by_alice.stderr
+        report = json.loads(by_alice.stdout)
+        assert (report["removed"], report["others"], report["refused"]) == ([snapshot.name], [], []), report
+        assert report["freed_bytes"] == size, report
+        assert not snapshot.exists()
+        assert [p for p in objects if p.exists()] == []
+
+
+def test_a_member_snapshots_into_the_shared_code_store_whose_folders_a_colleague_made(team: dict[str, Path]) -> None:
+    """The first submit into a shared code store makes its ``snapshots/``, ``objects/<2 hex>/`` and ``envs/``
+    folders; a colleague's submit of other code must still be able to write there (and not remove what the
+    first one wrote). Each member freezes a code root of their own (a one-file package) as submit does."""
+    alice, bob = USERS
+    with _shared_code_store() as (shared, _):
+        roots = {}
+        for user, value in ((alice, 1), (bob, 2)):
+            root = team[user] / "teamcode"
+            root.mkdir()
+            (root / "team_mod.py").write_text(f"VALUE = {value}\n")
+            subprocess.run(["chown", "-R", f"{user}:{user}", str(root)], check=True)
+            roots[user] = root
+        made = {}
+        for user in (alice, bob):
+            code = ("import sys; from pathlib import Path; from ground.code_snapshot import materialize, record_environment, "
+                    "tree; store = Path(sys.argv[2]); print(materialize(tree(Path(sys.argv[1])), store)); "
+                    "record_environment(store)")
+            done = subprocess.run(["runuser", "-u", user, "--", "env", "-i", f"HOME=/home/{user}",
+                                   f"PATH={os.environ['PATH']}", sys.executable, "-c", code, str(roots[user]),
+                                   str(shared)], cwd=REPO, capture_output=True, text=True, timeout=120)
+            assert done.returncode == 0, f"{user}: {done.stderr}"
+            made[user] = Path(done.stdout.split()[0])
+        assert made[alice] != made[bob]
+        for user in (alice, bob):
+            assert made[user].owner() == user and (made[user] / "team_mod.py").read_text() == (roots[user] / "team_mod.py").read_text()
+        # and neither can remove the other's: bob's rm of alice's snapshot fails, it stays whole
+        removed = subprocess.run(["runuser", "-u", bob, "--", "rm", "-rf", str(made[alice])], capture_output=True)
+        assert removed.returncode != 0 and (made[alice] / "team_mod.py").exists()
