@@ -17,7 +17,7 @@ from ground.geometry import HiddenGeometry, sample_io
 from ground.paths import expand_path
 from ground.provenance import Basis, DeviceKind, Provenance, compute_unmeasured
 from ground.spec.schema import ExperimentSpec
-from ground.stage import reuses, spec_identity
+from ground.stage import node_named, reuses, spec_identity
 from cache.prefetch import PREFETCH_DEPTH
 from idmctl.core.checks import PreflightContext
 from idmctl.plan.page_cache import FAR_LARGER, ASSUMPTIONS, CacheFigures, figures
@@ -100,7 +100,7 @@ def staging(ctx: PreflightContext, layers: str | None = None) -> Staging:
     nodes = ctx.spec.resources.nodes
     # Judged for this very spec and layer set (a what-if of other layers or blocks is another key).
     state = None
-    if stage.enabled and ctx.is_this_machine:
+    if stage.enabled and ctx.is_this_machine and node_named(stage.dest) is None:  # a node-named copy is not here
         layer_words, model = spec_identity(layers, data)
         same = reuses(measured.staged_copy, expand_path(data.cache_root), layer_words, model)
         state = None if same is None else "reuse" if same else "replace"
