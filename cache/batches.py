@@ -120,7 +120,7 @@ class BatchLoader:
         sample_bytes = int(torch.Size(shape).numel()) * dtype.itemsize
         try:
             self._slots = [_Slot(batch_size, shape, dtype, pin, direct) for _ in range(slots)]
-        except RuntimeError as exc:  # cudaHostAlloc / malloc refused: say what was asked for
+        except (RuntimeError, OSError, MemoryError) as exc:  # cudaHostAlloc / malloc / mmap refused: say what was asked for
             need = slots * batch_size * sample_bytes
             raise UserError(f"cannot allocate the loader's {slots} batch buffers ({depth} prefetch + 1 in use) × "
                             f"{batch_size} samples × {sample_bytes:,} B = {format_bytes(need)}"
@@ -217,7 +217,8 @@ class BatchLoader:
             self._thread.join(wait_s)
 
     def __del__(self) -> None:
-        self.close()
+        if hasattr(self, "_thread"):  # not when construction refused the buffers (nothing started)
+            self.close()
 
 
 def _collate_small(samples: list[dict[str, Any]]) -> dict[str, Any]:

@@ -196,3 +196,32 @@ def test_the_trainer_reads_around_the_page_cache_only_when_the_job_was_told_so(m
         assert not batches._thread.is_alive(), "the reader thread did not stop within 30 s"
         assert batches.direct is direct and batches.bytes_read > 0
         assert batches.direct_bytes == (batches.bytes_read if direct else 0)
+
+
+@pytest.mark.parametrize("direct", [False, True])
+def test_buffers_the_host_cannot_hold_are_one_line_with_the_multiplication(direct: bool) -> None:
+    """Host memory refused (an address-space limit just above what this process holds, so the kernel
+    really refuses the allocation): the loader says how many buffers of what size it asked for, as one line,
+    whether the buffers come from malloc or, for O_DIRECT, from an anonymous page-aligned mapping."""
+    import resource
+
+    spec, _ = _bf16_data()
+    dataset = build_dataset(spec, "train")
+    shape, dtype = dataset.hidden_shape()
+    sample = int(torch.Size(shape).numel()) * dtype.itemsize
+    batch = (1 << 30) // sample + 1  # one batch over 1 GiB: three of them cannot fit 256 MiB of headroom
+    with open("/proc/self/status") as status:
+        held = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmSize:"))
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    resource.setrlimit(resource.RLIMIT_AS, (held + (256 << 20), hard))
+    try:
+        with pytest.raises(UserError) as exc:
+            BatchLoader(dataset, [], batch, direct=direct, start=False)
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+    line = exc.value.line()
+    need = (PREFETCH_DEPTH + 1) * batch * sample
+    assert line.startswith(f"error: loader.batch_size: cannot allocate the loader's {PREFETCH_DEPTH + 1} batch buffers "
+                           f"({PREFETCH_DEPTH} prefetch + 1 in use) × {batch} samples × {sample:,} B = "), line
+    assert "lower loader.batch_size or raise resources.mem" in line and "\n" not in line
+    assert need > 3 << 30

@@ -76,3 +76,13 @@ def test_geometry_that_disagrees_with_the_spec_fails(tiny: Path):
     _, result = check_cache(tiny)
     assert result.status is Status.FAIL
     assert "demo_0: file has channels 16 but the spec says 32" in result.summary
+
+
+def test_a_cache_in_another_dtype_fails_with_what_it_does_to_the_bytes(tiny: Path):
+    """float32 files under a bf16 spec: the exact ranges are cut from the spec's geometry, so the check
+    says, as arithmetic, that a frame is twice the bytes the spec's ranges would take (no silent conversion)."""
+    tiny.write_text(tiny.read_text().replace("  channels: 16\n", "  channels: 16\n  dtype: bfloat16\n"))
+    _, result = check_cache(tiny)
+    assert result.status is Status.FAIL
+    assert ("demo_0: file has dtype float32 but the spec says bfloat16: a frame is 2 × 2 × 16 × 4 B = 256 B in the "
+            "file, 2 × 2 × 16 × 2 B = 128 B by the spec") in result.summary, result.summary
