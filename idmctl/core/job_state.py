@@ -1,8 +1,9 @@
 """A job's state in Slurm's own words: what sacct and squeue print, and what the local executor writes,
 so sync, retries, the ledger and the failure classifier treat both executors alike.
 
-A stored state may carry more words (``CANCELLED by 0``) or be idmctl's own (``SUBMIT_FAILED``,
-``UNCONFIRMED``): :meth:`JobState.of` reads the first word and knows only Slurm's.
+A stored state may carry more words (``CANCELLED by 0``) or be idmctl's own (``SUBMITTING``,
+``SUBMIT_FAILED``, ``UNCONFIRMED``: members too, so a typed job record holds every stored state):
+:meth:`JobState.of` reads the first word and knows only Slurm's; :meth:`JobState.stored` knows idmctl's too.
 """
 
 from __future__ import annotations
@@ -39,17 +40,30 @@ class JobState(StrEnum):
     STOPPED = "STOPPED"
     RESV_DEL_HOLD = "RESV_DEL_HOLD"
     SIGNALING = "SIGNALING"
+    # idmctl's own words, never a scheduler's.
+    SUBMITTING = "SUBMITTING"
+    """The row is written and the script is being handed to the executor (no scheduler id yet)."""
+    SUBMIT_FAILED = "SUBMIT_FAILED"
+    """The executor (or the resubmission's checks) refused it: it never ran."""
+    UNCONFIRMED = "UNCONFIRMED"
+    """squeue shows it ended, sacct has not recorded how yet: every sync asks again."""
 
     @classmethod
     def of(cls, text: str | None) -> JobState | None:
         """The state a stored or printed state names (``CANCELLED by 0`` is CANCELLED); None for a word
         that is not Slurm's (idmctl's own ``SUBMIT_FAILED``, ``UNCONFIRMED``) or no word at all."""
+        state = cls._value2member_map_.get(first_word(text))
+        return None if state in IDMCTL_OWN else state  # type: ignore[return-value]
+
+    @classmethod
+    def stored(cls, text: str | None) -> JobState | None:
+        """:meth:`of`, idmctl's own words included: what a stored job's state column holds."""
         return cls._value2member_map_.get(first_word(text))  # type: ignore[return-value]
 
     @property
     def is_terminal(self) -> bool:
-        """The job will not change again."""
-        return self not in UNFINISHED
+        """The job will not change again (SUBMITTING and UNCONFIRMED will: the executor or sacct has yet to answer)."""
+        return self not in UNFINISHED and self not in (JobState.SUBMITTING, JobState.UNCONFIRMED)
 
     @property
     def is_failed(self) -> bool:
@@ -57,6 +71,8 @@ class JobState(StrEnum):
         return self.is_terminal and self is not JobState.COMPLETED
 
 
+IDMCTL_OWN = frozenset({JobState.SUBMITTING, JobState.SUBMIT_FAILED, JobState.UNCONFIRMED})
+"""The states idmctl writes itself; no scheduler prints them (:meth:`JobState.of` does not read them)."""
 UNFINISHED = frozenset({JobState.PENDING, JobState.CONFIGURING, JobState.RUNNING, JobState.COMPLETING,
                         JobState.SUSPENDED, JobState.RESIZING, JobState.REQUEUED, JobState.STAGE_OUT,
                         JobState.EXPEDITING, JobState.REQUEUE_FED, JobState.REQUEUE_HOLD, JobState.REQUEUED_CRON,

@@ -11,15 +11,11 @@ from __future__ import annotations
 from typing import Any
 
 from idmctl.record.fast import connect, rows, update
+from idmctl.record.moves import merged
 
 COMMITTED_STEP = "committed_step"
 CONTROLLER = "controller"
 FACTS = (COMMITTED_STEP, CONTROLLER)
-
-
-def merged(old: Any, value: Any) -> Any:
-    """``value`` merged into ``old`` when both are objects (a controller's last run joins its id), else ``value``."""
-    return {**old, **value} if isinstance(old, dict) and isinstance(value, dict) else value
 
 
 def record_fact(job_id: int, key: str, value: Any) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from idmctl.core.job_state import UNFINISHED, JobState, is_failed, is_terminal
+from idmctl.core.job_state import IDMCTL_OWN, UNFINISHED, JobState, is_failed, is_terminal
 
 
 def test_each_state_is_spelled_as_sacct_prints_it() -> None:
@@ -22,11 +22,18 @@ def test_a_stored_state_is_read_by_its_first_word(stored: str | None, state: Job
 
 def test_terminal_and_failed() -> None:
     terminal = {state for state in JobState if state.is_terminal}
-    assert terminal == set(JobState) - UNFINISHED
+    assert terminal == set(JobState) - UNFINISHED - {JobState.SUBMITTING, JobState.UNCONFIRMED}
+    assert JobState.SUBMIT_FAILED.is_terminal and JobState.SUBMIT_FAILED.is_failed  # refused: it never ran
     assert {state for state in JobState if state.is_failed} == terminal - {JobState.COMPLETED}
     assert is_terminal("CANCELLED by 0") and is_terminal("COMPLETED") and not is_terminal("RUNNING")
     assert not is_terminal("UNCONFIRMED")  # sacct has yet to say how it ended: every sync asks again
     assert not is_terminal("SUBMIT_FAILED")  # idmctl's own word, never a scheduler's
+
+
+@pytest.mark.parametrize("word", ["SUBMITTING", "SUBMIT_FAILED", "UNCONFIRMED"])
+def test_idmctls_own_words_are_members_that_no_scheduler_prints(word: str) -> None:
+    assert JobState.of(word) is None and JobState.stored(word) is JobState(word) and JobState(word) in IDMCTL_OWN
+    assert JobState.stored("CANCELLED by 0") is JobState.CANCELLED and JobState.stored("nonsense") is None
 
 
 def test_what_gets_classified() -> None:

@@ -1,0 +1,205 @@
+"""Every behaviour of the store's face (``idmctl.record.store.JobStore``) against each implementation: the
+in-memory store, the SQL store on SQLite (driven by plain sqlite3 once at head, by SQLAlchemy while it is
+new), and the SQL store on the real PostgreSQL (tests/pg_support.py; skipped where none runs, failed in CI)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from ground.contract import ENV_DB_URL, ENV_HOME
+from idmctl.core.job_state import JobState
+from idmctl.record.memory_store import MemoryStore
+from idmctl.record.records import ChainStatus, EvalLink, NewFailure, NodeExclusionRecord
+from idmctl.record.store import (Decision, JobStore, NewJob, Observation, SpecVersionRecord, TransitionRefused,
+                                 UnknownRecord)
+
+T0 = datetime(2026, 12, 7, 10, 0, 0, tzinfo=timezone.utc)
+
+
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
+def store(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[JobStore]:
+    if request.param == "memory":
+        yield MemoryStore()
+        return
+    from idmctl.record.sql_store import SqlStore
+
+    monkeypatch.setenv(ENV_HOME, str(tmp_path / "home"))
+    if request.param == "sqlite":
+        monkeypatch.delenv(ENV_DB_URL, raising=False)
+        yield SqlStore()
+        return
+    from pg_support import fresh_database
+
+    with fresh_database() as url:
+        monkeypatch.setenv(ENV_DB_URL, url)
+        yield SqlStore()
+
+
+def _job(store: JobStore, chain_id: int, attempt: int = 1, **more: object) -> NewJob:
+    return NewJob(chain_id=chain_id, attempt=attempt, experiment="exp", executor="slurm", spec_hash="h1",
+                  qos="normal", gpus=8, script_path="/runs/a/job.sbatch", options={"qos": "normal", "retries": 2},
+                  admitted={"admission": {"failed": []}}, **more)  # type: ignore[arg-type]
+
+
+def _seen(state: JobState, text: str | None = None, **more: object) -> Observation:
+    return Observation(state=state, state_text=text or state.value, **more)  # type: ignore[arg-type]
+
+
+def _running(store: JobStore, retries: int = 2) -> tuple[int, int]:
+    chain = store.open_chain("exp", "h1", retries)
+    job = store.submitting(_job(store, chain.id))
+    store.submitted(job.id, "6054", "/runs/a/slurm-6054.out", T0)
+    store.observed(job.id, _seen(JobState.RUNNING, started_at=T0 + timedelta(minutes=5), node_list="n1"))
+    return chain.id, job.id
+
+
+def test_a_chain_opens_active_and_registers_its_spec_once(store: JobStore) -> None:
+    spec = SpecVersionRecord(hash="h1", experiment="exp", source_path="experiments/exp.yaml", resolved_json="{}")
+    first = store.open_chain("exp", "h1", 3, spec=spec)
+    second = store.open_chain("exp", "h1", 0, spec=spec)  # the same spec version: registered once, no error
+    assert first.status is ChainStatus.ACTIVE and not first.status.is_terminal()
+    assert (first.retries_budget, first.retries_used, first.retries_left) == (3, 0, 3)
+    assert second.id != first.id and store.chain(second.id) == second
+    assert store.chain(999) is None and store.job(999) is None
+
+
+def test_a_chain_without_attempts_is_withdrawn_one_with_an_attempt_stays(store: JobStore) -> None:
+    empty, used = store.open_chain("exp", "h1", 0), store.open_chain("exp", "h1", 0)
+    store.submitting(_job(store, used.id))
+    assert store.withdrawn(empty.id) and store.chain(empty.id) is None and not store.withdrawn(empty.id)
+    assert not store.withdrawn(used.id) and store.chain(used.id) is not None
+
+
+def test_submitting_then_submitted_is_a_typed_record(store: JobStore) -> None:
+    chain = store.open_chain("exp", "h1", 2)
+    job = store.submitting(_job(store, chain.id, eval_link=EvalLink(of_chain=7, step=400, after="6050", choice="last")))
+    assert job.state is JobState.SUBMITTING and job.scheduler_id is None and job.attempt == 1
+    assert job.options == {"qos": "normal", "retries": 2} and job.admitted == {"admission": {"failed": []}}
+    assert job.eval_link == EvalLink(of_chain=7, step=400, after="6050", choice="last")
+    assert job.eval_link.as_dict() == {"of_chain": 7, "step": 400, "after": "6050", "choice": "last"}
+    assert store.eval_jobs(7) == [job] and store.eval_jobs(8) == []
+    done = store.submitted(job.id, "6054", "/runs/a/slurm-6054.out", T0)
+    assert (done.state, done.scheduler_id, done.submitted_at) == (JobState.PENDING, "6054", T0)
+    assert store.job(job.id) == done and store.unfinished() == [done]
+    with pytest.raises(TransitionRefused, match="submitted"):
+        store.submitted(job.id, "6055", None, T0)  # only a SUBMITTING job takes its scheduler id
+
+
+def test_a_refused_submission_fails_the_job_and_its_chain(store: JobStore) -> None:
+    chain = store.open_chain("exp", "h1", 2)
+    job = store.submitting(_job(store, chain.id))
+    refused = store.refused(job.id, "sbatch: error: " + "x" * 600)
+    assert refused.state is JobState.SUBMIT_FAILED and refused.is_terminal and len(refused.reason or "") == 500
+    assert store.chain(chain.id).status is ChainStatus.FAILED  # type: ignore[union-attr]
+    assert store.unfinished() == []
+    with pytest.raises(TransitionRefused):
+        store.submitting(_job(store, chain.id, attempt=2))  # a chain that is over takes no attempt
+    with pytest.raises(TransitionRefused):
+        store.refused(job.id, "again")
+
+
+def test_observed_writes_the_status_and_stamps_the_update(store: JobStore) -> None:
+    chain_id, job_id = _running(store)
+    job = store.job(job_id)
+    assert job is not None and job.state is JobState.RUNNING and job.node_list == "n1"
+    assert job.started_at == T0 + timedelta(minutes=5)
+    before = job.updated_at
+    runs = ({"state": "PREEMPTED", "node_list": "n1"}, {"state": "RUNNING", "node_list": "n2"})
+    later = store.observed(job_id, _seen(JobState.RUNNING, restarts=1, runs=runs, node_list="n2"))
+    assert later.restarts == 1 and later.runs == runs and later.updated_at is not None and before is not None
+    assert later.updated_at >= before
+    unconfirmed = store.observed(job_id, _seen(JobState.UNCONFIRMED, reason="squeue says COMPLETED"))
+    assert not unconfirmed.is_terminal and store.unfinished(chain_id=chain_id) == [unconfirmed]
+    with pytest.raises(TransitionRefused, match="ended"):
+        store.observed(job_id, _seen(JobState.FAILED))  # an end goes through `ended`, which claims it
+
+
+def test_ended_claims_records_the_failures_and_is_never_left(store: JobStore) -> None:
+    chain_id, job_id = _running(store)
+    hang = store.record_failure(job_id, NewFailure("hang", "sync: no heartbeat", {"run": 1, "final": False}))
+    assert not hang.final and hang.run == 1
+    final = NewFailure("oom_host", "Slurm: State=OUT_OF_MEMORY", {"run": 1, "final": True})
+    ended = store.ended(job_id, _seen(JobState.OUT_OF_MEMORY, exit_code="0:125", ended_at=T0 + timedelta(hours=1)),
+                        [final], facts={"efficiency": {"cpu_eff": 0.5}, "committed_step": {"step": 400}})
+    assert ended is not None and ended.state is JobState.OUT_OF_MEMORY and ended.end_claim is not None
+    assert ended.efficiency == {"cpu_eff": 0.5} and ended.committed_step == {"step": 400}
+    (failure,) = store.failures([job_id])  # the run's hang row reclassified in place
+    assert (failure.id, failure.cause, failure.final) == (hang.id, "oom_host", True)
+    assert store.unfinished() == [] and not store.claim_end(job_id)
+    with pytest.raises(TransitionRefused, match="terminal"):
+        store.ended(job_id, _seen(JobState.COMPLETED))
+    with pytest.raises(TransitionRefused, match="terminal"):
+        store.observed(job_id, _seen(JobState.RUNNING))  # a terminal state is never left
+    assert store.job(job_id).state is JobState.OUT_OF_MEMORY  # type: ignore[union-attr]
+
+
+def test_an_end_claimed_elsewhere_writes_nothing(store: JobStore) -> None:
+    _, job_id = _running(store)
+    assert store.claim_end(job_id) and not store.claim_end(job_id)
+    ended = store.ended(job_id, _seen(JobState.COMPLETED))  # this process holds the claim: it records the end
+    assert ended is not None and ended.state is JobState.COMPLETED
+
+
+def test_decided_closes_spends_and_excludes_and_a_closed_chain_stays_closed(store: JobStore) -> None:
+    chain_id, job_id = _running(store, retries=1)
+    until = T0 + timedelta(hours=24)
+    spent = store.decided(chain_id, Decision(spend_retry=True, exclude=[NodeExclusionRecord("n1", until, "ecc")]))
+    assert (spent.status, spent.retries_used, spent.retries_left) == (ChainStatus.ACTIVE, 1, 0)
+    assert store.exclusions("ecc") == [NodeExclusionRecord("n1", until, "ecc")] and store.exclusions("other") == []
+    closed = store.decided(chain_id, Decision(close=ChainStatus.FAILED))
+    assert closed.status is ChainStatus.FAILED and closed.status.is_terminal()
+    with pytest.raises(TransitionRefused):
+        store.decided(chain_id, Decision(close=ChainStatus.COMPLETED))
+    with pytest.raises(TransitionRefused):
+        store.decided(chain_id, Decision(spend_retry=True))
+    with pytest.raises(UnknownRecord):
+        store.decided(999, Decision(close=ChainStatus.COMPLETED))
+
+
+def test_cancelled_stops_the_chain_of_a_running_job_only(store: JobStore) -> None:
+    chain_id, job_id = _running(store)
+    store.cancelled(job_id)
+    assert store.chain(chain_id).status is ChainStatus.CANCELLED  # type: ignore[union-attr]
+    other = store.open_chain("exp", "h1", 0)
+    unsent = store.submitting(_job(store, other.id))
+    with pytest.raises(TransitionRefused, match="never submitted"):
+        store.cancelled(unsent.id)
+
+
+def test_facts_merge_the_run_is_kept_once_and_a_notice_is_claimed_once(store: JobStore) -> None:
+    chain_id, job_id = _running(store)
+    store.note(job_id, "controller", {"scheduler_id": "6060", "after": "6054"})
+    noted = store.note(job_id, "controller", {"last_run": {"ok": True}})
+    assert noted.controller == {"scheduler_id": "6060", "after": "6054", "last_run": {"ok": True}}
+    with pytest.raises(KeyError):
+        store.note(job_id, "state", "COMPLETED")  # a state moves by a transition, never as a fact
+    assert store.note_chain_run(chain_id, "run-a").mlflow_run_id == "run-a"
+    assert store.note_chain_run(chain_id, "run-b").mlflow_run_id == "run-a"
+    assert store.claim_notice(job_id, "stopped") and not store.claim_notice(job_id, "stopped")
+    assert store.claim_notice(job_id, "resubmitted") and set(store.job(job_id).notified) == {"stopped", "resubmitted"}  # type: ignore[union-attr]
+
+
+def test_attempts_and_unfinished_filter(store: JobStore) -> None:
+    chain_id, first = _running(store)
+    second = store.submitting(_job(store, chain_id, attempt=2))
+    store.submitted(second.id, "6099", None, T0)
+    assert [j.attempt for j in store.attempts(chain_id)] == [1, 2]
+    assert [j.id for j in store.attempts(chain_id, before=2)] == [first]
+    assert [j.id for j in store.unfinished(chain_id=chain_id)] == [first, second.id]
+    assert store.unfinished(chain_id=chain_id + 100) == []
+    mine = store.job(first).user  # type: ignore[union-attr]
+    assert len(store.unfinished(user=mine)) == 2 and store.unfinished(user="nobody-else") == []
+
+
+def test_the_records_are_frozen(store: JobStore) -> None:
+    _, job_id = _running(store)
+    job = store.job(job_id)
+    assert job is not None
+    with pytest.raises(AttributeError):
+        job.state = JobState.FAILED  # type: ignore[misc]
+    assert replace(job, state=JobState.FAILED) != job and store.job(job_id) == job
