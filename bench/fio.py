@@ -94,10 +94,14 @@ def _jobs(start: int, span: int, block_size: int) -> list[tuple[int, int, int]]:
     return jobs
 
 
-def job_file(waves: Sequence[Sequence[Range]], iodepth: int, block_size: int = BLOCK_SIZE) -> tuple[str, int]:
+def job_file(waves: Sequence[Sequence[Range]], iodepth: int, block_size: int = BLOCK_SIZE,
+             buffered: str | None = None) -> tuple[str, int]:
     """The fio job file and the bytes it reads: a section per range (two when a remainder of the range is
-    not a whole request), ``stonewall`` at the start of every wave but the first."""
-    lines = ["[global]", "ioengine=io_uring", f"iodepth={iodepth}", "rw=read", "thread", "invalidate=1", ""]
+    not a whole request), ``stonewall`` at the start of every wave but the first. ``buffered``: through the
+    page cache (``direct=0``) with this ``fadvise_hint`` (``random``: no readahead, as the loader's fds),
+    on the exact ranges (no block widening)."""
+    lines = ["[global]", "ioengine=io_uring", f"iodepth={iodepth}", "rw=read", "thread", "invalidate=1",
+             *([f"fadvise_hint={buffered}"] if buffered is not None else []), ""]
     sizes: dict[Path, int] = {}
     expected = 0
     for number, wave in enumerate(waves):
@@ -106,10 +110,14 @@ def job_file(waves: Sequence[Sequence[Range]], iodepth: int, block_size: int = B
             if "\n" in str(path) or ":" in str(path):  # fio splits filename= on ':'
                 raise ValueError(f"fio cannot name {str(path)!r} (':' or newline in the path)")
             start, direct_end, end = _aligned(Path(path), offset, length, sizes)
-            expected += end - start
-            parts = [(job, 1) for job in _jobs(start, direct_end - start, block_size)]
-            if end > direct_end:
-                parts.append(((direct_end, end - direct_end, end - direct_end), 0))
+            if buffered is not None:
+                expected += length
+                parts = [(job, 0) for job in _jobs(offset, length, block_size)]
+            else:
+                expected += end - start
+                parts = [(job, 1) for job in _jobs(start, direct_end - start, block_size)]
+                if end > direct_end:
+                    parts.append(((direct_end, end - direct_end, end - direct_end), 0))
             for (job_offset, size, bs), direct in parts:
                 lines += [f"[w{number}j{section}]", f"filename={path}", f"offset={job_offset}", f"size={size}",
                           f"bs={bs}", f"direct={direct}"]
@@ -137,11 +145,13 @@ def parse(report: dict, iodepth: int) -> FioResult:
     return FioResult(total, seconds, iodepth)
 
 
-def read_ranges(waves: Sequence[Sequence[Range]], iodepth: int, block_size: int = BLOCK_SIZE) -> FioResult:
-    """Run fio over the ranges from a cold page cache; raises with fio's own message if it fails."""
+def read_ranges(waves: Sequence[Sequence[Range]], iodepth: int, block_size: int = BLOCK_SIZE,
+                buffered: str | None = None) -> FioResult:
+    """Run fio over the ranges from a cold page cache; raises with fio's own message if it fails.
+    ``buffered``: through the page cache with that ``fadvise_hint`` (see :func:`job_file`)."""
     evict([Path(path) for wave in waves for path, _, _ in wave])
     with tempfile.NamedTemporaryFile("w", suffix=".fio", prefix="bench_") as handle:
-        text, expected = job_file(waves, iodepth, block_size)
+        text, expected = job_file(waves, iodepth, block_size, buffered)
         handle.write(text)
         handle.flush()
         done = subprocess.run([FIO, "--output-format=json", handle.name], capture_output=True, text=True)

@@ -56,6 +56,22 @@ def test_job_file_widens_ranges_to_blocks_and_splits_a_remainder(data_file: Path
     assert {j["filename"] for j in jobs} == {str(data_file)}
 
 
+def test_buffered_job_file_reads_the_exact_ranges_through_the_page_cache(data_file: Path) -> None:
+    """The buffered reference (the kernel's own cost of the page-cache path): no block widening, every job
+    ``direct=0``, and the loader's advice (``fadvise_hint=random``: no readahead beyond the ranges)."""
+    size = data_file.stat().st_size
+    waves = [[(data_file, 10, MIB + 5), (data_file, 2 * MIB, 300_000)], [(data_file, size - 50, 50)]]
+    text, expected = fio.job_file(waves, iodepth=4, block_size=MIB, buffered="random")
+    assert "fadvise_hint=random" in text.split("\n\n")[0]
+    assert [(j["offset"], j["size"], j["bs"], j["direct"], j["stonewall"]) for j in _sections(text)] == [
+        ("10", str(MIB), str(MIB), "0", "False"), (str(MIB + 10), "5", "5", "0", "False"),
+        (str(2 * MIB), "300000", "300000", "0", "False"), (str(size - 50), "50", "50", "0", "True")]
+    assert expected == MIB + 5 + 300_000 + 50
+    assert "fadvise_hint" not in fio.job_file(waves, iodepth=4)[0]
+    result = fio.read_ranges(waves, iodepth=4, buffered="random")
+    assert result.bytes == expected
+
+
 def test_a_range_longer_than_a_request_but_not_a_multiple_gets_a_remainder_job(data_file: Path) -> None:
     text, expected = fio.job_file([[(data_file, 0, 3 * MIB + 8192)]], iodepth=1, block_size=MIB)
     jobs = _sections(text)
