@@ -32,17 +32,14 @@ from typing import TYPE_CHECKING, Any
 from ground import contract
 from ground.errors import CheckFailed, UserError
 from ground.units import format_duration, parse_duration, slurm_mem
-from ground.paths import atomic_write_text
 from idmctl.core.checks import CheckResult, Measurements, PreflightContext, Status
 from idmctl.core.job_options import JobOptions, JobRequest
 from idmctl.core.job_state import is_terminal
 from idmctl.job.code import JobCode
-from idmctl.job.render import render_script
-from idmctl.ops.controller import submit_controller
 from idmctl.ops.executors import executor_for
 from idmctl.record.eval_jobs import completed_evals, eval_jobs_of, measured_eval, store_eval_link
 from idmctl.record.jobs import open_chain
-from idmctl.record.stored_json import eval_columns, eval_link, job_options
+from idmctl.record.stored_json import eval_link, job_options
 
 if TYPE_CHECKING:
     from ground.spec.loader import ResolvedSpec
@@ -183,17 +180,18 @@ def dry_run_evals(job: "EffectiveJob", choice: str, admitted: dict[str, Any],
                   code: JobCode | None) -> list[tuple[str, str]]:
     """``submit --dry-run --eval CHOICE``: (what, script) of each eval job the submit would send, sized as
     :func:`_eval_options` sizes them, waiting on job 0 (which stands in for the training job's id)."""
-    from idmctl.ops.submit import DRY_RUN_CHAIN_ID, DRY_RUN_JOB_ID, _context, runs_dir  # submit imports this module
+    from idmctl.ops.submit import (  # submit imports this module
+        DRY_RUN_CHAIN_ID, DRY_RUN_JOB_ID, Attempt, render_attempt, runs_dir)
 
     out = []
     run_dir = runs_dir(job.resolved.name, DRY_RUN_CHAIN_ID)
     measured = measured_eval(job.declared.name, job.declared.hash)
     for step in plan(choice, job):
         options = _eval_options(job.options, step, DRY_RUN_JOB_ID, job.resolved.spec.eval.resources, measured)
-        ctx = replace(_context(job.resolved, DRY_RUN_CHAIN_ID, 1, "slurm", {}, admitted, code), run_dir=run_dir,
-                      log_path=str(run_dir / f"eval-step-{step}-%j.out"))
+        shown = Attempt(job.resolved, "slurm", options, DRY_RUN_CHAIN_ID, 1, job.declared.hash, None, None, admitted,
+                        code, eval_of={"step": step}, run_dir=run_dir)
         out.append((f"eval job of step {step} (job {DRY_RUN_JOB_ID} stands in for the training job's id)",
-                    render_script(job.resolved, options, ctx)))
+                    render_attempt(shown).script))
     return out
 
 
@@ -295,28 +293,13 @@ def _eval_qos(ctx: PreflightContext, options: JobOptions) -> CheckResult:
 def _submit_one(resolved: "ResolvedSpec", scheduler: str, options: JobOptions, code: JobCode | None,
                 admitted: dict[str, Any] | None, link: dict[str, Any], run_dir: Path, preflight_id: int | None,
                 forced: str | None, spec_hash: str | None) -> Any:
-    """Its own chain row (retries 0); the script and log in the training chain's run directory."""
-    from idmctl.ops.submit import (  # submit imports this module: the cycle is broken here
-        _context, submit_recorded, submitted_facts)
+    """Its own chain row (retries 0); the script and log in the training chain's run directory. Sent by the
+    path every job takes (``ops.submit.send``): rendered once, no verdict first (the training job's was asked)."""
+    from idmctl.ops.submit import Attempt, render_attempt, send  # submit imports this module: the cycle is broken here
 
     chain_id = open_chain(resolved.name, spec_hash or resolved.hash, 0)
-    step = int(options.eval_step or 0)
-    ctx = replace(_context(resolved, chain_id, 1, scheduler, {}, admitted, code), run_dir=run_dir,
-                  log_path=str(run_dir / f"eval-step-{step}-%j.out"))
-    script = render_script(resolved, options, ctx)
-    script_path = run_dir / f"eval-step-{step}-chain-{chain_id}.sbatch"
-    atomic_write_text(script_path, script)
-    executor = executor_for(scheduler)
-    version = code.version if code else contract.code_version()
-    row, _ = submit_recorded(resolved, options, executor, script_path, ctx.log_path, options.as_dict(),
-                             {**submitted_facts(admitted, code), **eval_columns(link)}, chain_id=chain_id,
-                             attempt=1, spec_hash=spec_hash or resolved.hash, version=version, preflight_id=preflight_id,
-                             forced=forced)
-    scheduler_id = str(row.scheduler_id)
-    job_id = int(row.id)
-    # Its own controller records how it ended (and tells the team) with nobody running sync.
-    submit_controller(job_id, chain_id, 1, scheduler_id, run_dir, (admitted or {}).get("cluster"),
-                      label=f"eval-step-{step}-chain-{chain_id}")
+    row, _ = send(render_attempt(Attempt(resolved, scheduler, options, chain_id, 1, spec_hash or resolved.hash,
+                                         preflight_id, forced, admitted, code, eval_of=link, run_dir=run_dir)))
     return row
 
 

@@ -1,5 +1,5 @@
-"""Submit: spec + flags → effective job → submit-time checks + gate (passing preflight) → chain + job rows →
-rendered script → scheduler.
+"""Submit: spec + flags → effective job → submit-time checks + gate (passing preflight) → the script, rendered
+once → the scheduler's verdict on it → file → scheduler → job row.
 
 A chain is one logical run: its attempts (resubmissions after preemption, node failure, time limit)
 share one run directory, ``$IDMCTL_HOME/runs/<experiment>/<chain_id>``, holding ``spec.json`` (what
@@ -27,14 +27,15 @@ from idmctl.gate.admission import judge
 from idmctl.job.controller_script import ControllerContext, controller_request, render_controller_script
 from idmctl.ops.controller import CONTROLLER_LOG, submit_controller, wanted
 from idmctl.ops.executors import executor_for
-from idmctl.job.code import JobCode, freeze, planned, require_present, tree_for
+from idmctl.job.code import JobCode, Tree, freeze, planned, require_present, tree_for
 from idmctl.job.effective import EffectiveJob, active_exclusions, build as build_effective
 from idmctl.core.job_options import JobOptions, JobRequest
 from idmctl.job.render import RenderContext, render_script, with_exclusions
 from idmctl.ops.verdict import SchedulerRefused, Verdict, require_acceptance, verdict_if_askable
-from idmctl.record.jobs import chain_and_attempts, insert_job, new_chain, take_for_resubmission, update_chain, update_job
-from idmctl.record.preflights import latest_passing, require_pass
-from idmctl.record.stored_json import job_options
+from idmctl.record.jobs import (chain_and_attempts, insert_job, new_chain, take_for_resubmission, update_chain, update_job,
+                                withdraw_chain)
+from idmctl.record.preflights import latest_passing, require_pass, version_for
+from idmctl.record.stored_json import eval_columns, job_options
 from ground.paths import atomic_write_text, home
 from ground.spec.loader import ResolvedSpec, load_spec
 from ground.tracking import flatten
@@ -81,13 +82,13 @@ def require_preflight(job: EffectiveJob) -> "PreflightRun":
 
 def prepare(experiment: str, request: JobRequest, cluster: str | None,
             version: str | None = None) -> EffectiveJob:
-    """The effective job, rendered once: bad input fails here, before anything is written."""
+    """The effective job: bad flags and specs fail here, before anything is written (what only the script's
+    values can refuse, the one render refuses before anything is sent or kept)."""
     job = build_effective(experiment, request, cluster, version)
     if job.options.build:
         from idmctl.gate.build import sized  # here: only a --build job is sized from its build smoke
 
         job = replace(job, options=sized(job, version))
-    render_script(job.resolved, job.options, _context(job.resolved, DRY_RUN_CHAIN_ID, 1, job.profile.scheduler, {}))
     return job
 
 
@@ -165,8 +166,8 @@ def dry_run(experiment: str, request: JobRequest, cluster: str | None) -> DryRun
     admission = _judge(job, latest_passing(job.declared, job.profile_hash, job.smoke_flags, version), version)
     code = planned(snapshot, job.profile, job.declared.spec)
     admitted = {"admission": admission.as_dict()}
-    script = render_script(job.resolved, job.options, _context(job.resolved, DRY_RUN_CHAIN_ID, 1, job.profile.scheduler, {},
-                                                               admitted, code))
+    script = render_attempt(Attempt(job.resolved, job.profile.scheduler, job.options, DRY_RUN_CHAIN_ID, 1,
+                                    job.declared.hash, None, None, admitted, code)).script
     return DryRun(script, job, admission, verdict_if_askable(job.profile.scheduler, script),
                   _controller_dry_run(job, cluster, code), admitted, code)
 
@@ -192,23 +193,35 @@ def submit(experiment: str, request: JobRequest, cluster: str | None,
     version = snapshot.version
     job = prepare(experiment, request, cluster, version)
     admission = admit(job, force_reason, version)
-    ask_scheduler(job)
-    forced = None
-    if force_reason is not None:
-        forced = f"{getpass.getuser()}@{socket.gethostname()} at {datetime.now(timezone.utc).isoformat(timespec='seconds')}: {force_reason}"
-    code = freeze(snapshot, job.profile, job.declared.spec)
-    chain_id = new_chain(job.declared, job.options.retries)
     admitted = {"job": job.record(), "admission": admission.as_dict(), "cluster": _profile_source(cluster)}
-    return _submit_attempt(job.resolved, job.profile.scheduler, job.options, chain_id, 1, admission.preflight_id, forced,
-                           {}, spec_hash=job.declared.hash, admitted=admitted, code=code)
+    # The script names its chain, so the chain is opened first; until the script is sent, any failure (the
+    # scheduler's refusal, a snapshot that cannot be written) withdraws it: a refused submit leaves no row.
+    chain_id = new_chain(job.declared, job.options.retries)
+    try:
+        rendered = asked(render_attempt(Attempt(
+            job.resolved, job.profile.scheduler, job.options, chain_id, 1, job.declared.hash, admission.preflight_id,
+            _forced(force_reason), admitted, planned(snapshot, job.profile, job.declared.spec))))
+        _freeze_as_rendered(snapshot, job, rendered)
+    except BaseException:
+        withdraw_chain(chain_id)
+        raise
+    return _submitted(send(rendered), rendered)
 
 
-def ask_scheduler(job: EffectiveJob) -> Verdict:
-    """The scheduler's verdict before any row, snapshot or run directory exists (raises
-    ``SchedulerRefused``). The dry-run script has the real one's #SBATCH header (only the run
-    directory's chain id differs), so the scheduler's answer on it is its answer on the job."""
-    return require_acceptance(job.profile.scheduler, render_script(
-        job.resolved, job.options, _context(job.resolved, DRY_RUN_CHAIN_ID, 1, job.profile.scheduler, {})))
+def _forced(force_reason: str | None) -> str | None:
+    """Who forced the job past the gate, where, when and why (None: it passed)."""
+    if force_reason is None:
+        return None
+    return f"{getpass.getuser()}@{socket.gethostname()} at {datetime.now(timezone.utc).isoformat(timespec='seconds')}: {force_reason}"
+
+
+def _freeze_as_rendered(snapshot: Tree, job: EffectiveJob, rendered: "Rendered") -> None:
+    """Write the snapshot the script was rendered for (it names the planned folder and environment digest,
+    so the scheduler's verdict came before anything was written)."""
+    code = freeze(snapshot, job.profile, job.declared.spec)
+    if code != rendered.attempt.code:
+        raise SnapshotError(f"the code snapshot written ({code.directory}, environment {code.env_digest}) is not "
+                            f"the one the script names ({rendered.attempt.code})")
 
 
 CODE_CHOICES = ("chain", "current")
@@ -254,18 +267,18 @@ def resume(experiment: str, chain_id: int, request: JobRequest, cluster: str | N
                         hint="a changed spec is a new chain: submit it without --resume")
     _require_same_run_spec(chain_id, job.resolved, runs_dir(job.resolved.name, chain_id) / SPEC_FILE)
     admission = admit(job, force_reason, version)
-    ask_scheduler(job)
     if snapshot is not None:
-        code = freeze(snapshot, job.profile, job.declared.spec)
-    forced = None
-    if force_reason is not None:
-        forced = f"{getpass.getuser()}@{socket.gethostname()} at {datetime.now(timezone.utc).isoformat(timespec='seconds')}: {force_reason}"
-    update_chain(chain_id, {"status": "ACTIVE"})
+        code = planned(snapshot, job.profile, job.declared.spec)
     admitted = {"job": job.record(), "admission": admission.as_dict(), "cluster": _profile_source(cluster),
                 "resumed_with": code_choice}
-    return _submit_attempt(job.resolved, job.profile.scheduler, job.options, chain_id, last_attempt + 1,
-                           admission.preflight_id, forced, {contract.ENV_RETRY_REASON: f"resumed by hand (--code {code_choice})"},
-                           spec_hash=job.declared.hash, admitted=admitted, code=code)
+    rendered = asked(render_attempt(Attempt(
+        job.resolved, job.profile.scheduler, job.options, chain_id, last_attempt + 1, job.declared.hash,
+        admission.preflight_id, _forced(force_reason), admitted, code,
+        {contract.ENV_RETRY_REASON: f"resumed by hand (--code {code_choice})"})))
+    if snapshot is not None:
+        _freeze_as_rendered(snapshot, job, rendered)
+    update_chain(chain_id, {"status": "ACTIVE"})
+    return _submitted(send(rendered), rendered)
 
 
 INHERITED_FLAGS = ("qos", "time_limit", "mem", "cpus_per_node", "gpus_per_node", "job_name", "exclude", "retries",
@@ -305,30 +318,106 @@ def _profile_source(cluster: str | None) -> str:
     return str(profile_path(cluster))
 
 
-def _submit_attempt(resolved: ResolvedSpec, scheduler: str, options: JobOptions, chain_id: int, attempt: int,
-                    preflight_id: int | None, forced: str | None, extra_env: dict[str, str], *,
-                    spec_hash: str, admitted: dict[str, Any] | None, code: JobCode | None) -> Submitted:
-    """``resolved`` is the effective spec (what the trainer reads); ``spec_hash`` the spec's own hash (the
-    gate's key, kept on the rows); ``admitted`` the effective job and the checks it passed; ``code`` the
-    chain's snapshot."""
-    version = code.version if code else contract.code_version()
-    if not code:
-        extra_env = {contract.ENV_CODE_VERSION: version, **extra_env}
-    ctx = _context(resolved, chain_id, attempt, scheduler, extra_env, admitted, code)
-    script = render_script(resolved, options, ctx)
-    write_run_spec(ctx.run_dir, resolved)
-    script_path = ctx.run_dir / f"attempt-{attempt}.sbatch"
-    atomic_write_text(script_path, script)
-    executor = executor_for(scheduler)
-    recorded = {**options.as_dict(), "rollback": bool(extra_env.get(contract.ENV_ROLLBACK))}
-    row, chain = submit_recorded(resolved, options, executor, script_path, ctx.log_path, recorded,
-                                 submitted_facts(admitted, code), chain_id=chain_id,
-                                 attempt=attempt, spec_hash=spec_hash, version=version, preflight_id=preflight_id,
-                                 forced=forced)
-    if executor.name == "slurm":  # the chain's controller: sync runs inside Slurm once this attempt ends
-        submit_controller(int(row.id), chain_id, attempt, str(row.scheduler_id), ctx.run_dir,
-                          (admitted or {}).get("cluster"))
-    return Submitted(job=row, chain=chain, script=script)
+@dataclass(frozen=True)
+class Attempt:
+    """One job as it will be sent (a chain's attempt, or an eval job): what its script is rendered from and
+    what its row records."""
+
+    resolved: ResolvedSpec
+    """The effective spec (what the trainer reads)."""
+    scheduler: str
+    """The profile's scheduler: ``slurm`` or ``local``."""
+    options: JobOptions
+    chain_id: int
+    number: int
+    """The attempt's number in its chain (1 for the first)."""
+    spec_hash: str
+    """The spec's own hash (the gate's key, kept on the rows)."""
+    preflight_id: int | None
+    """The passing preflight it was admitted under (None: forced without one)."""
+    forced: str | None
+    """Who forced it past the gate, when and why (None: it passed)."""
+    admitted: dict[str, Any] | None
+    """The effective job and the checks it passed."""
+    code: JobCode | None
+    """The chain's snapshot (None only for chains submitted before snapshots: they run the live tree)."""
+    extra_env: dict[str, str] = field(default_factory=dict)
+    """Exports beyond the contract's (why it was resubmitted, a rollback)."""
+    eval_of: dict[str, Any] | None = None
+    """An eval job's link to the training chain it scores (``record.stored_json.eval_columns``); None for a
+    training attempt. An eval job runs in that chain's run directory (``run_dir``) under its own script and
+    log names, and its row keeps its options as asked."""
+    run_dir: Path | None = None
+    """Where an eval job runs (the training chain's run directory); a training attempt runs in its chain's."""
+
+    @property
+    def version(self) -> str:
+        """The code version the row records: the snapshot's, else the live tree's (with the spec's code roots)."""
+        return self.code.version if self.code else version_for(self.resolved.spec)
+
+    def context(self) -> RenderContext:
+        env = self.extra_env
+        if self.eval_of is None and not self.code:  # the live tree says its version (an eval job never did)
+            env = {contract.ENV_CODE_VERSION: self.version, **env}
+        ctx = _context(self.resolved, self.chain_id, self.number, self.scheduler, env, self.admitted, self.code)
+        if self.eval_of is None:
+            return ctx
+        run_dir = self.run_dir or ctx.run_dir
+        return replace(ctx, run_dir=run_dir, log_path=str(run_dir / f"eval-step-{self.options.eval_step or 0}-%j.out"))
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """An attempt's script, rendered once: the scheduler's verdict, the file and the job are all this text."""
+
+    attempt: Attempt
+    context: RenderContext
+    script: str
+
+
+def render_attempt(attempt: Attempt) -> Rendered:
+    """The one render of a submission (bad values in the script are a UserError here, before anything is sent)."""
+    ctx = attempt.context()
+    return Rendered(attempt, ctx, render_script(attempt.resolved, attempt.options, ctx))
+
+
+def asked(rendered: Rendered) -> Rendered:
+    """``rendered`` once the scheduler said it would take exactly this script (raises ``SchedulerRefused``)."""
+    require_acceptance(rendered.attempt.scheduler, rendered.script)
+    return rendered
+
+
+def send(rendered: Rendered) -> tuple[Any, Any]:
+    """file → scheduler → id → row, as submitit's ``_submit_command`` does: the rendered script is written
+    into the run directory and submitted through :func:`submit_recorded`, then the controller that will
+    sync it is sent after it. Returns the job row and its chain's."""
+    attempt, ctx = rendered.attempt, rendered.context
+    if attempt.eval_of is None:
+        write_run_spec(ctx.run_dir, attempt.resolved)
+        script_path = ctx.run_dir / f"attempt-{attempt.number}.sbatch"
+        recorded = {**attempt.options.as_dict(), "rollback": bool(attempt.extra_env.get(contract.ENV_ROLLBACK))}
+        facts = submitted_facts(attempt.admitted, attempt.code)
+        label = None
+    else:
+        label = f"eval-step-{attempt.options.eval_step or 0}-chain-{attempt.chain_id}"
+        script_path = ctx.run_dir / f"{label}.sbatch"
+        recorded = attempt.options.as_dict()
+        facts = {**submitted_facts(attempt.admitted, attempt.code), **eval_columns(attempt.eval_of)}
+    atomic_write_text(script_path, rendered.script)
+    executor = executor_for(attempt.scheduler)
+    row, chain = submit_recorded(attempt.resolved, attempt.options, executor, script_path, ctx.log_path, recorded,
+                                 facts, chain_id=attempt.chain_id, attempt=attempt.number, spec_hash=attempt.spec_hash,
+                                 version=attempt.version, preflight_id=attempt.preflight_id, forced=attempt.forced)
+    # The chain's controller: sync runs inside Slurm once this job ends (an eval job's is named apart).
+    if executor.name == "slurm" or label is not None:
+        submit_controller(int(row.id), attempt.chain_id, attempt.number, str(row.scheduler_id), ctx.run_dir,
+                          (attempt.admitted or {}).get("cluster"), label=label)
+    return row, chain
+
+
+def _submitted(sent: tuple[Any, Any], rendered: Rendered) -> Submitted:
+    row, chain = sent
+    return Submitted(job=row, chain=chain, script=rendered.script)
 
 
 def submitted_facts(admitted: dict[str, Any] | None, code: JobCode | None) -> dict[str, Any]:
@@ -393,17 +482,17 @@ def resubmit(job_id: int, extra_env: dict[str, str], reason: str, spends_retry: 
         why = f"resubmission refused: {', '.join(admission.failed)} FAIL on the job as it would be resubmitted — {named}"
         _refuse(old_values, resolved, options, attempt, why, admitted, code)
         raise ResubmitRefused(why)
-    try:  # the scheduler's own verdict on the attempt as it would be sent (its new exclusions included)
-        require_acceptance(scheduler, render_script(resolved, options, _context(
-            resolved, old_values["chain_id"], attempt, scheduler, env, admitted, code)))
+    rendered = render_attempt(Attempt(resolved, scheduler, options, old_values["chain_id"], attempt,
+                                      old_values["spec_hash"] or resolved.hash, old_values["preflight_id"],
+                                      old_values["forced"], admitted, code, env))
+    try:  # the scheduler's own verdict on the attempt as it will be sent (its new exclusions included)
+        asked(rendered)
     except SchedulerRefused as exc:
         why = f"resubmission refused by the scheduler: {exc}"
         _refuse(old_values, resolved, options, attempt, why, admitted, code)
         raise ResubmitRefused(why) from exc
-    submitted = _submit_attempt(resolved, scheduler, options, old_values["chain_id"], attempt,
-                                old_values["preflight_id"], old_values["forced"], env,
-                                spec_hash=old_values["spec_hash"] or resolved.hash, admitted=admitted, code=code)
-    return submitted.job
+    row, _ = send(rendered)
+    return row
 
 
 def _readmit(resolved: ResolvedSpec, options: JobOptions, first: dict[str, Any], preflight: "PreflightRun | None",

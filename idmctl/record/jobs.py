@@ -220,6 +220,26 @@ def open_chain(experiment: str, spec_hash: str, retries: int) -> int:
         return int(chain.id or 0)
 
 
+def withdraw_chain(chain_id: int) -> bool:
+    """Remove a chain opened for a submission the scheduler then refused before any attempt was recorded,
+    so a refusal leaves nothing behind; a chain with an attempt is kept. True when it was removed."""
+    with connect() as fast:
+        if fast is not None:  # plain sqlite3: the submit path imports no ORM
+            return fast.execute("DELETE FROM chain WHERE id = ? AND NOT EXISTS (SELECT 1 FROM job WHERE chain_id = ?)",
+                                (chain_id, chain_id)).rowcount == 1
+    from sqlmodel import select  # start-up: SQLAlchemy only for a store not at head or the shared one
+
+    from idmctl.record.db import session  # start-up: as above
+    from idmctl.record.models import Chain, Job  # start-up: as above
+
+    with session() as orm:
+        chain = orm.get(Chain, chain_id)
+        if chain is None or orm.exec(select(Job.id).where(Job.chain_id == chain_id)).first() is not None:
+            return False
+        orm.delete(chain)
+        return True
+
+
 def _insert_chain(fast: Any, experiment: str, spec_hash: str, retries: int) -> int:
     return insert(fast, "chain", {"experiment": experiment, "spec_hash": spec_hash, "mlflow_run_id": None,
                                   "retries_budget": retries, "retries_used": 0, "status": "ACTIVE",
