@@ -22,7 +22,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
 
 from ground.code_snapshot import MANIFEST
 from ground.errors import CheckFailed, UserError
@@ -34,6 +33,7 @@ from idmctl.job.controller_script import ControllerContext, FollowUp, controller
 from idmctl.ops.executors import executor_for
 from idmctl.record.job_facts import CONTROLLER, record_fact
 from idmctl.record.jobs import job_by_id
+from idmctl.record.store import store
 from idmctl.record.stored_json import job_options
 
 CONTROLLER_LOG = "controller-%j.out"
@@ -170,23 +170,13 @@ def cancel_controllers(chain_id: int, keep: str = "") -> list[str]:
 
 def chain_state(chain_id: int) -> tuple[str | None, list[dict]]:
     """The chain's status and its attempts (id, attempt, scheduler id, state, controller fact), oldest first."""
-    from idmctl.record.chain_attempts import attempts_of  # the ORM: not on the submit path, which imports this module
-    from idmctl.record.db import session  # the ORM, as above
-    from idmctl.record.models import Chain  # the ORM, as above
-
-    with session() as db:
-        chain = db.get(Chain, chain_id)
-        rows = attempts_of(db, chain_id)
-        attempts = [{"id": job.id, "attempt": job.attempt, "scheduler_id": job.scheduler_id, "state": job.state,
-                     "script_path": job.script_path, "controller": job.controller,
-                     "cluster": _cluster_of(job)}
-                    for job in rows]
-        return (chain.status if chain else None), attempts
-
-
-def _cluster_of(job: Any) -> str | None:
-    admitted = job.admitted or {}
-    return admitted.get("cluster") if isinstance(admitted, dict) else None
+    records = store()
+    chain = records.chain(chain_id)
+    attempts = [{"id": job.id, "attempt": job.attempt, "scheduler_id": job.scheduler_id, "state": job.state_text,
+                 "script_path": job.script_path, "controller": dict(job.controller) if job.controller else None,
+                 "cluster": (job.admitted or {}).get("cluster")}
+                for job in records.attempts(chain_id)]
+    return (chain.status.value if chain else None), attempts
 
 
 def controller_line(followed: dict) -> str:

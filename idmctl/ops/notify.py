@@ -3,7 +3,7 @@ chain stops or completes, and when ``idmctl decide`` writes a goal's verdict.
 
 Sent with apprise (one URL form for Slack, e-mail, ntfy, a JSON webhook, …) to the URLs of
 ``$IDMCTL_NOTIFY`` when it is set (empty: nothing is sent), else the cluster profile's ``notify`` list.
-A message is sent at most once per event: sync claims it in the store first (``record.notices``), decide
+A message is sent at most once per event: sync claims it in the store first (``JobStore.claim_notice``), decide
 on the MLflow runs it tagged (:data:`TAG_VERDICT_NOTIFIED`).
 
 A notification never breaks what sent it: a URL apprise does not know, a server that is down or answers
@@ -27,11 +27,11 @@ from ground.redact import notify_secrets, notify_urls, redacted_notify_url
 from idmctl.core.notice import warn
 from idmctl.core.profile import load_profile, profile_path
 from idmctl.ops.failures.classify import Classification, get_cause
-from idmctl.record.stored_json import job_options
+from idmctl.record.records import ChainRecord, FailureRecord, JobRecord
+from idmctl.record.store import store
 
 if TYPE_CHECKING:
     from idmctl.ops.retry import Decision
-    from idmctl.record.models import Chain, Job
 
 TIMEOUT_S = 3.0
 """apprise's connect and read timeouts, each, per URL: a server that does not answer holds sync up by at
@@ -209,34 +209,29 @@ def _targets_or_warn() -> list[Target]:
 
 # ------------------------------------------------------------------------------------------- sync's
 
-def _job_line(job: Job, chain: Chain | None) -> str:
+def _job_line(job: JobRecord, chain: ChainRecord | None) -> str:
     where = f"{job.experiment}#{chain.id}" if chain is not None else job.experiment
     return f"job: {where} attempt {job.attempt}, {job.executor} job {job.scheduler_id} (idmctl job {job.id})"
 
 
-def decision_message(job: Job, chain: Chain | None, decision: Decision, report: Any,
-                     failure: Any | None) -> Message:
+def decision_message(job: JobRecord, chain: ChainRecord | None, decision: Decision, report: Any,
+                     failure: FailureRecord | None) -> Message:
     """The message for what sync decided about a job that ended: its cause, evidence and fix from the
     Failure row the decision read, and what was done: as ``report`` (sync's ``SyncReport``, not imported:
     sync imports this module) lists it in ``resubmitted`` and ``stopped``."""
-    job_id = job.id or 0
+    job_id = job.id
     if decision.action == "done":
         return Message(COMPLETED, f"idmctl: {job.experiment} chain {job.chain_id} completed",
                        [f"event: {COMPLETED}", _job_line(job, chain),
                         f"done: chain completed at attempt {job.attempt}"], "success")
     lines = [_job_line(job, chain), f"cause: {decision.cause}"]
     if failure is not None:
-        detail = job_options(failure.detail_json, job_id)
-        lines.append(f"evidence: {Classification(failure.cause, failure.evidence.splitlines(), detail).headline}")
+        lines.append(f"evidence: {Classification(failure.cause, failure.evidence.splitlines(), dict(failure.detail)).headline}")
     lines.append(f"fix: {get_cause(decision.cause).fix}")
     resubmitted = dict(report.resubmitted).get(job_id)
     stopped = dict(report.stopped).get(job_id)
     if resubmitted is not None:
-        from idmctl.record.db import session  # SQLAlchemy: decide's fast path imports this module, never the store
-        from idmctl.record.models import Job  # SQLAlchemy, as above
-
-        with session() as db:
-            new = db.get(Job, resubmitted)
+        new = store().job(resubmitted)
         shown = f"{new.executor} job {new.scheduler_id} " if new is not None and new.scheduler_id else ""
         event, level = FAILURE, "warning"
         lines.append(f"done: resubmitted as {shown}(idmctl job {resubmitted}, attempt {job.attempt + 1}): {decision.why}")
@@ -254,26 +249,28 @@ def decision_message(job: Job, chain: Chain | None, decision: Decision, report: 
 def announce_decision(job_id: int, decision: Decision, report: Any) -> None:
     """Tell the team what sync decided about job ``job_id`` (once per job and event). Never raises: a
     notification that cannot be built or sent is a warning line and sync's result stays as it is."""
-    from idmctl.record.db import session  # SQLAlchemy: decide's fast path imports this module, never the store
-    from idmctl.record.models import Chain, Job  # SQLAlchemy, as above
-    from idmctl.record.notices import claim_notice, final_failure  # SQLAlchemy, as above
-
     try:
         targets = _targets_or_warn()
         if not targets:
             return
-        with session() as db:
-            job = db.get(Job, job_id)
-            if job is None:
-                return
-            chain = db.get(Chain, job.chain_id) if job.chain_id is not None else None
-            failure = final_failure(db, job_id) if decision.action != "done" else None
-            message = decision_message(job, chain, decision, report, failure)
-            if not claim_notice(db, job_id, message.event):
-                return
+        records = store()
+        job = records.job(job_id)
+        if job is None:
+            return
+        chain = records.chain(job.chain_id) if job.chain_id is not None else None
+        failure = final_failure(records.failures([job_id])) if decision.action != "done" else None
+        message = decision_message(job, chain, decision, report, failure)
+        if not records.claim_notice(job_id, message.event):
+            return
         send(message, targets)
     except Exception as exc:  # a notification is never worth a failed sync: say it, and go on
         warn(f"warning: no notification for job {job_id}: {type(exc).__name__}: {exc}")
+
+
+def final_failure(failures: list[FailureRecord]) -> FailureRecord | None:
+    """The failure of the job's final run (the one its retry decision read), or None."""
+    final = [failure for failure in failures if failure.final]
+    return max(final, key=lambda failure: (failure.run, failure.id)) if final else None
 
 
 # ----------------------------------------------------------------------------------------- decide's

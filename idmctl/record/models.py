@@ -179,7 +179,7 @@ class Job(Written, table=True):
     """``{"by": "host:pid", "at"}``: the sync that claimed the job's end; it alone classified, recorded and
     decided it (``idmctl.record.claims``: a compare-and-set on this column being NULL)."""
     notified: dict[str, Any] | None = Field(default=None, sa_column=_json_column("notified"))
-    """Event name → when its notification was claimed (``idmctl.record.notices``): one message per event."""
+    """Event name → when its notification was claimed (``JobStore.claim_notice``): one message per event."""
     eval_of_chain: int | None = Field(default=None, index=True)
     """An evaluation job's training chain (None for every other job)."""
     eval_step: int | None = None

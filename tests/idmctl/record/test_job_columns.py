@@ -22,7 +22,7 @@ from idmctl.record.fast import JOB_JSON_COLUMNS, close_all
 from idmctl.record.jobs import job_by_id, take_for_resubmission, unfinished_job_codes
 from idmctl.record.migrate import MIGRATIONS_DIR
 from idmctl.record.models import Job, StoredJSON
-from idmctl.record.notices import claim_notice
+from idmctl.record.store import store
 from idmctl.record.stored_json import eval_link, job_options, newest_efficiency
 
 REQUEST = {"job_name": "tiny", "qos": "share", "partition": "cpu", "nodes": 1, "ranks_per_node": 2, "mem": "1500MB",
@@ -124,12 +124,11 @@ def test_every_fact_moves_to_its_column_and_back(store_url: str) -> None:
         assert claim_end(db, 3)
     with store_db.session() as db:
         assert db.get(Job, 3).end_recorded["by"]
-        assert not claim_notice(db, 1, "failed")
-    with store_db.session() as db:
-        assert claim_notice(db, 1, "completed")
-    with store_db.session() as db:
-        assert not claim_notice(db, 1, "completed")
-        assert set(db.get(Job, 1).notified) == {"failed", "completed"}
+    jobs = store()
+    assert not jobs.claim_notice(1, "failed")
+    assert jobs.claim_notice(1, "completed")
+    assert not jobs.claim_notice(1, "completed")
+    assert set(jobs.job(1).notified) == {"failed", "completed"}  # type: ignore[union-attr]
     assert unfinished_job_codes() == [FACTS["code"]]  # job 1 belongs to an ACTIVE chain
     old, _ = take_for_resubmission(1, spends_retry=False)
     assert (old["admitted"], old["code"]) == (FACTS["admitted"], FACTS["code"])
