@@ -147,6 +147,10 @@ class Measurements:
     """False when gathering skipped the cache inspection (``memo_only`` and nothing remembered)."""
     recorded_runs: list[RecordedRun] = field(default_factory=list)
     """Step times earlier runs measured (``idmctl.plan.limits`` derives the time limit from them)."""
+    private_tmp: str | None = None
+    """The plugin that makes /tmp private to each job on the profile's cluster (``job_container/tmpfs``,
+    ``namespace/linux``: ``cluster_settings.private_tmp``); None where /tmp is the node's or not read. A
+    copy staged under /tmp there is gone when the job ends: ``budget.staging`` counts it every attempt."""
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ prints, so it is tested on real outputs; :func:`read_cluster` asks the cluster (
 
 from __future__ import annotations
 
+import functools
 import re
 import subprocess
 from dataclasses import dataclass
@@ -138,10 +139,12 @@ def _preemption(config: dict[str, str], preempt_type: str, graces: dict[str, flo
     else:
         findings.append(Finding(
             "preemption notice", WARN,
-            "no send_user_signal: a preempted job gets TERM, not its USR1, at the start of GraceTime; the trainer "
-            "still checkpoints on TERM within GraceTime, but the job never requeues itself (PreemptMode decides)",
-            "ask the admins for PreemptParameters=send_user_signal (older releases: "
-            "SlurmctldParameters=preempt_send_user_signal)"))
+            "no send_user_signal: a preempted job's tasks get TERM, not its USR1, at the start of GraceTime (the "
+            "batch script hears nothing until the kill): the trainer checkpoints and exits, and the job script, "
+            "taking TERM for a cancel, ends the job FAILED 75 before Slurm could requeue it; the qos check FAILs "
+            "a job on a preemptible tier whose time limit is longer than the tier's preempt cycle",
+            "ask the admins for SlurmctldParameters=preempt_send_user_signal (Slurm ≥ 23.02: "
+            "PreemptParameters=send_user_signal)"))
     for tier, grace in sorted(graces.items()):
         if grace <= 0:
             findings.append(Finding(f"GraceTime ({tier})", WARN,
@@ -188,10 +191,27 @@ def _scrontab(config: dict[str, str]) -> Finding:
                    "an entry here; the controller job after each attempt still keeps chains going")
 
 
+def private_containers(config: dict[str, str]) -> list[str]:
+    """The plugins that give each job a private /tmp and /dev/shm (``job_container/tmpfs``,
+    ``namespace/linux``); empty where both are the node's."""
+    values = (config.get("JobContainerType") or "", config.get("NamespaceType") or "")
+    return [v for v in values if v and not v.lower().endswith(("/none", "(null)"))]
+
+
+def private_tmp(slurm_cluster: str | None) -> str | None:
+    """On the cluster a profile names (and only there): the plugin that makes /tmp private to each job, so a
+    copy staged there is gone when the job ends; None where /tmp is the node's or Slurm does not answer."""
+    if not slurm_cluster:
+        return None
+    config = parse_config(cluster_texts()[0])
+    if config.get("ClusterName") != slurm_cluster:
+        return None
+    return " / ".join(private_containers(config)) or None
+
+
 def _job_container(config: dict[str, str]) -> Finding:
     container = config.get("JobContainerType") or "job_container/none"
-    namespace = config.get("NamespaceType") or ""
-    private = [v for v in (container, namespace) if v and not v.lower().endswith(("/none", "(null)"))]
+    private = private_containers(config)
     if private:
         return Finding("JobContainerType", OK, f"{' / '.join(private)}: each job has a private /tmp and /dev/shm: "
                        "stale segments of dead jobs never shrink the loader's shm, and a stage-in to /tmp is "
@@ -229,14 +249,11 @@ def preemption_notice(qos: str, partition: str | None = None) -> PreemptionNotic
                             + (f" ({key})" if key in graces else " (no grace for this tier)"))
 
 
-_CACHED: list[tuple[str, str, str]] = []
-
-
+@functools.cache
 def cluster_texts() -> tuple[str, str, str]:
-    """:func:`read_cluster`, once per process (a preflight of a sweep asks for every variant)."""
-    if not _CACHED:
-        _CACHED.append(read_cluster())
-    return _CACHED[0]
+    """:func:`read_cluster`, once per process (a preflight of a sweep asks for every variant); a process that
+    moves to another cluster calls ``cluster_texts.cache_clear()``."""
+    return read_cluster()
 
 
 def _ask(argv: list[str]) -> str:

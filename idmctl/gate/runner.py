@@ -16,6 +16,7 @@ from ground.paths import expand_path, free_bytes, home
 from idmctl.core.job_state import JobState
 from idmctl.gate import cache, cluster_smoke, introspection, smoke, spec
 from idmctl.gate.blame import name_flags
+from idmctl.gate.cluster_settings import private_tmp
 from idmctl.gate.check_list import STATIC_CHECKS, run_check
 from idmctl.record import memo
 from idmctl.record.jobs import submitted_with_gpus
@@ -170,6 +171,7 @@ def gather(resolved: ResolvedSpec, profile: ClusterProfile, code_version: str | 
         staged_copy=staged_copy(resolved, profile) if present else None,
         cache_inspections=inspections or [], queue_waits=queue_history(res.gpus_per_node * res.nodes),
         cache_inspected=inspections is not None, recorded_runs=recorded_runs(),
+        private_tmp=private_tmp(profile.slurm_cluster) if resolved.spec.stage.enabled else None,
     )
 
 

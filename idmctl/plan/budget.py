@@ -10,8 +10,10 @@ the nodes' concurrent stage-in copies split ``nas_read``, and so do unstaged rea
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from ground.geometry import HiddenGeometry, sample_io
 from ground.paths import expand_path
@@ -59,6 +61,9 @@ class Staging:
     reused: bool = False
     """``stage.dest`` on this machine already holds a finished copy with this spec's key
     (``ground.stage``): stage-in copies nothing, takes no time. ``bytes`` stays what a copy would need."""
+    restaged: str = ""
+    """Why no copy outlives the job (``$SLURM_TMPDIR`` is the job's own; /tmp is private to each job on this
+    cluster): every attempt copies again. Empty: a requeued attempt on the same node finds the copy."""
 
     @property
     def copied(self) -> str:
@@ -100,7 +105,8 @@ def staging(ctx: PreflightContext, layers: str | None = None) -> Staging:
     nodes = ctx.spec.resources.nodes
     # Judged for this very spec and layer set (a what-if of other layers or blocks is another key).
     state = None
-    if stage.enabled and ctx.is_this_machine and node_named(stage.dest) is None:  # a node-named copy is not here
+    restaged = restaged_why(ctx) if stage.enabled else ""
+    if stage.enabled and ctx.is_this_machine and node_named(stage.dest) is None and not restaged:  # not here, or gone
         layer_words, model = spec_identity(layers, data)
         same = reuses(measured.staged_copy, expand_path(data.cache_root), layer_words, model)
         state = None if same is None else "reuse" if same else "replace"
@@ -112,7 +118,51 @@ def staging(ctx: PreflightContext, layers: str | None = None) -> Staging:
         formula += f"; {stage.dest} already holds this copy (same source, layers, model, files): nothing to copy"
     elif state == "replace":
         formula += f"; the copy at {stage.dest} is of another key (layer set, cache files or model): replaced"
-    return Staging(stage.enabled, size, formula, is_measured, seconds, data.cache_root, nodes, reused)
+    if restaged:
+        formula += f"; copied again on every attempt ({restaged})"
+    return Staging(stage.enabled, size, formula, is_measured, seconds, data.cache_root, nodes, reused, restaged)
+
+
+def restaged_why(ctx: PreflightContext) -> str:
+    """Why a staged copy would not outlive its job, in words; empty when it may (a shared /tmp, a site's
+    scratch the job does not own). ``$SLURM_TMPDIR`` is per job by definition; a ``stage.dest`` under /tmp or
+    /dev/shm is where the cluster makes those private to each job (``Measurements.private_tmp``)."""
+    dest = ctx.spec.stage.dest
+    named = node_named(dest)
+    if named is not None:
+        return f"${named.variable} is the job's own directory, removed when it ends" if named.per_job else ""
+    private = ctx.measurements.private_tmp
+    path = expand_path(dest)
+    if private and any(path == Path(d) or Path(d) in path.parents for d in ("/tmp", "/dev/shm")):
+        return f"/tmp is private to each job on this cluster: {private}"
+    return ""
+
+
+def stage_attempts(ctx: PreflightContext, stage: Staging, train_s: float) -> tuple[float, str]:
+    """Expected attempts of a run whose copy is made again on every attempt (``Staging.restaged``), and the
+    line with its arithmetic: bytes ÷ rate × expected attempts. Each attempt runs at most the tier's preempt
+    cycle (preemptible) or max wall, less its own stage-in, so attempts = ⌈work ÷ (span − stage-in)⌉;
+    infinite when stage-in alone fills the span. (1, "") when the copy outlives the job (counted once)."""
+    if not stage.enabled or not stage.restaged:
+        return 1, ""
+    copy = (f"stage-in {stage.copied} ÷ NAS {fmt_bandwidth(ctx.profile.storage.nas_read_bps)} = "
+            f"{fmt_span(stage.seconds)}")
+    tier = ctx.profile.qos.get(ctx.spec.resources.qos)
+    if tier is None:
+        return 1, f"{copy} on every attempt ({stage.restaged}); attempts not counted (QoS not in the profile)"
+    if tier.preemptible and tier.preempt_cycle_seconds:
+        span, what = tier.preempt_cycle_seconds, f"preempt cycle {format_duration(tier.preempt_cycle_seconds)}"
+    else:
+        span, what = tier.max_wall_seconds, f"max wall {format_duration(tier.max_wall_seconds)}"
+    useful = span - stage.seconds
+    if useful <= 0:
+        return math.inf, (f"{copy} on every attempt ({stage.restaged}) ≥ {what}: no attempt gets past "
+                          "stage-in, the run never finishes")
+    attempts = max(1, math.ceil(train_s / useful))
+    return attempts, (f"{copy} × {attempts} expected attempt{'s' if attempts > 1 else ''} = "
+                      f"{fmt_span(stage.seconds * attempts)}, copied again on every attempt ({stage.restaged}; "
+                      f"attempts = ⌈{fmt_span(train_s)} of work ÷ ({what} − {fmt_span(stage.seconds)} stage-in = "
+                      f"{fmt_span(useful)})⌉)")
 
 
 def routed_staging_fix(ctx: PreflightContext, fits: Callable[[Staging], bool]) -> str | None:
@@ -166,9 +216,14 @@ class StepEstimate:
     """True when the loader reads ahead while the step computes (the rank's batch loader or workers):
     the step is the slowest of storage, loader CPU and compute. False: they add up."""
     overlap_note: str = ""
+    stage_attempts: float = 1
+    """Stage-ins the run pays: 1, or the expected attempts when every attempt copies again (``stage_attempts``)."""
+    stage_attempts_text: str = ""
+    """The per-attempt line (bytes ÷ rate × expected attempts); empty when the copy is made once."""
 
     @property
     def wall_s(self) -> float:
+        """One job's wall clock: the work and its own stage-in (what a time limit must hold)."""
         return self.train_s + self.stage_s
 
     def terms(self) -> dict[str, float | None]:
@@ -219,6 +274,8 @@ class StepEstimate:
             text += f"; × {self.steps:,} steps = {fmt_span(self.train_s)}"
         if self.stage_s:
             text += f" + stage-in {fmt_span(self.stage_s)} = {fmt_span(self.wall_s)}"
+        if self.stage_attempts_text:
+            text += f"; {self.stage_attempts_text}"
         return text
 
 
@@ -244,9 +301,12 @@ def step_estimate(ctx: PreflightContext) -> StepEstimate:
     terms = [data_s, loader_s or 0.0, compute_s or 0.0]
     step_s = max(terms) if overlapped else sum(terms)
     train_s = step_s * spec.train.steps + (cache.served_warmup_s if cache is not None else 0.0)
+    stage = staging(ctx)
+    attempts, attempts_text = stage_attempts(ctx, stage, train_s)
     return StepEstimate(io.bytes, io.formula, spec.train.effective_batch, spec.loader.repeats, step_bytes, tier,
-                        bandwidth, data_s, compute_s, note, step_s, spec.train.steps, train_s, staging(ctx).seconds,
-                        nodes, per_node, provenance, cache, loader_s, loader_note, overlapped, overlap_note)
+                        bandwidth, data_s, compute_s, note, step_s, spec.train.steps, train_s, stage.seconds,
+                        nodes, per_node, provenance, cache, loader_s, loader_note, overlapped, overlap_note,
+                        attempts, attempts_text)
 
 
 def overlap(spec: ExperimentSpec) -> tuple[bool, str]:
