@@ -416,3 +416,11 @@ def load_experiments(name_or_path: str) -> list[ResolvedSpec]:
     from ground.spec.sweep import expand
 
     return expand(resolved, sweep)
+
+
+def names_a_sweep(reference: str, variants: list[ResolvedSpec]) -> bool:
+    """Whether ``reference`` (as given on the command line, expanded by :func:`load_experiments` into
+    ``variants``) names a whole sweep rather than one job: the sweep by name or by file, or whatever expands
+    to several variants. One predicate for preflight and submit, so both take the same reference the same way."""
+    sweep = variants[0].sweep
+    return sweep is not None and (len(variants) > 1 or reference == sweep or reference.endswith((".yaml", ".yml")))

@@ -58,7 +58,7 @@ def submit(
     request = job_flags.flags(qos, gres, cpus, mem, exclude, job_name, time_limit, retries, entry, build, hold,
                               account=account, partition=partition, constraint=constraint, reservation=reservation,
                               gpus_per_node=gpus_per_node)
-    from ground.spec import load_experiments
+    from ground.spec.loader import load_experiments, names_a_sweep
 
     if code != "chain" and resume is None:
         raise UserError("--code goes with --resume", file="command line", field="--code",
@@ -71,8 +71,7 @@ def submit(
     if evaluate is not None and variants[0].sweep is not None:
         raise UserError("--eval submits one chain's eval jobs, not a sweep's", file="command line", field="--eval",
                         hint="submit each variant with --eval")
-    if variants[0].sweep is not None and (len(variants) > 1 or experiment.endswith((".yaml", ".yml"))
-                                          or experiment == variants[0].sweep):
+    if names_a_sweep(experiment, variants):
         if force and not (reason and reason.strip()):
             raise UserError("--force needs --reason", file="command line", field="--reason", hint='e.g. --reason "smoke passed on login node"')
         _submit_sweep(experiment, [v.name.rsplit(".", 1)[1] for v in variants], request, cluster, dry_run,

@@ -58,7 +58,7 @@ def preflight(
     table; --what-if reruns the static checks on an altered spec beside the original. --build MODE runs
     the build preflight (weights, PT norm file, output disk, a 1-file encode smoke → wall-clock estimate
     vs --time)."""
-    from ground.spec import load_experiments  # start-up: pulls pydantic and yaml
+    from ground.spec.loader import load_experiments, names_a_sweep  # start-up: pulls pydantic and yaml
     from idmctl.job.effective import build as build_job  # start-up: pulls pydantic and yaml
     from idmctl.gate.runner import run_preflight  # start-up: pulls pydantic and yaml
     from idmctl.core.profile import load_profile  # start-up: pulls pydantic
@@ -70,7 +70,7 @@ def preflight(
     request = job_flags.flags(qos, gres, cpus, mem, exclude, job_name, time_limit, retries, entry, build,
                               account=account, partition=partition, constraint=constraint, reservation=reservation,
                               gpus_per_node=gpus_per_node)
-    is_sweep = variants[0].sweep is not None and len(variants) > 1 or experiment == variants[0].sweep
+    is_sweep = names_a_sweep(experiment, variants)
     if smoke_on == "cluster" and (is_sweep or what_if or build):
         raise UserError("--smoke-on cluster smokes one training job", field="--smoke-on",
                         hint="preflight the one experiment (no sweep, --what-if or --build) with it")
