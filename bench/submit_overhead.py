@@ -171,7 +171,7 @@ def _checks_in_process(spec: Path, home: Path, repeats: int) -> Figure:
     saved = saved_environ(ENV_HOME)
     os.environ[ENV_HOME] = str(home)
     try:
-        from ground.contract import code_version
+        from ground.code_snapshot import code_version
         from idmctl.core.job_options import JobRequest
         from idmctl.job.effective import build
         from idmctl.gate.admission import judge

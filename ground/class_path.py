@@ -46,6 +46,20 @@ def code_roots(spec: ExperimentSpec) -> list[Path]:
     return roots
 
 
+def spec_roots(spec: ExperimentSpec | None) -> list[Path]:
+    """The spec's ``code.roots`` as folders (relative ones from the project root); [] without a spec."""
+    if spec is None or not spec.code.roots:
+        return []
+    from ground.paths import exists
+
+    roots = code_roots(spec)[1:]
+    for given, root in zip(spec.code.roots, roots):
+        if not (exists(root) and root.is_dir()):  # exists: a name too long for any filesystem names nothing
+            raise UserError(f"code root {given!r} is not a folder on this machine ({root})", field="code.roots",
+                            hint="name the team repository's folder (relative to the project root, or absolute)")
+    return roots
+
+
 def ensure_importable(roots: list[Path]) -> None:
     """Put the code roots on this process's import path (first, after the project), once."""
     for root in reversed(roots[1:]):

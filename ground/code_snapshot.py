@@ -31,8 +31,12 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ground import contract
+
+if TYPE_CHECKING:
+    from ground.spec.schema import ExperimentSpec
 
 MANIFEST = ".idmctl_snapshot.json"
 """In each snapshot's root: its digest, commit, and every file with its content hash (not itself listed)."""
@@ -303,9 +307,16 @@ def snapshot_paths(roots: list[Path] | tuple[Path, ...] = ()) -> set[Path]:
     return out
 
 
-def code_version(root: Path | None = None) -> str:
-    """The digest of what a job submitted now would run (16 hex digits): the preflight gate's key."""
-    return tree(root).version
+def code_version(spec: "ExperimentSpec | None" = None) -> str:
+    """The digest of the code a job submitted now would run, the preflight gate's key: 16 hex digits over
+    every tracked and untracked-but-not-ignored file of the project, as it is on disk, and of the spec's
+    ``code.roots`` that lie outside it. The one home of the code version: the trainer's (a job run outside
+    a snapshot) and the gate's (``idmctl.record.preflights.version_for``) both call this."""
+    if spec is None:
+        return code_tree().version
+    from ground.class_path import spec_roots  # start-up: the spec schema (pydantic), only for a spec's roots
+
+    return code_tree(spec_roots(spec)).version
 
 
 # -- the code store ----------------------------------------------------------------------------------------

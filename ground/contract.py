@@ -7,13 +7,6 @@ runs inside it) is named here once.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from pathlib import Path
-
-    from ground.spec.schema import ExperimentSpec
-
 
 # Exit statuses of a trainer / job entry.
 EXIT_OK = 0
@@ -140,6 +133,8 @@ CAUSE_NODE_UNFIT = "node_unfit"
 CAUSE_HANG = "hang"
 """The watchdog's cause: the trainer's heartbeat stopped for longer than the cluster's hang threshold."""
 CAUSE_NAN_LOSS = "nan_loss"
+"""The cause the trainer reports for a non-finite loss (marker line, ``failure.json``, MLflow tag): a cause
+name of idmctl/ops/failures/taxonomy.yaml, whose ``action`` decides what sync does (a test checks the name)."""
 CAUSE_ENV_CHANGED = "env_changed"
 """The job's Python environment (interpreter, installed distributions) differs from the one recorded at submit."""
 CAUSE_SNAPSHOT_MODIFIED = "snapshot_modified"
@@ -163,30 +158,3 @@ BUILD_MODES = ("hidden", "rgb", "pt", "ff")
 EVAL_ENTRY = "trainers.eval_job"
 EVAL_CHOICES = ("last", "each")
 """``--eval``: the final checkpoint, every scheduled one (``checkpoint_every`` and the last), or a step number."""
-"""The cause the trainer reports for a non-finite loss (marker line, ``failure.json``, MLflow tag): a cause
-name of idmctl/ops/failures/taxonomy.yaml, whose ``action`` decides what sync does (a test checks the name)."""
-
-
-def code_version(spec: "ExperimentSpec | None" = None) -> str:
-    """The digest of the code a job submitted now would run (``ground.code_snapshot``): 16 hex digits over
-    every tracked and untracked-but-not-ignored file of the project, as it is on disk, and of the spec's
-    ``code.roots`` that lie outside it."""
-    from ground.code_snapshot import code_tree
-
-    return code_tree(spec_roots(spec)).version
-
-
-def spec_roots(spec: "ExperimentSpec | None") -> list["Path"]:
-    """The spec's ``code.roots`` as folders (relative ones from the project root); [] without a spec."""
-    if spec is None or not spec.code.roots:
-        return []
-    from ground.class_path import code_roots
-    from ground.errors import UserError
-    from ground.paths import exists  # here: ground.paths imports this module
-
-    roots = code_roots(spec)[1:]
-    for given, root in zip(spec.code.roots, roots):
-        if not (exists(root) and root.is_dir()):  # exists: a name too long for any filesystem names nothing
-            raise UserError(f"code root {given!r} is not a folder on this machine ({root})", field="code.roots",
-                            hint="name the team repository's folder (relative to the project root, or absolute)")
-    return roots

@@ -54,7 +54,7 @@ if __name__ == "__main__":
 import numpy as np  # noqa: E402  (after the early signal handlers, on purpose)
 import torch  # noqa: E402
 
-from ground.code_snapshot import refuse_unadmitted_code
+from ground.code_snapshot import code_version, refuse_unadmitted_code
 from ground.errors import UserError
 from ground.paths import atomic_write_text, sweep_dead_temp_files
 from ground.spec.schema import ExperimentSpec
@@ -63,7 +63,7 @@ from ground.tracking import best_metric
 from trainers.checkpoint import Retention, checkpoint_bytes, checkpoint_dir, resume, save_checkpoint
 from ground.contract import (CAUSE_NAN_LOSS, ENV_CACHE_ROOT, ENV_CHECKPOINT_EVERY, ENV_CODE_VERSION,
                              ENV_INJECT_NAN_AT_STEP, ENV_RANK_DIGESTS, ENV_ROLLBACK, EXIT_NAN, EXIT_REQUEUE,
-                             FAILURE_FILE, FAILURE_MARKER, code_version)
+                             FAILURE_FILE, FAILURE_MARKER)
 from ground.heartbeat import beat
 from ground.progress import WINDOW_STEPS, WRITE_EVERY_S
 from ground.run_dir import RunSpec, read_run_spec, write_run_spec  # noqa: F401  (re-exported)

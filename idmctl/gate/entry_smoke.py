@@ -27,7 +27,7 @@ from ground.spec.schema import detect_launch
 from idmctl.core.checks import SmokeMeasurement
 from idmctl.gate import box
 from ground.code_snapshot import default_store, materialize
-from ground.contract import spec_roots
+from ground.class_path import spec_roots
 from ground.run_dir import write_run_spec
 from idmctl.gate.tracebacks import last_frame_and_exception
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from ground import contract
 from ground.code_snapshot import (OBJECTS_DIR, SNAPSHOTS_DIR, SnapshotError, Tree, code_tree, default_store,
                                   materialize, record_environment, snapshot_dir)
-from ground.contract import spec_roots
+from ground.class_path import spec_roots
 from ground.errors import UserError
 from ground.paths import expand_path
 from ground.code_snapshot import MANIFEST

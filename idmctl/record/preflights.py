@@ -7,7 +7,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from ground.errors import CheckFailed
-from ground.contract import code_version
+from ground.code_snapshot import code_version
 from idmctl.core.checks import CheckResult, Status
 from ground.paths import db_path
 

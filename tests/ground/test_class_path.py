@@ -15,7 +15,8 @@ import pytest
 import yaml
 
 from ground import code_snapshot as snap
-from ground.contract import code_version, spec_roots
+from ground.class_path import spec_roots
+from ground.code_snapshot import code_version
 from ground.spec import load_spec
 
 REPO = Path(__file__).resolve().parents[2]

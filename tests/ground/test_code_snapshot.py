@@ -51,20 +51,20 @@ def test_the_same_tree_gives_the_same_version_and_a_clean_tree_is_stable(repo: P
 
 
 def test_an_untracked_module_changes_the_version_an_ignored_file_does_not(repo: Path) -> None:
-    before = snap.code_version(repo)
+    before = snap.tree(repo).version
     (repo / "outputs").mkdir()
     (repo / "outputs" / "log.txt").write_text("ignored by git")
-    assert snap.code_version(repo) == before
+    assert snap.tree(repo).version == before
     (repo / "pkg" / "helper.py").write_text("def f():\n    return 1\n")  # new, never `git add`ed
-    with_untracked = snap.code_version(repo)
+    with_untracked = snap.tree(repo).version
     assert with_untracked != before
     (repo / "pkg" / "helper.py").unlink()
-    assert snap.code_version(repo) == before
+    assert snap.tree(repo).version == before
     (repo / "pkg" / "model.py").write_text("WIDTH = 5\n")  # a tracked file modified, uncommitted
-    assert snap.code_version(repo) not in (before, with_untracked)
+    assert snap.tree(repo).version not in (before, with_untracked)
     (repo / "run.sh").chmod(0o644)
     (repo / "pkg" / "model.py").write_text("WIDTH = 4\n")
-    assert snap.code_version(repo) != before, "the executable bit is part of what runs"
+    assert snap.tree(repo).version != before, "the executable bit is part of what runs"
 
 
 def test_outside_git_the_walk_digests_the_same_files(repo: Path, tmp_path: Path) -> None:
@@ -208,7 +208,7 @@ def test_resume_runs_the_chains_snapshot_and_code_current_moves_it_through_the_g
         admitted = chain_rows(home, first["chain"])[0]["code_version"]
         entry = project / "tests" / "jobs_entry.py"
         entry.write_text(entry.read_text() + "\n# changed after the chain ran\n")
-        moved_on = snap.code_version(project)
+        moved_on = snap.tree(project).version
         assert moved_on != admitted
 
         again = submitted(idmctl(project, home, "submit", spec, *base, "--resume", str(first["chain"]),
@@ -262,7 +262,7 @@ def test_an_untracked_module_locks_submit_until_the_code_is_preflighted_again(ti
         recorded = subprocess.run([sys.executable, "-c", record], cwd=project, capture_output=True, text=True, timeout=120,
                                   env={**os.environ, contract.ENV_HOME: str(home)})
         assert recorded.returncode == 0, recorded.stderr
-        assert recorded.stdout.strip() == snap.code_version(project)
+        assert recorded.stdout.strip() == snap.tree(project).version
         (project / "README.md").write_text((project / "README.md").read_text() + "\nA line of documentation.\n")
         other = next((project / "experiments").glob("*.yaml"))
         other.write_text(other.read_text() + "\n# another experiment's edit\n")

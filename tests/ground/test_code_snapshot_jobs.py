@@ -34,7 +34,7 @@ def test_a_held_job_and_its_resubmission_run_the_admitted_snapshot_after_the_tre
         tiny_cache, project: Path, home: Path) -> None:
     spec = tiny_cache.spec_file(home / "specs", "tiny_snapshot", resources={"mem": "1500MB"},
                                 train={"steps": 4, "checkpoint_every": 1, "log_every": 1, "effective_batch": 4})
-    admitted = snap.code_version(project)
+    admitted = snap.tree(project).version
     # Attempt 1 turns its loss NaN at step 3 (a test hook of the trainer): sync resubmits it as the
     # chain's rollback, a resubmission of sync's own, after the tree has changed.
     job = submitted(idmctl(project, home, "submit", str(spec), "--force", "--reason", "snapshot test", "--json", "--retries", "2",
@@ -43,7 +43,7 @@ def test_a_held_job_and_its_resubmission_run_the_admitted_snapshot_after_the_tre
     # While it waits, the tree moves on: the trainer's model module now crashes at import.
     model = project / "trainers" / "model.py"
     model.write_text(BREAKS_THE_TRAINER + model.read_text())
-    assert snap.code_version(project) != admitted
+    assert snap.tree(project).version != admitted
     sh("scontrol", "release", job["scheduler_id"])
     ended = sync_as_attempts_end(project, home, job["chain"], timeout_s=300)
     attempts = chain_rows(home, job["chain"])

@@ -65,7 +65,7 @@ def base_document() -> dict[str, Any]:
 def test_class_paths_entries_and_roots_keep_the_contract(data: st.DataObject, base_document: dict[str, Any],
                                                          tmp_path_factory: pytest.TempPathFactory) -> None:
     from ground.class_path import code_roots, resolve_class
-    from ground.contract import spec_roots
+    from ground.class_path import spec_roots
     from ground.spec import load_spec
     from ground.spec.schema import ClassRef
 
