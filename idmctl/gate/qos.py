@@ -96,12 +96,12 @@ def check(ctx: PreflightContext) -> CheckResult:
             fixes.append("checkpoint more often (train.checkpoint_every) or use a non-preemptible QoS")
         else:
             notes.append(f"{stage_text} + {ckpt_text} < preempt cycle {format_duration(cycle)}")
-        notice_warn, notice_fix, notice_note = _preemption_notice(res, profile, limits, checkpoint_s, numbers)
-        if notice_warn:
-            warns.append(notice_warn)
+        notice_status, notice_text, notice_fix = _preemption_notice(res, profile, limits, checkpoint_s, cycle, numbers)
+        if notice_status:
+            (fails if notice_status == Status.FAIL else warns).append(notice_text)
             fixes.append(notice_fix)
-        elif notice_note:
-            notes.append(notice_note)
+        elif notice_text:
+            notes.append(notice_text)
 
     account_fail, account_fix, account_note = _account(res, profile, numbers)
     if account_fail:
@@ -137,36 +137,56 @@ def check(ctx: PreflightContext) -> CheckResult:
 
 
 def _preemption_notice(res: "ResourcesSpec", profile: "ClusterProfile", limits: "Limits", checkpoint_s: float,
-                       numbers: dict[str, object]) -> tuple[str, str, str]:
-    """(warn, fix, note): whether a preempted job of this tier can checkpoint before it is killed, from the
-    cluster's own settings (``cluster_settings``: the user signal at preemption, the tier's GraceTime), read
-    only on the cluster the profile names. Without time to save, a preemption loses the steps since the
-    last periodic checkpoint: the checks above bound that, so this is a WARN with the arithmetic."""
+                       cycle: float, numbers: dict[str, object]) -> tuple[Status | None, str, str]:
+    """(status, text, fix): whether a preempted job of this tier can checkpoint and go on, from the cluster's
+    own settings (``cluster_settings``: the user signal at preemption, the tier's GraceTime), read only on the
+    cluster the profile names; status None means a note.
+
+    Without send_user_signal a preemption with a GraceTime sends TERM to the job's tasks, never its USR1 to
+    the batch script (seen on the local 22.05 cluster): the trainer checkpoints and exits, but the job script
+    takes TERM for a cancel and does not requeue, so the job ends FAILED 75 before Slurm's own requeue at the
+    end of the grace. A job whose time limit is longer than the tier's preempt cycle meets that: FAIL. A
+    shorter one may never be preempted: WARN. A grace shorter than step + write loses the steps since the
+    last periodic checkpoint, which the preempt-cycle check above bounds, and Slurm still requeues the job:
+    WARN, signal or not."""
     if profile.scheduler != "slurm" or not profile.slurm_cluster:
-        return "", "", "preemption notice not read (the profile names no slurm_cluster to ask)"
+        return None, "preemption notice not read (the profile names no slurm_cluster to ask)", ""
     config = parse_config(read_cluster_texts()[0])
     if not config:
-        return "", "", "preemption notice not read (Slurm does not answer here)"
+        return None, "preemption notice not read (Slurm does not answer here)", ""
     if config.get("ClusterName") != profile.slurm_cluster:
-        return "", "", (f"preemption notice not read (Slurm here is cluster {config.get('ClusterName')!r}, the "
-                        f"profile's is {profile.slurm_cluster!r})")
+        return None, (f"preemption notice not read (Slurm here is cluster {config.get('ClusterName')!r}, the "
+                      f"profile's is {profile.slurm_cluster!r})"), ""
     notice = preemption_notice(res.qos, res.partition)
     if notice is None:
-        return "", "", "preemption notice not read (Slurm does not answer here)"
+        return None, "preemption notice not read (Slurm does not answer here)", ""
     write_s = limits.write_s
     need = limits.step_s + (write_s or 0.0)
     need_text = (f"step {fmt_seconds(limits.step_s)} + write "
                  f"{fmt_seconds(write_s) if write_s is not None else 'unmeasured'} = {fmt_seconds(need)}")
     numbers.update(preempt_signalled=notice.signalled, preempt_grace_s=notice.grace_s, preempt_save_need_s=need)
-    how = "its USR1" if notice.signalled else "TERM (no send_user_signal)"
     if notice.grace_s < need:
-        return (f"preemptible {res.qos}: no checkpoint on preemption here ({notice.source} < {need_text}): each "
+        return (Status.WARN,
+                f"preemptible {res.qos}: no checkpoint on preemption here ({notice.source} < {need_text}): each "
                 f"preemption loses the steps since the last checkpoint, up to {format_duration(checkpoint_s)} "
                 f"(half on average)",
                 f"ask the admins for a GraceTime ≥ {fmt_seconds(need * 3)} on {res.qos}, or use a non-preemptible "
-                "QoS; checkpointing more often shortens the loss", "")
-    return "", "", (f"a preemption sends {how} and leaves {fmt_seconds(notice.grace_s)} to save ≥ {need_text} "
-                    f"({notice.source})")
+                "QoS; checkpointing more often shortens the loss")
+    if not notice.signalled:
+        time_limit = limits.time_limit.effective
+        said = (f"preemptible {res.qos}: a preemption here sends TERM, not the job's USR1 ({notice.source}): the "
+                "trainer checkpoints, but the job script takes TERM for a cancel and does not requeue, so the job "
+                "ends FAILED 75 and the chain stops")
+        fix = ("ask the admins for SlurmctldParameters=preempt_send_user_signal (Slurm ≥ 23.02: "
+               "PreemptParameters=send_user_signal), or use a non-preemptible QoS")
+        if time_limit > cycle:
+            return (Status.FAIL, f"{said}; time_limit {format_duration(time_limit)} > preempt cycle "
+                    f"{format_duration(cycle)}: expect a preemption before the job ends",
+                    f"{fix}, or a time_limit ≤ {format_duration(cycle)}")
+        return (Status.WARN, f"{said} (time_limit {format_duration(time_limit)} ≤ preempt cycle "
+                f"{format_duration(cycle)}: only if preempted sooner than the cycle)", fix)
+    return None, (f"a preemption sends its USR1 and leaves {fmt_seconds(notice.grace_s)} to save ≥ {need_text} "
+                  f"({notice.source})"), ""
 
 
 def _account(res: "ResourcesSpec", profile: "ClusterProfile", numbers: dict[str, object]) -> tuple[str, str, str]:

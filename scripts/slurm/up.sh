@@ -11,6 +11,18 @@
 # 1), IDMCTL_SLURM_DBD=0 (no accounting: no QoS, no sacct), IDMCTL_SLURM_CGROUP=no. A second cluster on
 # the same host (scripts/test.sh starts one per pytest worker) takes its own root and port, and job ids
 # of its own: both clusters' nodes are named n1/n2, and slurmd's cgroups are per node name and job id.
+# The cluster's own settings that idmctl judges (`idmctl doctor`'s "cluster settings" row, the qos check),
+# so that a test can bring a cluster up with each one off and on (tests/idmctl/ops/test_cluster_settings_live.py);
+# the defaults are the settings the suite's shared clusters have always had:
+#   IDMCTL_SLURM_PREEMPT_SIGNAL=1 (default) writes SlurmctldParameters=preempt_send_user_signal: a preempted
+#     job gets its own --signal (idmctl's B:USR1) when preemption starts; 0 leaves it out, and the job's tasks
+#     get TERM at the start of GraceTime instead. Slurm 22.05 (Debian 12's) has only this spelling: its
+#     slurm.conf(5) has no PreemptParameters (23.02 added PreemptParameters=send_user_signal).
+#   IDMCTL_SLURM_SUB_GRACE=10 (default): the `sub` QoS's GraceTime in seconds, from the first signal to the kill.
+#   IDMCTL_SLURM_MIN_JOB_AGE=300 (default): seconds slurmctld keeps an ended job (squeue/scontrol forget it then).
+#   IDMCTL_SLURM_JOB_CONTAINER=none (default) or tmpfs: job_container/tmpfs, each job a private /tmp and
+#     /dev/shm under /var/tmp/<root's name>-job_container (job_container.conf beside slurm.conf); needs root and mount
+#     namespaces. A change of it takes a restart of slurmctld and the slurmds (down.sh, then up.sh).
 set -euo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -23,6 +35,15 @@ NODES=(n1 n2)
 HOST="$(hostname -s)"
 DB_PORT=$((3307 + PORT - 17010))
 FIRST_JOB_ID="${IDMCTL_SLURM_FIRST_JOB_ID:-1}"
+PREEMPT_SIGNAL="${IDMCTL_SLURM_PREEMPT_SIGNAL:-1}"
+SUB_GRACE="${IDMCTL_SLURM_SUB_GRACE:-10}"
+MIN_JOB_AGE="${IDMCTL_SLURM_MIN_JOB_AGE:-300}"
+JOB_CONTAINER="${IDMCTL_SLURM_JOB_CONTAINER:-none}"
+JOB_CONTAINER_BASE="/var/tmp/$(basename "$ROOT")-job_container"
+[[ "$PREEMPT_SIGNAL" =~ ^[01]$ ]] || { echo "slurm-up: error: IDMCTL_SLURM_PREEMPT_SIGNAL=$PREEMPT_SIGNAL: use 0 or 1" >&2; exit 2; }
+[[ "$SUB_GRACE" =~ ^[0-9]+$ ]] || { echo "slurm-up: error: IDMCTL_SLURM_SUB_GRACE=$SUB_GRACE: use whole seconds" >&2; exit 2; }
+[[ "$MIN_JOB_AGE" =~ ^[0-9]+$ ]] || { echo "slurm-up: error: IDMCTL_SLURM_MIN_JOB_AGE=$MIN_JOB_AGE: use whole seconds" >&2; exit 2; }
+[[ "$JOB_CONTAINER" =~ ^(none|tmpfs)$ ]] || { echo "slurm-up: error: IDMCTL_SLURM_JOB_CONTAINER=$JOB_CONTAINER: use none or tmpfs" >&2; exit 2; }
 
 if [[ "${1:-}" == "--clean" ]]; then
   "$HERE/down.sh" || true
@@ -99,13 +120,17 @@ ETC="$ROOT/etc"
   echo "SlurmdLogFile=$ROOT/log/slurmd-%n.log"
   echo "MailProg=/bin/true"
   echo "ReturnToService=2"
-  echo "MinJobAge=300"
+  echo "MinJobAge=$MIN_JOB_AGE"
   echo "FirstJobId=$FIRST_JOB_ID"
   echo "InactiveLimit=0"
   echo "KillWait=5"
   echo "SchedulerType=sched/backfill"
   echo "SchedulerParameters=bf_interval=2,sched_interval=5"
-  echo "SlurmctldParameters=preempt_send_user_signal"
+  if [[ "$PREEMPT_SIGNAL" == 1 ]]; then echo "SlurmctldParameters=preempt_send_user_signal"; fi
+  if [[ "$JOB_CONTAINER" == tmpfs ]]; then
+    echo "JobContainerType=job_container/tmpfs"
+    echo "PrologFlags=Contain"  # every Slurm command refuses job_container/tmpfs without it
+  fi
   echo "SelectType=select/cons_tres"
   echo "SelectTypeParameters=CR_Core_Memory"
   echo "DefMemPerCPU=256"
@@ -153,6 +178,15 @@ ConstrainCores=yes
 ConstrainDevices=no
 EOF
 echo "NodeName=$(IFS=,; echo "${NODES[*]}") Name=gpu Type=fake File=$ROOT/fakegpu/gpu[0-1]" >"$ETC/gres.conf"
+if [[ "$JOB_CONTAINER" == tmpfs ]]; then
+  # Both nodes run on this host: one base path serves them, each job's directory is named by its id.
+  # Not under $ROOT: slurmd 22.05 refuses any BasePath under /tmp ("Cannot use /tmp or /dev/shm as BasePath").
+  mkdir -p "$JOB_CONTAINER_BASE"
+  echo "AutoBasePath=true" >"$ETC/job_container.conf"
+  echo "BasePath=$JOB_CONTAINER_BASE" >>"$ETC/job_container.conf"
+else
+  rm -f "$ETC/job_container.conf"
+fi
 
 export SLURM_CONF="$ETC/slurm.conf"
 cat >"$ROOT/env" <<EOF
@@ -230,7 +264,7 @@ EOF
   for qos in core-own core-extra share sub core-reserved; do
     grep -qx -- "$qos" <<<"$existing" || sacctmgr -i add qos "$qos" >/dev/null
   done
-  sacctmgr -i modify qos sub set Priority=0 PreemptMode=requeue GraceTime=10 >/dev/null
+  sacctmgr -i modify qos sub set Priority=0 PreemptMode=requeue GraceTime="$SUB_GRACE" >/dev/null
   sacctmgr -i modify qos core-own set Priority=100 Preempt=sub >/dev/null
   sacctmgr -i modify qos core-extra set Priority=50 Preempt=sub >/dev/null
   sacctmgr -i modify qos share set Priority=10 >/dev/null

@@ -50,7 +50,7 @@ def test_without_send_user_signal_preemption_is_a_term_and_the_fix_names_both_sp
     off = LOCAL.replace("preempt_send_user_signal", "(null)")
     assert signal_on_preemption(parse_config(off)) is None
     notice = _by_setting(judge(off, LOCAL_QOS))["preemption notice"]
-    assert notice.status == WARN and "gets TERM, not its USR1" in notice.meaning
+    assert notice.status == WARN and "tasks get TERM, not its USR1, at the start of GraceTime" in notice.meaning
     assert "PreemptParameters=send_user_signal" in notice.fix and "preempt_send_user_signal" in notice.fix
     newer = off.replace("PreemptExemptTime", "PreemptParameters       = send_user_signal\nPreemptExemptTime")
     assert signal_on_preemption(parse_config(newer)) == "PreemptParameters=send_user_signal"
@@ -91,21 +91,25 @@ def test_doctor_reads_the_live_cluster_settings(cli, local_slurm: str) -> None:
 def test_the_qos_check_weighs_the_save_against_the_tiers_grace_on_the_live_cluster(local_slurm: str) -> None:
     from types import SimpleNamespace
 
+    from idmctl.core.checks import Status
     from idmctl.core.profile import load_profile
+    from idmctl.gate.cluster_settings import cluster_texts
     from idmctl.gate.qos import _preemption_notice
 
+    cluster_texts.cache_clear()  # another module of this process may have read another cluster
     profile, _ = load_profile("local-slurm")
     res = SimpleNamespace(qos="sub", partition=None)
     numbers: dict = {}
     # QoS sub: USR1 at preemption (preempt_send_user_signal), GraceTime 10 s (scripts/slurm/up.sh)
     quick = SimpleNamespace(step_s=0.5, write_s=1.5)
-    warn, _, note = _preemption_notice(res, profile, quick, 60.0, numbers)  # type: ignore[arg-type]
-    assert not warn and note.startswith("a preemption sends its USR1 and leaves 10.0 s to save ≥ step 0.500 s + write")
+    status, note, _ = _preemption_notice(res, profile, quick, 60.0, 60.0, numbers)  # type: ignore[arg-type]
+    assert status is None and note.startswith("a preemption sends its USR1 and leaves 10.0 s to save ≥ step 0.500 s + write")
     assert numbers["preempt_signalled"] is True and numbers["preempt_grace_s"] == 10.0
     slow = SimpleNamespace(step_s=8.0, write_s=5.0)
-    warn, fix, _ = _preemption_notice(res, profile, slow, 3600.0, numbers)  # type: ignore[arg-type]
+    status, warn, fix = _preemption_notice(res, profile, slow, 3600.0, 60.0, numbers)  # type: ignore[arg-type]
+    assert status == Status.WARN
     assert warn.startswith("preemptible sub: no checkpoint on preemption here (SlurmctldParameters="
                            "preempt_send_user_signal, GraceTime 10 s (qos sub) < step 8.000 s + write 5.000 s = 13.0 s)")
     assert "up to 60.0 min (half on average)" in warn and "GraceTime ≥ 39.0 s on sub" in fix
     card, _ = load_profile("card")  # another cluster's profile: this host's Slurm says nothing about it
-    assert _preemption_notice(res, card, slow, 3600.0, {})[2].startswith("preemption notice not read")
+    assert _preemption_notice(res, card, slow, 3600.0, 60.0, {})[1].startswith("preemption notice not read")
