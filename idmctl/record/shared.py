@@ -65,7 +65,11 @@ def open_shared(url: str) -> Engine:
                     connection.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": MIGRATION_LOCK})
                     connection.commit()
     except DBAPIError as exc:
-        raise _fail(url, f"cannot use the shared store ({_reason(exc, url)})",
+        if "permission denied" in (reason := _reason(exc, url)):  # a member's role: the owner migrates and grants
+            raise _fail(url, f"cannot use the shared store ({reason})", "ask the store's owner to run any idmctl "
+                        "command once with the owner's login (it migrates) and to grant your role (runbook: One role "
+                        "per member)") from exc
+        raise _fail(url, f"cannot use the shared store ({reason})",
                     f"check the server is up and the user, password and database in {ENV_DB_URL}, "
                     "or unset it for the SQLite store in IDMCTL_HOME") from exc
     return engine

@@ -250,7 +250,7 @@ def test_gc_removes_a_members_own_read_only_snapshot_and_a_colleagues_gc_leaves_
     of it where it is; gc as alice, the owner, removes her unreferenced snapshot and every object of it."""
     alice, bob = USERS
     with _shared_code_store() as (shared, profile), fresh_database() as db_url:
-        env = {"IDMCTL_CLUSTER": str(profile)}
+        env = {ENV_CLUSTER: str(profile)}
         done = _as(alice, team[alice], "submit", "quickstart", "--entry", "tests.jobs_entry", "--force", "--reason",
                    "gc of read-only objects", "--qos", "core-own", "--json", db_url=db_url, **env)
         assert done.returncode == 0, done.stderr
@@ -317,3 +317,139 @@ def test_a_member_snapshots_into_the_shared_code_store_whose_folders_a_colleague
         # and neither can remove the other's: bob's rm of alice's snapshot fails, it stays whole
         removed = subprocess.run(["runuser", "-u", bob, "--", "rm", "-rf", str(made[alice])], capture_output=True)
         assert removed.returncode != 0 and (made[alice] / "team_mod.py").exists()
+
+
+def _runbook_sql(first_line: str) -> str:
+    """The runbook's ```sql block that starts with ``first_line``: the test runs what the operator is told to."""
+    blocks = re.findall(r"```sql\n(.*?)```", (REPO / "runbook.md").read_text(), flags=re.S)
+    (block,) = [b for b in blocks if b.startswith(first_line)]
+    return block
+
+
+def _statements(sql: str, names: dict[str, str]) -> list[str]:
+    """The block's statements with the runbook's names made this test's own, in one pass (a replacement is
+    never replaced again): roles and the database by ``names``, a ``'ROLE-PASSWORD'`` by that role's password,
+    ``('role', 'unix_user')`` pairs by the test's role and its Unix user."""
+    def named(match: re.Match) -> str:
+        if match.group("pair"):
+            return f"('{names[match.group('role')]}', '{names['unix:' + match.group('unix')]}')"
+        if match.group("password"):
+            return f"'{names['password:' + match.group('password').lower()]}'"
+        if match.group("database"):
+            return f"DATABASE {names['idmctl']}"
+        return names[match.group("name")]
+
+    pattern = (r"(?P<pair>\('(?P<role>\w+)', '(?P<unix>\w+)'\))|'(?P<password>[A-Z]+)-PASSWORD'|(?P<database>DATABASE idmctl\b)"
+               r"|\b(?P<name>idmctl_owner|idmctl_team|alice|bob)\b")
+    text = "\n".join(line for line in sql.splitlines() if not line.startswith("--"))
+    return [s.strip() for s in re.sub(pattern, named, text).split(";\n") if s.strip()]
+
+
+@contextmanager
+def _team_database() -> Iterator[dict[str, str]]:
+    """The runbook's per-member roles on the test server, under names of this test's own: the roles and
+    the database made by the first block (as the server's superuser, over its local socket), the store
+    migrated by its owner, the grants and policies of the second block; everything dropped afterwards.
+    Yields the URLs: ``owner``, and one per member (by Unix user)."""
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+
+    from pg_support import server_url
+
+    server = make_url(server_url())
+    socket = Path(os.environ.get("IDMCTL_PG_ROOT", "/tmp/idmctl-pg")) / "run"
+    if not socket.is_dir():
+        pytest.skip(f"no PostgreSQL socket folder {socket} (scripts/postgres/up.sh makes it)")
+    superuser = create_engine(f"postgresql+psycopg://postgres@/postgres?host={socket}&port={server.port}",
+                              isolation_level="AUTOCOMMIT")
+    tag = os.urandom(4).hex()
+    alice, bob = USERS
+    names = {"idmctl_owner": f"o_{tag}", "idmctl_team": f"team_{tag}", "alice": f"alice_{tag}",
+             "bob": f"bob_{tag}", "idmctl": f"t_team_{tag}", "unix:alice": alice, "unix:bob": bob}
+    names |= {f"password:{who}": os.urandom(8).hex() for who in ("owner", "alice", "bob")}
+
+    def url(role: str, password: str) -> str:
+        return server.set(username=role, password=password, database=names["idmctl"]).render_as_string(hide_password=False)
+
+    urls = {"owner": url(names["idmctl_owner"], names["password:owner"]),
+            alice: url(names["alice"], names["password:alice"]), bob: url(names["bob"], names["password:bob"])}
+    try:
+        with superuser.connect() as connection:
+            for statement in _statements(_runbook_sql("-- team roles, as a superuser"), names):
+                connection.execute(text(statement))
+        yield {**urls, "names": names}  # type: ignore[misc]
+    finally:
+        with superuser.connect() as connection:
+            connection.execute(text(f'DROP DATABASE IF EXISTS "{names["idmctl"]}" WITH (FORCE)'))
+            for role in ("alice", "bob", "idmctl_team", "idmctl_owner"):
+                connection.execute(text(f'DROP ROLE IF EXISTS "{names[role]}"'))
+        superuser.dispose()
+
+
+def _as_role(url: str, *statements: str, **params) -> list:
+    """Run SQL as the URL's role (not through idmctl); the rowcount or rows of each statement."""
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(url)
+    try:
+        with engine.begin() as connection:
+            out = []
+            for statement in statements:
+                result = connection.execute(text(statement), params)
+                out.append(result.all() if result.returns_rows else result.rowcount)
+            return out
+    finally:
+        engine.dispose()
+
+
+def test_per_member_database_roles_each_writes_their_own_rows_reads_all_and_cannot_change_a_colleagues(
+        team: dict[str, Path]) -> None:
+    """The runbook's team roles: a member's command on a store the owner has not migrated ends in one line;
+    the owner's first command migrates; then alice and bob each submit and sync as their own login role, both
+    see both jobs, ``jobs --user`` filters, and bob's SQL cannot change, remove or forge alice's rows."""
+    from sqlalchemy.exc import ProgrammingError
+
+    alice, bob = USERS
+    with _team_database() as db:
+        before = _as(alice, team[alice], "jobs", "--json", db_url=db[alice])
+        assert before.returncode == 2, before.stdout + before.stderr
+        where = db[alice].replace(f"{db['names']['alice']}:{db['names']['password:alice']}", "***")
+        assert before.stderr == (  # one line, the password never printed, the fix the member can act on
+            f"error: IDMCTL_DB_URL: cannot use the shared store (permission denied for schema public): {where} "
+            "(ask the store's owner to run any idmctl command once with the owner's login (it migrates) and to "
+            "grant your role (runbook: One role per member))\n"), before.stderr
+        migrated = _as(alice, team[alice], "jobs", "--json", db_url=db["owner"])  # the owner's login, from anywhere
+        assert migrated.returncode == 0 and json.loads(migrated.stdout) == [], migrated.stderr
+        _as_role(db["owner"], *_statements(_runbook_sql("-- team grants, as idmctl_owner"), db["names"]))
+        ids = {}
+        for user in (alice, bob):
+            done = _as(user, team[user], "submit", "quickstart", "--entry", "tests.jobs_entry", "--force", "--reason",
+                       "per-member roles", "--qos", "core-own", "--json", db_url=db[user])
+            assert done.returncode == 0, f"{user}: {done.stderr}"
+            ids[user] = json.loads(done.stdout)
+
+        def both_ended() -> dict | None:
+            for user in (alice, bob):
+                synced = _as(user, team[user], "sync", db_url=db[user])
+                assert synced.returncode == 0, f"{user}: {synced.stderr}"
+            rows = {r["job"]: r for r in json.loads(_as(bob, team[bob], "jobs", "--json", db_url=db[bob]).stdout)}
+            return rows if all(rows[i["job"]]["state"] == "COMPLETED" for i in ids.values()) else None
+
+        rows = wait_until(both_ended, 120, "both members' jobs to complete", poll_s=1.0)
+        assert {rows[ids[u]["job"]]["user"] for u in (alice, bob)} == {alice, bob}
+        for user in (alice, bob):
+            listed = json.loads(_as(bob, team[bob], "jobs", "--user", user, "--json", db_url=db[bob]).stdout)
+            assert [r["job"] for r in listed] == [ids[user]["job"]], listed
+        hers, his = ids[alice]["job"], ids[bob]["job"]
+        # bob, as his role, against alice's rows: nothing changes, nothing goes, nothing is forged in her name
+        assert _as_role(db[bob], "UPDATE job SET state = 'CANCELLED' WHERE id = :id",
+                        "UPDATE chain SET status = 'CANCELLED' WHERE id = :chain",
+                        "DELETE FROM job WHERE id = :id", id=hers, chain=ids[alice]["chain"]) == [0, 0, 0]
+        with pytest.raises(ProgrammingError, match="row-level security"):
+            _as_role(db[bob], "INSERT INTO job (experiment, attempt, executor, state, restarts, options_json, imported, "
+                              "created_at, updated_at, \"user\") SELECT experiment, attempt, executor, state, restarts, "
+                              "options_json, imported, created_at, updated_at, \"user\" FROM job WHERE id = :id", id=hers)
+        assert _as_role(db[bob], "UPDATE job SET reason = 'his own' WHERE id = :id", id=his) == [1]  # his own: yes
+        (row,) = _as_role(db["owner"], "SELECT job.state, chain.status FROM job JOIN chain ON chain.id = job.chain_id "
+                                       "WHERE job.id = :id", id=hers)[0]
+        assert tuple(row) == ("COMPLETED", "COMPLETED")
