@@ -76,7 +76,7 @@ PLACED = {
     "test_jobs_listing.py": ("idmctl/ops", "ops/listing's job table (derived: record, from its store fixtures)"),
     "test_ledger.py": ("idmctl/ops", "ops/ledger (derived: record, from its store fixtures)"),
     "test_submit_overrides.py": ("idmctl/ops", "submit's flags over the spec (derived: record, from its store reads)"),
-    "test_decide.py": ("idmctl/track", "idmctl.track.decide (derived: cli, the command it drives)"),
+    "test_decide.py": ("idmctl/track", "idmctl.track.goal_decisions (derived: cli, the command it drives)"),
     "test_eval_jobs.py": ("idmctl/ops", "ops/eval_jobs (derived: cli, the command it drives)"),
     "test_notify_decide.py": ("idmctl/ops", "ops/notify on decide's verdicts (derived: cli, the command it drives)"),
 }

@@ -231,7 +231,7 @@ def compare_stage(resolved: ResolvedSpec, result: QuickstartResult) -> None:
     result.stages["compare"] = report.to_json()
     # The goal decided from the per-episode results the trainer logged, with its interval.
     from idmctl.cli.commands.decide import decide
-    from idmctl.track.decide import build_decisions  # start-up: pulls numpy
+    from idmctl.track.goal_decisions import build_decisions  # start-up: pulls numpy
 
     decide(EXPERIMENT, goal=None, checkpoint="last", as_json=False, plot=None, no_tags=False)
     result.stages["decide"] = [d.to_json() for d in build_decisions(EXPERIMENT)]

@@ -260,7 +260,7 @@ def _baselines() -> list[str]:
 
 def _decisions(experiments: list[str]) -> tuple[list[Any], list[str]]:
     from idmctl.track.compare import has_tracking_store  # start-up: the card's sections load the store/track modules only when drawn
-    from idmctl.track.decide import build_decisions  # start-up: the card's sections load the store/track modules only when drawn
+    from idmctl.track.goal_decisions import build_decisions  # start-up: the card's sections load the store/track modules only when drawn
 
     reports: list[Any] = []
     notes: list[str] = []
@@ -376,7 +376,7 @@ def _figures(card: Card, jobs: list[Any]) -> list[tuple[str, bytes]]:
     figures: list[tuple[str, bytes]] = []
     drawn = [r for r in card.decisions if r.runs]
     if drawn:
-        from idmctl.track.decide import decision_figure  # start-up: the card's sections load the store/track modules only when drawn
+        from idmctl.track.goal_decisions import decision_figure  # start-up: the card's sections load the store/track modules only when drawn
 
         figures.append(("per-episode results, the estimate and its 95 % interval, the goal", _png(decision_figure(drawn), plt)))
     ended = [j for j in jobs if j.started_at and j.ended_at]

@@ -28,8 +28,8 @@ def decide(
     ui_url: options.UiUrl = options.UI_URL,
 ) -> None:
     """PASS / FAIL / UNDECIDED for the goal: estimate, 95 % interval (bootstrap-t over episodes), P(goal)."""
-    from idmctl.track.decide import (build_decisions, paired_lines, paired_results, plot_decisions,  # start-up: pulls numpy
-                                     write_tags)
+    from idmctl.track.goal_decisions import (build_decisions, paired_lines, paired_results, plot_decisions,  # start-up: pulls numpy
+                                             write_tags)
 
     reports = build_decisions(experiment, goal, checkpoint)
     if against is not None:

@@ -19,7 +19,7 @@ import math
 import numpy as np
 import pytest
 
-from idmctl.track.decision import decide, episodes_to_decide, estimate
+from idmctl.track.goal_stats import decide, episodes_to_decide, estimate
 
 SEED = 20261207
 SCENARIOS = 400

@@ -14,7 +14,7 @@ import math
 import numpy as np
 import pytest
 
-from idmctl.track.decision import decide, episodes_to_decide, estimate, paired, sd_that_decides, t_quantile
+from idmctl.track.goal_stats import decide, episodes_to_decide, estimate, paired, sd_that_decides, t_quantile
 
 SEED = 20261201
 DECISIONS = 1000

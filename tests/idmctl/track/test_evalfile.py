@@ -17,7 +17,7 @@ import pytest
 from scipy import stats
 
 from ground.errors import UserError
-from idmctl.track.decision import estimate, wilson
+from idmctl.track.goal_stats import estimate, wilson
 from idmctl.track.evalfile import evals_dir, read_eval_file
 
 REAL = Path(__file__).parents[2] / "data" / "eval_files" / "navsim_m7_coop.csv"
@@ -184,7 +184,7 @@ def test_a_million_episodes_in_bounded_memory(tmp_path):
         handle.write("episode,eef_mm\n")
         handle.writelines(f"{i},{v:.2f}\n" for i, v in enumerate(values))
     code = ("import json, sys; from pathlib import Path\n"
-            "from idmctl.track.evalfile import read_eval_file\nfrom idmctl.track.decision import estimate\n"
+            "from idmctl.track.evalfile import read_eval_file\nfrom idmctl.track.goal_stats import estimate\n"
             "record = read_eval_file(Path(sys.argv[1]), name='m', protocol='p')\n"
             "est = estimate(record.metrics['eef_mm'], goal=115.0)\n"
             "hwm = next(int(l.split()[1]) for l in open('/proc/self/status') if l.startswith('VmHWM:'))\n"

@@ -2,7 +2,7 @@
 
 Reads the per-episode results the evaluators log (``episodes/<metric>/step-N.json`` in the run's
 MLflow artifacts), groups the runs of one spec (same spec hash) that share their episodes into one
-seeds × episodes estimate, and hands the numbers to :mod:`idmctl.track.decision`. A recorded baseline
+seeds × episodes estimate, and hands the numbers to :mod:`idmctl.track.goal_stats`. A recorded baseline
 (card A) has only a mean: it is reported as a point estimate without a spread, with the largest
 per-episode spread under which its episode count would decide the goal.
 
@@ -25,8 +25,8 @@ from ground.spec.schema import Goal
 from idmctl.ops.notify import announce_verdicts
 from idmctl.track.compare import _select_runs, _spec_goal, expand_sweeps, load_baselines, load_runs, surviving_history
 from idmctl.track.compare_plot import save_png
-from idmctl.track.decision import (METHOD, decide, episodes_to_decide, estimate, paired, sd_that_decides,
-                                   t_quantile)
+from idmctl.track.goal_stats import (METHOD, decide, episodes_to_decide, estimate, paired, sd_that_decides,
+                                     t_quantile)
 
 CHECKPOINT_LAST = "last"
 CHECKPOINT_BEST = "best"
