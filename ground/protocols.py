@@ -19,7 +19,6 @@ OWN = "own"
 """The protocol of a goal that names none: whatever the spec's own evaluator measures for that metric."""
 UNRECORDED = "unrecorded"
 """The protocol of a run metric logged before protocols were recorded (no ``idmctl.protocol.<metric>`` tag)."""
-KINDS = ("offline", "simulator")
 
 
 def protocol_name(kind: str, task: str, split: str, episodes: int) -> str:
@@ -63,8 +62,3 @@ class Protocol:
 
 def _span(episodes: list[str]) -> str:
     return episodes[0] if len(episodes) == 1 else f"{episodes[0]}..{episodes[-1]}"
-
-
-def same_episodes(a: Protocol, b: Protocol) -> bool:
-    """Two runs' results can be paired episode by episode: same protocol, same recorded episode list."""
-    return a.name == b.name and bool(a.episodes) and a.episodes == b.episodes
