@@ -82,6 +82,17 @@ class MemoryStore:
             del self._chains[chain_id]
             return True
 
+    def resumed(self, chain_id: int) -> ChainRecord:
+        with self._lock:
+            chain = self._chains.get(chain_id)
+            if chain is None:
+                raise UnknownRecord(f"no chain {chain_id} in the store")
+            running = [j for j in self._jobs.values() if j.chain_id == chain_id and j.scheduler_id and not j.is_terminal]
+            if running:
+                raise TransitionRefused(f"chain {chain_id} is still running (job {running[-1].id}, {running[-1].state_text})")
+            chain = self._chains[chain_id] = replace(chain, status=ChainStatus.ACTIVE)
+            return chain
+
     def submitting(self, job: NewJob) -> JobRecord:
         with self._lock:
             chain = self._open_chain(job.chain_id)

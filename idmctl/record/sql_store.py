@@ -324,6 +324,18 @@ class SqlStore:
                 return False
             return db.delete("chain", [("id", "=", chain_id)]) == 1
 
+    def resumed(self, chain_id: int) -> ChainRecord:
+        with _transaction() as db:
+            if not db.select("chain", [("id", "=", chain_id)]):
+                raise UnknownRecord(f"no chain {chain_id} in the store")
+            running = db.select("job", [("chain_id", "=", chain_id), ("scheduler_id", "not null", None),
+                                        ("state", "in", NOT_OVER)], order=("attempt",))
+            if running:
+                raise TransitionRefused(f"chain {chain_id} is still running (job {running[-1]['id']}, "
+                                        f"{running[-1]['state']})")
+            db.update("chain", {"status": ChainStatus.ACTIVE.value}, [("id", "=", chain_id)])
+            return chain_record(db.select("chain", [("id", "=", chain_id)])[0])
+
     def submitting(self, job: NewJob) -> JobRecord:
         now = _now()
         link = job.eval_link.as_dict() if job.eval_link else {}

@@ -67,6 +67,10 @@ class JobStore(Protocol):
         """Remove a chain opened for a submission refused before any attempt of it was recorded (a refusal
         leaves nothing behind); a chain with an attempt stays. True when it was removed."""
 
+    def resumed(self, chain_id: int) -> ChainRecord:
+        """A person resumes a chain by hand (``submit --resume``): ACTIVE again, whatever closed it, for the
+        attempt that follows; refused while an attempt of it is submitted and unfinished."""
+
     def submitting(self, job: NewJob) -> JobRecord:
         """A new SUBMITTING job in an ACTIVE chain; refused for a chain that is over."""
 

@@ -103,6 +103,20 @@ def test_a_refused_submission_fails_the_job_and_its_chain(store: JobStore) -> No
         store.refused(job.id, "again")
 
 
+def test_a_person_resumes_an_ended_chain_but_not_a_running_one(store: JobStore) -> None:
+    """``submit --resume``: the one move that makes a closed chain ACTIVE again, by hand, once nothing of it runs."""
+    chain_id, job_id = _running(store)
+    with pytest.raises(TransitionRefused, match=f"chain {chain_id} is still running \\(job {job_id}, RUNNING\\)"):
+        store.resumed(chain_id)
+    store.ended(job_id, _seen(JobState.FAILED, exit_code="1:0", ended_at=T0 + timedelta(hours=1)))
+    store.decided(chain_id, Decision(close=ChainStatus.FAILED))
+    assert store.chain(chain_id).status is ChainStatus.FAILED  # type: ignore[union-attr]
+    assert store.resumed(chain_id).status is ChainStatus.ACTIVE
+    assert store.submitting(_job(store, chain_id, attempt=2)).attempt == 2  # it takes the next attempt again
+    with pytest.raises(UnknownRecord):
+        store.resumed(chain_id + 100)
+
+
 def test_observed_writes_the_status_and_stamps_the_update(store: JobStore) -> None:
     chain_id, job_id = _running(store)
     job = store.job(job_id)
