@@ -5,7 +5,7 @@ scripts/slurm/up.sh's knobs pick the settings: ``off`` has no preempt_send_user_
 QoS ``sub`` a GraceTime of 60 s. For each: `idmctl doctor`'s "cluster settings" row, the qos check on the
 preemptible tier ``sub``, and what a real idmctl job on ``sub`` goes through when ``core-own`` preempts it.
 
-The cluster is this module's alone (its own root, ports 17200-17209, MariaDB 3497, job ids from 20001; the
+The cluster is this module's alone (its own root under /var/tmp, ports 17200-17209, MariaDB 3497, job ids from 20001; the
 suite's shared clusters use 17010 + 20·K and 1 + 3000·K), stopped with scripts/slurm/down.sh after each
 state and removed at the end; a file lock keeps two sessions from bringing it up at once. Its tests stay on
 one worker (one xdist group), since the module's fixture owns the cluster.
@@ -18,20 +18,22 @@ import json
 import os
 import shutil
 import subprocess
-import time
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from ground.contract import ENV_CLUSTER
-from slurm_support import sh, wait_until
+from ground.contract import ENV_CLUSTER, ENV_HOME, EXIT_REQUEUE
+from slurm_support import sh, squeue_state, text_so_far, wait_until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("cluster_settings_live")]
 
 REPO = Path(__file__).resolve().parents[3]
-ROOT = Path("/tmp/idmctl-slurm-settings")
+ROOT = Path("/var/tmp/idmctl-slurm-settings")
+"""Not under /tmp: job_container/tmpfs gives each job a /tmp of its own, which would hide the spool (slurmd
+could not exec the batch script: "execve(): …/spool/n1/job20005/slurm_script: No such file or directory")."""
 LOCK = Path("/tmp/idmctl-slurm-settings.lock")
 CONF = ROOT / "etc" / "slurm.conf"
 CLUSTER_ENV = {"IDMCTL_SLURM_ROOT": str(ROOT), "IDMCTL_SLURM_PORT": "17200", "IDMCTL_SLURM_FIRST_JOB_ID": "20001",
@@ -166,3 +168,60 @@ def test_a_job_within_one_cycle_keeps_a_warn_and_a_grace_shorter_than_the_save_w
     assert status == Status.WARN and text.startswith("preemptible sub: no checkpoint on preemption here (")
     assert "GraceTime 60 s (qos sub) < step 40.0 s + write 25.0 s = 65.0 s)" in text
     assert "up to 10.0 min (half on average)" in text and fix.startswith("ask the admins for a GraceTime ≥ 195.0 s on sub")
+
+
+def _sacct_run(job_id: str) -> tuple[str, str]:
+    """(State, ExitCode) of the job's newest run (``-D``: a requeued job's earlier runs are rows too)."""
+    rows = [line.split("|") for line in sh("sacct", "-n", "-P", "-X", "-D", "-j", job_id,
+                                           "--format=State,ExitCode", check=False).split()]
+    return (rows[-1][0], rows[-1][1]) if rows else ("", "")
+
+
+def test_a_preempted_job_hears_its_usr1_and_requeues_or_hears_term_and_ends_failed_75(cli, state: str,
+                                                                                     monkeypatch) -> None:
+    """A real idmctl job (the job script and its entry contract; tests.jobs_entry as the trainer) on ``sub``,
+    preempted by a ``core-own`` job on its node: what its log, run directory and Slurm's record show."""
+    from idmctl.ops.failures.classify import classify
+
+    # Outside pytest's tree (jobs outlive asserts) and outside /tmp, which is private to each job when "on".
+    home = Path(tempfile.mkdtemp(prefix="idmctl-settings-test-", dir="/var/tmp"))
+    monkeypatch.setenv(ENV_HOME, str(home))
+    monkeypatch.setenv("IDMCTL_TEST_BEHAVIOR", "steps:400:0.3")  # 120 s of steps: preempted long before the end
+    try:
+        result = cli("submit", "quickstart", "--force", "--reason", "cluster settings test", "--json",
+                     "--entry", "tests.jobs_entry", "--qos", "sub", "-c", "2", "--mem", "500MB", "--exclude", "n2",
+                     "-J", f"settings-{state}")
+        assert result.exit_code == 0, result.output
+        low = json.loads(result.stdout)
+        job_id, run_dir = str(low["scheduler_id"]), Path(low["script"]).parent
+        log = run_dir / f"slurm-{job_id}.out"
+        ckpt = run_dir / "ckpt.json"
+        wait_until(lambda: ckpt.exists() and json.loads(ckpt.read_text())["step"] >= 3, 120,
+                   lambda: f"3 steps of sub job {job_id} (log: {text_so_far(log)[-600:]!r})")
+        sh("sbatch", "--qos=core-own", "--nodelist=n1", "--cpus-per-task=2", "--mem=200M", "-J", "settings-preemptor",
+           "-o", "/dev/null", "--wrap", "sleep 5")
+        if state == "on":
+            wait_until(lambda: "asked to be requeued" in text_so_far(log), 90,
+                       lambda: f"job {job_id} to checkpoint and requeue itself (log: {text_so_far(log)[-800:]!r})")
+            text = text_so_far(log)
+            assert "idmctl: USR1 received, asking the trainer to checkpoint" in text, text
+            wait_until(lambda: _sacct_run(job_id)[0] in ("REQUEUED", "PENDING", "RUNNING"), 60,
+                       lambda: f"job {job_id} requeued (sacct: {_sacct_run(job_id)})")
+        else:
+            wait_until(lambda: _sacct_run(job_id)[0] == "FAILED", 90,
+                       lambda: f"job {job_id} to end (sacct: {_sacct_run(job_id)}; log: {text_so_far(log)[-800:]!r})")
+            text = text_so_far(log)
+            assert "received" not in text, text  # the batch script heard no signal before the trainer ended
+            assert f"idmctl: trainer exited {EXIT_REQUEUE}" in text, text
+            assert _sacct_run(job_id) == ("FAILED", f"{EXIT_REQUEUE}:0")
+            assert squeue_state(job_id) in ("", "FAILED"), "Slurm requeued the job after all"
+            # What sync makes of it: no cause's rule knows this ending, and `unknown` stops the chain.
+            found = classify("FAILED", exit_code=f"{EXIT_REQUEUE}:0", log_tail=text, started=True)
+            assert found.cause == "unknown", (found.cause, text)
+        # Either way the entry checkpointed on the signal it got: the step it names is the one in ckpt.json.
+        line = next(line for line in text.splitlines() if " on signal, exiting " in line)
+        step = int(line.split("checkpointed at step ")[1].split()[0])
+        assert step >= 3 and json.loads(ckpt.read_text())["step"] == step, (line, ckpt.read_text())
+    finally:
+        subprocess.run(["scancel", "--user=root"], capture_output=True, timeout=30)
+        shutil.rmtree(home, ignore_errors=True)
