@@ -18,18 +18,28 @@ only for the same key, and the rename to the marker is what makes it finished.
 ``${TMPDIR}`` or site variable (``$LOCAL_SCRATCH/idm``) is expanded by the job script on the node, never
 on the submitting host (``node_named``); such a copy cannot be measured or found before the job runs.
 
+A copy in use is never emptied under a running job: each job holds a shared ``flock`` on a file of its own
+under ``<dest>.users/`` (named by its job id) for its whole life, opened by the job script before
+stage-in; ``prepare`` writes what the job reads into it once the copy is ready. A ``replace`` waits up to
+``--wait`` seconds for every other live user (its file locked, its content naming a copy) to end, and
+then fails naming those jobs: staging beside the copy (``<dest>.<jobid>``) would need a second copy's
+bytes on a scratch the node guard sized for one, and leave it behind; the fix (a ``stage.dest`` per
+experiment that runs beside another) is one line in the spec.
+
 ``python -m ground.stage prepare|commit`` is the job script's side (standard library and ``ground``
 only: it runs on the node before anything heavy).
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
 import re
 import shutil
 import sys
+import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -42,6 +52,11 @@ if TYPE_CHECKING:
     from ground.spec.schema import DataSpec
 
 ALL = "all"
+USERS_SUFFIX = ".users"
+"""``<dest>.users/<job id>``: the jobs using the copy at ``dest``, each file flocked shared by its job's script."""
+REPLACE_WAIT_S = 120.0
+"""How long a stage-in that would replace a copy waits for the jobs reading it to end (a requeued attempt's
+predecessor exiting, a job in its last minutes) before it fails naming them."""
 
 _NODE_VARIABLE = re.compile(r"^\$(?:\{([A-Z_][A-Z0-9_]*)\}|([A-Z_][A-Z0-9_]*))(?=/|$)")
 PER_JOB_VARIABLES = ("SLURM_TMPDIR",)
@@ -189,11 +204,67 @@ def _empty(dest: Path) -> None:
             child.unlink()
 
 
-def prepare(source: Path, dest: Path, layers: str, model: str) -> tuple[str, str]:
+def users_dir(dest: Path) -> Path:
+    return dest.parent / (dest.name + USERS_SUFFIX)
+
+
+def _alive(path: Path) -> bool:
+    """Whether the job that made ``path`` still holds it (its script's shared flock)."""
+    try:
+        with open(path, "rb") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
+def users(dest: Path, me: str | None = None) -> list[str]:
+    """The job ids of the live jobs using the copy at ``dest`` (``me`` left out), and the files of ended
+    jobs removed. A live job's file that is still empty is a job waiting for its own stage-in, not a user."""
+    found = []
+    folder = users_dir(dest)
+    for path in sorted(folder.iterdir()) if folder.is_dir() else []:
+        if path.name == me:
+            continue
+        if not _alive(path):
+            path.unlink(missing_ok=True)  # its job ended: the lock went with its last process
+        elif path.read_text(errors="replace").strip():
+            found.append(path.name)
+    return found
+
+
+def _wait_for_users(dest: Path, me: str | None, wait_s: float, was: str) -> None:
+    deadline = time.monotonic() + wait_s
+    while True:
+        holding = users(dest, me)
+        if not holding:
+            return
+        if time.monotonic() >= deadline:
+            jobs = ", ".join(holding)
+            raise SystemExit(f"{dest} is in use by job {jobs} (reading {was}): not replaced after waiting "
+                             f"{wait_s:.0f} s; give experiments that run side by side their own stage.dest, or "
+                             f"submit this one after job {jobs} ends")
+        time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+
+
+def prepare(source: Path, dest: Path, layers: str, model: str, me: str | None = None,
+            wait_s: float = REPLACE_WAIT_S) -> tuple[str, str]:
     """Make ``dest`` ready for a copy of this key; returns (plan, words): ``staged`` (nothing to do),
     ``resume`` (an unfinished copy of this same key: finished files are kept), ``fresh`` or
     ``replace`` (a copy of another key was removed). The marker of the old copy goes first, so a
-    crash mid-way never leaves a marker over files it does not describe."""
+    crash mid-way never leaves a marker over files it does not describe. ``me``: this job's file under
+    ``<dest>.users`` (its script holds it); a replace first waits for every other live user, and this
+    job's file records what it reads once the copy is ready for it."""
+    plan, words = _prepare(source, dest, layers, model, me, wait_s)
+    if me is not None:  # on a node other than the batch script's, no script holds it: it counts until pruned
+        users_dir(dest).mkdir(parents=True, exist_ok=True)
+        (users_dir(dest) / me).write_text(f"{plan}\t{words}\n")
+    return plan, words
+
+
+def _prepare(source: Path, dest: Path, layers: str, model: str, me: str | None, wait_s: float) -> tuple[str, str]:
     key = stage_key(source, layers, model)
     marker = read_key(dest / STAGE_MARKER)
     if marker is not None and marker["digest"] == key["digest"]:
@@ -211,6 +282,7 @@ def prepare(source: Path, dest: Path, layers: str, model: str) -> tuple[str, str
                          "empty it or set stage.dest to a directory of its own")
     if any(dest.iterdir()):
         was = marker or pending
+        _wait_for_users(dest, me, wait_s, f"the copy of {describe(was)}")
         plan, words = "replace", f"{describe(key)}; the copy there was {describe(was)}"
         (dest / STAGE_MARKER).unlink(missing_ok=True)
         _empty(dest)
@@ -238,11 +310,14 @@ def main(argv: list[str] | None = None) -> int:
     ready.add_argument("--dest", type=Path, required=True)
     ready.add_argument("--layers", required=True, help="all, or 'blocks 5,14'")
     ready.add_argument("--model", required=True)
+    ready.add_argument("--me", help=f"this job's file under <dest>{USERS_SUFFIX} (its job id), held by its script")
+    ready.add_argument("--wait", type=float, default=REPLACE_WAIT_S,
+                       help="seconds a replace waits for the other jobs using the copy")
     done = commands.add_parser("commit", help="the copy finished: write the marker")
     done.add_argument("--dest", type=Path, required=True)
     args = parser.parse_args(argv)
     if args.command == "prepare":
-        plan, words = prepare(args.source, args.dest, args.layers, args.model)
+        plan, words = prepare(args.source, args.dest, args.layers, args.model, args.me, args.wait)
         print(f"{plan}\t{words}")
     else:
         commit(args.dest)

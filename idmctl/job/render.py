@@ -20,7 +20,7 @@ from ground import contract
 from ground.errors import UserError
 from ground.paths import REPO_ROOT, expand_path
 from ground.spec.loader import ResolvedSpec
-from ground.stage import layer_set, model_identity, node_named, spec_identity
+from ground.stage import REPLACE_WAIT_S, layer_set, model_identity, node_named, spec_identity
 from ground.spec.schema import (CONSTRAINT, MAX_COUNT, NODE_LIST, SLURM_NAME, check_job_mem, check_job_time,
                                 detect_launch)
 from ground.units import slurm_mem, slurm_time
@@ -221,6 +221,8 @@ class RenderContext:
     stage_bytes: int | None = None
     """What stage-in copies to each node (the disk check's number at submit); the node guard compares
     it with the node's free scratch. None: not known, the guard skips that comparison."""
+    stage_wait_s: float = REPLACE_WAIT_S
+    """How long a stage-in that would replace a copy other running jobs read waits for them (``ground.stage``)."""
 
 
 def render_script(resolved: ResolvedSpec, options: JobOptions, ctx: RenderContext) -> str:
@@ -261,7 +263,7 @@ def render_script(resolved: ResolvedSpec, options: JobOptions, ctx: RenderContex
         stage = _stage_block(spec.stage.enabled, spec.data.cache_root, spec.stage.dest, spec_file,
                              routed_blocks=spec.data.selected_blocks if spec.stage.layers == "routed" else None,
                              suffix=".pt" if spec.data.cache_format == "legacy_pt" else ".safetensors",
-                             python=ctx.python, model=model_identity(spec.data))
+                             python=ctx.python, model=model_identity(spec.data), wait_s=ctx.stage_wait_s)
     q = shlex.quote
     return fill("job", {
         "stage_where": _stage_where(spec.stage.dest, spec_file) if copies else "",
@@ -305,7 +307,8 @@ def _launch_env(options: JobOptions) -> dict[str, str]:
 
 CONTRACT_SLOTS = {"ENV_CHAIN_ID": contract.ENV_CHAIN_ID, "ENV_ATTEMPT": contract.ENV_ATTEMPT,
                   "ENV_CACHE_ROOT": contract.ENV_CACHE_ROOT, "EXIT_HANG": contract.EXIT_HANG,
-                  "EXIT_REQUEUE": contract.EXIT_REQUEUE, "REQUEUE_REFUSED": contract.REQUEUE_REFUSED}
+                  "EXIT_REQUEUE": contract.EXIT_REQUEUE, "REQUEUE_REFUSED": contract.REQUEUE_REFUSED,
+                  "ENV_LOCAL_JOB_ID": contract.ENV_LOCAL_JOB_ID}
 """The contract's constants the template names in capitals (one home: ``ground.contract``)."""
 
 
@@ -439,10 +442,12 @@ def _multi_node_env(options: JobOptions) -> str:
 
 
 def _stage_block(enabled: bool, cache_root: str, dest: str, spec_file: str, *, routed_blocks: list[int] | None = None,
-                 suffix: str = ".pt", python: str = "python3", model: str = "") -> str:
+                 suffix: str = ".pt", python: str = "python3", model: str = "", wait_s: float = REPLACE_WAIT_S) -> str:
     """Stage-in as a shell function run once on every node of the job (each node reads its own copy):
     under Slurm with more than one node through one ``srun`` task per node, else in the batch shell.
-    A lock serialises copies that land on the same disk (nodes sharing a host, as n1/n2 here).
+    A lock serialises copies that land on the same disk (nodes sharing a host, as n1/n2 here); the job holds
+    a shared lock on its own file under ``<dest>.users`` for its whole life, and a replace waits ``wait_s``
+    for the other jobs holding theirs, then fails naming them (``ground.stage``).
     ``routed_blocks`` (stage.layers: routed) copies only the selected blocks, as exact reads written
     to verified safetensors; a copy cut by a preemption resumes (finished files are kept).
     The copy is keyed (``ground.stage``: source, layer set, ``model`` identity, files): a copy of
@@ -459,4 +464,4 @@ def _stage_block(enabled: bool, cache_root: str, dest: str, spec_file: str, *, r
                                                                   "blocks": ",".join(str(b) for b in routed_blocks)})
     return fill("stage_in", {**CONTRACT_SLOTS, "stage_src": q(str(src_path)), "stage_dest": dest_word,
                              "stage_layers": q(layer_set(routed_blocks)), "stage_model": q(model),
-                             "python": q(python), "stage_copy": copy, "stage_tool": tool})
+                             "python": q(python), "stage_copy": copy, "stage_tool": tool, "stage_wait": f"{wait_s:g}"})

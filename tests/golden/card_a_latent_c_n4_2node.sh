@@ -61,12 +61,17 @@ export STAGE_DEST=/tmp/idm_cache
 export STAGE_LAYERS=all
 export STAGE_MODEL='legacy_pt blocks=2,5,8,11,14,17,20,23,26,29,32,35 T=24 grid=27x48 C=5120 bfloat16 vae=- transformer=-'
 export RUN_DIR
-stage_in() (  # a subshell: the lock is released when the copy ends, not held by the trainer
+# This job uses the copy for its whole life: a shared flock on its own file under DEST.users, held by this
+# shell's fd 8 until the job ends. A stage-in that would replace the copy waits for such jobs, then fails naming them.
+export STAGE_ME="${SLURM_JOB_ID:-${IDMCTL_LOCAL_JOB_ID:-$$}}"
+mkdir -p "$STAGE_DEST.users" && exec 8>"$STAGE_DEST.users/$STAGE_ME" && flock -s 8 || {
+  echo "idmctl: stage-in FAILED: cannot hold $STAGE_DEST.users/$STAGE_ME"; exit 1; }
+stage_in() (  # a subshell: the copy lock is released when the copy ends, not held by the trainer
   node="${SLURMD_NODENAME:-$(hostname)}"
   mkdir -p "$(dirname "$STAGE_DEST")" || exit 1
   exec 9>"$STAGE_DEST.lock" && flock 9
   err="$RUN_DIR/stage-$node.err"
-  plan="$(/opt/idmctl/venv/bin/python -m ground.stage prepare --source "$STAGE_SRC" --dest "$STAGE_DEST" --layers "$STAGE_LAYERS" --model "$STAGE_MODEL" 2>"$err")" || {
+  plan="$(/opt/idmctl/venv/bin/python -m ground.stage prepare --source "$STAGE_SRC" --dest "$STAGE_DEST" --layers "$STAGE_LAYERS" --model "$STAGE_MODEL" --me "$STAGE_ME" --wait 120 2>"$err")" || {
     echo "idmctl: stage-in FAILED (ground.stage exit $?): $(tail -n 1 "$err")"; exit 1; }
   case "${plan%%$'\t'*}" in
     staged) echo "idmctl: stage-in skipped on $node: $STAGE_DEST already holds ${plan#*$'\t'}"; exit 0 ;;

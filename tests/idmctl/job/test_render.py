@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -245,3 +247,65 @@ def test_dry_run_without_slurm_tools_says_the_scheduler_was_not_asked(cli, tmp_p
     refused = cli("submit", "quickstart", "--cluster", "local-slurm", "--force", "--reason", "no sbatch here")
     assert refused.exit_code == 2 and refused.stderr.strip().startswith("error: scheduler: sbatch not found on PATH")
     assert not (idmctl_home / "runs").exists()
+
+
+def _python_training_for(tmp_path: Path) -> str:
+    """``_stage_only_python`` whose trainer stands in for a run reading its copy: it sleeps ``$TRAIN_SLEEP`` s."""
+    path = tmp_path / "bin" / "python-train"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f'#!/bin/bash\ncase "$2" in ground.stage|cache.convert) exec {sys.executable} "$@" ;; '
+                    'trainers.train) exec sleep "${TRAIN_SLEEP:-0}" ;; esac\nexit 0\n')
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_a_copy_in_use_is_not_replaced_until_its_job_ends(tmp_path: Path, idmctl_home: Path) -> None:
+    """Job A stages cache A to one stage.dest and trains (holds its file under DEST.users); job B, another
+    key at the same dest, waits its 2 s and fails in one line naming A; after A ends, B replaces the copy.
+    The local executor's scripts (no Slurm: the job ids are IDMCTL_LOCAL_JOB_ID's)."""
+    from ground import contract
+
+    dest = tmp_path / "dest"
+    scripts = {}
+    for name in ("a", "b"):
+        cache = tmp_path / f"cache_{name}"
+        cache.mkdir()
+        (cache / "ep0.safetensors").write_bytes(name.encode() * 1000)
+        spec_dir = tmp_path / name
+        spec_dir.mkdir()
+        spec = _spec_file(spec_dir, data={"cache_root": str(cache)}, stage={"enabled": True, "dest": str(dest)})
+        resolved = load_spec(str(spec))
+        run_dir = spec_dir / "run"
+        run_dir.mkdir()
+        ctx = RenderContext(run_dir=run_dir, chain_id=1, attempt=1, idmctl_home=idmctl_home, stage_wait_s=2,
+                            log_path=str(run_dir / "log"), python=_python_training_for(tmp_path))
+        scripts[name] = run_dir / "job.sh"
+        scripts[name].write_text(render_script(resolved, resolve_options(resolved, JobRequest()), ctx))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    a_log = tmp_path / "a.log"
+    with open(a_log, "w") as out:
+        job_a = subprocess.Popen(["bash", str(scripts["a"])], stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                 env={**env, contract.ENV_LOCAL_JOB_ID: "local-a", "TRAIN_SLEEP": "60"})
+    try:
+        deadline = time.monotonic() + 30
+        while "stage-in done" not in a_log.read_text():
+            assert time.monotonic() < deadline and job_a.poll() is None, f"job A never finished its stage-in: {a_log.read_text()}"
+            time.sleep(0.1)
+        blocked = subprocess.run(["bash", str(scripts["b"])], capture_output=True, text=True, timeout=60,
+                                 env={**env, contract.ENV_LOCAL_JOB_ID: "local-b"})
+        assert blocked.returncode == 1
+        failed = [line for line in blocked.stdout.splitlines() if "FAILED" in line]
+        assert failed == [f"idmctl: stage-in FAILED (ground.stage exit 1): {dest} is in use by job local-a (reading the "
+                          f"copy of all of {tmp_path}/cache_a (1 files, {model_identity(load_spec(str(tmp_path / 'a' / 'probe.yaml')).spec.data)})): "
+                          "not replaced after waiting 2 s; give experiments that run side by side their own stage.dest, "
+                          "or submit this one after job local-a ends"]
+        assert (dest / "ep0.safetensors").read_bytes() == b"a" * 1000, "job A's copy was touched"
+    finally:
+        os.killpg(job_a.pid, signal.SIGKILL)
+        job_a.wait()
+    replaced = subprocess.run(["bash", str(scripts["b"])], capture_output=True, text=True, timeout=60,
+                              env={**env, contract.ENV_LOCAL_JOB_ID: "local-b2"})
+    assert replaced.returncode == 0, replaced.stdout
+    assert "replaces the copy at" in replaced.stdout
+    assert (dest / "ep0.safetensors").read_bytes() == b"b" * 1000
+    assert sorted(p.name for p in (tmp_path / "dest.users").iterdir()) == ["local-b2"]  # A's and B's files pruned
