@@ -10,7 +10,7 @@ import statistics
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
-from idmctl.plan.budget import fmt_bandwidth, fmt_seconds, routed_staging_fix, staging, step_estimate
+from idmctl.plan.budget import fmt_bandwidth, fmt_seconds, routed_staging_fix, stage_attempts, staging, step_estimate
 from idmctl.plan.limits import derive
 from idmctl.core.checks import CheckResult, PreflightContext, QueueWait, Status
 from ground.units import format_duration
@@ -20,6 +20,7 @@ from idmctl.gate.cluster_settings import cluster_texts as read_cluster_texts, pa
 if TYPE_CHECKING:
     from ground.spec.schema import ResourcesSpec
     from idmctl.core.profile import ClusterProfile
+    from idmctl.plan.budget import Staging
     from idmctl.plan.limits import Limits
 
 NAME = "qos"
@@ -70,6 +71,9 @@ def check(ctx: PreflightContext) -> CheckResult:
                       f"{format_duration(stage.seconds)}" if stage.enabled else "no stage-in")
         if stage.reused:
             stage_text = f"stage-in 0 s (already staged at {spec.stage.dest} with this key)"
+        restage_text = _restaging(ctx, stage, estimate.train_s, numbers)
+        if restage_text:
+            stage_text += f" on every attempt ({stage.restaged})"
         ckpt_text = (f"checkpoint every {every:,} steps{'' if spec.train.checkpoint_every else ' (derived)'} × "
                      f"{fmt_seconds(estimate.step_s)}/step"
                      f"{'' if estimate.provenance.measured else ' (' + estimate.provenance.label + ')'} = "
@@ -86,7 +90,7 @@ def check(ctx: PreflightContext) -> CheckResult:
                                f"{fit_every:,} steps ({fit_every:,} × {fmt_seconds(estimate.step_s)}/step)")
         if stage.enabled and stage.seconds >= cycle:
             fails.append(f"preemptible {res.qos}: {stage_text} ≥ preempt cycle {format_duration(cycle)}: preempted "
-                         "before the first step, every attempt")
+                         "before the first step, every attempt" + (", the copy starting over each time" if restage_text else ""))
             fixes.extend([routed_fix] if routed_fix else [])
             fixes.append("use a non-preemptible QoS (own/extra quota) for long-staging jobs")
         elif first_checkpoint >= cycle:
@@ -96,12 +100,18 @@ def check(ctx: PreflightContext) -> CheckResult:
             fixes.append("checkpoint more often (train.checkpoint_every) or use a non-preemptible QoS")
         else:
             notes.append(f"{stage_text} + {ckpt_text} < preempt cycle {format_duration(cycle)}")
+        if restage_text and stage.seconds < cycle:  # the run's stage-ins, each attempt's own copy counted
+            notes.append(restage_text)
         notice_status, notice_text, notice_fix = _preemption_notice(res, profile, limits, checkpoint_s, cycle, numbers)
         if notice_status:
             (fails if notice_status == Status.FAIL else warns).append(notice_text)
             fixes.append(notice_fix)
         elif notice_text:
             notes.append(notice_text)
+    elif spec.stage.enabled:  # a non-preemptible tier: a run longer than its max wall restages in each attempt
+        restage_text = _restaging(ctx, staging(ctx), step_estimate(ctx).train_s, numbers)
+        if restage_text:
+            (fails if numbers["stage_attempts"] == float("inf") else notes).append(restage_text)
 
     account_fail, account_fix, account_note = _account(res, profile, numbers)
     if account_fail:
@@ -187,6 +197,15 @@ def _preemption_notice(res: "ResourcesSpec", profile: "ClusterProfile", limits: 
                 f"{format_duration(cycle)}: only if preempted sooner than the cycle)", fix)
     return None, (f"a preemption sends its USR1 and leaves {fmt_seconds(notice.grace_s)} to save ≥ {need_text} "
                   f"({notice.source})"), ""
+
+
+def _restaging(ctx: PreflightContext, stage: "Staging", train_s: float, numbers: dict[str, object]) -> str:
+    """The per-attempt stage-in line (``budget.stage_attempts``) when no copy outlives the job; empty otherwise."""
+    if not stage.restaged:
+        return ""
+    attempts, text = stage_attempts(ctx, stage, train_s)
+    numbers.update(stage_restaged=stage.restaged, stage_attempts=attempts, stage_total_s=stage.seconds * attempts)
+    return text
 
 
 def _account(res: "ResourcesSpec", profile: "ClusterProfile", numbers: dict[str, object]) -> tuple[str, str, str]:
