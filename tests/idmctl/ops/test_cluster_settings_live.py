@@ -154,6 +154,29 @@ def test_the_qos_check_fails_a_long_job_that_would_hear_only_term(state: str) ->
                                            "GraceTime 60 s (qos sub))")
 
 
+def test_the_gate_fails_the_quickstart_on_sub_only_where_preemption_sends_term(state: str) -> None:
+    """The whole qos check, as preflight runs it, on the quickstart spec moved to ``sub``: its 30 min time
+    limit is longer than the tier's 60 s preempt cycle, and nothing else in the check objects."""
+    from ground.spec import load_spec
+    from idmctl.core.checks import Measurements, PreflightContext, Status
+    from idmctl.core.profile import load_profile
+    from idmctl.gate import qos
+
+    resolved = load_spec("quickstart")
+    spec = resolved.spec.model_copy(update={"resources": resolved.spec.resources.model_copy(update={"qos": "sub"})})
+    profile, _ = load_profile("local-slurm")
+    result = qos.check(PreflightContext(type(resolved)(resolved.name, resolved.path, spec), profile, Measurements()))
+    if state == "off":
+        assert result.status == Status.FAIL, result
+        assert result.summary.startswith("preemptible sub: a preemption here sends TERM, not the job's USR1 (no "
+                                         "send_user_signal, GraceTime 60 s (qos sub))"), result.summary
+        assert "; time_limit 30.0 min > preempt cycle 60.0 s: expect a preemption before the job ends; " in result.summary
+        assert result.fix.endswith("or a time_limit ≤ 60.0 s")
+    else:
+        assert result.status == Status.PASS, result
+        assert "a preemption sends its USR1 and leaves 60.0 s to save" in result.summary
+
+
 def test_a_job_within_one_cycle_keeps_a_warn_and_a_grace_shorter_than_the_save_warns_either_way(state: str) -> None:
     from idmctl.core.checks import Status
 
@@ -181,7 +204,11 @@ def test_a_preempted_job_hears_its_usr1_and_requeues_or_hears_term_and_ends_fail
                                                                                      monkeypatch) -> None:
     """A real idmctl job (the job script and its entry contract; tests.jobs_entry as the trainer) on ``sub``,
     preempted by a ``core-own`` job on its node: what its log, run directory and Slurm's record show."""
+    from sqlmodel import select
+
     from idmctl.ops.failures.classify import classify
+    from idmctl.record.db import session
+    from idmctl.record.models import Chain, Job
 
     # Outside pytest's tree (jobs outlive asserts) and outside /tmp, which is private to each job when "on".
     home = Path(tempfile.mkdtemp(prefix="idmctl-settings-test-", dir="/var/tmp"))
@@ -218,6 +245,12 @@ def test_a_preempted_job_hears_its_usr1_and_requeues_or_hears_term_and_ends_fail
             # What sync makes of it: no cause's rule knows this ending, and `unknown` stops the chain.
             found = classify("FAILED", exit_code=f"{EXIT_REQUEUE}:0", log_tail=text, started=True)
             assert found.cause == "unknown", (found.cause, text)
+            synced = cli("sync")
+            assert synced.exit_code == 0, synced.output
+            with session() as db:
+                chain = db.get(Chain, low["chain"])
+                jobs = db.exec(select(Job).where(Job.chain_id == low["chain"])).all()
+            assert chain is not None and chain.status == "FAILED" and len(jobs) == 1, (chain, synced.output)
         # Either way the entry checkpointed on the signal it got: the step it names is the one in ckpt.json.
         line = next(line for line in text.splitlines() if " on signal, exiting " in line)
         step = int(line.split("checkpointed at step ")[1].split()[0])
