@@ -113,3 +113,37 @@ def test_the_qos_check_weighs_the_save_against_the_tiers_grace_on_the_live_clust
     assert "up to 60.0 min (half on average)" in warn and "GraceTime ≥ 39.0 s on sub" in fix
     card, _ = load_profile("card")  # another cluster's profile: this host's Slurm says nothing about it
     assert _preemption_notice(res, card, slow, 3600.0, 60.0, {})[1].startswith("preemption notice not read")
+
+
+@pytest.mark.parametrize("signal, grace, time_limit_s, verdict", [
+    ("(null)", "00:01:00", 7200.0, "FAIL"),  # TERM only, a 2 h job on a 60 s cycle: its first preemption ends it
+    ("(null)", "00:01:00", 50.0, "WARN"),  # the same within one cycle: only if preempted sooner
+    ("(null)", "00:00:00", 7200.0, "WARN"),  # no grace: killed at once and requeued by Slurm, signal or not
+    ("preempt_send_user_signal", "00:01:00", 7200.0, None),  # USR1 with 60 s ≥ the 2 s save: a note
+])
+def test_the_qos_verdict_on_the_local_clusters_recorded_settings(monkeypatch: pytest.MonkeyPatch, signal: str,
+                                                                  grace: str, time_limit_s: float, verdict) -> None:
+    """The qos check's preemption verdict from the recorded 22.05.8 texts, with the knobs scripts/slurm/up.sh
+    turns (22.05 prints ``SlurmctldParameters = (null)`` without preempt_send_user_signal, as
+    test_cluster_settings_live.py's off cluster does); the live module judges the same on real clusters."""
+    from types import SimpleNamespace
+
+    from idmctl.core.checks import Status
+    from idmctl.core.profile import load_profile
+    from idmctl.gate import cluster_settings, qos
+
+    texts = (LOCAL.replace("preempt_send_user_signal", signal), LOCAL_QOS.replace("sub||00:00:10", f"sub||{grace}"), "")
+    monkeypatch.setattr(cluster_settings, "cluster_texts", lambda: texts)
+    monkeypatch.setattr(qos, "read_cluster_texts", lambda: texts)
+    profile, _ = load_profile("local-slurm")  # sub: preempt cycle 0:01:00
+    figures = SimpleNamespace(step_s=0.5, write_s=1.5, time_limit=SimpleNamespace(effective=time_limit_s))
+    numbers: dict = {}
+    status, text, fix = qos._preemption_notice(SimpleNamespace(qos="sub", partition=None), profile,  # type: ignore[arg-type]
+                                               figures, 60.0, 60.0, numbers)
+    assert (status.value if status else None) == verdict, text
+    assert numbers["preempt_signalled"] is (signal != "(null)")
+    if verdict == "FAIL":
+        assert text.endswith("; time_limit 2.0 h > preempt cycle 60.0 s: expect a preemption before the job ends")
+        assert "ends FAILED 75 and the chain stops" in text and fix.endswith("or a time_limit ≤ 60.0 s")
+    elif status == Status.WARN and grace == "00:00:00":
+        assert text.startswith("preemptible sub: no checkpoint on preemption here (no send_user_signal, GraceTime 0 s")

@@ -53,7 +53,15 @@ def _script(name: str, env: dict[str, str]) -> None:
 
 @pytest.fixture(scope="module")
 def own_root() -> Iterator[Path]:
-    """The module's cluster root, held under a file lock; at the end its daemons stopped and its files removed."""
+    """The module's cluster root, held under a file lock; at the end its daemons stopped and its files removed.
+    Bringing a cluster up needs Slurm's daemons and root (munge, slurmd): without them the module is skipped,
+    in CI (``$CI`` set) it fails, as every Slurm test does (tests/slurm_support.py)."""
+    missing = [tool for tool in ("munged", "slurmctld", "slurmd", "slurmdbd")
+               if not (shutil.which(tool) or Path("/usr/sbin", tool).exists())]
+    why = f"{', '.join(missing)} not installed (scripts/system_deps.sh)" if missing else (
+        "" if os.geteuid() == 0 else "bringing a Slurm cluster up needs root")
+    if why:
+        (pytest.fail if os.environ.get("CI") else pytest.skip)(why)
     with open(LOCK, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
