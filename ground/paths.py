@@ -34,6 +34,13 @@ def home() -> Path:
     return Path(data_home) / "idmctl"
 
 
+def runs_root(configured: str | None = None) -> Path:
+    """Where run directories (logs, checkpoints, each attempt's script) live: the cluster profile's
+    ``runs_root`` when it names one (a shared filesystem compute nodes mount, while the SQLite store stays
+    on the login node's local disk), else ``$IDMCTL_HOME/runs``."""
+    return expand_path(configured) if configured else home() / "runs"
+
+
 def user_cache_dir() -> Path:
     """Files derived from the installed packages that any run may rebuild (the empty MLflow store):
     ``$XDG_CACHE_HOME/idmctl``, shared by every ``$IDMCTL_HOME`` of the user."""

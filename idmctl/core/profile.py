@@ -273,6 +273,10 @@ class ClusterProfile(_Strict):
     code_store: str | None = None
     """Where submit keeps the code snapshots jobs run (``ground.code_snapshot``): a folder every node mounts.
     None: ``$IDMCTL_HOME/code`` (the local executor and a single-host cluster)."""
+    runs_root: str | None = None
+    """Where run directories live (``ground.paths.runs_root``): a folder on the shared filesystem every compute
+    node mounts, so that the store can stay SQLite on the login node's local disk (never on NFS) while jobs
+    write their logs and checkpoints where the login node reads them. None: ``$IDMCTL_HOME/runs``."""
     slurm_cluster: str | None = None
     """Slurm's ``ClusterName`` of this cluster: the gate reads the user's associations (``sacctmgr show assoc``)
     only when the Slurm tools here talk to this cluster; None: not read (a profile for another cluster)."""
@@ -312,8 +316,9 @@ class ClusterProfile(_Strict):
         return self.qos[qos]
 
 
-JOB_DEFAULT_FIELDS = ("slurm_cluster", "account", "account_required", "partition", "constraint", "reservation")
-"""The profile's job defaults and association facts: out of the profile hash while unset."""
+JOB_DEFAULT_FIELDS = ("slurm_cluster", "account", "account_required", "partition", "constraint", "reservation",
+                      "runs_root")
+"""The profile's job defaults, association facts and where runs live: out of the profile hash while unset."""
 
 
 def profile_path(name_or_path: str | None = None) -> Path:
@@ -343,9 +348,11 @@ def load_profile(name_or_path: str | None = None) -> tuple[ClusterProfile, str]:
         first = exc.errors()[0]
         dotted = ".".join(str(p) for p in first["loc"])
         raise UserError(first["msg"], file=str(path), field=dotted, hint="fix the cluster profile") from exc
-    if profile.code_store and not expand_path(profile.code_store).is_absolute():
-        # A relative store is the profile's own neighbour, never each command's working directory.
-        profile = profile.model_copy(update={"code_store": str(Path(path).parent / profile.code_store)})
+    for name in ("code_store", "runs_root"):
+        value = getattr(profile, name)
+        if value and not expand_path(value).is_absolute():
+            # A relative folder is the profile's own neighbour, never each command's working directory.
+            profile = profile.model_copy(update={name: str(Path(path).parent / value)})
     # Where messages go changes nothing a job does: not part of a preflight's identity. Fields added after
     # preflights were recorded count only once set, so a profile that does not use them keeps its hash.
     unset = {name for name in JOB_DEFAULT_FIELDS if getattr(profile, name) == ClusterProfile.model_fields[name].default}

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ground.paths import expand_path, free_bytes, home
+from ground.paths import expand_path, free_bytes, runs_root
 from idmctl.core.job_state import JobState
 from idmctl.gate import cache, cluster_smoke, introspection, smoke, spec
 from idmctl.gate.blame import name_flags
@@ -166,11 +166,11 @@ def gather(resolved: ResolvedSpec, profile: ClusterProfile, code_version: str | 
     return Measurements(
         shm_free_bytes=free_bytes(Path("/dev/shm")),
         scratch_free_bytes=free_bytes(expand_path(resolved.spec.stage.dest)),
-        runs_free_bytes=free_bytes(home() / "runs"),
+        runs_free_bytes=free_bytes(runs_root(profile.runs_root)),
         cache_present=present, cache_bytes=cache_bytes, cache_file_count=file_count,
         staged_copy=staged_copy(resolved, profile) if present else None,
         cache_inspections=inspections or [], queue_waits=queue_history(res.gpus_per_node * res.nodes),
-        cache_inspected=inspections is not None, recorded_runs=recorded_runs(),
+        cache_inspected=inspections is not None, recorded_runs=recorded_runs(profile),
         private_tmp=private_tmp(profile.slurm_cluster) if resolved.spec.stage.enabled else None,
     )
 
@@ -185,10 +185,9 @@ def staged_copy(resolved: ResolvedSpec, profile: ClusterProfile) -> dict[str, An
     return staged_here(expand_path(spec.data.cache_root), expand_path(spec.stage.dest))
 
 
-def recorded_runs() -> list[RecordedRun]:
-    from ground.paths import home  # here: the name home means something else at the top of this module
-
-    return scan(home() / "runs")
+def recorded_runs(profile: ClusterProfile | None = None) -> list[RecordedRun]:
+    """Earlier runs under the profile's run directories (``ground.paths.runs_root``)."""
+    return scan(runs_root(profile.runs_root if profile is not None else None))
 
 
 def run_preflight(resolved: ResolvedSpec, profile: ClusterProfile, profile_hash: str, *, with_smoke: bool = True,

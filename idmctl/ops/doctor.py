@@ -27,7 +27,7 @@ from pathlib import Path
 
 from ground.contract import ENV_CLUSTER, ENV_HOME
 from ground.mlflow_store import sqlite_file
-from ground.paths import REPO_ROOT, clusters_dir, db_path, home, mlflow_tracking_uri, nearest_existing
+from ground.paths import REPO_ROOT, clusters_dir, db_path, home, mlflow_tracking_uri, nearest_existing, runs_root
 from ground.units import format_bytes
 from idmctl.record.peek import UnreadableStore, mlflow_experiment, shared_revision, sqlite_state
 from ground.code_snapshot import default_store
@@ -421,11 +421,46 @@ def check_code_store() -> Row:
                                  f"{format_bytes(used.object_bytes)} (`idmctl gc` removes those no unfinished chain uses)")
 
 
+def check_runs(mounts_text: str | None = None) -> Row:
+    """Where run directories live (``ground.paths.runs_root``: the profile's ``runs_root``, else
+    ``$IDMCTL_HOME/runs``), checked from here: a folder this user can write, and, on a Slurm cluster, on a
+    filesystem the compute nodes mount (``doctor --nodes`` then writes there from each node)."""
+    from idmctl.core.profile import load_profile  # start-up: pulls pydantic
+
+    try:
+        profile = load_profile(None)[0]
+    except Exception:  # an unreadable profile is the slurm row's finding; the runs are then $IDMCTL_HOME's
+
+        profile = None
+    configured = profile.runs_root if profile is not None else None
+    path = runs_root(configured)
+    if not configured:
+        return Row("runs", OK, f"{path}: under {ENV_HOME} (the cluster profile sets no runs_root)")
+    fix = "point the cluster profile's runs_root at a folder on the shared filesystem every compute node mounts"
+    if path.exists() and not path.is_dir():
+        return Row("runs", FAIL, f"{path} (the profile's runs_root) is a file, not a folder", fix)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".doctor-"):
+            pass
+    except OSError as exc:
+        return Row("runs", FAIL, f"{path} (the profile's runs_root) is not writable ({exc.strerror or exc})", fix)
+    point, fstype = mount_of(path.resolve(), mounts_text)
+    where = f"{path} (the profile's runs_root; {fstype} on {point}), writable"
+    if fstype in NETWORK_FILESYSTEMS or fstype.startswith("nfs"):
+        return Row("runs", OK, f"{where}: a shared filesystem, as jobs on the compute nodes need "
+                               "(`doctor --nodes` writes there from each node)")
+    if profile is not None and profile.scheduler == "slurm":
+        return Row("runs", WARN, f"{where}: a local filesystem; jobs on other hosts cannot write their run "
+                                 "directories there (fine only where the nodes are this host)", fix)
+    return Row("runs", OK, where)
+
+
 CHECKS: tuple[tuple[str, Callable[[], Row]], ...] = (
     ("python", check_python), ("packages", check_packages), (ENV_HOME, check_home), ("store", check_store),
     ("mlflow store", check_mlflow), ("slurm", check_slurm), ("cluster settings", check_cluster_settings),
     ("rendering", check_render), ("/dev/shm", check_shm),
-    ("scratch", check_scratch), ("code store", check_code_store),
+    ("scratch", check_scratch), ("code store", check_code_store), ("runs", check_runs),
 )
 
 
@@ -457,9 +492,14 @@ def check_nodes(request: NodeProbe) -> list[Row]:
         return [Row("nodes", FAIL, "--nodes needs a Slurm cluster profile and sbatch on PATH",
                     f"set {ENV_CLUSTER} to the cluster's profile and load Slurm's environment")]
     scratch = request.scratch or str(StageSpec.model_fields["dest"].default)
-    code_store = store_for(load_profile(None)[0])
+    profile = load_profile(None)[0]
+    code_store = store_for(profile)
     code_store.mkdir(parents=True, exist_ok=True)
-    found = probe_nodes(home=home(), code_store=code_store, scratch=scratch, cache=request.cache,
+    # The probe reads and writes where run directories live, and answers there: the profile's runs_root
+    # when it names one (on the shared filesystem, while $IDMCTL_HOME may be the login node's own disk).
+    probe_home = runs_root(profile.runs_root) if profile.runs_root else home()
+    probe_home.mkdir(parents=True, exist_ok=True)
+    found = probe_nodes(home=probe_home, code_store=code_store, scratch=scratch, cache=request.cache,
                         partition=request.partition, qos=request.qos, deadline_s=request.deadline_s)
     return [Row(f"node {row.node}", row.status, row.detail, row.fix) for row in found]
 

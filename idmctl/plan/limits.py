@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ground.paths import home
+from ground.paths import runs_root
 from ground.progress import read_progress, timing_key
 from ground.provenance import Basis, DeviceKind, Provenance
 from ground.units import format_duration, slurm_time
@@ -284,6 +284,6 @@ def limits_for(resolved: "ResolvedSpec", profile: "ClusterProfile", *, qos: str 
     cache_bytes, files = tree_fingerprint(root)[:2] if root.is_dir() else (None, None)
     version = version or version_for(resolved.spec)  # a caller that has it (submit) saves hashing the tree
     measured = Measurements(cache_present=cache_bytes is not None, cache_bytes=cache_bytes, cache_file_count=files,
-                            recorded_runs=recorded_runs(home() / "runs"), smoke=latest_smoke(resolved.hash))
+                            recorded_runs=recorded_runs(runs_root(profile.runs_root)), smoke=latest_smoke(resolved.hash))
     return derive(PreflightContext(resolved, profile, measured), version, time_override=time_override)
 

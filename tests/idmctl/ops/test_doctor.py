@@ -15,7 +15,7 @@ from ground.contract import ENV_CLUSTER, ENV_DB_URL, ENV_HOME
 from idmctl.record.head import HEAD_REVISION
 
 REPO = Path(__file__).resolve().parents[3]
-ROWS = ["python", "packages", ENV_HOME, "store", "mlflow store", "slurm", "cluster settings", "rendering", "/dev/shm", "scratch", "code store"]
+ROWS = ["python", "packages", ENV_HOME, "store", "mlflow store", "slurm", "cluster settings", "rendering", "/dev/shm", "scratch", "code store", "runs"]
 
 
 def _rows(result) -> dict[str, dict]:  # type: ignore[no-untyped-def]
