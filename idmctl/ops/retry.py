@@ -11,17 +11,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING
 
 from ground import contract
 from ground.units import format_duration
 from idmctl.core.job_state import JobState, is_failed
 from idmctl.ops.failures.classify import get_cause
-from idmctl.record.stored_json import job_options
-
-if TYPE_CHECKING:
-    from idmctl.record.db import Session
-    from idmctl.record.models import Chain, Job
+from idmctl.record.records import ChainRecord, JobRecord
+from idmctl.record.store import JobStore
 
 
 @dataclass(frozen=True)
@@ -77,36 +73,38 @@ def decide(cause: str | None, node_list: str | None, retries_left: int, earlier_
     return Decision("retry", cause, why, exclude_nodes=exclude, exclude_for=exclude_for)
 
 
-def decide_for_job(db: Session, job: Job, chain: Chain, retry: bool = True) -> Decision:
+def decide_for_job(records: JobStore, job: JobRecord, chain: ChainRecord, retry: bool = True) -> Decision:
     """:func:`decide` for a stored job that reached a final state, from the record: its cause and its chain's
-    earlier attempts' causes are the Failure rows ``record_failures`` wrote (what ``idmctl failures``
-    shows, a cause corrected in the store included), never classified again from the logs here. An
-    attempt not yet recorded is classified and recorded first."""
-    from idmctl.ops.failures.postmortem import recorded_causes, record_failures  # here: decide() stays pure and light
-    from idmctl.record.chain_attempts import attempts_of  # start-up: SQLModel, only once a job has ended
+    earlier attempts' causes are the failures recorded with their ends (what ``idmctl failures`` shows, a
+    cause corrected in the store included), never classified again from the logs here. An attempt not yet
+    recorded is classified and recorded first."""
+    from idmctl.ops.failures.postmortem import classify_end, recorded_causes, store_history  # here: decide() stays pure and light
 
-    if job.state == JobState.COMPLETED:
+    if job.state is JobState.COMPLETED:
         return decide(None, job.node_list, 0)
-    earlier = [other for other in attempts_of(db, chain.id or 0, before=job.attempt)
-               if other.id != job.id and is_failed(other.state)]
-    causes = recorded_causes(db, [job, *earlier])
-    unrecorded = [other for other in (job, *earlier) if other.id not in causes]
+    earlier = [other for other in records.attempts(chain.id, before=job.attempt)
+               if other.id != job.id and is_failed(other.state_text)]
+    attempts = [job, *earlier]
+    causes = recorded_causes(records.failures([other.id for other in attempts]))
+    unrecorded = [other for other in attempts if other.id not in causes]
     if unrecorded:  # sync records every job that ends before deciding; this is for a chain recorded before it did
-        # The chain's MLflow run is marked by the attempt that ended now, not by an older one.
-        record_failures(db, unrecorded, mark_mlflow=False)
-        causes = recorded_causes(db, [job, *earlier])
-    cause = causes[job.id or 0]
-    same = sum(1 for other in earlier if causes.get(other.id or 0) == cause)
+        # The chain's MLflow run is marked by the attempt that ended now, not by an older one: none is marked here.
+        for other in unrecorded:
+            for failure in classify_end(other, store_history(records, other)):
+                records.record_failure(other.id, failure)
+        causes = recorded_causes(records.failures([other.id for other in attempts]))
+    cause = causes[job.id]
+    same = sum(1 for other in earlier if causes.get(other.id) == cause)
     retries_left = chain.retries_budget - chain.retries_used if retry else 0
     cancels = retry and get_cause(cause).scheduler_requeues and job.executor == "slurm" and _cluster_cancels(job)
     return decide(cause, job.node_list, retries_left, same, cluster_cancels=cancels)
 
 
-def _cluster_cancels(job: Job) -> bool:
+def _cluster_cancels(job: JobRecord) -> bool:
     """Whether preemption cancels this job's QoS/partition on its cluster (read now, from Slurm)."""
     from idmctl.ops.executors.preempt_mode import CANCEL, preempt_mode  # here: asks Slurm; only a cause it requeues
 
-    partition = job_options(job.options_json, job.id).get("partition")
+    partition = job.options.get("partition")
     return preempt_mode(job.qos, partition if isinstance(partition, str) else None) == CANCEL
 
 

@@ -222,8 +222,10 @@ def test_sync_classifies_a_running_job_whose_heartbeat_is_silent(tmp_path: Path)
     import os
 
     from ground.paths import atomic_write_text
+    from idmctl.core.job_state import JobState
     from idmctl.ops.sync import _note_hang
-    from idmctl.record.models import Chain
+    from idmctl.record.memory_store import MemoryStore
+    from idmctl.record.store import NewJob, Observation
 
     now = time.time()
     run_dir = tmp_path / "run"
@@ -235,27 +237,24 @@ def test_sync_classifies_a_running_job_whose_heartbeat_is_silent(tmp_path: Path)
 
     started = datetime.fromtimestamp(now - 60, timezone.utc).isoformat()
     options = {"hang_k": 5, "hang_floor_s": 10}
-    with session() as db:
-        chain = Chain(experiment="x", spec_hash="h")
-        db.add(chain)
-        db.flush()
-        job = Job(chain_id=chain.id, experiment="x", state="RUNNING", node_list="n2", scheduler_id="77",
-                  script_path=str(run_dir / "attempt-1.sbatch"), options_json=json.dumps(options),
-                  runs=[{"state": "RUNNING", "started_at": started}],
-                  started_at=datetime.fromtimestamp(now - 60, timezone.utc))
-        db.add(job)
-        db.flush()
-        beat_at(now - 5)  # 5 s < max(5 × 0.5 s, 10 s)
-        assert not _note_hang(db, job)
-        beat_at(now - 90)  # before this run started: a previous run's file
-        assert not _note_hang(db, job)
-        beat_at(now - 30)
-        assert _note_hang(db, job)
-        looked = time.time()
-        db.flush()
-        assert not _note_hang(db, job)  # one row per run
-        (failure,) = db.exec(select(Failure).where(Failure.job_id == job.id)).all()
-    detail = json.loads(failure.detail_json)
+    records = MemoryStore()  # sync's look at the heartbeat, not the storage, is under test
+    chain = records.open_chain("x", "h", 0)
+    job = records.submitting(NewJob(chain_id=chain.id, attempt=1, experiment="x", executor="slurm",
+                                    script_path=str(run_dir / "attempt-1.sbatch"), options=options))
+    records.submitted(job.id, "77", None, datetime.fromtimestamp(now - 70, timezone.utc))
+    job = records.observed(job.id, Observation(state=JobState.RUNNING, state_text="RUNNING", node_list="n2",
+                                               runs=({"state": "RUNNING", "started_at": started},),
+                                               started_at=datetime.fromtimestamp(now - 60, timezone.utc)))
+    beat_at(now - 5)  # 5 s < max(5 × 0.5 s, 10 s)
+    assert not _note_hang(records, job)
+    beat_at(now - 90)  # before this run started: a previous run's file
+    assert not _note_hang(records, job)
+    beat_at(now - 30)
+    assert _note_hang(records, job)
+    looked = time.time()
+    assert not _note_hang(records, job)  # one failure per run
+    (failure,) = records.failures([job.id])
+    detail = failure.detail
     assert (failure.cause, detail["seen_by"], detail["step"], detail["run"], detail["node"]) == ("hang", "sync", "7", 1, "n2")
     line = failure.evidence.splitlines()[1]
     silent = re.match(r"sync: no heartbeat for (\d+\.\d) s since step 7 at ", line)

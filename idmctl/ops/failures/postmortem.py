@@ -15,7 +15,7 @@ from typing import Any
 from ground.errors import UserError
 from idmctl.core.job_state import JobState, is_failed
 from idmctl.ops.failures.classify import Classification, classify, get_cause
-from idmctl.ops.failures.progress import crash_loop, last_step, with_resume_events
+from idmctl.ops.failures.progress import History, crash_loop, last_step, with_resume_events
 from idmctl.ops.failures.rows import (PostmortemRow, _naive_utc, build_row, is_since, parse_since,  # noqa: F401 (re-exported)
                                   setting_of)
 from idmctl.core.notice import warn
@@ -23,12 +23,15 @@ from idmctl.record.db import Session, session
 from idmctl.record.failures import (attach_fix, chain_of, count_failures, failures_of, failures_with_jobs,  # noqa: F401
                                     find_jobs, jobs_to_classify, new_failure)  # (count_failures, find_jobs: re-exported)
 from idmctl.record.models import Failure, Fix, Job
+from idmctl.record.records import FailureRecord, JobRecord, NewFailure
+from idmctl.record.sql_store import failure_record, job_record
+from idmctl.record.store import JobStore
 from idmctl.ops.failures.mlflow_status import mark_run_failed
 from idmctl.ops.failures.logtail import LOG_TAIL_BYTES, read_log_tail  # noqa: F401 (re-exported: sync, importer)
 
 
 
-def waited_seconds(job: Job) -> float | None:
+def waited_seconds(job: JobRecord) -> float | None:
     """Seconds between submit and start (or end, for a job that never started)."""
     submitted = _naive_utc(job.submitted_at)
     until = _naive_utc(job.started_at or job.ended_at)
@@ -37,7 +40,7 @@ def waited_seconds(job: Job) -> float | None:
     return max(0.0, (until - submitted).total_seconds())
 
 
-def ran_seconds(job: Job) -> float | None:
+def ran_seconds(job: JobRecord) -> float | None:
     """Seconds between start and end (the last run's, for a requeued job)."""
     started, ended = _naive_utc(job.started_at), _naive_utc(job.ended_at)
     if started is None or ended is None:
@@ -60,8 +63,8 @@ class FailedRun:
     ran_seconds: float | None
 
 
-def failed_runs(job: Job) -> list[FailedRun]:
-    runs = job.runs or []
+def failed_runs(job: JobRecord) -> list[FailedRun]:
+    runs = job.runs
     found: list[FailedRun] = []
     for index, run in enumerate(runs[:-1], start=1):
         if is_failed(run["state"]) or JobState.of(run["state"]) is JobState.REQUEUED:
@@ -69,8 +72,8 @@ def failed_runs(job: Job) -> list[FailedRun]:
             ran = (ended - started).total_seconds() if started and ended else None
             found.append(FailedRun(index, False, run["state"], run.get("exit_code"), run.get("reason"),
                                    started is not None, ran))
-    if is_failed(job.state):
-        found.append(FailedRun(len(runs) if runs else job.restarts + 1, True, job.state, job.exit_code, job.reason,
+    if is_failed(job.state_text):
+        found.append(FailedRun(len(runs) if runs else job.restarts + 1, True, job.state_text, job.exit_code, job.reason,
                                job.started_at is not None, ran_seconds(job)))
     return found
 
@@ -79,14 +82,14 @@ def _parse_iso(text: str | None) -> datetime | None:
     return _naive_utc(datetime.fromisoformat(text)) if text else None
 
 
-def classify_job(job: Job, failed: FailedRun | None = None) -> Classification:
+def classify_job(job: JobRecord, failed: FailedRun | None = None) -> Classification:
     """Classify one stored job (its current run, or an earlier ``failed`` run) from Slurm's record and the log."""
     if failed is not None and not failed.final:
         # An earlier run: its own Slurm record decides; the log tail belongs to the last run.
         return classify(failed.state, reason=failed.reason, exit_code=failed.exit_code, started=failed.started,
                         ran_seconds=failed.ran_seconds, restarts=failed.run - 1)
     log = read_log_tail(job.log_path) or job.log_tail or ""  # the file holds more than the stored tail
-    found = classify(job.state, reason=job.reason, exit_code=job.exit_code,
+    found = classify(job.state_text, reason=job.reason, exit_code=job.exit_code,
                      derived_exit_code=job.derived_exit_code, log_tail=log,
                      waited_seconds=waited_seconds(job), restarts=job.restarts, started=job.started_at is not None,
                      ran_seconds=ran_seconds(job))
@@ -96,59 +99,95 @@ def classify_job(job: Job, failed: FailedRun | None = None) -> Classification:
     return found
 
 
+def classify_end(job: JobRecord, history: History) -> list[NewFailure]:
+    """Every failed run of a job that ended, classified (the final run's crash loop judged from ``history``,
+    its resume events appended): the failures its end is recorded with."""
+    found: list[NewFailure] = []
+    for run in failed_runs(job):
+        classified = classify_job(job, run)
+        if run.final:  # what resume noticed, and the chain's verdict on a loop, belong to the attempt's end
+            classified = crash_loop(job, with_resume_events(classified, read_log_tail(job.log_path)), history)
+        found.append(NewFailure(classified.cause, "\n".join(classified.evidence),
+                                {**classified.detail, "run": run.run, "final": run.final}))
+    return found
+
+
+def store_history(records: JobStore, job: JobRecord) -> History:
+    """The chain's attempts before ``job`` and their recorded causes, read from the store when asked."""
+    def read() -> tuple[list[JobRecord], dict[int, str]]:
+        earlier = records.attempts(job.chain_id, before=job.attempt) if job.chain_id is not None else []
+        return earlier, recorded_causes(records.failures([other.id for other in earlier]))
+    return read
+
+
+def _session_history(db: Session, job: JobRecord) -> History:
+    def read() -> tuple[list[JobRecord], dict[int, str]]:
+        from idmctl.record.chain_attempts import attempts_of  # here: only when a crash loop is possible
+
+        earlier = [job_record(row.model_dump()) for row in attempts_of(db, job.chain_id or 0, before=job.attempt)]
+        return earlier, recorded_causes([failure_record(row.model_dump())
+                                         for row in failures_of(db, [other.id for other in earlier])])
+    return read
+
+
 def record_failures(db: Session, jobs: list[Job] | None = None, mark_mlflow: bool = True) -> list[Failure]:
-    """Classify every failed run of every job (or those given) that is new or changed; returns the rows written."""
+    """Classify every failed run of every job (or those given) that is new or changed, in the caller's
+    session (``idmctl failures``, ``ledger``, ``failures fix``, ``jobs import``); returns the rows written.
+    Sync records an end with its failures through the store's ``ended`` instead (:func:`classify_end`)."""
     if jobs is None:
         jobs = jobs_to_classify(db)  # a job whose record has not changed since it was classified is skipped in SQL
-    candidates = [(job, runs) for job in jobs if (runs := failed_runs(job))]
+    candidates = [(job, record, runs) for job in jobs if (runs := failed_runs(record := job_record(job.model_dump())))]
     by_job: dict[int, list[Failure]] = {}
-    for failure in failures_of(db, [job.id for job, _ in candidates]):
+    for failure in failures_of(db, [job.id for job, _, _ in candidates]):
         by_job.setdefault(failure.job_id, []).append(failure)
     written: list[Failure] = []
-    for job, runs in candidates:
+    for job, record, runs in candidates:
         existing = {json.loads(f.detail_json or "{}").get("run", 1): f for f in by_job.get(job.id, [])}
         fresh = existing and all(_naive_utc(f.classified_at) >= _naive_utc(job.updated_at) for f in existing.values())
         if fresh and {run.run for run in runs} <= set(existing):
             continue
-        for run in runs:
-            found = classify_job(job, run)
-            if run.final:  # what resume noticed, and the chain's verdict on a loop, belong to the attempt's end
-                found = crash_loop(db, job, with_resume_events(found, read_log_tail(job.log_path)), recorded_causes)
-            failure = existing.get(run.run) or new_failure(job.id, found.cause)
+        for found in classify_end(record, _session_history(db, record)):
+            run, final = found.detail["run"], found.detail["final"]
+            failure = existing.get(run) or new_failure(job.id, found.cause)
             failure.cause = found.cause
-            failure.evidence = "\n".join(found.evidence)
-            failure.detail_json = json.dumps({**found.detail, "run": run.run, "final": run.final}, sort_keys=True)
+            failure.evidence = found.evidence
+            failure.detail_json = json.dumps(dict(found.detail), sort_keys=True)
             failure.classified_at = datetime.now(timezone.utc)
             db.add(failure)
             written.append(failure)
-            if mark_mlflow and run.final:
+            if mark_mlflow and final:
                 _mark_chain_run(db, job, found.cause)
     db.flush()
     return written
 
 
-def recorded_causes(db: Session, jobs: list[Job]) -> dict[int, str]:
-    """Each job's recorded cause of how it ended: the Failure row of its final run (the latest run that
-    ``record_failures`` wrote as ``final``). A job with no such row is absent: it has not been classified."""
+def recorded_causes(failures: list[FailureRecord]) -> dict[int, str]:
+    """Each job's recorded cause of how it ended: the failure of its final run (the latest run recorded
+    as ``final``). A job with no such failure is absent: it has not been classified."""
     found: dict[int, tuple[int, str]] = {}
-    for failure in failures_of(db, [job.id for job in jobs if job.id is not None]):
-        detail = json.loads(failure.detail_json or "{}")
-        run = int(detail.get("run", 1))
-        if detail.get("final") and run >= found.get(failure.job_id, (0, ""))[0]:
-            found[failure.job_id] = (run, failure.cause)
+    for failure in failures:
+        if failure.final and failure.run >= found.get(failure.job_id, (0, ""))[0]:
+            found[failure.job_id] = (failure.run, failure.cause)
     return {job_id: cause for job_id, (_, cause) in found.items()}
 
 
-def _mark_chain_run(db: Session, job: Job, cause: str) -> None:
-    chain = chain_of(db, job)
-    if chain is None or not chain.mlflow_run_id:
+def mark_ended_run(mlflow_run_id: str | None, cause: str, state: str) -> None:
+    """Mark the chain's MLflow run FAILED/KILLED with the cause of the attempt that ended (a warning, never an
+    error, when MLflow will not: the record in our store matters more than the MLflow tag)."""
+    if not mlflow_run_id:
         return
     from mlflow.exceptions import MlflowException
 
     try:
-        mark_run_failed(chain.mlflow_run_id, cause=cause, slurm_state=job.state)
-    except MlflowException as exc:  # the record in our store matters more than the MLflow tag
-        warn(f"warning: could not mark MLflow run {chain.mlflow_run_id}: {exc}")
+        mark_run_failed(mlflow_run_id, cause=cause, slurm_state=state)
+    except MlflowException as exc:
+        warn(f"warning: could not mark MLflow run {mlflow_run_id}: {exc}")
+
+
+def _mark_chain_run(db: Session, job: Job, cause: str) -> None:
+    chain = chain_of(db, job)
+    if chain is not None:
+        mark_ended_run(chain.mlflow_run_id, cause, job.state)
 
 
 def record_fix(db: Session, job_ids: list[str], note: str, commit: str | None = None) -> tuple[Fix, list[Job]]:

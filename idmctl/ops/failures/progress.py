@@ -17,14 +17,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
-from idmctl.record.db import Session
-
 from ground.contract import EVENTS_FILE, STEP_MARKER
 from ground.run_events import CHECKPOINT, parse_event_line
 from idmctl.core.job_state import is_failed
 from idmctl.ops.failures.classify import MAX_LINE_CHARS, Classification, get_cause
-from idmctl.record.chain_attempts import attempts_of
-from idmctl.record.models import Job
+from idmctl.record.records import JobRecord
 from trainers.checkpoint import complete_checkpoints
 
 CRASH_LOOP = "crash_loop"
@@ -59,12 +56,13 @@ def last_step(log_text: str) -> int | None:
     return int(found[-1]) if found else None
 
 
-def note_attempt_end(job: Job, log_text: str) -> None:
-    """Record on ``job`` (just ended) the run directory's newest committed checkpoint and its last step."""
-    if not job.script_path:
-        return
-    step, source = committed_step(Path(job.script_path).parent)
-    job.committed_step = {"step": step, "source": source, "last_step": last_step(log_text)}
+def attempt_end(script_path: str | None, log_text: str) -> dict[str, Any] | None:
+    """What an attempt that just ended leaves for the next (its ``committed_step`` fact): the run directory's
+    newest committed checkpoint and the last step its log reported; None without a run directory."""
+    if not script_path:
+        return None
+    step, source = committed_step(Path(script_path).parent)
+    return {"step": step, "source": source, "last_step": last_step(log_text)}
 
 
 def resume_events(log_text: str) -> list[dict[str, str]]:
@@ -93,9 +91,9 @@ def _event_text(event: dict[str, str]) -> str:
     return text if len(text) <= MAX_LINE_CHARS else text[: MAX_LINE_CHARS - 1] + "…"
 
 
-def _progress(job: Job) -> dict[str, Any] | None:
+def _progress(job: JobRecord) -> dict[str, Any] | None:
     value = job.committed_step
-    return value if isinstance(value, dict) else None
+    return dict(value) if value is not None else None
 
 
 def _advanced(now: dict[str, Any], before: dict[str, Any] | None) -> bool:
@@ -105,29 +103,31 @@ def _advanced(now: dict[str, Any], before: dict[str, Any] | None) -> bool:
     return step is not None and (earlier is None or step > earlier)
 
 
-def crash_loop(db: Session, job: Job, found: Classification,
-               recorded_causes: Callable[[Session, list[Job]], dict[int, str]]) -> Classification:
+History = Callable[[], tuple[list[JobRecord], dict[int, str]]]
+"""The chain's attempts before the job's, oldest first, and their recorded causes by job id: asked only
+when a loop is possible (most failures never need them)."""
+
+
+def crash_loop(job: JobRecord, found: Classification, history: History) -> Classification:
     """``found`` (the final run of ``job``, classified) as ``crash_loop`` when ``job`` and the chain's attempt
     before it both failed without committing a newer checkpoint; else ``found`` unchanged. Only causes the
     policy would retry are judged (a cause that stops the chain already costs one attempt), and not a
-    preemption (the cluster's doing, free). ``recorded_causes``: the record's causes by job id
-    (``postmortem.recorded_causes``), for the earlier attempt."""
+    preemption (the cluster's doing, free)."""
     if not _loops(found.cause) or job.chain_id is None or job.attempt < 2:
         return found
-    earlier = attempts_of(db, job.chain_id, before=job.attempt)
+    earlier, cause_of = history()
     attempts = {other.attempt: other for other in earlier}
     previous = attempts.get(job.attempt - 1)
-    cause_of = recorded_causes(db, earlier)
-    if previous is None or not is_failed(previous.state) or not _loops(cause_of.get(previous.id or 0)):
+    if previous is None or not is_failed(previous.state_text) or not _loops(cause_of.get(previous.id)):
         return found
     limit = get_cause(found.cause).max_per_chain
-    if limit is not None and sum(1 for other in earlier if cause_of.get(other.id or 0) == found.cause) >= limit:
+    if limit is not None and sum(1 for other in earlier if cause_of.get(other.id) == found.cause) >= limit:
         return found  # the cause's own max_per_chain stops the chain: the more specific reason
     mine, theirs = _progress(job), _progress(previous)
     if mine is None or theirs is None:
         return found  # an attempt ended before this was recorded: no verdict from a guess
     before_previous = _progress(attempts[job.attempt - 2]) if job.attempt - 2 in attempts else None
-    earlier_cause = cause_of[previous.id or 0]
+    earlier_cause = cause_of[previous.id]
     if _advanced(mine, theirs):
         return found
     if _advanced(theirs, before_previous) and not _same_way(earlier_cause, theirs, found.cause, mine):

@@ -12,10 +12,12 @@ from sqlmodel import select
 
 from ground.run_events import CHECKPOINT, CHECKPOINT_CORRUPT, append_event, event_line
 from idmctl.ops.failures.postmortem import record_failures, recorded_causes
-from idmctl.ops.failures.progress import committed_step, note_attempt_end
-from idmctl.ops.retry import decide_for_job
+from idmctl.ops.failures.progress import attempt_end, committed_step
+from idmctl.ops.retry import Decision, decide_for_job
 from idmctl.record import session
 from idmctl.record.models import Chain, Failure, Job
+from idmctl.record.sql_store import failure_record
+from idmctl.record.store import store
 
 T0 = datetime(2026, 11, 30, 3, 0, 0, tzinfo=timezone.utc)
 
@@ -50,11 +52,23 @@ def _attempt(db, chain: Chain, attempt: int, run_dir: Path, job_id: str, node: s
               exit_code="86:0", node_list=node, qos="share", submitted_at=start, started_at=start,
               ended_at=start + timedelta(minutes=1), script_path=str(run_dir / f"attempt-{attempt}.sbatch"),
               log_path=str(log_path), options_json=json.dumps({"retries": 3}))
-    note_attempt_end(job, log)  # what sync does when the attempt ends, before classifying it
+    job.committed_step = attempt_end(job.script_path, log)  # what sync records when the attempt ends, before classifying it
     db.add(job)
     db.flush()
     record_failures(db, [job])
     return job
+
+
+def _causes(db, jobs: list[Job]) -> dict[int, str]:
+    """The recorded causes of these jobs, read in the test's open session."""
+    rows = db.exec(select(Failure).where(Failure.job_id.in_([job.id for job in jobs])))  # type: ignore[union-attr]
+    return recorded_causes([failure_record(row.model_dump()) for row in rows])
+
+
+def _decide(job: Job, chain: Chain) -> Decision:
+    """What sync decides for the job, from the store (after the test's session committed)."""
+    records = store()
+    return decide_for_job(records, records.job(job.id), records.chain(chain.id))  # type: ignore[arg-type]
 
 
 def test_committed_step_reads_published_checkpoints_and_checkpoint_events(tmp_path: Path) -> None:
@@ -81,13 +95,13 @@ def test_two_attempts_without_a_newer_checkpoint_stop_the_chain_as_crash_loop(cl
         _attempt(db, chains[0], 1, progressed, "7001", "n1", [1, 2, 3])
         resumed = _attempt(db, chains[0], 2, progressed, "7002", "n2", [])
         assert resumed.committed_step["step"] == 3
-        assert recorded_causes(db, [resumed]) == {resumed.id: "hang"}
+        assert _causes(db, [resumed]) == {resumed.id: "hang"}
         # Attempts 3 and 4 (another chain) both hang before their first checkpoint.
         first = _attempt(db, chains[1], 1, stuck, "7003", "n1", [])
-        assert recorded_causes(db, [first]) == {first.id: "hang"}
+        assert _causes(db, [first]) == {first.id: "hang"}
         second = _attempt(db, chains[1], 2, stuck, "7004", "n2", [])
         (row,) = db.exec(select(Failure).where(Failure.job_id == second.id)).all()
-        decision = decide_for_job(db, second, chains[1])
+    decision = _decide(second, chains[1])
     assert row.cause == "crash_loop"
     detail = json.loads(row.detail_json)
     assert detail["loop_of"] == "hang"
@@ -137,10 +151,10 @@ def test_checkpoint_then_fail_twice_the_same_way_is_a_crash_loop(tmp_path: Path)
         assert first.committed_step == {"step": 3, "source": "events.jsonl", "last_step": 5}
         second = _attempt(db, chains[0], 2, looping, "7202", "n2", [4, 5])
         (row,) = db.exec(select(Failure).where(Failure.job_id == second.id)).all()
-        decision = decide_for_job(db, second, chains[0])
         _attempt(db, chains[1], 1, elsewhere, "7203", "n1", [1, 2, 3, 4, 5])
         other = _attempt(db, chains[1], 2, elsewhere, "7204", "n2", [4])
-        assert recorded_causes(db, [other]) == {other.id: "hang"}
+        assert _causes(db, [other]) == {other.id: "hang"}
+    decision = _decide(second, chains[0])
     assert row.cause == "crash_loop"
     assert row.evidence.splitlines()[1] == ("crash loop: attempt 1 (job 7201) hang at step 5, then attempt 2 "
                                             "(job 7202) hang at step 5; newest committed checkpoint still step 3")

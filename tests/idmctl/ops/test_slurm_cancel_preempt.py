@@ -108,8 +108,9 @@ def test_where_preemption_cancels_sync_resubmits_the_chain_and_it_resumes(cli, m
     # Slurm records FAILED 75:0 (the script exited after its refused requeue) or PREEMPTED (killed first).
     assert first.state in ("PREEMPTED", "FAILED") and is_terminal(first.state), (first.state, first.log_tail)
     from idmctl.ops.failures.postmortem import classify_job
+    from idmctl.record.store import store
 
-    assert classify_job(first).cause == "preempted", first.log_tail
+    assert classify_job(store().job(first.id)).cause == "preempted", first.log_tail  # type: ignore[arg-type]
     _sync_until(cli, "the resubmitted attempt to complete", lambda: is_terminal(_chain_jobs(low["chain"])[1].state), 180)
     second = _chain_jobs(low["chain"])[1]
     log = Path(second.log_path or "").read_text()

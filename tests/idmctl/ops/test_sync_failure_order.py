@@ -104,9 +104,9 @@ def test_one_sync_classifies_each_ended_job_once_and_decides_from_its_row(
     seen_at_decision: dict[int, dict[int, str]] = {}
     real_decide = retry.decide_for_job
 
-    def looking_decide(db, job, chain, retry_allowed=True):
-        seen_at_decision[job.id] = postmortem.recorded_causes(db, [job])
-        return real_decide(db, job, chain, retry_allowed)
+    def looking_decide(records, job, chain, retry_allowed=True):
+        seen_at_decision[job.id] = postmortem.recorded_causes(records.failures([job.id]))
+        return real_decide(records, job, chain, retry_allowed)
 
     monkeypatch.setattr(postmortem, "classify", counting_classify)
     monkeypatch.setattr(retry, "decide_for_job", looking_decide)
