@@ -6,15 +6,15 @@ beside its SQL storage). Every behaviour runs against it and the SQL store in
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timezone
 
 from idmctl.core.job_state import JobState
 from idmctl.record.records import (ChainRecord, ChainStatus, FailureRecord, JobRecord, NewFailure,
                                    NodeExclusionRecord)
-from idmctl.record.moves import (FACTS, Decision, claimant, merged, NewJob, Observation, SpecVersionRecord, TransitionRefused,
-                                 UnknownRecord)
+from idmctl.record.moves import (Decision, FACTS, ImportedJob, NewJob, Observation, SpecVersionRecord,
+                                 TransitionRefused, UnknownRecord, claimant, merged)
 
 
 def _now() -> datetime:
@@ -201,6 +201,30 @@ class MemoryStore:
             if not chain.mlflow_run_id:
                 chain = self._chains[chain_id] = replace(chain, mlflow_run_id=mlflow_run_id)
             return chain
+
+    def imported(self, jobs: Sequence[ImportedJob],
+                 classify: Callable[[JobRecord], Sequence[NewFailure]]) -> list[tuple[JobRecord, list[FailureRecord]]]:
+        with self._lock:
+            known = {job.scheduler_id for job in self._jobs.values()}
+            added = []
+            for new in jobs:
+                if new.scheduler_id in known:
+                    continue
+                known.add(new.scheduler_id)
+                state = JobState.stored(new.state_text)
+                if state is None:
+                    raise TransitionRefused(f"job {new.scheduler_id}: {new.state_text!r} is not a job state")
+                now = _now()
+                record = JobRecord(id=len(self._jobs) + 1, experiment=new.experiment, state=state,
+                                   state_text=new.state_text, scheduler_id=new.scheduler_id, reason=new.reason,
+                                   exit_code=new.exit_code, derived_exit_code=new.derived_exit_code,
+                                   submitted_at=new.submitted_at, started_at=new.started_at, ended_at=new.ended_at,
+                                   node_list=new.node_list, restarts=new.restarts, qos=new.qos, gpus=new.gpus,
+                                   log_path=new.log_path, log_tail=new.log_tail, imported=True,
+                                   user=new.user or self.user, host=self.host, created_at=now, updated_at=now)
+                self._jobs[record.id] = record
+                added.append((record, [self._write_failure(record.id, found) for found in classify(record)]))
+            return added
 
     def claim_notice(self, job_id: int, event: str) -> bool:
         with self._lock:

@@ -120,3 +120,30 @@ class Decision:
     """One of the chain's retries is spent on the resubmission."""
     exclude: Sequence[NodeExclusionRecord] = ()
     """Nodes left out of later submissions."""
+
+
+@dataclass(frozen=True)
+class ImportedJob:
+    """A job ``jobs import`` pulled from sacct (idmctl did not submit it)."""
+
+    scheduler_id: str
+    """Slurm's job id."""
+    experiment: str
+    """Its job name (the experiment, when it is one of ours)."""
+    state_text: str
+    """Its state as sacct printed it."""
+    reason: str | None = None
+    exit_code: str | None = None
+    derived_exit_code: str | None = None
+    submitted_at: datetime | None = None
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+    node_list: str | None = None
+    restarts: int = 0
+    qos: str | None = None
+    gpus: int | None = None
+    log_path: str | None = None
+    """Slurm's default output file, when it is still there."""
+    log_tail: str | None = None
+    user: str | None = None
+    """Who submitted it (the row's ``user``; None: whoever imports it)."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from typing import Protocol
@@ -23,8 +23,8 @@ from idmctl.core.job_state import JobState
 from idmctl.record.fast import JOB_JSON_COLUMNS, connect, db_time, from_db_time, stored_json_value
 from idmctl.record.records import (ChainRecord, ChainStatus, EndClaim, EvalLink, FailureRecord, JobRecord, NewFailure,
                                    NodeExclusionRecord)
-from idmctl.record.moves import (FACTS, Decision, claimant, merged, NewJob, Observation,
-                                 SpecVersionRecord, TransitionRefused, UnknownRecord)
+from idmctl.record.moves import (Decision, FACTS, ImportedJob, NewJob, Observation, SpecVersionRecord,
+                                 TransitionRefused, UnknownRecord, claimant, merged)
 from idmctl.record.stored_json import EVAL_FIELDS, job_options, typed
 from idmctl.record.url import writer
 
@@ -446,6 +446,31 @@ class SqlStore:
             if not found:
                 raise UnknownRecord(f"no chain {chain_id} in the store")
             return chain_record(found[0])
+
+    def imported(self, jobs: Sequence[ImportedJob],
+                 classify: Callable[[JobRecord], Sequence[NewFailure]]) -> list[tuple[JobRecord, list[FailureRecord]]]:
+        now = _now()
+        added: list[tuple[JobRecord, list[FailureRecord]]] = []
+        with _transaction() as db:
+            ids = [job.scheduler_id for job in jobs]
+            known = {str(row["scheduler_id"]) for start in range(0, len(ids), IN_CHUNK)
+                     for row in db.select("job", [("scheduler_id", "in", ids[start:start + IN_CHUNK])])}
+            for new in jobs:
+                if new.scheduler_id in known:
+                    continue
+                known.add(new.scheduler_id)
+                writer_of = _writer()
+                job_id = db.insert("job", {
+                    "experiment": new.experiment, "executor": "slurm", "attempt": 1, "scheduler_id": new.scheduler_id,
+                    "state": new.state_text, "reason": new.reason, "exit_code": new.exit_code,
+                    "derived_exit_code": new.derived_exit_code, "submitted_at": new.submitted_at,
+                    "started_at": new.started_at, "ended_at": new.ended_at, "node_list": new.node_list,
+                    "restarts": new.restarts, "qos": new.qos, "gpus": new.gpus, "log_path": new.log_path,
+                    "log_tail": new.log_tail, "options_json": "{}", "imported": True, "created_at": now,
+                    "updated_at": now, **writer_of, "user": new.user or writer_of["user"]})
+                record = self._row(db, job_id)
+                added.append((record, [self._write_failure(db, job_id, found, now) for found in classify(record)]))
+        return added
 
     def claim_notice(self, job_id: int, event: str) -> bool:
         with _transaction() as db:

@@ -22,12 +22,12 @@ behaviour against both.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Protocol
 
-from idmctl.record.moves import (FACTS, Decision, NewJob, Observation, SpecVersionRecord, TransitionRefused,  # noqa: F401
-                                 UnknownRecord, claimant, merged)  # (re-exported: the face's vocabulary)
+from idmctl.record.moves import (Decision, FACTS, ImportedJob, NewJob, Observation, SpecVersionRecord,
+                                 TransitionRefused, UnknownRecord, claimant, merged)  # noqa: F401  (re-exported: the face's vocabulary)
 from idmctl.record.records import ChainRecord, FailureRecord, JobRecord, NewFailure, NodeExclusionRecord
 
 
@@ -112,6 +112,12 @@ class JobStore(Protocol):
 
     def note_chain_run(self, chain_id: int, mlflow_run_id: str) -> ChainRecord:
         """The chain's MLflow run, kept once (a run already noted stays)."""
+
+    def imported(self, jobs: Sequence[ImportedJob],
+                 classify: Callable[[JobRecord], Sequence[NewFailure]]) -> list[tuple[JobRecord, list[FailureRecord]]]:
+        """Jobs pulled from sacct, in one transaction: one whose scheduler id the store already holds is
+        left out, each new one stored with the failures ``classify`` finds in its record. Returns the new
+        records with their failures, in order."""
 
     def claim_notice(self, job_id: int, event: str) -> bool:
         """True for the first claim of ``event`` on the job (its message is sent once), False after."""

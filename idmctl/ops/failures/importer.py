@@ -1,5 +1,5 @@
 """``idmctl jobs import``: pull a team's past jobs from sacct so failures submitted without idmctl
-enter the postmortem log (as ``Job(imported=True)`` rows, classified like any other)."""
+enter the postmortem log (as imported job records, classified like any other)."""
 
 from __future__ import annotations
 
@@ -15,10 +15,8 @@ from ground.errors import CheckFailed, UserError
 from idmctl.core.job_state import JobState, is_terminal
 from idmctl.ops.executors.slurm_read import (CallDeadline, ReadNotes, TooManyRecords, known, parse_time, run_bounded,
                                              sacct_time, slurm_env)
-from idmctl.ops.failures.postmortem import read_log_tail, record_failures
-from idmctl.record.db import Session, session
-from idmctl.record.failures import known_scheduler_ids
-from idmctl.record.models import Job
+from idmctl.ops.failures.postmortem import classify_end, read_log_tail
+from idmctl.record.store import ImportedJob, store
 
 IMPORT_FIELDS = ("JobID", "State", "ExitCode", "DerivedExitCode", "Reason", "Submit", "Start", "End", "NodeList",
                  "QOS", "AllocTRES", "WorkDir", "User", "JobName")
@@ -189,9 +187,9 @@ def import_windows(since: datetime, until: datetime | None = None) -> tuple[dict
     carry: dict[str, SacctJob] = {}
     counted = gpus_counted()
 
-    def store(records: list[SacctJob]) -> None:
+    def keep(records: list[SacctJob]) -> None:
         nonlocal failed_runs
-        # A window may hold up to MAX_LINES_PER_CALL jobs: stored STORE_BATCH at a time, so the ORM rows of
+        # A window may hold up to MAX_LINES_PER_CALL jobs: stored STORE_BATCH at a time, so the records of
         # one transaction, not the window, set the peak (measured: 77 MB at 900 jobs a window, 179 MB at 7,900).
         for start in range(0, len(records), STORE_BATCH):
             result, runs = import_and_classify(records[start:start + STORE_BATCH])
@@ -210,8 +208,8 @@ def import_windows(since: datetime, until: datetime | None = None) -> tuple[dict
                 carry[record.scheduler_id] = record
             else:
                 ready.append(record)
-        store(ready)
-    store(list(carry.values()))
+        keep(ready)
+    keep(list(carry.values()))
     return total, failed_runs
 
 
@@ -223,34 +221,23 @@ def default_log(record: SacctJob) -> str | None:
     return str(path) if path.is_file() else None
 
 
-def import_history(db: Session, records: list[SacctJob]) -> list[Job]:
-    """Store the jobs the store does not know yet (by Slurm id); returns the new rows."""
-    known = known_scheduler_ids(db)
-    added: list[Job] = []
-    for record in records:
-        if record.scheduler_id in known or "." in record.scheduler_id:
-            continue
-        log_path = default_log(record)
-        job = Job(experiment=record.name, executor="slurm", scheduler_id=record.scheduler_id, state=record.state,
-                  reason=record.reason, exit_code=record.exit_code, submitted_at=record.submitted_at,
-                  started_at=record.started_at, ended_at=record.ended_at, node_list=record.node_list,
-                  restarts=record.restarts, qos=record.qos, gpus=record.gpus, log_path=log_path,
-                  log_tail=read_log_tail(log_path) or None, imported=True,
-                  derived_exit_code=record.derived_exit_code)
-        if record.user:  # the submitter, not whoever ran the import (host stays the importer's)
-            job.user = record.user
-        db.add(job)
-        added.append(job)
-    db.flush()
-    return added
+def imported_job(record: SacctJob) -> ImportedJob:
+    """A job sacct lists, as the store takes it."""
+    log_path = default_log(record)
+    return ImportedJob(scheduler_id=record.scheduler_id, experiment=record.name, state_text=record.state,
+                       reason=record.reason, exit_code=record.exit_code, derived_exit_code=record.derived_exit_code,
+                       submitted_at=record.submitted_at, started_at=record.started_at, ended_at=record.ended_at,
+                       node_list=record.node_list, restarts=record.restarts, qos=record.qos, gpus=record.gpus,
+                       log_path=log_path, log_tail=read_log_tail(log_path) or None, user=record.user or None)
 
 
 def import_and_classify(records: list[SacctJob]) -> tuple[dict[str, Any], int]:
-    """Store the jobs the store does not know yet and classify their failures, in one transaction;
-    returns what ``jobs import`` reports (sacct's count, the imported Slurm ids, each failed job's cause)
-    and the number of failed runs classified (a requeued job may have several)."""
-    with session() as db:
-        added = import_history(db, records)
-        failures = record_failures(db, added)
-        return {"seen": len(records), "imported": [job.scheduler_id for job in added],
-                "failed": {str(failure.job_id): failure.cause for failure in failures}}, len(failures)
+    """Store the jobs the store does not know yet and classify their failures, in one transaction (an
+    imported job has no chain: no crash loop to judge); returns what ``jobs import`` reports (sacct's
+    count, the imported Slurm ids, each failed job's cause) and the number of failed runs classified (a
+    requeued job may have several)."""
+    added = store().imported([imported_job(record) for record in records if "." not in record.scheduler_id],
+                             lambda job: classify_end(job, lambda: ([], {})))
+    return {"seen": len(records), "imported": [job.scheduler_id for job, _ in added],
+            "failed": {str(failure.job_id): failure.cause for _, failures in added for failure in failures}}, sum(
+        len(failures) for _, failures in added)

@@ -14,8 +14,8 @@ import pytest
 from ground.contract import ENV_DB_URL, ENV_HOME
 from idmctl.core.job_state import JobState
 from idmctl.record.memory_store import MemoryStore
-from idmctl.record.records import ChainStatus, EvalLink, NewFailure, NodeExclusionRecord
-from idmctl.record.store import (Decision, JobStore, NewJob, Observation, SpecVersionRecord, TransitionRefused,
+from idmctl.record.records import ChainStatus, EvalLink, JobRecord, NewFailure, NodeExclusionRecord
+from idmctl.record.store import (Decision, ImportedJob, JobStore, NewJob, Observation, SpecVersionRecord, TransitionRefused,
                                  UnknownRecord)
 
 T0 = datetime(2026, 12, 7, 10, 0, 0, tzinfo=timezone.utc)
@@ -217,3 +217,22 @@ def test_the_records_are_frozen(store: JobStore) -> None:
     with pytest.raises(AttributeError):
         job.state = JobState.FAILED  # type: ignore[misc]
     assert replace(job, state=JobState.FAILED) != job and store.job(job_id) == job
+
+
+def test_imported_jobs_are_stored_once_with_their_failures(store: JobStore) -> None:
+    def classify(job: JobRecord) -> list[NewFailure]:
+        seen.append(job.scheduler_id)
+        return [] if job.state is JobState.COMPLETED else [NewFailure("oom_host", f"Slurm: State={job.state_text}",
+                                                                      {"run": 1, "final": True})]
+
+    seen: list[str | None] = []
+    oom = ImportedJob("6054", "card_a", "OUT_OF_MEMORY", exit_code="0:125", ended_at=T0, user="alice")
+    first = store.imported([oom, ImportedJob("6055", "card_a", "COMPLETED", ended_at=T0)], classify)
+    assert [(j.scheduler_id, j.state, j.imported, j.chain_id, len(f)) for j, f in first] == [
+        ("6054", JobState.OUT_OF_MEMORY, True, None, 1), ("6055", JobState.COMPLETED, True, None, 0)]
+    (oom_job, (failure,)), (done, _) = first
+    assert oom_job.user == "alice" and done.user == store.job(done.id).user  # type: ignore[union-attr]
+    assert store.failures([oom_job.id]) == [failure] and failure.evidence == "Slurm: State=OUT_OF_MEMORY"
+    again = store.imported([oom, ImportedJob("6056", "card_a", "CANCELLED by 0")], classify)
+    assert [job.state_text for job, _ in again] == ["CANCELLED by 0"] and seen == ["6054", "6055", "6056"]
+    assert len(store.failures([oom_job.id])) == 1  # a known job is left alone (not classified again)
