@@ -18,10 +18,11 @@ from pathlib import Path
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DatabaseError as SQLAlchemyDatabaseError
+from sqlalchemy.orm.exc import StaleDataError
 from sqlmodel import Session, create_engine
 
 from ground.contract import ENV_HOME
-from ground.errors import UserError
+from ground.errors import CheckFailed, UserError
 from ground.paths import db_path
 from idmctl.record.migrate import known_revisions, seed_new_store, upgrade
 from idmctl.record.url import shared_url
@@ -156,6 +157,11 @@ def open_store(path: Path | None = None) -> Engine:
     return _engine_for(str(path or db_path()))
 
 
+class RowRefused(CheckFailed):
+    """A write the store matched to no row: in a team's store with one role per member, row-level security
+    keeps a colleague's job and chain rows theirs (runbook: One role per member); else the row went meanwhile."""
+
+
 @contextmanager
 def session(path: Path | None = None) -> Iterator[Session]:
     """A session that commits on success and rolls back on any exception."""
@@ -163,6 +169,10 @@ def session(path: Path | None = None) -> Iterator[Session]:
         try:
             yield db
             db.commit()
+        except StaleDataError as exc:  # the ORM's UPDATE/DELETE matched 0 rows: one line, not a traceback
+            db.rollback()
+            raise RowRefused(f"error: the store changed nothing ({exc}); in a team's store a member changes only "
+                             "their own jobs and chains (row-level security)") from exc
         except SQLAlchemyDatabaseError as exc:
             db.rollback()
 

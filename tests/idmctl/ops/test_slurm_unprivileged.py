@@ -122,8 +122,15 @@ def test_a_member_runs_the_loop_and_another_cannot_cancel_their_job(team: dict[s
         refused = _as(bob, team[bob], "cancel", str(running["job"]), db_url=db_url)
         assert refused.returncode == 1, refused.stdout + refused.stderr
         lines = [line for line in refused.stderr.splitlines() if line.strip()]
-        assert len(lines) == 1 and "scancel" in lines[0] and "Traceback" not in refused.stderr, refused.stderr
+        assert len(lines) == 1 and "Traceback" not in refused.stderr, refused.stderr
+        assert lines == [f"error: cannot cancel job {running['job']} (Slurm job {running['scheduler_id']}): it is {alice}'s, "
+                         "and Slurm lets only its owner or an operator cancel it (scancel: Access/permission denied); "
+                         "nothing recorded"], lines
         assert squeue_state(running["scheduler_id"]) == "RUNNING"
+        # nothing recorded as cancelled: the job still runs in the record and its chain may still be retried
+        assert _chain_status(db_url, running["chain"]) == "ACTIVE"
+        seen = {r["job"]: r for r in json.loads(_as(bob, team[bob], "jobs", "--json", db_url=db_url).stdout)}
+        assert seen[running["job"]]["state"] in ("PENDING", "RUNNING"), seen[running["job"]]
         own = _as(alice, team[alice], "cancel", str(running["job"]), db_url=db_url)
         assert own.returncode == 0, own.stderr
         wait_until(lambda: squeue_state(running["scheduler_id"]) in ("", "CANCELLED", "COMPLETING"), 60,
@@ -183,6 +190,18 @@ def test_a_shared_code_store_serves_both_members_and_gc_leaves_a_colleagues_snap
             assert all((shared / "snapshots" / name).owner() != bob for name in left)
 
 
+def _chain_status(db_url: str, chain: int) -> str:
+    """The chain's status as the team's store holds it, read as the database's owner (not through idmctl)."""
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(db_url)
+    try:
+        with engine.connect() as connection:
+            return connection.execute(text("SELECT status FROM chain WHERE id = :id"), {"id": chain}).scalar_one()
+    finally:
+        engine.dispose()
+
+
 def _job_row(db_url: str, job: int) -> dict:
     """The job's row as the team's store holds it, read as the database's owner (not through idmctl)."""
     from sqlalchemy import create_engine, text
@@ -201,11 +220,13 @@ def test_a_members_preempted_job_is_requeued_and_resumes_from_her_own_checkpoint
     Slurm signals it, it checkpoints into alice's run directory and Slurm requeues it; the next run resumes as
     alice from that checkpoint, and alice's sync records the preemption (the job's runs) and the resume."""
     alice, bob = USERS
-    total = 24
+    # 30 s of steps: bob's submit as a separate process takes ~10 s (snapshot, admission, sbatch --test-only),
+    # and the preemption must land while alice's first run is still going (24 steps of 0.3 s finished first).
+    total = 120
     with fresh_database() as db_url:
         done = _as(alice, team[alice], "submit", "quickstart", "--entry", "tests.jobs_entry", "--force", "--reason",
                    "to be preempted", "--qos", "sub", "-c", "2", "--mem", "400MB", "--exclude", "n2", "-J", "alice-low",
-                   "--json", db_url=db_url, IDMCTL_TEST_BEHAVIOR=f"steps:{total}:0.3")
+                   "--json", db_url=db_url, IDMCTL_TEST_BEHAVIOR=f"steps:{total}:0.25")
         assert done.returncode == 0, done.stderr
         low = json.loads(done.stdout)
         log, run_dir = Path(low["log"]), Path(low["script"]).parent
@@ -229,9 +250,9 @@ def test_a_members_preempted_job_is_requeued_and_resumes_from_her_own_checkpoint
         assert rows[high["job"]]["state"] == "COMPLETED" and rows[high["job"]]["user"] == bob
         mine = rows[low["job"]]
         assert (mine["state"], mine["user"], mine["chain"], mine["attempt"]) == ("COMPLETED", alice, low["chain"], 1), mine
-        assert mine["restarts"] >= 1, mine  # Slurm requeued the same job: no resubmission
         record = _job_row(db_url, low["job"])
         runs = record["runs"] if isinstance(record["runs"], list) else json.loads(record["runs"])
+        assert mine["restarts"] >= 1, (mine, runs, log.read_text()[-2000:])  # Slurm requeued the same job
         assert runs[0]["state"] in ("PREEMPTED", "REQUEUED") and runs[-1]["state"] == "COMPLETED", runs
         text = log.read_text()
         assert re.search(r"entry: checkpointed at step \d+ on signal", text), text[-2000:]
@@ -453,3 +474,20 @@ def test_per_member_database_roles_each_writes_their_own_rows_reads_all_and_cann
         (row,) = _as_role(db["owner"], "SELECT job.state, chain.status FROM job JOIN chain ON chain.id = job.chain_id "
                                        "WHERE job.id = :id", id=hers)[0]
         assert tuple(row) == ("COMPLETED", "COMPLETED")
+        # bob's `idmctl cancel` of alice's job: the policies refuse the chain's mark before scancel is tried
+        done = _as(alice, team[alice], "submit", "quickstart", "--entry", "tests.jobs_entry", "--force", "--reason",
+                   "bob may not cancel it", "--qos", "core-own", "--json", db_url=db[alice],
+                   IDMCTL_TEST_BEHAVIOR="steps:600:0.2")
+        assert done.returncode == 0, done.stderr
+        long = json.loads(done.stdout)
+        refused = _as(bob, team[bob], "cancel", str(long["job"]), db_url=db[bob])
+        assert (refused.returncode, refused.stderr) == (
+            1, f"error: cannot cancel job {long['job']}: it is {alice}'s, and the team's store lets only its owner change "
+               "its chain (row-level security); nothing cancelled or recorded\n"), refused.stdout + refused.stderr
+        assert squeue_state(long["scheduler_id"]) in ("PENDING", "RUNNING")
+        (row,) = _as_role(db["owner"], "SELECT status FROM chain WHERE id = :id", id=long["chain"])[0]
+        assert tuple(row) == ("ACTIVE",)
+        own = _as(alice, team[alice], "cancel", str(long["job"]), db_url=db[alice])
+        assert own.returncode == 0, own.stderr
+        wait_until(lambda: squeue_state(long["scheduler_id"]) in ("", "CANCELLED", "COMPLETING"), 60,
+                   f"{alice}'s job {long['scheduler_id']} to leave the queue after her own cancel")
