@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ground.errors import CheckFailed, UserError
 from idmctl.core.job_state import JobState
@@ -23,6 +23,9 @@ from ground.paths import expand_path, home
 from ground.spec.loader import ResolvedSpec
 from ground.spec import list_experiments, load_experiments
 from idmctl.core.job_state import is_terminal
+
+if TYPE_CHECKING:
+    from idmctl.record.records import JobRecord
 
 EXPERIMENT = "quickstart"
 DEMOS = 12
@@ -142,7 +145,7 @@ def preflight_stage(resolved: ResolvedSpec, result: QuickstartResult) -> None:
         raise CheckFailed(f"quickstart stopped: preflight FAILed {', '.join(report.failed)} (see the rows above)")
 
 
-def submit_stage(result: QuickstartResult) -> Any:
+def submit_stage(result: QuickstartResult) -> "JobRecord":
     from idmctl.core.job_options import JobRequest  # start-up: only this command needs it (1 more project modules)
     from idmctl.ops.submit import submit  # start-up: only this command needs it (23 more project modules)
 
@@ -171,20 +174,19 @@ def _follow(log_path: Path, offset: int, echo: Callable[[str], None]) -> int:
     return offset + len(complete) + 1
 
 
-def train_stage(job: Any, result: QuickstartResult, poll_s: float = 1.0) -> Path:
+def train_stage(job: "JobRecord", result: QuickstartResult, poll_s: float = 1.0) -> Path:
     """Wait for the job through ``idmctl sync`` (the same path for the local executor and Slurm)."""
     from idmctl.ops.submit import runs_dir  # start-up: only this command needs it (23 more project modules)
     from idmctl.ops.sync import sync  # start-up: pulls sqlalchemy and pydantic
-    from idmctl.record.db import session  # start-up: pulls sqlalchemy and pydantic
-    from idmctl.record.models import Job  # start-up: pulls sqlalchemy and pydantic
+    from idmctl.record.store import store  # start-up: only this command needs it
 
     started = time.perf_counter()
-    log_path, offset, state = Path(job.log_path), 0, job.state
+    jobs = store()
+    log_path, offset, state = Path(job.log_path), 0, job.state_text
     while True:
         sync(retry=True)
-        with session() as db:
-            row = db.get(Job, job.id)
-            state = row.state if row else "UNKNOWN"
+        found = jobs.job(job.id)
+        state = found.state_text if found else "UNKNOWN"
         offset = _follow(log_path, offset, detail)
         if is_terminal(state):
             break

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from idmctl.gate import smoke as smoke_check
 from idmctl.core.checks import CheckResult, Measurements, PreflightContext, SmokeMeasurement, Status
@@ -22,7 +22,6 @@ from idmctl.gate.runner import NOT_RERUN, gather, introspect
 
 if TYPE_CHECKING:
     from idmctl.job.effective import EffectiveJob
-    from idmctl.record.models import PreflightRun
 
 
 @dataclass(frozen=True)
@@ -45,7 +44,16 @@ class Admission:
                 "checks": [r.as_dict() for r in self.results]}
 
 
-def stored_smoke(run: "PreflightRun | None") -> SmokeMeasurement | None:
+class StoredPreflight(Protocol):
+    """What the gate reads of a recorded preflight run (``idmctl.record.preflights`` hands them out)."""
+
+    id: int | None
+    """The run's id (``preflight #12``)."""
+    result_json: str
+    """Its checks as stored: ``{"checks": [CheckResult.as_dict, ...], "failed", "smoke_flags", "job"}``."""
+
+
+def stored_smoke(run: StoredPreflight | None) -> SmokeMeasurement | None:
     """The smoke measurement a recorded preflight made (its numbers are ``SmokeMeasurement.as_dict``)."""
     if run is None:
         return None
@@ -56,7 +64,7 @@ def stored_smoke(run: "PreflightRun | None") -> SmokeMeasurement | None:
     return None
 
 
-def judge(job: "EffectiveJob", preflight: "PreflightRun | None", code_version: str | None,
+def judge(job: "EffectiveJob", preflight: StoredPreflight | None, code_version: str | None,
           measurements: Measurements | None = None, memo_only: bool = False) -> Admission:
     """Run every static check on the effective job and re-judge the preflight's smoke measurement.
     With the code version, introspection and cache inspection come from the memo when nothing changed;

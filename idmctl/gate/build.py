@@ -46,9 +46,8 @@ if TYPE_CHECKING:
     from cache.build_plan import BuildPlan
     from idmctl.core.job_options import JobOptions
     from idmctl.job.effective import EffectiveJob
-    from idmctl.gate.admission import Admission
+    from idmctl.gate.admission import Admission, StoredPreflight
     from idmctl.gate.runner import PreflightReport
-    from idmctl.record.models import PreflightRun
 
 BUILD_CHECK_NAMES = ("build_weights", "build_norm", "build_disk", "build_smoke")
 SMOKE_NAME = "build_smoke"
@@ -350,7 +349,7 @@ def run_build_preflight(job: "EffectiveJob", *, with_smoke: bool = True, timeout
     return replace(report, run_id=run.id)
 
 
-def stored_smoke(run: "PreflightRun | None") -> BuildSmoke | None:
+def stored_smoke(run: "StoredPreflight | None") -> BuildSmoke | None:
     if run is None:
         return None
     for check in json.loads(run.result_json or "{}").get("checks", []):
@@ -360,7 +359,7 @@ def stored_smoke(run: "PreflightRun | None") -> BuildSmoke | None:
     return None
 
 
-def judge(job: "EffectiveJob", preflight: "PreflightRun | None") -> "Admission":
+def judge(job: "EffectiveJob", preflight: "StoredPreflight | None") -> "Admission":
     """Submit-time: the static build checks again on the effective job, and the stored smoke re-judged
     against its ``--time``/``--mem`` (files built since the preflight shrink the estimate)."""
     from idmctl.gate.admission import Admission  # start-up: 33 more project modules only this path needs

@@ -38,13 +38,14 @@ from idmctl.core.job_state import is_terminal
 from idmctl.job.code import JobCode
 from idmctl.ops.executors import executor_for
 from idmctl.record.eval_jobs import completed_evals, eval_jobs_of, measured_eval, store_eval_link
-from idmctl.record.jobs import open_chain
+from idmctl.record.store import store
 from idmctl.record.stored_json import eval_link, job_options
 
 if TYPE_CHECKING:
     from ground.spec.loader import ResolvedSpec
     from ground.spec.schema import EvalResources
     from idmctl.job.effective import EffectiveJob
+    from idmctl.record.records import JobRecord
     from idmctl.ops.submit import Submitted
 
 EARLY_END = ("FAILED", "CANCELLED")
@@ -116,18 +117,20 @@ def submit_with_evals(experiment: str, request: JobRequest, cluster: str | None,
     else:
         submitted = submitting.resume(experiment, resume, request, cluster, code_choice, force_reason=force_reason)
     training = submitted.job
-    stored = job_options(training.options_json, training.id)
-    resolved = submitting._resolved_from_run(json.loads(Path(training.script_path).with_name(contract.SPEC_FILE)
-                                                        .read_text()), training.script_path)
-    options = JobOptions(**{k: v for k, v in stored.items() if k in JobOptions.__dataclass_fields__})
+    script_path = Path(training.script_path or "")
+    resolved = submitting._resolved_from_run(json.loads(script_path.with_name(contract.SPEC_FILE).read_text()),
+                                             str(script_path))
+    options = JobOptions(**{k: v for k, v in training.options.items() if k in JobOptions.__dataclass_fields__})
     submitted.evaluated = {step: evaluated[step] for step in steps if step in evaluated}
     own = resolved.spec.eval.resources
     measured = measured_eval(resolved.name, training.spec_hash or resolved.hash)
-    submitted.evals = [_submit_one(resolved, "slurm", _eval_options(options, step, training.scheduler_id, own, measured),
-                                   JobCode.from_record(training.code), training.admitted,
-                                   {"of_chain": training.chain_id, "step": step, "after": training.scheduler_id,
-                                    "choice": choice}, Path(training.script_path).parent, training.preflight_id,
-                                   training.forced_reason, training.spec_hash)
+    after = str(training.scheduler_id)
+    submitted.evals = [_submit_one(resolved, "slurm", _eval_options(options, step, after, own, measured),
+                                   JobCode.from_record(dict(training.code) if training.code is not None else None),
+                                   dict(training.admitted) if training.admitted is not None else None,
+                                   {"of_chain": training.chain_id, "step": step, "after": after, "choice": choice},
+                                   script_path.parent, training.preflight_id, training.forced_reason,
+                                   training.spec_hash)
                        for step in steps if step not in evaluated]
     return submitted
 
@@ -292,15 +295,16 @@ def _eval_qos(ctx: PreflightContext, options: JobOptions) -> CheckResult:
 
 def _submit_one(resolved: "ResolvedSpec", scheduler: str, options: JobOptions, code: JobCode | None,
                 admitted: dict[str, Any] | None, link: dict[str, Any], run_dir: Path, preflight_id: int | None,
-                forced: str | None, spec_hash: str | None) -> Any:
+                forced: str | None, spec_hash: str | None) -> "JobRecord":
     """Its own chain row (retries 0); the script and log in the training chain's run directory. Sent by the
     path every job takes (``ops.submit.send``): rendered once, no verdict first (the training job's was asked)."""
     from idmctl.ops.submit import Attempt, render_attempt, send  # submit imports this module: the cycle is broken here
 
-    chain_id = open_chain(resolved.name, spec_hash or resolved.hash, 0)
-    row, _ = send(render_attempt(Attempt(resolved, scheduler, options, chain_id, 1, spec_hash or resolved.hash,
-                                         preflight_id, forced, admitted, code, eval_of=link, run_dir=run_dir)))
-    return row
+    jobs = store()
+    chain_id = jobs.open_chain(resolved.name, spec_hash or resolved.hash, 0).id
+    job, _ = send(render_attempt(Attempt(resolved, scheduler, options, chain_id, 1, spec_hash or resolved.hash,
+                                         preflight_id, forced, admitted, code, eval_of=link, run_dir=run_dir)), jobs)
+    return job
 
 
 # -- sync: dependents follow the chain -----------------------------------------------------------

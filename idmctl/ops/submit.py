@@ -21,9 +21,8 @@ from ground.code_snapshot import SnapshotError
 from ground.contract import SPEC_FILE
 from ground.errors import CheckFailed, UserError
 from ground.spec.schema import ExperimentSpec
-from idmctl.core.job_state import JobState, is_terminal
 from idmctl.core.profile import load_profile, profile_path
-from idmctl.gate.admission import judge
+from idmctl.gate.admission import StoredPreflight, judge
 from idmctl.job.controller_script import ControllerContext, controller_request, render_controller_script
 from idmctl.ops.controller import CONTROLLER_LOG, submit_controller, wanted
 from idmctl.ops.executors import executor_for
@@ -32,10 +31,9 @@ from idmctl.job.effective import EffectiveJob, active_exclusions, build as build
 from idmctl.core.job_options import JobOptions, JobRequest
 from idmctl.job.render import RenderContext, render_script, with_exclusions
 from idmctl.ops.verdict import SchedulerRefused, Verdict, require_acceptance, verdict_if_askable
-from idmctl.record.jobs import (chain_and_attempts, insert_job, new_chain, take_for_resubmission, update_chain, update_job,
-                                withdraw_chain)
-from idmctl.record.preflights import latest_passing, require_pass, version_for
-from idmctl.record.stored_json import eval_columns, job_options
+from idmctl.record.preflights import latest_passing, preflight_run, require_pass, version_for
+from idmctl.record.records import ChainRecord, EvalLink, JobRecord
+from idmctl.record.store import Decision, JobStore, NewJob, SpecVersionRecord, store
 from ground.paths import atomic_write_text, home
 from ground.spec.loader import ResolvedSpec, load_spec
 from ground.tracking import flatten
@@ -44,19 +42,19 @@ from ground.run_dir import write_run_spec  # torch-free: {"name", "hash", "spec"
 
 if TYPE_CHECKING:
     from idmctl.gate.admission import Admission
-    from idmctl.record.models import Chain, Job, PreflightRun
 
 DRY_RUN_CHAIN_ID = 0
 
 
 @dataclass
 class Submitted:
-    job: "Job"
-    """The job row as stored (an ORM object, or the same columns as attributes on the fast path)."""
-    chain: "Chain"
+    job: JobRecord
+    """The job as the store holds it once the scheduler took it (PENDING, with its scheduler id)."""
+    chain: ChainRecord
     script: str
-    evals: list[Any] = field(default_factory=list)
-    """The eval jobs ``submit --eval`` sent after this one (rows), each waiting on it (``ops.eval_jobs``)."""
+    """The script as rendered once and sent."""
+    evals: list[JobRecord] = field(default_factory=list)
+    """The eval jobs ``submit --eval`` sent after this one, each waiting on it (``ops.eval_jobs``)."""
     evaluated: dict[int, int] = field(default_factory=dict)
     """``submit --resume --eval``: checkpoint step → the chain's COMPLETED eval job that scored it already
     (so no second eval job was sent for it)."""
@@ -75,7 +73,7 @@ class Refused(CheckFailed):
         super().__init__(f"submit refused: {', '.join(admission.failed)} FAIL on the job as submitted — {named}")
 
 
-def require_preflight(job: EffectiveJob) -> "PreflightRun":
+def require_preflight(job: EffectiveJob) -> StoredPreflight:
     """The gate: a passing preflight for exactly (spec hash, code version, profile hash, smoke flags)."""
     return require_pass(job.declared, job.profile, job.profile_hash, job.smoke_flags)
 
@@ -106,7 +104,7 @@ def admit(job: EffectiveJob, force_reason: str | None, version: str) -> Admissio
     return admission
 
 
-def _judge(job: EffectiveJob, passing: "PreflightRun | None", version: str, memo_only: bool = False) -> Admission:
+def _judge(job: EffectiveJob, passing: StoredPreflight | None, version: str, memo_only: bool = False) -> Admission:
     """The submit-time checks: the build preflight's for ``--build``, the training preflight's otherwise."""
     if job.options.build:
         from cache.build_plan import check_mode  # here: only a --build job plans a cache build
@@ -196,16 +194,19 @@ def submit(experiment: str, request: JobRequest, cluster: str | None,
     admitted = {"job": job.record(), "admission": admission.as_dict(), "cluster": _profile_source(cluster)}
     # The script names its chain, so the chain is opened first; until the script is sent, any failure (the
     # scheduler's refusal, a snapshot that cannot be written) withdraws it: a refused submit leaves no row.
-    chain_id = new_chain(job.declared, job.options.retries)
+    jobs = store()
+    declared = job.declared
+    chain_id = jobs.open_chain(declared.name, declared.hash, job.options.retries, spec=SpecVersionRecord(
+        declared.hash, declared.name, str(declared.path), declared.canonical_json)).id
     try:
         rendered = asked(render_attempt(Attempt(
-            job.resolved, job.profile.scheduler, job.options, chain_id, 1, job.declared.hash, admission.preflight_id,
-            _forced(force_reason), admitted, planned(snapshot, job.profile, job.declared.spec))))
+            job.resolved, job.profile.scheduler, job.options, chain_id, 1, declared.hash, admission.preflight_id,
+            _forced(force_reason), admitted, planned(snapshot, job.profile, declared.spec))))
         _freeze_as_rendered(snapshot, job, rendered)
     except BaseException:
-        withdraw_chain(chain_id)
+        jobs.withdrawn(chain_id)
         raise
-    return _submitted(send(rendered), rendered)
+    return _submitted(send(rendered, jobs), rendered)
 
 
 def _forced(force_reason: str | None) -> str | None:
@@ -236,19 +237,21 @@ def resume(experiment: str, chain_id: int, request: JobRequest, cluster: str | N
     if code_choice not in CODE_CHOICES:
         raise UserError(f"unknown --code {code_choice!r}", file="command line", field="--code",
                         hint="chain (the chain's snapshot) or current (the tree as it is now)")
-    chain, attempts = chain_and_attempts(chain_id)
+    jobs = store()
+    chain = jobs.chain(chain_id)
+    attempts = jobs.attempts(chain_id) if chain is not None else []
     if chain is None or not attempts:
         raise UserError(f"no chain {chain_id}", file="command line", field="--resume", hint="see `idmctl jobs`")
-    running = [a for a in attempts if a.scheduler_id and not is_terminal(a.state)]
+    running = [a for a in attempts if a.scheduler_id and not a.is_terminal]
     if running:
-        raise UserError(f"chain {chain_id} is still running (job {running[-1].id}, {running[-1].state})",
+        raise UserError(f"chain {chain_id} is still running (job {running[-1].id}, {running[-1].state_text})",
                         file="command line", field="--resume", hint="wait for it to end, or `idmctl cancel` it")
     last = attempts[-1]
     spec_hash, experiment_of = chain.spec_hash, chain.experiment
     last_attempt = max(a.attempt for a in attempts)
     request = with_chain_flags(request, last)
     if code_choice == "chain":
-        code = JobCode.from_record(last.code)
+        code = JobCode.from_record(dict(last.code) if last.code is not None else None)
         if code is None:
             raise UserError(f"chain {chain_id} ran the live tree (submitted before code snapshots)", file="command line",
                             field="--code", hint="resume it with --code current")
@@ -277,8 +280,8 @@ def resume(experiment: str, chain_id: int, request: JobRequest, cluster: str | N
         {contract.ENV_RETRY_REASON: f"resumed by hand (--code {code_choice})"})))
     if snapshot is not None:
         _freeze_as_rendered(snapshot, job, rendered)
-    update_chain(chain_id, {"status": "ACTIVE"})
-    return _submitted(send(rendered), rendered)
+    jobs.resumed(chain_id)
+    return _submitted(send(rendered, jobs), rendered)
 
 
 INHERITED_FLAGS = ("qos", "time_limit", "mem", "cpus_per_node", "gpus_per_node", "job_name", "exclude", "retries",
@@ -288,7 +291,7 @@ the job the chain's (its resources, entry, build). Not --hold or a dependency: t
 submission, not the chain."""
 
 
-def with_chain_flags(request: JobRequest, last: Any) -> JobRequest:
+def with_chain_flags(request: JobRequest, last: JobRecord) -> JobRequest:
     """``request`` over the flags the chain's last attempt was submitted with: ``--resume C`` alone resumes
     the job the chain ran (a chain submitted with ``--qos sub`` resumes on sub)."""
     earlier = JobRequest.from_given(((last.admitted or {}).get("job") or {}).get("flags") or {})
@@ -344,7 +347,7 @@ class Attempt:
     extra_env: dict[str, str] = field(default_factory=dict)
     """Exports beyond the contract's (why it was resubmitted, a rollback)."""
     eval_of: dict[str, Any] | None = None
-    """An eval job's link to the training chain it scores (``record.stored_json.eval_columns``); None for a
+    """An eval job's link to the training chain it scores (``record.records.EvalLink``'s fields); None for a
     training attempt. An eval job runs in that chain's run directory (``run_dir``) under its own script and
     log names, and its row keeps its options as asked."""
     run_dir: Path | None = None
@@ -387,65 +390,56 @@ def asked(rendered: Rendered) -> Rendered:
     return rendered
 
 
-def send(rendered: Rendered) -> tuple[Any, Any]:
-    """file → scheduler → id → row, as submitit's ``_submit_command`` does: the rendered script is written
-    into the run directory and submitted through :func:`submit_recorded`, then the controller that will
-    sync it is sent after it. Returns the job row and its chain's."""
+def send(rendered: Rendered, jobs: JobStore | None = None) -> tuple[JobRecord, ChainRecord]:
+    """file → scheduler → id → record, as submitit's ``_submit_command`` does: the rendered script is written
+    into the run directory, the job recorded SUBMITTING, handed to the executor, then recorded with its id
+    (PENDING); a refused sbatch leaves it SUBMIT_FAILED and its chain FAILED. Every job idmctl submits (an
+    attempt, an eval job) goes through here, so its record always says what was asked of the scheduler. The
+    controller that will sync it is sent after it. Returns the job and its chain as the store holds them."""
+    jobs = jobs or store()
     attempt, ctx = rendered.attempt, rendered.context
     if attempt.eval_of is None:
         write_run_spec(ctx.run_dir, attempt.resolved)
         script_path = ctx.run_dir / f"attempt-{attempt.number}.sbatch"
         recorded = {**attempt.options.as_dict(), "rollback": bool(attempt.extra_env.get(contract.ENV_ROLLBACK))}
-        facts = submitted_facts(attempt.admitted, attempt.code)
         label = None
     else:
         label = f"eval-step-{attempt.options.eval_step or 0}-chain-{attempt.chain_id}"
         script_path = ctx.run_dir / f"{label}.sbatch"
         recorded = attempt.options.as_dict()
-        facts = {**submitted_facts(attempt.admitted, attempt.code), **eval_columns(attempt.eval_of)}
     atomic_write_text(script_path, rendered.script)
     executor = executor_for(attempt.scheduler)
-    row, chain = submit_recorded(attempt.resolved, attempt.options, executor, script_path, ctx.log_path, recorded,
-                                 facts, chain_id=attempt.chain_id, attempt=attempt.number, spec_hash=attempt.spec_hash,
-                                 version=attempt.version, preflight_id=attempt.preflight_id, forced=attempt.forced)
+    job = jobs.submitting(_new_job(attempt, executor.name, str(script_path), recorded))
+    try:
+        scheduler_id = executor.submit(script_path, ctx.log_path)
+    except CheckFailed as exc:
+        jobs.refused(job.id, str(exc))
+        raise
+    job = jobs.submitted(job.id, scheduler_id, ctx.log_path.replace("%j", scheduler_id), datetime.now(timezone.utc))
     # The chain's controller: sync runs inside Slurm once this job ends (an eval job's is named apart).
     if executor.name == "slurm" or label is not None:
-        submit_controller(int(row.id), attempt.chain_id, attempt.number, str(row.scheduler_id), ctx.run_dir,
+        submit_controller(job.id, attempt.chain_id, attempt.number, scheduler_id, ctx.run_dir,
                           (attempt.admitted or {}).get("cluster"), label=label)
-    return row, chain
+    chain = jobs.chain(attempt.chain_id)
+    assert chain is not None, f"chain {attempt.chain_id} of job {job.id} is gone"
+    return jobs.job(job.id) or job, chain
 
 
-def _submitted(sent: tuple[Any, Any], rendered: Rendered) -> Submitted:
-    row, chain = sent
-    return Submitted(job=row, chain=chain, script=rendered.script)
+def _new_job(attempt: Attempt, executor: str, script_path: str | None, recorded: dict[str, Any]) -> NewJob:
+    """The job's record at submit: the request (``recorded``), its admission, its code snapshot, its eval link."""
+    link = attempt.eval_of
+    return NewJob(chain_id=attempt.chain_id, attempt=attempt.number, experiment=attempt.resolved.name,
+                  executor=executor, spec_hash=attempt.spec_hash, code_version=attempt.version,
+                  preflight_id=attempt.preflight_id, qos=attempt.options.qos,
+                  gpus=attempt.options.gpus_per_node * attempt.options.nodes,
+                  routing_n=attempt.resolved.spec.data.routing_n, script_path=script_path, options=recorded,
+                  admitted=attempt.admitted or None, code=attempt.code.as_dict() if attempt.code else None,
+                  eval_link=EvalLink(**link) if link else None, forced_reason=attempt.forced)
 
 
-def submitted_facts(admitted: dict[str, Any] | None, code: JobCode | None) -> dict[str, Any]:
-    """The job columns an attempt's row gets at submit: its admission and its code snapshot (None: none)."""
-    return {"admitted": admitted or None, "code": code.as_dict() if code else None}
-
-
-def submit_recorded(resolved: "ResolvedSpec", options: JobOptions, executor: Any, script_path: Path, log_path: str,
-                    recorded: dict[str, Any], facts: dict[str, Any], *, chain_id: int, attempt: int,
-                    spec_hash: str | None, version: str,
-                    preflight_id: int | None, forced: str | None) -> tuple[Any, Any]:
-    """Insert the job row (SUBMITTING), hand the script to the executor, then record its id (PENDING): a
-    refused sbatch leaves the row SUBMIT_FAILED and its chain FAILED. Every job idmctl submits (an attempt,
-    an eval job) goes through here, so the row always says what was asked of the scheduler: ``recorded``
-    the request (``options_json``), ``facts`` the columns known at submit (admission, code snapshot, eval link)."""
-    job_id = insert_job(dict(chain_id=chain_id, attempt=attempt, experiment=resolved.name, spec_hash=spec_hash,
-                             code_version=version, preflight_id=preflight_id, executor=executor.name,
-                             state="SUBMITTING", qos=options.qos, gpus=options.gpus_per_node * options.nodes,
-                             routing_n=resolved.spec.data.routing_n, script_path=str(script_path),
-                             options_json=json.dumps(recorded), forced_reason=forced, **facts))
-    try:
-        scheduler_id = executor.submit(script_path, log_path)
-    except CheckFailed as exc:
-        update_job(job_id, {"state": "SUBMIT_FAILED", "reason": str(exc)[:500]}, chain_id, {"status": "FAILED"})
-        raise
-    return update_job(job_id, {"scheduler_id": scheduler_id, "state": JobState.PENDING.value,
-                               "log_path": log_path.replace("%j", scheduler_id),
-                               "submitted_at": datetime.now(timezone.utc)}, chain_id, {})
+def _submitted(sent: tuple[JobRecord, ChainRecord], rendered: Rendered) -> Submitted:
+    job, chain = sent
+    return Submitted(job=job, chain=chain, script=rendered.script)
 
 
 class ResubmitRefused(CheckFailed):
@@ -453,49 +447,54 @@ class ResubmitRefused(CheckFailed):
     refused attempt is recorded (state SUBMIT_FAILED) with the verdict as its reason."""
 
 
-def resubmit(job_id: int, extra_env: dict[str, str], reason: str, spends_retry: bool = True) -> "Job":
+def resubmit(job_id: int, extra_env: dict[str, str], reason: str, spends_retry: bool = True) -> JobRecord:
     """A new attempt of the job's chain: the same options plus the current node exclusions, the chain's
     code snapshot, and admitted like a submission (every static check on the new effective job; the smoke's
     stored measurement re-judged, not rerun: the snapshot and its smoke flags are the ones it measured).
     ``spends_retry`` False where it stands in for a requeue the cluster would not do."""
-    old_values, preflight = take_for_resubmission(job_id, spends_retry)
-    spec_json = json.loads(Path(old_values["script_path"] or "").with_name(SPEC_FILE).read_text())
-    stored = job_options(old_values["options_json"], job_id)
-    options_data = {k: v for k, v in stored.items() if k in JobOptions.__dataclass_fields__}
+    jobs = store()
+    old = jobs.job(job_id)
+    if old is None or old.chain_id is None:
+        raise UserError(f"no job {job_id}", field="JOB")
+    if spends_retry:
+        jobs.decided(old.chain_id, Decision(spend_retry=True))
+    preflight = preflight_run(old.preflight_id)
+    spec_json = json.loads(Path(old.script_path or "").with_name(SPEC_FILE).read_text())
+    options_data = {k: v for k, v in old.options.items() if k in JobOptions.__dataclass_fields__}
     options = with_exclusions(replace(JobOptions(**options_data), hold=False), active_exclusions())
-    resolved = _resolved_from_run(spec_json, old_values["script_path"])
-    scheduler = "slurm" if old_values["executor"] == "slurm" else "local"
-    first = old_values["admitted"] or {}
-    code = JobCode.from_record(old_values["code"])
+    resolved = _resolved_from_run(spec_json, old.script_path)
+    scheduler = "slurm" if old.executor == "slurm" else "local"
+    first = dict(old.admitted or {})
+    code = JobCode.from_record(dict(old.code) if old.code is not None else None)
     env = {**extra_env, contract.ENV_RETRY_REASON: reason}
-    attempt = old_values["attempt"] + 1
+    planned_attempt = Attempt(resolved, scheduler, options, old.chain_id, old.attempt + 1, old.spec_hash or resolved.hash,
+                              old.preflight_id, old.forced_reason, first, code, env)
     try:
         if code is not None:
             require_present(code)
-        admission = _readmit(resolved, options, first, preflight, code.version if code else old_values["code_version"])
+        admission = _readmit(resolved, options, first, preflight, code.version if code else old.code_version)
     except (SnapshotError, UserError) as exc:
-        _refuse(old_values, resolved, options, attempt, f"resubmission refused: {exc}", first, code)
+        _refuse(jobs, old, planned_attempt, f"resubmission refused: {exc}")
         raise ResubmitRefused(f"resubmission refused: {exc}") from exc
     admitted = {**first, "admission": admission.as_dict(), "resubmission_of": job_id}
-    if admission.failed and not old_values["forced"]:
+    planned_attempt = replace(planned_attempt, admitted=admitted)
+    if admission.failed and not old.forced_reason:
         named = "; ".join(f"{r.name}: {r.summary}" for r in admission.results if r.status.value == "FAIL")
         why = f"resubmission refused: {', '.join(admission.failed)} FAIL on the job as it would be resubmitted — {named}"
-        _refuse(old_values, resolved, options, attempt, why, admitted, code)
+        _refuse(jobs, old, planned_attempt, why)
         raise ResubmitRefused(why)
-    rendered = render_attempt(Attempt(resolved, scheduler, options, old_values["chain_id"], attempt,
-                                      old_values["spec_hash"] or resolved.hash, old_values["preflight_id"],
-                                      old_values["forced"], admitted, code, env))
+    rendered = render_attempt(planned_attempt)
     try:  # the scheduler's own verdict on the attempt as it will be sent (its new exclusions included)
         asked(rendered)
     except SchedulerRefused as exc:
         why = f"resubmission refused by the scheduler: {exc}"
-        _refuse(old_values, resolved, options, attempt, why, admitted, code)
+        _refuse(jobs, old, planned_attempt, why)
         raise ResubmitRefused(why) from exc
-    row, _ = send(rendered)
-    return row
+    job, _ = send(rendered, jobs)
+    return job
 
 
-def _readmit(resolved: ResolvedSpec, options: JobOptions, first: dict[str, Any], preflight: "PreflightRun | None",
+def _readmit(resolved: ResolvedSpec, options: JobOptions, first: dict[str, Any], preflight: StoredPreflight | None,
              version: str | None) -> "Admission":
     """The submit-time checks on the attempt about to be sent, against the profile the chain was admitted
     under (as it reads now). Introspection and the cache inspection come from the memo of this code or are
@@ -506,17 +505,12 @@ def _readmit(resolved: ResolvedSpec, options: JobOptions, first: dict[str, Any],
     return judge(job, preflight, version, memo_only=True)
 
 
-def _refuse(old: dict[str, Any], resolved: ResolvedSpec, options: JobOptions, attempt: int, why: str,
-            admitted: dict[str, Any] | None, code: JobCode | None) -> None:
-    """The attempt that was not sent, as a row: ``idmctl jobs show`` names the verdict."""
-    job_id = insert_job(dict(chain_id=old["chain_id"], attempt=attempt, experiment=resolved.name,
-                              spec_hash=old["spec_hash"] or resolved.hash, code_version=code.version if code else old["code_version"],
-                              preflight_id=old["preflight_id"], executor=old["executor"], state="SUBMIT_FAILED",
-                              qos=options.qos, gpus=options.gpus_per_node * options.nodes,
-                              routing_n=resolved.spec.data.routing_n, script_path=None,
-                              options_json=json.dumps(options.as_dict()), forced_reason=old["forced"], reason=why[:500],
-                              **submitted_facts(admitted, code)))
-    update_job(job_id, {"state": "SUBMIT_FAILED"}, old["chain_id"], {"status": "FAILED"})
+def _refuse(jobs: JobStore, old: JobRecord, attempt: Attempt, why: str) -> None:
+    """The attempt that was not sent, recorded SUBMIT_FAILED with the verdict as its reason (its chain FAILED):
+    ``idmctl jobs show`` names the verdict."""
+    new = _new_job(attempt, old.executor, None, attempt.options.as_dict())
+    job = jobs.submitting(replace(new, code_version=attempt.code.version if attempt.code else old.code_version))
+    jobs.refused(job.id, why)
 
 
 def _resolved_from_run(spec_json: dict[str, Any], script_path: str | None) -> ResolvedSpec:

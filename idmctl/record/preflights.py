@@ -112,6 +112,20 @@ def run_checks(run_id: int) -> list["PreflightCheck"]:
                             .order_by(col(PreflightCheck.id))).all())
 
 
+def preflight_run(run_id: int | None) -> "PreflightRun | None":
+    """The preflight run with this id (detached: its columns stay readable), or None (none, or no id)."""
+    if not run_id:
+        return None
+    from idmctl.record import session  # start-up: record's session loads SQLAlchemy on first use
+    from idmctl.record.models import PreflightRun  # start-up: as above
+
+    with session() as orm:
+        run = orm.get(PreflightRun, run_id)
+        if run is not None:
+            orm.expunge(run)
+        return run
+
+
 def _failed_names(run: "PreflightRun") -> list[str]:
     return list(json.loads(run.result_json or "{}").get("failed", []))
 

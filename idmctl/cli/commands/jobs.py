@@ -131,17 +131,19 @@ def submit(
         emit_json({"job": job.id, "chain": job.chain_id, "scheduler_id": job.scheduler_id, "executor": job.executor,
                    "script": job.script_path, "log": job.log_path, "forced": job.forced_reason is not None,
                    "evals": [{"job": e.id, "scheduler_id": e.scheduler_id,
-                              "step": e.eval_step} for e in done.evals],
+                              "step": e.eval_link.step if e.eval_link else None} for e in done.evals],
                    "evaluated": [{"step": step, "job": job_id} for step, job_id in done.evaluated.items()],
-                   "suggestions": [s.__dict__ for s in _suggestions(job.experiment, job_options(job.options_json, job.id))[1]]})
+                   "suggestions": [s.__dict__ for s in _suggestions(job.experiment, dict(job.options))[1]]})
         return
     console.print(f"submitted job {job.id} ({job.executor} {job.scheduler_id}) chain {job.chain_id} attempt {job.attempt}"
                   f"  qos {job.qos}  retries {done.chain.retries_budget}", markup=False)
     console.print(f"script {job.script_path}", markup=False)
     console.print(f"log    {job.log_path}", markup=False)
     for evaluation in done.evals:
+        link = evaluation.eval_link
+        assert link is not None, f"eval job {evaluation.id} was sent without its link"
         console.print(f"eval job {evaluation.id} ({evaluation.executor} {evaluation.scheduler_id}) checkpoint step "
-                      f"{evaluation.eval_step}: after job {job.id} ends OK (afterok:{evaluation.eval_after})",
+                      f"{link.step}: after job {job.id} ends OK (afterok:{link.after})",
                       markup=False)
     for step, scored_by in done.evaluated.items():
         console.print(f"checkpoint step {step}: scored already by eval job {scored_by} of chain {job.chain_id}, "
@@ -150,7 +152,7 @@ def submit(
         failed = (job.admitted or {}).get("admission", {}).get("failed", [])
         past = f" and past FAILs ({', '.join(failed)})" if failed else ""
         console.print(f"FORCED without preflight{past}: {job.forced_reason}", markup=False)
-    _print_suggestions(job.experiment, job_options(job.options_json, job.id))
+    _print_suggestions(job.experiment, dict(job.options))
 
 
 def _suggestions(experiment: str, options: dict) -> tuple["EfficiencyReport | None", list["Suggestion"]]:
