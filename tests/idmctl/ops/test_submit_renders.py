@@ -58,20 +58,3 @@ def test_submit_resume_and_resubmit_each_render_the_script_once(monkeypatch: pyt
     assert Path(resumed.job.script_path).read_text() == resumed.script
     LocalExecutor().wait(resumed.job.scheduler_id, timeout_s=60)
 
-
-def test_a_chain_withdrawn_before_its_first_attempt_is_gone_and_one_with_an_attempt_stays(store_backend: str) -> None:
-    """What a fresh submit does when the scheduler refuses the script rendered for its new chain: on the
-    embedded store (the sqlite3 path once the store exists) and on the team's PostgreSQL (the ORM path)."""
-    from idmctl.record.jobs import chain_and_attempts, insert_job, open_chain, withdraw_chain
-
-    refused = open_chain("quickstart", "f" * 64, 0)
-    assert withdraw_chain(refused) is True
-    assert chain_and_attempts(refused) == (None, [])
-    assert withdraw_chain(refused) is False  # nothing left to remove
-
-    sent = open_chain("quickstart", "f" * 64, 0)
-    insert_job(dict(chain_id=sent, attempt=1, experiment="quickstart", spec_hash="f" * 64, executor="local",
-                    state="SUBMITTING", qos="core-own", gpus=0, routing_n=1, options_json="{}"))
-    assert withdraw_chain(sent) is False
-    chain, attempts = chain_and_attempts(sent)
-    assert chain is not None and [a.attempt for a in attempts] == [1]
