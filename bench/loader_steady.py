@@ -17,6 +17,10 @@ with O_DIRECT (``direct=True``), pass by pass.
 CPU: every thread's CPU time of this process (``time.process_time``: the reader thread, the ``preadv``
 pool, the HDF5 targets, the kernel's copies) over a pass ÷ the bytes it delivered, against
 ``numpy.copyto`` of the same number of bytes between two buffers of a batch's size, in the same run.
+Through the page cache from an empty cache most of it is the kernel's (block path, page-cache fill, copy
+to user), so fio reads the same ranges buffered too (``direct=0``, no readahead, as the loader's fds):
+that CPU per GB is the floor of the buffered path, and the CPU row's note splits the loader's figure into
+it and the rest (and the user CPU, the loader's own Python, from ``os.times``).
 
 ``python -m bench.loader_steady [--fast]`` prints the figures as JSON.
 """
@@ -75,21 +79,22 @@ def _write_cache(root: Path, files: int, frames: int, grid: tuple[int, int], cha
 
 
 def _loader_pass(dataset: Any, order: list[list[int]], files: list[Path],
-                 direct: bool = False) -> tuple[float, float, float, int]:
-    """(wall seconds, bytes from disk, CPU seconds of every thread, bytes delivered) for one pass over
-    ``order`` through the trainer's batch loader, from an empty page cache (``direct``: O_DIRECT)."""
+                 direct: bool = False) -> tuple[float, float, float, int, float]:
+    """(wall seconds, bytes from disk, CPU seconds of every thread, bytes delivered, of that CPU the user
+    part) for one pass over ``order`` through the trainer's batch loader, from an empty page cache
+    (``direct``: O_DIRECT). User CPU is the loader's own (Python, targets); system CPU is the kernel's."""
     from cache.batches import BatchLoader
 
     loader = BatchLoader(dataset, order, BATCH_SIZE, direct=direct, start=False)  # buffers allocated, faulted in
     fio.evict(files)
-    before, cpu, start = _read_bytes(), time.process_time(), time.perf_counter()
+    before, cpu, user, start = _read_bytes(), time.process_time(), os.times().user, time.perf_counter()
     loader.start()
     for _ in loader:
         pass
-    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+    seconds, cpu, user = time.perf_counter() - start, time.process_time() - cpu, os.times().user - user
     if direct and loader.direct_bytes != loader.bytes_read:
         raise RuntimeError(f"only {loader.direct_bytes:,} of {loader.bytes_read:,} B went through O_DIRECT")
-    return seconds, float(_read_bytes() - before), cpu, loader.bytes_read
+    return seconds, float(_read_bytes() - before), cpu, loader.bytes_read, user
 
 
 def _memcpy_cpu(total: int, chunk: int) -> float:
@@ -103,6 +108,20 @@ def _memcpy_cpu(total: int, chunk: int) -> float:
         np.copyto(target, source)
         done += chunk
     return (time.process_time() - cpu) * total / done
+
+
+FIO_BUFFERED_HINT = "random"
+"""fio's ``fadvise_hint`` for the buffered reference: ``POSIX_FADV_RANDOM``, as ``cache.hidden.open_for_ranges``
+advises the loader's fds (the kernel reads the asked ranges, no readahead beyond them)."""
+
+
+def _fio_pass(waves: list, depth: int, useful: int, buffered: str | None = None) -> tuple[float, float]:
+    """(MB/s, CPU seconds per GB) of one fio run over the ranges from an empty page cache: fio's user + system
+    CPU (getrusage of the child, its start-up included) ÷ the ranges' bytes."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    rate = fio.read_ranges(waves, depth, buffered=buffered).mb_per_s
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return rate, (after.ru_utime + after.ru_stime - children.ru_utime - children.ru_stime) / (useful / 1e9)
 
 
 def run(fast: bool) -> list[Figure] | str:
@@ -136,24 +155,28 @@ def run(fast: bool) -> list[Figure] | str:
         all_files = sorted((root / "hidden").glob("*.safetensors"))
         depth, rates = fio.best_depth(waves[:4], depths=(16,) if fast else fio.DEPTHS)
         loader_rates, fio_rates, disk, cpu_per_gb, copy_per_gb, walls = [], [], [], [], [], []
-        direct_rates, direct_cpu, fio_cpu = [], [], []
+        direct_rates, direct_cpu, fio_cpu, buffered_cpu, buffered_rates, user_per_gb = [], [], [], [], [], []
         for _ in range(repeats):
-            seconds, _, cpu, _ = _loader_pass(dataset, order, all_files, direct=True)
+            seconds, _, cpu, _, _ = _loader_pass(dataset, order, all_files, direct=True)
             direct_rates.append(useful / seconds / 1e6)
             direct_cpu.append(cpu / (useful / 1e9))
-            seconds, read, cpu, delivered = _loader_pass(dataset, order, all_files)
+            seconds, read, cpu, delivered, user = _loader_pass(dataset, order, all_files)
             if delivered != useful:
                 raise RuntimeError(f"the loader delivered {delivered:,} B, the ranges hold {useful:,} B")
             walls.append(seconds)
             loader_rates.append(useful / seconds / 1e6)
             disk.append(read)
             cpu_per_gb.append(cpu / (useful / 1e9))
+            user_per_gb.append(user / (useful / 1e9))
             copy_per_gb.append(_memcpy_cpu(useful, BATCH_SIZE * len(waves[0]) * waves[0][0][2]) / (useful / 1e9))
-            fio.evict(all_files)
-            children = resource.getrusage(resource.RUSAGE_CHILDREN)
-            fio_rates.append(fio.read_ranges(waves, depth).mb_per_s)
-            after = resource.getrusage(resource.RUSAGE_CHILDREN)
-            fio_cpu.append((after.ru_utime + after.ru_stime - children.ru_utime - children.ru_stime) / (useful / 1e9))
+            rate, cpu = _fio_pass(waves, depth, useful)
+            fio_rates.append(rate)
+            fio_cpu.append(cpu)
+            # The kernel's own cost of the buffered path on these ranges: fio through the page cache with the
+            # loader's advice (no readahead), from an empty cache, so a figure the loader cannot beat.
+            rate, cpu = _fio_pass(waves, depth, useful, buffered=FIO_BUFFERED_HINT)
+            buffered_rates.append(rate)
+            buffered_cpu.append(cpu)
         dataset.index.episodes.close()
     range_bytes = waves[0][0][2]
     load = f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs, shared with other helpers' work"
@@ -169,7 +192,8 @@ def run(fast: bool) -> list[Figure] | str:
                "numpy.copyto of the same bytes, same run", copy_per_gb, target="≤ 1.5×",
                note=("process CPU (every thread: reader, preadv pool, HDF5 targets, kernel copies) over a pass "
                      f"÷ its bytes; the copy moves {BATCH_SIZE * len(waves[0]) * range_bytes:,} B (a batch) at a time, "
-                     f"warm; {load}")),
+                     f"warm; {_kernel_share(cpu_per_gb, buffered_cpu, copy_per_gb)}; user CPU (the loader's Python, "
+                     f"the targets) {statistics.median(user_per_gb):.3f} s/GB, the rest is system CPU; {load}")),
         Figure(f"{SPEC} batch loader, O_DIRECT (direct=True): useful throughput", "MB/s", direct_rates,
                f"fio io_uring O_DIRECT depth {depth}, the same ranges in the same order", fio_rates,
                higher_is_better=True, target="≥ 0.85× fio on the same ranges",
@@ -178,6 +202,11 @@ def run(fast: bool) -> list[Figure] | str:
         Figure(f"{SPEC} batch loader, O_DIRECT: CPU seconds per GB delivered", "s", direct_cpu,
                "numpy.copyto of the same bytes, same run", copy_per_gb, target="≤ 1.5×",
                note=f"no kernel copy: the device writes into the buffer; {load}"),
+        Figure("fio io_uring buffered (direct=0, fadvise random) on the same ranges: CPU seconds per GB (context)",
+               "s", buffered_cpu, "numpy.copyto of the same bytes, same run", copy_per_gb,
+               note=("fio's user + system CPU ÷ the bytes, through the page cache from an empty cache as the loader "
+                     "reads: the kernel's block path + page-cache fill + copy to user, with no loader at all "
+                     f"({statistics.median(buffered_rates):,.0f} MB/s median); {load}")),
         Figure("fio io_uring O_DIRECT on the same ranges: CPU seconds per GB (context)", "s", fio_cpu,
                "numpy.copyto of the same bytes, same run", copy_per_gb,
                note=("fio's user + system CPU (getrusage of the child, its start-up included) ÷ the bytes: what "
@@ -187,6 +216,15 @@ def run(fast: bool) -> list[Figure] | str:
                note=f"read_bytes of this process (0 workers: the loader reads here); fio depths tried (MB/s): "
                     + ", ".join(f"{d}: {r:,.0f}" for d, r in rates.items())),
     ]
+
+
+def _kernel_share(loader: list[float], kernel: list[float], copy: list[float]) -> str:
+    """How much of the loader's buffered CPU per GB the kernel costs anyway (fio buffered, same ranges, same
+    run), and what is left to the loader itself, each also in memcpys."""
+    ours, theirs, base = statistics.median(loader), statistics.median(kernel), statistics.median(copy)
+    return (f"of its {ours:.3f} s/GB ({ours / base:.2f}× memcpy), fio buffered on the same ranges costs "
+            f"{theirs:.3f} s/GB ({theirs / base:.2f}× memcpy, the kernel's block path, page-cache fill and copy "
+            f"to user), so the loader's own is {ours - theirs:+.3f} s/GB ({(ours - theirs) / base:+.2f}× memcpy)")
 
 
 def main() -> None:
