@@ -254,6 +254,11 @@ def test_a_members_preempted_job_is_requeued_and_resumes_from_her_own_checkpoint
         runs = record["runs"] if isinstance(record["runs"], list) else json.loads(record["runs"])
         assert mine["restarts"] >= 1, (mine, runs, log.read_text()[-2000:])  # Slurm requeued the same job
         assert runs[0]["state"] in ("PREEMPTED", "REQUEUED") and runs[-1]["state"] == "COMPLETED", runs
+        committed = record["committed_step"] if isinstance(record["committed_step"], dict) else json.loads(record["committed_step"])
+        assert committed["step"] == total, committed  # the chain's checkpoint as her sync read it at the end
+        ledger = _as(alice, team[alice], "ledger", "--user", alice, "--json", db_url=db_url)
+        assert ledger.returncode == 0, ledger.stderr
+        assert json.loads(ledger.stdout)["total"]["preemptions"] == 1, ledger.stdout
         text = log.read_text()
         assert re.search(r"entry: checkpointed at step \d+ on signal", text), text[-2000:]
         resumed = [int(s) for s in re.findall(r"entry: resumed from step (\d+)", text)]
