@@ -11,7 +11,7 @@ from dataclasses import replace
 from datetime import datetime, timezone
 
 from idmctl.core.job_state import JobState
-from idmctl.record.records import (ChainRecord, ChainStatus, FailureRecord, JobRecord, NewFailure,
+from idmctl.record.records import (ChainRecord, ChainStatus, EvalLink, FailureRecord, JobRecord, NewFailure,
                                    NodeExclusionRecord)
 from idmctl.record.moves import (Decision, FACTS, ImportedJob, NewJob, Observation, SpecVersionRecord,
                                  TransitionRefused, UnknownRecord, claimant, merged)
@@ -191,6 +191,16 @@ class MemoryStore:
             if job is None:
                 raise UnknownRecord(f"no job {job_id} in the store")
             self._jobs[job_id] = replace(job, **{key: merged(getattr(job, key), value)})
+            return self._jobs[job_id]
+
+    def relinked(self, job_id: int, link: EvalLink) -> JobRecord:
+        with self._lock:
+            job = self._jobs.get(job_id)
+            if job is None:
+                raise UnknownRecord(f"no job {job_id} in the store")
+            if job.eval_link is None or job.eval_link.of_chain != link.of_chain:
+                raise TransitionRefused(f"job {job_id} is not an eval job of chain {link.of_chain}")
+            self._jobs[job_id] = replace(job, eval_link=link)
             return self._jobs[job_id]
 
     def note_chain_run(self, chain_id: int, mlflow_run_id: str) -> ChainRecord:

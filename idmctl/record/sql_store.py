@@ -439,6 +439,15 @@ class SqlStore:
             db.update("job", {key: _plain(merged(getattr(job, key), value))}, [("id", "=", job_id)])
             return self._row(db, job_id)
 
+    def relinked(self, job_id: int, link: EvalLink) -> JobRecord:
+        with _transaction() as db:
+            job = self._row(db, job_id)
+            if job.eval_link is None or job.eval_link.of_chain != link.of_chain:
+                raise TransitionRefused(f"job {job_id} is not an eval job of chain {link.of_chain}")
+            values = {name: getattr(link, name) for name in EVAL_FIELDS}
+            db.update("job", {f"eval_{name}": value for name, value in values.items()}, [("id", "=", job_id)])
+            return self._row(db, job_id)
+
     def note_chain_run(self, chain_id: int, mlflow_run_id: str) -> ChainRecord:
         with _transaction() as db:
             db.update("chain", {"mlflow_run_id": mlflow_run_id}, [("id", "=", chain_id), ("mlflow_run_id", "null", None)])

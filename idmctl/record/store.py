@@ -28,7 +28,7 @@ from typing import Protocol
 
 from idmctl.record.moves import (Decision, FACTS, ImportedJob, NewJob, Observation, SpecVersionRecord,
                                  TransitionRefused, UnknownRecord, claimant, merged)  # noqa: F401  (re-exported: the face's vocabulary)
-from idmctl.record.records import ChainRecord, FailureRecord, JobRecord, NewFailure, NodeExclusionRecord
+from idmctl.record.records import ChainRecord, EvalLink, FailureRecord, JobRecord, NewFailure, NodeExclusionRecord
 
 
 class JobStore(Protocol):
@@ -109,6 +109,10 @@ class JobStore(Protocol):
 
     def note(self, job_id: int, key: str, value: object) -> JobRecord:
         """Record a fact (:data:`FACTS`) on the job; a dict merges into what is there."""
+
+    def relinked(self, job_id: int, link: EvalLink) -> JobRecord:
+        """An eval job's link replaced: it now waits on another attempt (``after``), or another eval job
+        stands in for it (``moved_to``); refused for a job that is not an eval job, or a link to another chain."""
 
     def note_chain_run(self, chain_id: int, mlflow_run_id: str) -> ChainRecord:
         """The chain's MLflow run, kept once (a run already noted stays)."""

@@ -117,6 +117,21 @@ def test_a_person_resumes_an_ended_chain_but_not_a_running_one(store: JobStore) 
         store.resumed(chain_id + 100)
 
 
+def test_an_eval_job_is_relinked_and_no_other_job_is(store: JobStore) -> None:
+    """Sync moves an eval job onto the resubmitted attempt (``after``), or names the one standing in for it."""
+    training_chain, training = _running(store)
+    eval_chain = store.open_chain("exp", "h1", 0)
+    link = EvalLink(of_chain=training_chain, step=100, after="6054", choice="last")
+    job = store.submitting(_job(store, eval_chain.id, eval_link=link))
+    moved = store.relinked(job.id, replace(link, after="6060"))
+    assert moved.eval_link == replace(link, after="6060") and store.job(job.id) == moved
+    assert store.relinked(job.id, replace(link, after="6060", moved_to=9)).eval_link.moved_to == 9  # type: ignore[union-attr]
+    with pytest.raises(TransitionRefused):
+        store.relinked(training, link)  # the training job has no link
+    with pytest.raises(TransitionRefused):
+        store.relinked(job.id, replace(link, of_chain=eval_chain.id))  # nor may a link change its chain
+
+
 def test_observed_writes_the_status_and_stamps_the_update(store: JobStore) -> None:
     chain_id, job_id = _running(store)
     job = store.job(job_id)
