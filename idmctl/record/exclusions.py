@@ -3,13 +3,9 @@
 from __future__ import annotations
 
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING
 
 from ground.paths import db_path
 from idmctl.record.fast import connect, from_db_time, rows
-
-if TYPE_CHECKING:
-    from idmctl.record.db import Session
 
 
 def active_exclusions() -> list[str]:
@@ -30,19 +26,3 @@ def active_exclusions() -> list[str]:
         exclusions = db.exec(select(NodeExclusion)).all()
     return sorted({row.node for row in exclusions
                    if (row.until if row.until.tzinfo else row.until.replace(tzinfo=timezone.utc)) > now})
-
-
-def nodes_excluded_for(db: "Session", reason: str) -> set[str]:
-    """The nodes already excluded with exactly this reason (expired or not)."""
-    from sqlmodel import select  # start-up: SQLAlchemy; sync's session already loaded it
-
-    from idmctl.record.models import NodeExclusion  # start-up: SQLAlchemy, as above
-
-    return {row.node for row in db.exec(select(NodeExclusion).where(NodeExclusion.reason == reason))}
-
-
-def exclude_node(db: "Session", node: str, until: datetime, reason: str) -> None:
-    """Leave ``node`` out of later submissions until ``until`` (added to the caller's transaction)."""
-    from idmctl.record.models import NodeExclusion  # start-up: SQLAlchemy; sync's session already loaded it
-
-    db.add(NodeExclusion(node=node, until=until, reason=reason))

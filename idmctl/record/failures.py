@@ -266,12 +266,3 @@ def count_failures(db: "Session", experiment: str | None = None, cause: str | No
     if user:
         query = query.where(Job.user == user)
     return int(db.exec(query).one())
-
-
-def known_scheduler_ids(db: "Session") -> set[str]:
-    """The Slurm ids of every job in the store."""
-    from sqlmodel import select  # start-up: SQLAlchemy; the caller's session loaded it already
-
-    from idmctl.record.models import Job  # start-up: as above
-
-    return {job_id for job_id in db.exec(select(Job.scheduler_id)) if job_id}

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from ground.errors import CheckFailed, UserError
 from idmctl.core.job_state import JobState, is_terminal
-from idmctl.record.fast import connect, db_time, from_db_time, insert, rows, update
+from idmctl.record.fast import connect, db_time, from_db_time, insert, rows
 
 if TYPE_CHECKING:
     from idmctl.record.models import Job
@@ -189,21 +189,6 @@ def unfinished_jobs(chain_id: int | None = None, user: str | None = None) -> lis
         return [job for job in orm.exec(query).all() if not is_terminal(job.state)]
 
 
-def new_chain(declared: Any, retries: int) -> int:
-    """Register the spec version ``declared`` (a ResolvedSpec; idempotent) and open an ACTIVE chain with
-    ``retries`` resubmissions to spend; returns its id."""
-    with connect() as fast:
-        if fast is not None:  # plain sqlite3: the submit path imports no ORM
-            fast.execute("INSERT OR IGNORE INTO spec_version (hash, experiment, source_path, resolved_json, registered_at) "
-                         "VALUES (?, ?, ?, ?, ?)", (declared.hash, declared.name, str(declared.path),
-                                                     declared.canonical_json, db_time()))
-            return _insert_chain(fast, declared.name, declared.hash, retries)
-    from idmctl.record.specs import register_specs  # start-up: SQLAlchemy only for a store not at head or the shared one
-
-    register_specs([declared])
-    return open_chain(declared.name, declared.hash, retries)
-
-
 def open_chain(experiment: str, spec_hash: str, retries: int) -> int:
     """An ACTIVE chain of an already registered spec version (an eval job's own chain: the training
     chain's spec hash, ``retries`` 0); returns its id."""
@@ -260,30 +245,6 @@ def insert_job(values: dict[str, Any]) -> int:
         orm.add(job)
         orm.flush()
         return int(job.id or 0)
-
-
-def update_job(job_id: int, job_values: dict[str, Any], chain_id: int, chain_values: dict[str, Any]) -> tuple[Any, Any]:
-    """Update the job (and chain) rows; returns both as read back (ORM objects or attribute rows)."""
-    with connect() as fast:
-        if fast is not None:  # plain sqlite3: the submit path imports no ORM
-            stored = {k: db_time(v) if isinstance(v, datetime) else v for k, v in job_values.items()}
-            update(fast, "job", job_id, stored)
-            if chain_values:
-                update(fast, "chain", chain_id, chain_values)
-            (job,) = rows(fast, "SELECT * FROM job WHERE id = ?", (job_id,))
-            (chain,) = rows(fast, "SELECT * FROM chain WHERE id = ?", (chain_id,))
-            return job, chain
-    from idmctl.record.db import session  # start-up: SQLAlchemy only for a store not at head or the shared one
-    from idmctl.record.models import Chain, Job  # start-up: SQLAlchemy, as above
-
-    with session() as orm:
-        job, chain = orm.get(Job, job_id), orm.get(Chain, chain_id)
-        for target, values in ((job, job_values), (chain, chain_values)):
-            if target is not None:
-                for key, value in values.items():
-                    setattr(target, key, value)
-                orm.add(target)
-    return job, chain
 
 
 def update_chain(chain_id: int, values: dict[str, Any]) -> None:

@@ -16,7 +16,6 @@ from sqlmodel import SQLModel
 from ground.contract import ENV_DB_URL
 from ground.paths import db_path
 from idmctl.record import db as store_db
-from idmctl.record.claims import claim_end
 from idmctl.record.eval_jobs import eval_jobs_of
 from idmctl.record.fast import JOB_JSON_COLUMNS, close_all
 from idmctl.record.jobs import job_by_id, take_for_resubmission, unfinished_job_codes
@@ -119,9 +118,9 @@ def test_every_fact_moves_to_its_column_and_back(store_url: str) -> None:
         assert all(getattr(bare, name) is None for name in FACTS)
         assert job_options(bare.options_json, 3) == {}
     # The claims read their own column: the end claimed at 0002 stays claimed, the bare job's is free.
-    with store_db.session() as db:
-        assert not claim_end(db, 1)
-        assert claim_end(db, 3)
+    jobs = store()
+    assert not jobs.claim_end(1)
+    assert jobs.claim_end(3)
     with store_db.session() as db:
         assert db.get(Job, 3).end_recorded["by"]
     jobs = store()
@@ -166,5 +165,4 @@ def test_a_claim_is_sql_null_until_made() -> None:
     close_all()
     rows = _rows(f"sqlite:///{db_path()}")
     assert rows[job_id]["end_recorded"] is None and rows[job_id]["runs"] is None
-    with store_db.session() as db:
-        assert claim_end(db, job_id) and not claim_end(db, job_id)
+    assert store().claim_end(job_id) and not store().claim_end(job_id)
