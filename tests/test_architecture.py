@@ -4,10 +4,12 @@ on top. Every import statement in the project's packages is read (top level and 
 from __future__ import annotations
 
 import ast
+import importlib.util
 import io
 import re
 import tokenize
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 PROJECT_PACKAGES = ("ground", "cache", "trainers", "idmctl")
@@ -364,6 +366,41 @@ def test_only_the_record_floor_speaks_sql() -> None:
                 if not path.is_relative_to(SQL_HOME) and (spoken := sql_spoken(path))}
     assert not speaking, "SQL outside idmctl/record/ (add a query function there and call it):\n" + "\n".join(
         f"{path}:{entry}" for path, spoken in speaking.items() for entry in spoken)
+
+
+ROW_HOLDERS = frozenset({"idmctl/cli/commands/jobs.py", "idmctl/cli/commands/ledger.py", "idmctl/ops/eval_jobs.py",
+                         "idmctl/ops/failures/postmortem.py", "idmctl/track/card.py"})
+"""Modules outside ``idmctl/record/`` that still import its models, its database module or its session
+(2026-12-08: ``failures``/``ledger``'s classify-and-read path, ``cancel``'s RowRefused). Every other module
+reads typed records and writes named transitions through ``idmctl.record.store``. This set only shrinks."""
+ANY_IN_RECORD_SIGNATURES = 28
+"""Public functions of ``idmctl/record/`` with ``Any`` in their signature (31 before the store's face): only falls."""
+
+
+def _store_figures() -> Any:
+    spec = importlib.util.spec_from_file_location("store_figures", REPO / "scripts" / "dev" / "store_figures.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_outside_the_record_floor_no_new_module_holds_orm_rows_or_sessions() -> None:
+    holding = {str(path.relative_to(REPO)) for path in sorted((REPO / "idmctl").rglob("*.py"))
+               if not path.is_relative_to(SQL_HOME) and any(name.startswith((
+                   "idmctl.record.models", "idmctl.record.db", "idmctl.record.session"))
+                   for _, name in imported_modules(path))}
+    assert holding <= ROW_HOLDERS, ("read records and write transitions through idmctl.record.store "
+                                    f"(JobStore), not ORM rows or sessions: {sorted(holding - ROW_HOLDERS)}")
+
+
+def test_record_signatures_gain_no_any_and_the_records_load_no_sql_library() -> None:
+    figures = _store_figures().figures(REPO)
+    typed_any = figures["public record functions with Any in their signature"]
+    assert len(typed_any) <= ANY_IN_RECORD_SIGNATURES, f"type these with records (idmctl.record.records): {typed_any}"
+    for face in ("records.py", "store.py", "moves.py"):  # the CLI imports them: no SQL library behind them
+        assert not sql_spoken(SQL_HOME / face) and not any(
+            name.split(".")[0] in SQL_LIBRARIES for _, name in imported_modules(SQL_HOME / face)), face
 
 
 def test_the_sql_checker_sees_imports_and_statements(tmp_path: Path) -> None:
