@@ -34,21 +34,19 @@ from ground.errors import CheckFailed, UserError
 from ground.units import format_duration, parse_duration, slurm_mem
 from idmctl.core.checks import CheckResult, Measurements, PreflightContext, Status
 from idmctl.core.job_options import JobOptions, JobRequest
-from idmctl.core.job_state import is_terminal
 from idmctl.job.code import JobCode
 from idmctl.ops.executors import executor_for
-from idmctl.record.eval_jobs import completed_evals, eval_jobs_of, measured_eval, store_eval_link
-from idmctl.record.store import store
-from idmctl.record.stored_json import eval_link, job_options
+from idmctl.record.eval_jobs import completed_evals, measured_eval
+from idmctl.record.records import ChainStatus, JobRecord
+from idmctl.record.store import JobStore, store
 
 if TYPE_CHECKING:
     from ground.spec.loader import ResolvedSpec
     from ground.spec.schema import EvalResources
     from idmctl.job.effective import EffectiveJob
-    from idmctl.record.records import JobRecord
     from idmctl.ops.submit import Submitted
 
-EARLY_END = ("FAILED", "CANCELLED")
+EARLY_END = (ChainStatus.FAILED, ChainStatus.CANCELLED)
 """Chain statuses that end it before its last checkpoint: its eval jobs are cancelled."""
 
 
@@ -295,7 +293,7 @@ def _eval_qos(ctx: PreflightContext, options: JobOptions) -> CheckResult:
 
 def _submit_one(resolved: "ResolvedSpec", scheduler: str, options: JobOptions, code: JobCode | None,
                 admitted: dict[str, Any] | None, link: dict[str, Any], run_dir: Path, preflight_id: int | None,
-                forced: str | None, spec_hash: str | None) -> "JobRecord":
+                forced: str | None, spec_hash: str | None) -> JobRecord:
     """Its own chain row (retries 0); the script and log in the training chain's run directory. Sent by the
     path every job takes (``ops.submit.send``): rendered once, no verdict first (the training job's was asked)."""
     from idmctl.ops.submit import Attempt, render_attempt, send  # submit imports this module: the cycle is broken here
@@ -313,37 +311,30 @@ def follow(resubmitted: list[tuple[int, int]], finished: list[int]) -> list[str]
     """After sync decided (``resubmitted``: (old, new) job ids; ``finished``: the jobs that ended): eval
     jobs waiting on a resubmitted attempt wait on its successor instead, and those of a chain that ended
     early are cancelled. Returns one line per action (sync's report)."""
-    from idmctl.record.db import session  # the ORM: sync's path, never the CLI's fast one
-    from idmctl.record.models import Chain, Job  # the ORM, with session above
-
     if not resubmitted and not finished:
         return []
+    jobs = store()
     done: list[str] = []
-    moves: list[tuple[Job, Job]] = []
-    cancels: list[Job] = []
-    with session() as db:
-        for old_id, new_id in resubmitted:
-            old, new = db.get(Job, old_id), db.get(Job, new_id)
-            if old is None or new is None or old.chain_id is None or eval_link(old):
-                continue
-            for dependent in eval_jobs_of(db, old.chain_id):
-                link = eval_link(dependent) or {}
-                if link.get("after") == old.scheduler_id and not link.get("moved_to"):
-                    db.expunge(dependent)
-                    moves.append((dependent, new))
-        for job_id in finished:
-            ended = db.get(Job, job_id)
-            chain = db.get(Chain, ended.chain_id) if ended is not None and ended.chain_id else None
-            if chain is None or chain.status not in EARLY_END or eval_link(ended):
-                continue
-            for dependent in eval_jobs_of(db, chain.id or 0):
-                if dependent.scheduler_id and not is_terminal(dependent.state) and dependent.started_at is None:
-                    db.expunge(dependent)
-                    cancels.append(dependent)
-        for new in {new.id: new for _, new in moves}.values():
-            db.expunge(new)
+    moves: list[tuple[JobRecord, JobRecord]] = []
+    cancels: list[JobRecord] = []
+    for old_id, new_id in resubmitted:
+        old, new = jobs.job(old_id), jobs.job(new_id)
+        if old is None or new is None or old.chain_id is None or old.eval_link is not None:
+            continue
+        for dependent in jobs.eval_jobs(old.chain_id):
+            link = dependent.eval_link
+            if link is not None and link.after == old.scheduler_id and not link.moved_to:
+                moves.append((dependent, new))
+    for job_id in finished:
+        ended = jobs.job(job_id)
+        chain = jobs.chain(ended.chain_id) if ended is not None and ended.chain_id else None
+        if ended is None or chain is None or chain.status not in EARLY_END or ended.eval_link is not None:
+            continue
+        for dependent in jobs.eval_jobs(chain.id):
+            if dependent.scheduler_id and not dependent.is_terminal and dependent.started_at is None:
+                cancels.append(dependent)
     for dependent, new in moves:
-        done.append(_move(dependent, new))
+        done.append(_move(jobs, dependent, new))
     for dependent in cancels:
         try:
             executor_for(dependent.executor).cancel(dependent.scheduler_id or "")
@@ -353,32 +344,34 @@ def follow(resubmitted: list[tuple[int, int]], finished: list[int]) -> list[str]
     return done
 
 
-def _move(dependent: Any, new: Any) -> str:
+def _move(jobs: JobStore, dependent: JobRecord, new: JobRecord) -> str:
     """Wait on ``new`` instead: ``scontrol update`` while it is pending, else a fresh eval job."""
     from idmctl.ops.executors.slurm import _run  # scontrol, as the executor runs it (its timeout and env)
 
-    link = eval_link(dependent) or {}
-    if not is_terminal(dependent.state) and dependent.started_at is None:
-        result = _run(["scontrol", "update", f"JobId={dependent.scheduler_id}", f"Dependency=afterok:{new.scheduler_id}"])
+    link = dependent.eval_link
+    assert link is not None, f"job {dependent.id} is not an eval job"
+    after = str(new.scheduler_id)
+    if not dependent.is_terminal and dependent.started_at is None:
+        result = _run(["scontrol", "update", f"JobId={dependent.scheduler_id}", f"Dependency=afterok:{after}"])
         if result.returncode == 0:
-            store_eval_link(dependent.id, {**link, "after": new.scheduler_id})
+            jobs.relinked(dependent.id, replace(link, after=after))
             return f"eval job {dependent.id}: now waits on job {new.id} ({new.scheduler_id})"
     if dependent.started_at is not None:
         return f"eval job {dependent.id}: ran already, not moved"
     # Killed by Slurm when its attempt did not end OK (or it can no longer be updated): submit it again.
     from idmctl.ops.submit import _resolved_from_run  # the spec exactly as the chain started with it
 
-    stored = job_options(dependent.options_json, dependent.id)
-    run_dir = Path(dependent.script_path).parent
+    run_dir = Path(dependent.script_path or "").parent
     resolved = _resolved_from_run(json.loads((run_dir / contract.SPEC_FILE).read_text()), str(run_dir / contract.SPEC_FILE))
-    options = JobOptions(**{k: v for k, v in stored.items() if k in JobOptions.__dataclass_fields__})
-    options = replace(options, dependency=f"afterok:{new.scheduler_id}")
+    options = JobOptions(**{k: v for k, v in dependent.options.items() if k in JobOptions.__dataclass_fields__})
+    options = replace(options, dependency=f"afterok:{after}")
     fresh = _submit_one(resolved, "slurm" if dependent.executor == "slurm" else "local", options,
-                        JobCode.from_record(dependent.code), dependent.admitted,
-                        {**link, "after": new.scheduler_id, "replaces": dependent.id}, run_dir,
+                        JobCode.from_record(dict(dependent.code) if dependent.code is not None else None),
+                        dict(dependent.admitted) if dependent.admitted is not None else None,
+                        {**link.as_dict(), "after": after, "replaces": dependent.id}, run_dir,
                         dependent.preflight_id, dependent.forced_reason, dependent.spec_hash)
-    store_eval_link(dependent.id, {**link, "moved_to": fresh.id})
-    if not is_terminal(dependent.state):
+    jobs.relinked(dependent.id, replace(link, moved_to=fresh.id))
+    if not dependent.is_terminal:
         try:
             executor_for(dependent.executor).cancel(dependent.scheduler_id or "")
         except CheckFailed:
