@@ -3,6 +3,7 @@ the runner's measurements of it (du for stage-in, per-episode inspection)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -86,3 +87,17 @@ def test_a_cache_in_another_dtype_fails_with_what_it_does_to_the_bytes(tiny: Pat
     assert result.status is Status.FAIL
     assert ("demo_0: file has dtype float32 but the spec says bfloat16: a frame is 2 × 2 × 16 × 4 B = 256 B in the "
             "file, 2 × 2 × 16 × 2 B = 128 B by the spec") in result.summary, result.summary
+
+
+def test_a_truncated_cache_file_fails_naming_the_file_and_the_bytes(tiny: Path):
+    """A file cut short (a copy that stopped part-way): the check names it and says where its last layer
+    should end against the bytes there are, before any job reads a range past the end."""
+    from cache.hidden import cache_file
+
+    path = cache_file(Path(tiny.read_text().split("cache_root: ")[1].split("\n")[0]), "demo_3", "safetensors")
+    size = path.stat().st_size
+    os.truncate(path, size - 100)
+    _, result = check_cache(tiny)
+    assert result.status is Status.FAIL
+    assert f"demo_3: truncated: layer_3 ends at byte {size:,} but the file has {size - 100:,} B" in result.summary, \
+        result.summary
