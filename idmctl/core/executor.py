@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Protocol
 
 from ground.errors import CheckFailed
+from idmctl.core.job_state import JobState
 
 @dataclass
 class RunRecord:
@@ -50,7 +51,7 @@ class JobStatus:
     job is running, never how it ended, how often it restarted or its exit code."""
 
 
-UNCONFIRMED = "UNCONFIRMED"
+UNCONFIRMED = JobState.UNCONFIRMED
 """Stored state of a job that the live view (squeue) shows ended but that sacct has not recorded yet:
 not final, so every sync asks again until sacct confirms how it ended."""
 

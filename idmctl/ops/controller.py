@@ -33,6 +33,7 @@ from idmctl.job.controller_script import ControllerContext, FollowUp, controller
 from idmctl.ops.executors import executor_for
 from idmctl.record.job_facts import CONTROLLER, record_fact
 from idmctl.record.jobs import job_by_id
+from idmctl.record.records import ChainStatus, JobRecord
 from idmctl.record.store import store
 from idmctl.record.stored_json import job_options
 
@@ -156,7 +157,7 @@ def cancel_controllers(chain_id: int, keep: str = "") -> list[str]:
     """Cancel every recorded controller of the chain's attempts except ``keep`` (the one running now);
     returns the ids cancelled. One that already ran is no error (scancel of an ended job)."""
     _, attempts = chain_state(chain_id)
-    ids = [c["scheduler_id"] for a in attempts if (c := a["controller"] or {}).get("scheduler_id")
+    ids = [str(c["scheduler_id"]) for a in attempts if (c := a.controller or {}).get("scheduler_id")
            and c["scheduler_id"] != keep]
     cancelled = []
     for scheduler_id in ids:
@@ -168,15 +169,11 @@ def cancel_controllers(chain_id: int, keep: str = "") -> list[str]:
     return cancelled
 
 
-def chain_state(chain_id: int) -> tuple[str | None, list[dict]]:
-    """The chain's status and its attempts (id, attempt, scheduler id, state, controller fact), oldest first."""
+def chain_state(chain_id: int) -> tuple[ChainStatus | None, list[JobRecord]]:
+    """The chain's status (None: no such chain) and its attempts, oldest first."""
     records = store()
     chain = records.chain(chain_id)
-    attempts = [{"id": job.id, "attempt": job.attempt, "scheduler_id": job.scheduler_id, "state": job.state_text,
-                 "script_path": job.script_path, "controller": dict(job.controller) if job.controller else None,
-                 "cluster": (job.admitted or {}).get("cluster")}
-                for job in records.attempts(chain_id)]
-    return (chain.status.value if chain else None), attempts
+    return (chain.status if chain else None), records.attempts(chain_id)
 
 
 def controller_line(followed: dict) -> str:

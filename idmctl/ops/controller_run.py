@@ -14,14 +14,15 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ground.errors import CheckFailed, UserError
-from idmctl.core.executor import UNCONFIRMED, SchedulerUnreachable
-from idmctl.core.job_state import is_terminal
+from idmctl.core.executor import SchedulerUnreachable
+from idmctl.core.job_state import JobState, is_terminal
 from ground.contract import ENV_CLUSTER
 from idmctl.job.controller_script import ENV_CONTROLLER, ENV_CONTROLLER_JOB, FollowUp
 from idmctl.ops.controller import FollowedUp, cancel_controllers, chain_state, submit_controller, submit_follow_up
 from idmctl.ops import notify
 from idmctl.ops.sync import sync
 from idmctl.record.job_facts import CONTROLLER, record_fact
+from idmctl.record.records import ChainStatus
 
 REARM_BEGIN_S = 20
 """A controller re-armed after an attempt that squeue says ended but sacct has not recorded yet starts no
@@ -71,9 +72,9 @@ def _sync_and_follow(chain_id: int, after: str, me: str, myself: FollowUp | None
     report = sync(chain_id=chain_id)
     result = _summary(report)
     status, attempts = chain_state(chain_id)
-    attempted = next((a for a in attempts if a["scheduler_id"] == after), None)
+    attempted = next((a for a in attempts if a.scheduler_id == after), None)
     if attempted is not None:
-        record_fact(attempted["id"], CONTROLLER, {"last_run": {
+        record_fact(attempted.id, CONTROLLER, {"last_run": {
             "at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "result": result, "ok": True,
             "scheduler_id": me or None,
             **({"follow_up": myself.follow_up, "outage_from": myself.origin} if myself and myself.follow_up else {})}})
@@ -81,18 +82,20 @@ def _sync_and_follow(chain_id: int, after: str, me: str, myself: FollowUp | None
         _tell(notify.CONTROLLER_CAUGHT_UP, f"idmctl: chain {chain_id}'s controller caught up after a store outage",
               [f"chain: {chain_id} (after job {after})",
                f"done: follow-up {myself.follow_up} (controller job {me or '?'}) found the store again: {result}"], "success")
-    if status != "ACTIVE":
+    if status is not ChainStatus.ACTIVE:
         return ControllerRun(chain_id, after, result, cancelled=tuple(cancel_controllers(chain_id, keep=me)))
     latest = attempts[-1] if attempts else None
-    if latest is None or is_terminal(latest["state"]) or not latest["scheduler_id"]:
+    if latest is None or is_terminal(latest.state_text) or not latest.scheduler_id:
         return ControllerRun(chain_id, after, result)
-    follower = (latest["controller"] or {}).get("scheduler_id")
+    follower = (latest.controller or {}).get("scheduler_id")
     # A follow-up stands in for the controller that found the store down: that one ran, it waits on nothing.
     if follower and follower not in (me, myself.origin if myself else None):
         return ControllerRun(chain_id, after, result)  # the attempt's own controller waits on it
-    begin = REARM_BEGIN_S if latest["state"] == UNCONFIRMED else None
-    rearmed = submit_controller(latest["id"], chain_id, latest["attempt"], latest["scheduler_id"],
-                                Path(latest["script_path"]).parent, latest["cluster"], begin_s=begin)
+    begin = REARM_BEGIN_S if latest.state is JobState.UNCONFIRMED else None
+    cluster = (latest.admitted or {}).get("cluster")
+    rearmed = submit_controller(latest.id, chain_id, latest.attempt, latest.scheduler_id,
+                                Path(latest.script_path or "").parent, cluster if isinstance(cluster, str) else None,
+                                begin_s=begin)
     return ControllerRun(chain_id, after, result, rearmed=rearmed)
 
 

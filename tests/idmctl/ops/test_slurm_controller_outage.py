@@ -24,6 +24,7 @@ import yaml
 
 from ground import contract
 from ground.paths import REPO_ROOT, clusters_dir
+from idmctl.record.records import JobRecord
 from net_support import free_port
 from slurm_support import sh, text_so_far, wait_until
 from test_notify import Webhook
@@ -90,7 +91,7 @@ def _controller_logs(run_dir: Path) -> str:
     return "".join(text_so_far(path) for path in sorted(run_dir.glob("controller-*.out")))
 
 
-def _chain(chain_id: int) -> tuple[str | None, list[dict]]:
+def _chain(chain_id: int) -> tuple[str | None, list[JobRecord]]:
     """The chain's status and attempts, read afresh from the store (None while it does not answer)."""
     from idmctl.ops.controller import chain_state
 
@@ -122,7 +123,7 @@ def test_a_store_outage_as_an_attempt_ends_is_caught_up_by_a_follow_up_controlle
     assert result.exit_code == 0, result.output
     sub = json.loads(result.stdout)
     chain_id, log, run_dir = sub["chain"], Path(sub["log"]), Path(sub["script"]).parent
-    first = _chain(chain_id)[1][0]["controller"]["scheduler_id"]
+    first = _chain(chain_id)[1][0].controller["scheduler_id"]  # type: ignore[index]
 
     # Held at submit, so the store is down before the attempt can run and end: its controller finds it so.
     private_pg.stop()
@@ -146,18 +147,18 @@ def test_a_store_outage_as_an_attempt_ends_is_caught_up_by_a_follow_up_controlle
 
     def recorded() -> list[dict] | None:  # the controller notes its run after its sync completed the chain
         status, attempts = _chain(chain_id)
-        return attempts if status == "COMPLETED" and (attempts[0]["controller"] or {}).get("last_run") else None
+        return attempts if status == "COMPLETED" and (attempts[0].controller or {}).get("last_run") else None
 
     attempts = wait_until(recorded, 90, lambda: f"chain {chain_id} to complete once the store is back and its "
                                                 f"controller to record its run (logs: {_controller_logs(run_dir)[-800:]})")
     (attempt,) = attempts
-    assert attempt["state"] == "COMPLETED", attempt
-    ran = attempt["controller"]["last_run"]
+    assert attempt.state == "COMPLETED", attempt
+    ran = attempt.controller["last_run"]  # type: ignore[index]
     logs = _controller_logs(run_dir)
     # Each controller that found the store down left exactly one follow-up; the last one left found it
     # again (2 under light load; 3 when the restart took longer than the second backoff).
     failed = logs.count("nothing was recorded: follow-up controller job")
-    assert ran["ok"] and ran["follow_up"] == failed >= 2 and ran["outage_from"] == first, (attempt["controller"], logs)
+    assert ran["ok"] and ran["follow_up"] == failed >= 2 and ran["outage_from"] == first, (attempt.controller, logs)
     caught = wait_until(lambda: [m for m in _events(webhook) if m["event"] == "controller_caught_up"], 30,
                         "the caught-up message")
     assert caught[0]["done"].startswith(f"follow-up {failed} (controller job {ran['scheduler_id']}) found the store "
