@@ -368,7 +368,7 @@ def test_only_the_record_floor_speaks_sql() -> None:
         f"{path}:{entry}" for path, spoken in speaking.items() for entry in spoken)
 
 
-ROW_HOLDERS = frozenset({"idmctl/cli/commands/jobs.py", "idmctl/cli/commands/ledger.py", "idmctl/ops/eval_jobs.py",
+ROW_HOLDERS = frozenset({"idmctl/cli/commands/jobs.py", "idmctl/cli/commands/ledger.py",
                          "idmctl/ops/failures/postmortem.py", "idmctl/track/card.py"})
 """Modules outside ``idmctl/record/`` that still import its models, its database module or its session
 (2026-12-08: ``failures``/``ledger``'s classify-and-read path, ``cancel``'s RowRefused). Every other module
@@ -383,6 +383,26 @@ def _store_figures() -> Any:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+NOT_THE_JOB_STORE = {"ground/mlflow_store.py": "opens MLflow's own SQLite tracking store (seeding, locking its first open)",
+                     "ground/sqlite_template.py": "copies an empty-schema SQLite template file for a new store"}
+"""Shared modules that speak SQLite to files that are not the job store. They stay in ``ground/``: the data
+plane (the trainer's tracking spool) opens MLflow's store through them and may not import the control
+plane's ``idmctl/record/``."""
+
+
+def test_only_the_record_floor_and_named_files_speak_sql_in_the_shared_ground_and_the_data_plane() -> None:
+    """The same rule for ``ground/``, ``cache/`` and ``trainers/``: no database library, except where a module
+    names the SQLite file it opens and that file is not the job store. (Imports only: no SQL runs without
+    one, and these packages' prose says "select" of layers and blocks.)"""
+    speaking = {rel: spoken for package in ("ground", "cache", "trainers")
+                for path in sorted((REPO / package).rglob("*.py"))
+                if (rel := str(path.relative_to(REPO))) not in NOT_THE_JOB_STORE
+                and (spoken := [entry for entry in sql_spoken(path) if ": imports " in entry])}
+    assert not speaking, "SQL outside idmctl/record/ (the job store's home):\n" + "\n".join(
+        f"{path}:{entry}" for path, spoken in speaking.items() for entry in spoken)
+    assert all(sql_spoken(REPO / path) for path in NOT_THE_JOB_STORE), "an exemption no longer needed: remove it"
 
 
 def test_outside_the_record_floor_no_new_module_holds_orm_rows_or_sessions() -> None:
