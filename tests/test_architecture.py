@@ -369,7 +369,7 @@ def test_only_the_record_floor_speaks_sql() -> None:
 
 
 ROW_HOLDERS = frozenset({"idmctl/cli/commands/jobs.py", "idmctl/cli/commands/ledger.py",
-                         "idmctl/ops/failures/postmortem.py", "idmctl/track/card.py"})
+                         "idmctl/ops/failures/postmortem.py"})
 """Modules outside ``idmctl/record/`` that still import its models, its database module or its session
 (2026-12-08: ``failures``/``ledger``'s classify-and-read path, ``cancel``'s RowRefused). Every other module
 reads typed records and writes named transitions through ``idmctl.record.store``. This set only shrinks."""

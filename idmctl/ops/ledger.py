@@ -33,7 +33,7 @@ from ground.errors import UserError
 from ground.run_events import CHECKPOINT, START, read_events
 from idmctl.core.job_state import JobState
 from idmctl.ops.failures.rows import _naive_utc, _when, is_since
-from idmctl.record.failures import ledger_inputs, ledger_inputs_fast
+from idmctl.record.failures import ledger_inputs_fast, stored_ledger_inputs
 
 GROUPINGS = ("experiment", "qos", "cause")
 PREEMPTED = "preempted"
@@ -108,14 +108,14 @@ def _seconds(started: str | None, ended: str | None) -> float | None:
 def run_costs(db: Path, user: str | None = None) -> list[RunCost] | None:
     """Every ended run's cost (of ``user``'s jobs only, when given); None when the store is missing, of
     another revision, the team's PostgreSQL store, or has failed runs that still need classifying (the
-    caller classifies them first and reads with :func:`run_costs_orm`)."""
+    caller classifies them first and reads with :func:`run_costs_stored`)."""
     found = ledger_inputs_fast(db, user)
     return None if found is None else _costs(*found)
 
 
-def run_costs_orm(db: Any, user: str | None = None) -> list[RunCost]:
-    """:func:`run_costs` through the ORM session ``db``: any backend (the PostgreSQL store's only path)."""
-    return _costs(*ledger_inputs(db, user))
+def run_costs_stored(user: str | None = None) -> list[RunCost]:
+    """:func:`run_costs` through the ORM, on any backend (the PostgreSQL store's only path)."""
+    return _costs(*stored_ledger_inputs(user))
 
 
 def _costs(jobs: list[tuple[Any, ...]], causes: dict[tuple[int, int], str]) -> list[RunCost]:

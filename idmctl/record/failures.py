@@ -154,6 +154,14 @@ def ledger_inputs(db: "Session", user: str | None = None) -> tuple[list[LedgerJo
     return jobs, _causes(db.exec(select(Failure.job_id, Failure.cause, Failure.detail_json)).all())
 
 
+def stored_ledger_inputs(user: str | None = None) -> tuple[list[LedgerJob], dict[tuple[int, int], str]]:
+    """:func:`ledger_inputs` in a read transaction of its own: for callers that hold no session."""
+    from idmctl.record import session  # start-up: record's session loads SQLAlchemy on first use
+
+    with session() as db:
+        return ledger_inputs(db, user)
+
+
 def jobs_to_classify(db: "Session") -> list["Job"]:
     """Jobs that can hold a failed run not classified since their record last changed: not completed, or
     requeued at least once. A store of 10,000 mostly-completed jobs is not walked row by row."""

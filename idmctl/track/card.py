@@ -140,11 +140,9 @@ def _failure_rows(experiments: list[str]) -> list[Any]:
 
 
 def _gpu_hours(experiments: list[str]) -> tuple[list[str], Any]:
-    from idmctl.ops.ledger import ledger, run_costs_orm  # start-up: pulls yaml
-    from idmctl.record import session  # start-up: record's session loads SQLAlchemy on first use
+    from idmctl.ops.ledger import ledger, run_costs_stored  # start-up: pulls yaml
 
-    with session() as db:
-        costs = [c for c in run_costs_orm(db) if c.experiment in experiments]
+    costs = [c for c in run_costs_stored() if c.experiment in experiments]
     if not costs:
         return ["No run has ended: nothing charged yet."], None
     _, total = ledger(costs, "experiment")

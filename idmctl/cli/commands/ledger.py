@@ -26,12 +26,12 @@ def ledger(
     costs = run_costs(db_path(), user)
     if costs is None:  # failed runs not classified yet, no store, or the shared store: through the ORM
         from idmctl.ops.failures.postmortem import record_failures  # start-up: pulls sqlalchemy and pydantic
-        from idmctl.ops.ledger import run_costs_orm  # start-up: pulls yaml
+        from idmctl.ops.ledger import run_costs_stored  # start-up: pulls yaml
         from idmctl.record import session  # start-up: record's session loads SQLAlchemy on first use
 
-        with session() as db:
+        with session() as db:  # classifying needs one until postmortem classifies through the store
             record_failures(db)
-            costs = run_costs_orm(db, user)
+        costs = run_costs_stored(user)
     rows, total = build(costs, by, since_at)
     if as_json:
         emit_json({"by": by, "since": since_at.isoformat() if since_at else None,
