@@ -171,6 +171,8 @@ class JobOptions:
     """Seconds of USR1 warning; derived from measured step + checkpoint write time (or the spec's)."""
     checkpoint_every: int | None = None
     """Derived steps between checkpoints, passed as IDMCTL_CHECKPOINT_EVERY when the spec sets none."""
+    loader_direct: bool = False
+    """The plan's read path (``Limits.loader_direct``): True passes IDMCTL_LOADER_DIRECT=1, the trainer's loader reads O_DIRECT."""
     derivation: list[str] = field(default_factory=list)
     """How the limits were derived, one line each: printed as comments at the top of the script."""
     hold: bool = False

@@ -25,7 +25,7 @@ def job_limits(resolved: ResolvedSpec, profile: ClusterProfile, options: JobOpti
     return replace(options, time_limit=options.time_limit or limits.derived_time_limit_slurm,
                    signal_lead=int(limits.signal_lead.effective),
                    checkpoint_every=None if resolved.spec.train.checkpoint_every else int(limits.checkpoint_every.derived),
-                   derivation=limits.lines())
+                   loader_direct=limits.loader_direct, derivation=limits.lines())
 
 
 def start_deadline(resolved: "ResolvedSpec", profile: "ClusterProfile") -> float:

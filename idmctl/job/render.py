@@ -245,6 +245,7 @@ def render_script(resolved: ResolvedSpec, options: JobOptions, ctx: RenderContex
         contract.ENV_RUN_DIR: str(ctx.run_dir),
         "IDMCTL_PYTHON": ctx.python,
         **({contract.ENV_CHECKPOINT_EVERY: str(options.checkpoint_every)} if options.checkpoint_every else {}),
+        **({contract.ENV_LOADER_DIRECT: "1"} if options.loader_direct else {}),
         # A team's launch script that calls srun itself gets the CPUs per task too (srun reads this, not
         # SLURM_CPUS_PER_TASK, since 22.05); one started once per node learns how many ranks to start.
         "SRUN_CPUS_PER_TASK": str(options.cpus_per_task),

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ground.contract import ENV_CHECKPOINT_EVERY
+from ground.contract import ENV_CHECKPOINT_EVERY, ENV_LOADER_DIRECT
 from ground.progress import Progress, timing_key, write_progress
 from ground.spec.loader import load_spec
 from idmctl.plan.limits import derive
 from idmctl.core.checks import Measurements, PreflightContext, RecordedRun, SmokeMeasurement
-from idmctl.core.profile import load_profile
+from idmctl.core.profile import load_profile, profile_path
 
 
 def _spec(tmp_path: Path, name: str = "planned", **sections: dict) -> Path:
@@ -141,3 +141,18 @@ def test_trainer_interval_spec_then_derived_then_a_tenth(tiny_cache, tmp_path: P
     monkeypatch.setenv(ENV_CHECKPOINT_EVERY, env)
     spec = load_spec(str(tiny_cache.spec_file(tmp_path, "interval", train={"steps": 200, "checkpoint_every": spec_value}))).spec
     assert checkpoint_interval(spec) == expected
+
+
+@pytest.mark.parametrize(("direct_read", "told"), [("20GB/s", True), ("8GB/s", False)])
+def test_the_read_path_the_plan_chose_reaches_the_job_script(tmp_path: Path, cli, idmctl_home: Path,
+                                                             direct_read: str, told: bool) -> None:
+    """N=12 dense's working set is far larger than card A's page cache: a measured O_DIRECT rate that beats
+    the cached step makes the plan read around the cache, and the job is told so (the trainer's loader reads
+    O_DIRECT only when it is); a slower one keeps the page cache and the script says nothing."""
+    data = yaml.safe_load(profile_path("card").read_text())
+    data["storage"]["direct_read"] = direct_read
+    profile = tmp_path / "card_direct.yaml"
+    profile.write_text(yaml.safe_dump(data))
+    result = cli("submit", "latent_c_n12_dense", "--cluster", str(profile), "--dry-run")
+    assert result.exit_code == 0, result.output
+    assert (f"export {ENV_LOADER_DIRECT}=1\n" in result.stdout) is told
