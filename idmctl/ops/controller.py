@@ -3,7 +3,7 @@
 ``idmctl sync --chain <id>``: it classifies, records, excludes and resubmits within seconds of the
 attempt's end, and the resubmitted attempt gets a controller of its own. Nothing of idmctl keeps running
 anywhere else. A controller is not an attempt: it has no Job row (its id is a fact on the attempt it
-follows, ``record.job_facts``), spends no retry and is never a failure.
+follows, ``JobStore.note``), spends no retry and is never a failure.
 
 A controller that cannot reach the store writes nothing to it: the scheduler kept every state it would
 have read. It leaves a follow-up instead (:func:`submit_follow_up`: the same controller, no dependency,
@@ -31,11 +31,8 @@ from idmctl.core.notice import warn
 from idmctl.core.profile import ClusterProfile, ControllerJob, load_profile
 from idmctl.job.controller_script import ControllerContext, FollowUp, controller_request, render_controller_script
 from idmctl.ops.executors import executor_for
-from idmctl.record.job_facts import CONTROLLER, record_fact
-from idmctl.record.jobs import job_by_id
 from idmctl.record.records import ChainStatus, JobRecord
-from idmctl.record.store import store
-from idmctl.record.stored_json import job_options
+from idmctl.record.store import CONTROLLER, store
 
 CONTROLLER_LOG = "controller-%j.out"
 MAX_BEGIN_S = 999_999
@@ -64,10 +61,10 @@ def submit_controller(job_id: int, chain_id: int, attempt: int, after: str, run_
         scheduler_id = _sbatch(ctx, profile.controller, path)
     except CheckFailed as exc:
         warn(f"warning: no controller for job {after} (chain {chain_id}): {exc}; run `idmctl sync` for this chain")
-        record_fact(job_id, CONTROLLER, {"error": str(exc)[:300], "submitted_at": submitted_at})
+        store().note(job_id, CONTROLLER, {"error": str(exc)[:300], "submitted_at": submitted_at})
         return None
-    record_fact(job_id, CONTROLLER, {"scheduler_id": scheduler_id, "after": after, "submitted_at": submitted_at,
-                                     "script": str(path), "code": {"version": version, "directory": str(root)}})
+    store().note(job_id, CONTROLLER, {"scheduler_id": scheduler_id, "after": after, "submitted_at": submitted_at,
+                                      "script": str(path), "code": {"version": version, "directory": str(root)}})
     return scheduler_id
 
 
@@ -79,9 +76,8 @@ def _sbatch(ctx: ControllerContext, settings: ControllerJob, path: Path) -> str:
 
 
 def _recorded_code(job_id: int) -> dict | None:
-    row = job_by_id(job_id)
-    code = getattr(row, "code", None) if row is not None else None
-    return code if isinstance(code, dict) else None
+    job = store().job(job_id)
+    return dict(job.code) if job is not None and job.code is not None else None
 
 
 def code_root(code: dict | None) -> tuple[Path, str | None]:
@@ -112,10 +108,8 @@ class FollowedUp:
 
 def _charged_account(job_id: int) -> str | None:
     """The account the attempt's job was submitted with (its recorded options), if any."""
-    row = job_by_id(job_id)
-    if row is None:
-        return None
-    account = job_options(row.options_json, row.id).get("account")
+    job = store().job(job_id)
+    account = job.options.get("account") if job is not None else None
     return account if isinstance(account, str) and account else None
 
 

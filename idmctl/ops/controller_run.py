@@ -21,8 +21,8 @@ from idmctl.job.controller_script import ENV_CONTROLLER, ENV_CONTROLLER_JOB, Fol
 from idmctl.ops.controller import FollowedUp, cancel_controllers, chain_state, submit_controller, submit_follow_up
 from idmctl.ops import notify
 from idmctl.ops.sync import sync
-from idmctl.record.job_facts import CONTROLLER, record_fact
 from idmctl.record.records import ChainStatus
+from idmctl.record.store import CONTROLLER, store
 
 REARM_BEGIN_S = 20
 """A controller re-armed after an attempt that squeue says ended but sacct has not recorded yet starts no
@@ -74,7 +74,7 @@ def _sync_and_follow(chain_id: int, after: str, me: str, myself: FollowUp | None
     status, attempts = chain_state(chain_id)
     attempted = next((a for a in attempts if a.scheduler_id == after), None)
     if attempted is not None:
-        record_fact(attempted.id, CONTROLLER, {"last_run": {
+        store().note(attempted.id, CONTROLLER, {"last_run": {
             "at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "result": result, "ok": True,
             "scheduler_id": me or None,
             **({"follow_up": myself.follow_up, "outage_from": myself.origin} if myself and myself.follow_up else {})}})

@@ -4,14 +4,11 @@ as one dict (without the ORM: ``idmctl jobs`` shows it)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from sqlmodel import Session, select
 
 from idmctl.core.job_state import JobState
 from idmctl.record.db import session
 from idmctl.record.models import Job
-from idmctl.record.stored_json import eval_columns
 
 def eval_jobs_of(db: Session, chain_id: int) -> list[Job]:
     """Every evaluation job recorded for training chain ``chain_id``, oldest first."""
@@ -36,13 +33,3 @@ def measured_eval(experiment: str, spec_hash: str) -> tuple[int, float] | None:
             if job.started_at is not None and job.ended_at is not None:
                 return int(job.id or 0), max(0.0, (job.ended_at - job.started_at).total_seconds())
     return None
-
-
-def store_eval_link(job_id: int, link: dict[str, Any]) -> None:
-    """Replace the job's link (it now waits on another attempt, or another eval job stands in for it)."""
-    with session() as db:
-        row = db.get(Job, job_id)
-        if row is not None:
-            for name, value in eval_columns(link).items():
-                setattr(row, name, value)
-            db.add(row)

@@ -7,13 +7,12 @@ PostgreSQL store)."""
 from __future__ import annotations
 
 import sqlite3
-from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ground.errors import CheckFailed, UserError
 from idmctl.core.job_state import JobState, is_terminal
-from idmctl.record.fast import connect, db_time, from_db_time, insert, rows
+from idmctl.record.fast import connect, from_db_time, rows
 
 if TYPE_CHECKING:
     from idmctl.record.models import Job
@@ -113,25 +112,6 @@ def submitted_with_gpus(gpus: int) -> list[Any]:
         return list(orm.exec(select(Job).where(Job.gpus == gpus, Job.submitted_at != None)).all())  # noqa: E711
 
 
-def unfinished_job_codes() -> list[dict[str, Any]]:
-    """The code snapshot records (``Job.code``) of every job not ended and of every job of an ACTIVE chain
-    (what a resubmission may still run from): the code snapshots' collector keeps what these name."""
-    from sqlmodel import select  # start-up: SQLAlchemy; only `gc` asks
-
-    from idmctl.record.db import session  # start-up: SQLAlchemy, as above
-    from idmctl.record.models import Chain, Job  # start-up: SQLAlchemy, as above
-
-    found = []
-    with session() as orm:
-        active = {c.id for c in orm.exec(select(Chain).where(Chain.status == "ACTIVE")).all()}
-        for job in orm.exec(select(Job)).all():
-            if is_terminal(job.state) and job.chain_id not in active:
-                continue
-            if job.code is not None:
-                found.append(job.code)
-    return found
-
-
 def unfinished_job_rows() -> list[str]:
     """Every column of every job not ended and of every job of an ACTIVE chain, each row as one text
     (JSON of its raw values, a damaged column's text as it is): the code store's collector keeps every
@@ -189,64 +169,6 @@ def unfinished_jobs(chain_id: int | None = None, user: str | None = None) -> lis
         return [job for job in orm.exec(query).all() if not is_terminal(job.state)]
 
 
-def open_chain(experiment: str, spec_hash: str, retries: int) -> int:
-    """An ACTIVE chain of an already registered spec version (an eval job's own chain: the training
-    chain's spec hash, ``retries`` 0); returns its id."""
-    with connect() as fast:
-        if fast is not None:  # plain sqlite3: the submit path imports no ORM
-            return _insert_chain(fast, experiment, spec_hash, retries)
-    from idmctl.record.db import session  # start-up: SQLAlchemy only for a store not at head or the shared one
-    from idmctl.record.models import Chain  # start-up: SQLAlchemy, as above
-
-    with session() as orm:
-        chain = Chain(experiment=experiment, spec_hash=spec_hash, retries_budget=retries)
-        orm.add(chain)
-        orm.flush()
-        return int(chain.id or 0)
-
-
-def withdraw_chain(chain_id: int) -> bool:
-    """Remove a chain opened for a submission the scheduler then refused before any attempt was recorded,
-    so a refusal leaves nothing behind; a chain with an attempt is kept. True when it was removed."""
-    with connect() as fast:
-        if fast is not None:  # plain sqlite3: the submit path imports no ORM
-            return fast.execute("DELETE FROM chain WHERE id = ? AND NOT EXISTS (SELECT 1 FROM job WHERE chain_id = ?)",
-                                (chain_id, chain_id)).rowcount == 1
-    from sqlmodel import select  # start-up: SQLAlchemy only for a store not at head or the shared one
-
-    from idmctl.record.db import session  # start-up: as above
-    from idmctl.record.models import Chain, Job  # start-up: as above
-
-    with session() as orm:
-        chain = orm.get(Chain, chain_id)
-        if chain is None or orm.exec(select(Job.id).where(Job.chain_id == chain_id)).first() is not None:
-            return False
-        orm.delete(chain)
-        return True
-
-
-def _insert_chain(fast: Any, experiment: str, spec_hash: str, retries: int) -> int:
-    return insert(fast, "chain", {"experiment": experiment, "spec_hash": spec_hash, "mlflow_run_id": None,
-                                  "retries_budget": retries, "retries_used": 0, "status": "ACTIVE",
-                                  "created_at": db_time()})
-
-
-def insert_job(values: dict[str, Any]) -> int:
-    """A new job row with these columns; returns its id."""
-    with connect() as fast:
-        if fast is not None:  # plain sqlite3: the submit path imports no ORM
-            now = db_time()
-            return insert(fast, "job", {"restarts": 0, "imported": 0, "created_at": now, "updated_at": now, **values})
-    from idmctl.record.db import session  # start-up: SQLAlchemy only for a store not at head or the shared one
-    from idmctl.record.models import Job  # start-up: SQLAlchemy, as above
-
-    with session() as orm:
-        job = Job(**values)
-        orm.add(job)
-        orm.flush()
-        return int(job.id or 0)
-
-
 def update_chain(chain_id: int, values: dict[str, Any]) -> None:
     """Set these columns of the chain (nothing for an unknown chain)."""
     from idmctl.record.db import session  # start-up: SQLAlchemy; only `submit --resume` asks
@@ -271,30 +193,3 @@ def chain_and_attempts(chain_id: int) -> tuple[Any, list[Any]]:
         chain = orm.get(Chain, chain_id)
         attempts = list(orm.exec(select(Job).where(Job.chain_id == chain_id).order_by(Job.attempt)).all()) if chain else []
     return chain, attempts
-
-
-def take_for_resubmission(job_id: int, spends_retry: bool) -> tuple[dict[str, Any], Any]:
-    """What a resubmission of job ``job_id`` starts from (its chain, attempt, preflight, forced reason, spec
-    hash, executor, code version, stored options, admission, code snapshot, script path) and the preflight
-    row it passed (detached; None without one), spending one of the chain's retries when ``spends_retry``.
-    UserError for a job that is not in a chain."""
-    from idmctl.record.db import session  # start-up: SQLAlchemy; only a resubmitting sync asks
-    from idmctl.record.models import Chain, Job, PreflightRun  # start-up: SQLAlchemy, as above
-
-    with session() as orm:
-        old = orm.get(Job, job_id)
-        if old is None or old.chain_id is None:
-            raise UserError(f"no job {job_id}", field="JOB")
-        chain = orm.get(Chain, old.chain_id)
-        assert chain is not None
-        if spends_retry:
-            chain.retries_used += 1
-            orm.add(chain)
-        preflight = orm.get(PreflightRun, old.preflight_id) if old.preflight_id else None
-        if preflight is not None:
-            orm.expunge(preflight)
-        return {"chain_id": old.chain_id, "attempt": old.attempt, "preflight_id": old.preflight_id,
-                "forced": old.forced_reason, "spec_hash": old.spec_hash, "executor": old.executor,
-                "code_version": old.code_version, "options_json": old.options_json, "admitted": old.admitted,
-                "code": old.code,
-                "script_path": old.script_path}, preflight

@@ -13,7 +13,9 @@ from ground.errors import CheckFailed
 from idmctl.core.job_state import JobState
 from idmctl.record.records import ChainStatus, EndClaim, EvalLink, JsonObject, NodeExclusionRecord
 
-FACTS = ("committed_step", "controller")
+COMMITTED_STEP = "committed_step"
+CONTROLLER = "controller"
+FACTS = (COMMITTED_STEP, CONTROLLER)
 """The facts :meth:`JobStore.note` records on a job after it was submitted (a dict merges into what is there)."""
 
 

@@ -26,8 +26,9 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Protocol
 
-from idmctl.record.moves import (Decision, FACTS, ImportedJob, NewJob, Observation, SpecVersionRecord,
-                                 TransitionRefused, UnknownRecord, claimant, merged)  # noqa: F401  (re-exported: the face's vocabulary)
+# The face's vocabulary, re-exported: callers import the store's words from here.
+from idmctl.record.moves import (COMMITTED_STEP, CONTROLLER, FACTS, Decision, ImportedJob, NewJob,  # noqa: F401
+                                 Observation, SpecVersionRecord, TransitionRefused, UnknownRecord, claimant, merged)
 from idmctl.record.records import ChainRecord, EvalLink, FailureRecord, JobRecord, NewFailure, NodeExclusionRecord
 
 

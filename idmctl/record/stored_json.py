@@ -85,8 +85,3 @@ def eval_link(job: Any) -> dict[str, Any] | None:
         return None
     link = {name: getattr(job, f"eval_{name}", None) for name in EVAL_FIELDS}
     return {name: value for name, value in link.items() if value is not None or name not in EVAL_OPTIONAL}
-
-
-def eval_columns(link: dict[str, Any] | None) -> dict[str, Any]:
-    """The job columns that store ``link`` (every ``eval_*`` column; all None for no link)."""
-    return {f"eval_{name}": (link or {}).get(name) for name in EVAL_FIELDS}
