@@ -29,7 +29,9 @@ from typing import Any
 import numpy as np
 
 from ground.units import format_duration
+from idmctl.core.job_state import JobState
 from idmctl.plan.budget import fmt_seconds
+from idmctl.record.records import JobRecord
 
 DRAWS = 4000
 SEED = 0
@@ -163,15 +165,15 @@ def _simulate(plan: Plan, wait: Any, rate: np.ndarray, rng: np.random.Generator)
     return total
 
 
-def history_from_jobs(jobs: list[Any]) -> list[PastJob]:
-    """Past attempts from store ``Job`` rows (or anything with the same attributes)."""
+def history_from_jobs(jobs: list[JobRecord]) -> list[PastJob]:
+    """Past attempts from the store's job records."""
     past = []
     for job in jobs:
         if job.submitted_at is None or job.ended_at is None:
             continue
         waited = (job.started_at - job.submitted_at).total_seconds() if job.started_at else None
         ran = (job.ended_at - job.started_at).total_seconds() if job.started_at else 0.0
-        preempted = int(str(job.state).startswith("PREEMPTED")) + int(job.restarts or 0)
+        preempted = int(job.state is JobState.PREEMPTED) + int(job.restarts or 0)
         past.append(PastJob(qos=job.qos or "", gpus=int(job.gpus or 0), waited_s=waited, ran_s=max(0.0, ran),
                             preemptions=preempted))
     return past

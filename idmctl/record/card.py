@@ -8,13 +8,14 @@ from sqlmodel import col, select
 
 from idmctl.record.db import session
 from idmctl.record.models import Job, PreflightCheck, PreflightRun
+from idmctl.record.records import JobRecord
+from idmctl.record.sql_store import job_record
 
 
-def jobs_of(experiments: list[str]) -> list[Job]:
-    """Every job of these experiments, detached, oldest submission first."""
+def jobs_of(experiments: list[str]) -> list[JobRecord]:
+    """Every job of these experiments, oldest submission first."""
     with session() as db:
-        jobs = list(db.exec(select(Job).where(col(Job.experiment).in_(experiments))))
-        db.expunge_all()
+        jobs = [job_record(row.model_dump()) for row in db.exec(select(Job).where(col(Job.experiment).in_(experiments)))]
     return sorted(jobs, key=lambda j: (j.submitted_at is None, j.submitted_at, j.id))
 
 
@@ -30,9 +31,7 @@ def newest_preflight(experiment: str) -> tuple[Any, list[Any]] | None:
     return run, checks
 
 
-def ended_jobs() -> list[Job]:
-    """Every job that has ended, of any experiment (the history a forecast stands on), detached."""
+def ended_jobs() -> list[JobRecord]:
+    """Every job that has ended, of any experiment (the history a forecast stands on)."""
     with session() as db:
-        jobs = list(db.exec(select(Job).where(col(Job.ended_at).is_not(None))))
-        db.expunge_all()
-    return jobs
+        return [job_record(row.model_dump()) for row in db.exec(select(Job).where(col(Job.ended_at).is_not(None)))]

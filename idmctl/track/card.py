@@ -20,11 +20,14 @@ import base64
 import html
 import io
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from ground.errors import UserError
 from ground.units import format_duration
+from idmctl.core.job_state import JobState
+from idmctl.record.records import JobRecord
 
 
 @dataclass
@@ -106,13 +109,13 @@ def _hours(seconds: float | None) -> str:
 
 # ------------------------------------------------------------------------------------------ sections
 
-def _jobs(experiments: list[str]) -> list[Any]:
+def _jobs(experiments: list[str]) -> list[JobRecord]:
     from idmctl.record.card import jobs_of  # start-up: record's session loads SQLAlchemy on first use
 
     return jobs_of(experiments)
 
 
-def _attempts(jobs: list[Any], failures: dict[str, Any]) -> list[str]:
+def _attempts(jobs: list[JobRecord], failures: dict[str, Any]) -> list[str]:
     if not jobs:
         return ["No job has been submitted yet."]
     lines = ["| job | experiment | chain / attempt | qos | GPUs | state | queued | ran | cause | fix | caught now by |",
@@ -125,7 +128,7 @@ def _attempts(jobs: list[Any], failures: dict[str, Any]) -> list[str]:
         fix = (row.fix or f"open — suggested: {row.suggested_fix}") if row is not None else "—"
         lines.append("| " + " | ".join(_cell(c) for c in (
             job.scheduler_id or job.id, job.experiment, chain, job.qos or "—", job.gpus if job.gpus is not None else "—",
-            job.state, _hours(waited.total_seconds() if waited else None), _hours(ran.total_seconds() if ran else None),
+            job.state_text, _hours(waited.total_seconds() if waited else None), _hours(ran.total_seconds() if ran else None),
             row.cause if row is not None else "—", fix, row.caught_by if row is not None else "—")) + " |")
     return lines
 
@@ -177,7 +180,7 @@ def _plan(experiments: list[str]) -> list[str]:
     return lines
 
 
-def _finish(experiments: list[str], jobs: list[Any]) -> list[str]:
+def _finish(experiments: list[str], jobs: list[JobRecord]) -> list[str]:
     """The finish date's P10 / P50 / P90 for the steps still to train, from the store's history on the
     spec's QoS × GPU count (``idmctl.plan.forecast``), with what it rests on."""
     from ground.spec import load_spec  # start-up: pulls pydantic and yaml
@@ -197,8 +200,8 @@ def _finish(experiments: list[str], jobs: list[Any]) -> list[str]:
             continue
         spec = resolved.spec
         done = max([int((j.committed_step or {}).get("step") or 0) for j in jobs if j.experiment == experiment
-                    and isinstance(j.committed_step, dict)] or [0])
-        if any(j.experiment == experiment and str(j.state).startswith("COMPLETED") and j.chain_id for j in jobs):
+                    and isinstance(j.committed_step, Mapping)] or [0])
+        if any(j.experiment == experiment and j.state is JobState.COMPLETED and j.chain_id for j in jobs):
             out.append(f"{experiment}: a chain completed; nothing left to forecast")
             continue
         limits = limits_for(resolved, profile)
@@ -348,10 +351,10 @@ def build_card(experiments: list[str], with_figures: bool = False) -> Card:
     return card
 
 
-def _open_job(job: Any) -> str:
+def _open_job(job: JobRecord) -> str:
     """A job not ended; a pending one with why it waits (Slurm's reason, read) and since when."""
     name = f"- job {job.scheduler_id or job.id} ({job.experiment})"
-    if str(job.state).startswith("PENDING"):
+    if job.state is JobState.PENDING:
         from datetime import datetime, timezone
 
         from idmctl.plan.pending import why_pending  # start-up: only a card with a pending job reads it
@@ -361,10 +364,10 @@ def _open_job(job: Any) -> str:
             submitted = submitted.replace(tzinfo=timezone.utc)
         waited = (datetime.now(timezone.utc) - submitted).total_seconds() if submitted else None
         return f"{name} is {why_pending(job.reason).line(waited)}"
-    return f"{name} is {job.state}"
+    return f"{name} is {job.state_text}"
 
 
-def _figures(card: Card, jobs: list[Any]) -> list[tuple[str, bytes]]:
+def _figures(card: Card, jobs: list[JobRecord]) -> list[tuple[str, bytes]]:
     """The per-episode results with their interval (decide's plot), and GPU-hours per attempt."""
     import matplotlib
 
@@ -382,7 +385,7 @@ def _figures(card: Card, jobs: list[Any]) -> list[tuple[str, bytes]]:
         figure, axis = plt.subplots(figsize=(9, 3), dpi=100)
         hours = [(j.ended_at - j.started_at).total_seconds() / 3600 * (j.gpus or 0) for j in ended]
         axis.bar([str(j.scheduler_id or j.id) for j in ended], hours,
-                 color=["tab:green" if j.state.startswith("COMPLETED") else "tab:red" for j in ended])
+                 color=["tab:green" if j.state is JobState.COMPLETED else "tab:red" for j in ended])
         axis.set(ylabel="GPU-hours charged", xlabel="job (green: completed, red: ended otherwise)")
         figures.append(("GPU-hours charged per attempt", _png(figure, plt)))
     return figures
