@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from ground.errors import CheckFailed, UserError
 from idmctl.core.job_state import JobState, is_terminal
 from idmctl.record.fast import connect, from_db_time, rows
+from idmctl.record.records import ChainStatus
 
 if TYPE_CHECKING:
     from idmctl.record.models import Job
@@ -147,7 +148,7 @@ def stop_chain_of(job_id: int) -> "Job":
             raise CheckFailed(f"job {job_id} already ended {row.state}")
         chain = orm.get(Chain, row.chain_id) if row.chain_id else None
         if chain is not None:
-            chain.status = "CANCELLED"
+            chain.status = ChainStatus.CANCELLED.value
             orm.add(chain)
     return row
 

@@ -12,6 +12,7 @@ from sqlmodel import Field, SQLModel
 
 from ground.errors import UserError
 from idmctl.core.job_state import JobState
+from idmctl.record.records import ChainStatus
 from idmctl.record.url import writer
 
 
@@ -122,7 +123,7 @@ class Chain(Written, table=True):
     mlflow_run_id: str | None = None
     retries_budget: int = 0
     retries_used: int = 0
-    status: str = "ACTIVE"
+    status: str = ChainStatus.ACTIVE.value
     created_at: datetime = Field(default_factory=utcnow)
 
 

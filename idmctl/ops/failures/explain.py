@@ -14,7 +14,7 @@ from idmctl.ops.failures.classify import classify, get_cause
 from idmctl.ops.failures.logtail import read_log_file
 
 _EXIT_CODE = re.compile(r"^(\d{1,3}):(\d{1,3})$")
-DEFAULT_STATE = "FAILED"
+DEFAULT_STATE = JobState.FAILED.value
 """What a job that left a log and ended badly most often records; --state says otherwise."""
 
 
