@@ -46,7 +46,7 @@ def _ancestors_to_open() -> list[tuple[Path, int]]:
 
 
 @pytest.fixture(scope="module")
-def team() -> Iterator[dict[str, Path]]:
+def team_users() -> Iterator[None]:
     if os.geteuid() != 0 or shutil.which("useradd") is None or shutil.which("runuser") is None:
         pytest.skip("making unprivileged users needs root, useradd and runuser")
     for user in USERS:
@@ -65,6 +65,17 @@ def team() -> Iterator[dict[str, Path]]:
     opened = _ancestors_to_open()
     for folder, mode in opened:
         folder.chmod(mode | stat.S_IXOTH)
+    try:
+        yield
+    finally:
+        for folder, mode in opened:
+            folder.chmod(mode)
+
+
+@pytest.fixture
+def team(team_users: None) -> Iterator[dict[str, Path]]:
+    """Each member's ``$IDMCTL_HOME`` for this test alone: every test has a fresh store, whose job ids start at
+    1 again, and a run directory of an earlier test's job 1 would be refused as another spec's."""
     homes = {}
     for user in USERS:
         home = Path(tempfile.mkdtemp(prefix="idmctl-", dir=f"/home/{user}"))
@@ -73,8 +84,6 @@ def team() -> Iterator[dict[str, Path]]:
     try:
         yield homes
     finally:
-        for folder, mode in opened:
-            folder.chmod(mode)
         for home in homes.values():
             shutil.rmtree(home, ignore_errors=True)
 
