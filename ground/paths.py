@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Iterable
 from pathlib import Path
 
 from ground.contract import ENV_EXPERIMENTS, ENV_HOME
@@ -162,3 +163,14 @@ def free_bytes(path: Path) -> int | None:
         return None
     return stats.f_bavail * stats.f_frsize
 
+
+def drop_from_page_cache(paths: Iterable[str | Path]) -> None:
+    """Drop the files' pages from the page cache (``POSIX_FADV_DONTNEED`` after an fsync: the kernel keeps
+    dirty pages, so they are written first): the next read of them comes from the disk."""
+    for path in dict.fromkeys(paths):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)

@@ -22,6 +22,7 @@ if __name__ == "__main__":
     starting()  # before torch: its import is most of a smoke's start
 import torch  # noqa: E402  (after starting(), on purpose)
 
+from ground.paths import drop_from_page_cache  # noqa: E402
 from ground.spec.schema import ExperimentSpec  # noqa: E402
 
 
@@ -143,25 +144,37 @@ def measure_loader_cpu(dataset: Any, batch_size: int) -> dict[str, Any]:
     reader thread, the preadv pool, the HDF5 targets) ÷ the hidden-state bytes it read.
 
     The plan divides it by the rank's CPUs to get the loader's share of a step (``idmctl.plan.budget``).
-    The reads come from wherever the cache lies now (the page cache after the steps above, or disk):
-    the CPU per byte of an exact ``preadv`` copy is the same either way; storage time is the plan's
-    other term."""
-    from cache.batches import BatchLoader
-
+    Two passes over the same batches, each from an empty page cache (the steps above warmed it, and a
+    hit costs about half a miss's CPU: the kernel then only copies, it does not also fill the cache):
+    through the page cache (``loader_cpu_s_per_gb``, what a job pays for the bytes it misses, an upper
+    bound for the ones it hits) and with O_DIRECT (``loader_direct_cpu_s_per_gb``, None where no range
+    is aligned for it), for the read path the plan chooses."""
     shape, dtype = dataset.hidden_shape()
     sample_bytes = int(torch.Size(shape).numel()) * dtype.itemsize
     batch_bytes = batch_size * sample_bytes
     items = len(dataset)
     batches = max(LOADER_MEASURE_MIN_BATCHES, min(-(-LOADER_MEASURE_BYTES // batch_bytes), -(-items // batch_size)))
     order = [[(b * batch_size + i) % items for i in range(batch_size)] for b in range(batches)]
+    files = sorted({str(dataset.hidden_ranges(item)[0].path) for batch in order for item in batch})
+    cached = _loader_pass(dataset, order, batch_size, files, direct=False)
+    direct = _loader_pass(dataset, order, batch_size, files, direct=True)
+    gigabytes = cached["bytes"] / 1e9
+    return {"loader_cpu_s": cached["cpu"], "loader_wall_s": cached["wall"], "loader_bytes": cached["bytes"],
+            "loader_cpu_s_per_gb": cached["cpu"] / gigabytes if gigabytes else None,
+            "loader_direct_cpu_s_per_gb": (direct["cpu"] / (direct["bytes"] / 1e9)
+                                           if direct["direct_bytes"] == direct["bytes"] > 0 else None)}
+
+
+def _loader_pass(dataset: Any, order: list[list[int]], batch_size: int, files: list[str], direct: bool) -> dict[str, Any]:
+    from cache.batches import BatchLoader  # start-up: the loader's modules, only for a dataset that has ranges
+
+    drop_from_page_cache(files)
     cpu, wall = time.process_time(), time.perf_counter()
-    loader = BatchLoader(dataset, order, batch_size)
+    loader = BatchLoader(dataset, order, batch_size, direct=direct)
     for _ in loader:
         pass
-    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
-    gigabytes = loader.bytes_read / 1e9
-    return {"loader_cpu_s": cpu, "loader_wall_s": wall, "loader_bytes": loader.bytes_read,
-            "loader_cpu_s_per_gb": cpu / gigabytes if gigabytes else None}
+    return {"cpu": time.process_time() - cpu, "wall": time.perf_counter() - wall, "bytes": loader.bytes_read,
+            "direct_bytes": loader.direct_bytes}
 
 
 def _time_checkpoint(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[float, int]:

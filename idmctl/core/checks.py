@@ -95,7 +95,11 @@ class SmokeMeasurement:
     checkpoint_bytes: int | None = None
     loader_cpu_s_per_gb: float | None = None
     """The loader's CPU seconds (every thread) per GB of hidden states it read on the job's own data
-    path (``trainers.smoke.measure_loader_cpu``); the plan's loader term. None: not measured."""
+    path through the page cache, from an empty cache (``trainers.smoke.measure_loader_cpu``); the plan's
+    loader term. None: not measured."""
+    loader_direct_cpu_s_per_gb: float | None = None
+    """The same with O_DIRECT: the loader term where the plan reads around the page cache. None: not
+    measured, or the ranges are not aligned for it."""
     entry: str | None = None
     """The job's own entry whose reports these are (None: idmctl's trainer, through ``trainers.smoke``)."""
     preflight_run: int | None = None

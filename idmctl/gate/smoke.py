@@ -85,6 +85,7 @@ def measured(report: dict, wall: float, where: str | None = None) -> SmokeMeasur
         model_s=report.get("model_s"), step_s=report.get("step_s"), peak_mem_bytes=report.get("peak_mem_bytes"),
         params=report.get("params"), wall_s=wall, checkpoint_s=report.get("checkpoint_s"),
         checkpoint_bytes=report.get("checkpoint_bytes"), loader_cpu_s_per_gb=report.get("loader_cpu_s_per_gb"),
+        loader_direct_cpu_s_per_gb=report.get("loader_direct_cpu_s_per_gb"),
         where=where,
     )
 

@@ -296,7 +296,8 @@ def step_estimate(ctx: PreflightContext) -> StepEstimate:
         cache = figures(ctx, step_bytes // nodes, tier, bandwidth, miss_bps=bandwidth / nodes)
     data_s = step_bytes / bandwidth if cache is None else cache.served_data_s  # the path the job reads
     compute_s, note, provenance = _compute_seconds(ctx)
-    loader_s, loader_note = _loader_seconds(ctx, step_bytes if per_node else step_bytes // nodes)
+    loader_s, loader_note = _loader_seconds(ctx, step_bytes if per_node else step_bytes // nodes,
+                                            direct=cache is not None and cache.reads_direct)
     overlapped, overlap_note = overlap(spec)
     terms = [data_s, loader_s or 0.0, compute_s or 0.0]
     step_s = max(terms) if overlapped else sum(terms)
@@ -325,19 +326,23 @@ def overlap(spec: ExperimentSpec) -> tuple[bool, str]:
     return False, f"not overlapped: num_workers 0 with {why} loads on the step's own thread"
 
 
-def _loader_seconds(ctx: PreflightContext, node_bytes: int) -> tuple[float | None, str]:
-    """The loader's CPU per step on one rank: its share of the node's bytes × the smoke's CPU s/GB ÷ its
-    CPUs (``resources.cpus`` ÷ ranks per node; the reader pool spreads ``preadv`` over threads)."""
+def _loader_seconds(ctx: PreflightContext, node_bytes: int, direct: bool = False) -> tuple[float | None, str]:
+    """The loader's CPU per step on one rank: its share of the node's bytes × the smoke's CPU s/GB on the
+    read path the plan chose (page cache, or O_DIRECT) ÷ its CPUs (``resources.cpus`` ÷ ranks per node;
+    the reader pool spreads ``preadv`` over threads)."""
     smoke = ctx.measurements.smoke
-    if smoke is None or not smoke.ok or smoke.loader_cpu_s_per_gb is None:
-        return None, "loader CPU not measured (no smoke measured this data path's CPU s/GB)"
+    per_gb = None if smoke is None or not smoke.ok else (
+        smoke.loader_direct_cpu_s_per_gb if direct else smoke.loader_cpu_s_per_gb)
+    path = "O_DIRECT" if direct else "page cache, cold"
+    if smoke is None or per_gb is None:
+        return None, f"loader CPU not measured (no smoke measured this data path's CPU s/GB, {path})"
     res = ctx.spec.resources
     ranks = res.ranks_per_node
     rank_bytes = node_bytes / ranks
     cpus = res.cpus / ranks
-    seconds = rank_bytes / 1e9 * smoke.loader_cpu_s_per_gb / cpus
+    seconds = rank_bytes / 1e9 * per_gb / cpus
     which = f", preflight run {smoke.preflight_run}" if smoke.preflight_run is not None else ""
-    return seconds, (f"loader CPU {format_bytes(rank_bytes)}/rank × {smoke.loader_cpu_s_per_gb:.3g} s/GB (measured: "
+    return seconds, (f"loader CPU {format_bytes(rank_bytes)}/rank × {per_gb:.3g} s/GB ({path}; measured: "
                      f"smoke on {smoke.device}{which}) ÷ {cpus:g} CPUs/rank (resources.cpus {res.cpus} ÷ {ranks} ranks) "
                      f"= {fmt_seconds(seconds)}")
 

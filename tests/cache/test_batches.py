@@ -225,3 +225,28 @@ def test_buffers_the_host_cannot_hold_are_one_line_with_the_multiplication(direc
                            f"({PREFETCH_DEPTH} prefetch + 1 in use) × {batch} samples × {sample:,} B = "), line
     assert "lower loader.batch_size or raise resources.mem" in line and "\n" not in line
     assert need > 3 << 30
+
+
+def test_the_smokes_loader_cpu_is_measured_on_both_read_paths_from_an_empty_cache() -> None:
+    """On the page-aligned geometry the smoke measures the loader's CPU per GB through the page cache and
+    with O_DIRECT, each over the same batches; each pass starts with the files dropped from the page cache
+    (the test reads the drop's effect off the kernel's count of this process's bytes from storage: both
+    passes come from the disk, though the files were just written and sit in the page cache)."""
+    from trainers.smoke import measure_loader_cpu
+
+    spec = _spec(dtype="bfloat16", channels=128)
+    _write_data(spec, dtype=torch.bfloat16)
+    dataset = build_dataset(spec, "train")
+    before = _bytes_from_storage()
+    report = measure_loader_cpu(dataset, 2)
+    assert report["loader_bytes"] > 0
+    # The O_DIRECT pass reads every range from the disk (loader_bytes); anything beyond that is the
+    # page-cache pass reading its (deduplicated) pages from the disk too: the drop took effect.
+    assert _bytes_from_storage() - before > report["loader_bytes"]
+    assert report["loader_cpu_s_per_gb"] == pytest.approx(report["loader_cpu_s"] / (report["loader_bytes"] / 1e9))
+    assert report["loader_direct_cpu_s_per_gb"] is not None and report["loader_direct_cpu_s_per_gb"] > 0
+
+
+def _bytes_from_storage() -> int:
+    fields = dict(line.split(": ") for line in Path("/proc/self/io").read_text().splitlines())
+    return int(fields["read_bytes"])

@@ -38,7 +38,7 @@ def test_the_loader_term_is_bytes_per_rank_times_cpu_per_gb_over_the_ranks_cpus(
     assert estimate.overlapped
     assert estimate.step_s == pytest.approx(max(estimate.data_s, estimate.loader_s, 32.0))
     assert estimate.bound == "loader CPU"  # 34.0 GB × 20 s/GB ÷ 14 = 48.5 s > 32 s compute > storage
-    assert ("loader CPU 34.0 GB/rank × 20 s/GB (measured: smoke on cuda:0) ÷ 14 CPUs/rank "
+    assert ("loader CPU 34.0 GB/rank × 20 s/GB (page cache, cold; measured: smoke on cuda:0) ÷ 14 CPUs/rank "
             "(resources.cpus 112 ÷ 8 ranks) = 48.5 s") in estimate.arithmetic()
     assert (f"step = max(storage {estimate.data_s:.1f} s, loader CPU 48.5 s, compute 32.0 s) + 0 s not overlapped "
             "(num_workers 0: the rank's batch loader reads 2 batches ahead on threads) = 48.5 s/step, "
@@ -62,7 +62,8 @@ def test_without_a_loader_measurement_the_term_says_so_and_counts_nothing() -> N
     estimate = step_estimate(_ctx())
     assert estimate.loader_s is None and estimate.compute_s is None
     assert estimate.step_s == estimate.data_s and estimate.bound == "storage"
-    assert "loader CPU not measured (no smoke measured this data path's CPU s/GB)" in estimate.arithmetic()
+    assert "loader CPU not measured (no smoke measured this data path's CPU s/GB, page cache, cold)" in \
+        estimate.arithmetic()
     assert "max(storage " in estimate.arithmetic() and "loader CPU unmeasured, compute unmeasured)" in \
         estimate.arithmetic()
 
@@ -94,3 +95,19 @@ def test_the_batch_loaders_buffers_are_judged_against_the_nodes_memory() -> None
     # With num_workers 0 nothing is in /dev/shm, and the shm line says where the buffers are instead.
     assert "the rank's batch loader holds its 3 buffers (2 read ahead + 1 in use) in its own memory" in \
         shm.check(_ctx()).summary
+
+
+def test_where_the_plan_reads_around_the_page_cache_the_loader_term_is_the_o_direct_cpu() -> None:
+    """N=12 dense on card A with a measured O_DIRECT rate that beats the cached step: the plan reads
+    O_DIRECT, so the loader's term is the smoke's O_DIRECT CPU per GB, not the page-cache one."""
+    profile = load_profile("card")[0]
+    fast = profile.model_copy(update={"storage": profile.storage.model_copy(update={"direct_read": "20GB/s"})})
+    smoke = SmokeMeasurement(ok=True, losses=[1.0], device="cuda:0", batch_size=2, step_s=0.5,
+                             loader_cpu_s_per_gb=20.0, loader_direct_cpu_s_per_gb=5.0)
+    estimate = step_estimate(PreflightContext(load_spec("latent_c_n12_dense"), fast, Measurements(smoke=smoke)))
+    assert estimate.cache is not None and estimate.cache.reads_direct
+    assert "× 5 s/GB (O_DIRECT; measured: smoke on cuda:0)" in estimate.arithmetic()
+    unmeasured = SmokeMeasurement(ok=True, losses=[1.0], device="cuda:0", batch_size=2, step_s=0.5,
+                                  loader_cpu_s_per_gb=20.0)
+    kept = step_estimate(PreflightContext(load_spec("latent_c_n12_dense"), fast, Measurements(smoke=unmeasured)))
+    assert kept.loader_s is None and "CPU s/GB, O_DIRECT)" in kept.arithmetic()
