@@ -42,14 +42,14 @@ def list_cmd(as_json: options.Json = False) -> None:
     """Every runnable experiment in experiments/ (bases excluded), validated."""
     from ground.spec import list_experiments, load_experiments  # start-up: pulls pydantic and yaml
 
-    rows = [_summary(variant) for path in list_experiments() for variant in load_experiments(str(path))]
+    summaries = [_summary(variant) for path in list_experiments() for variant in load_experiments(str(path))]
     if as_json:
-        emit_json(rows)
+        emit_json(summaries)
         return
     table = make_table("experiment", "N", "depth", "GPUs", "QoS", "steps", "eff. batch", "goal", "hash")
-    for row in rows:
-        table.add_row(row["name"], str(row["routing_n"]), str(row["depth"]), str(row["gpus"]), row["qos"],
-                      f"{row['steps']:,}", f"{row['effective_batch']:,}", row["goal"] or "—", row["hash"])
+    for spec in summaries:  # a spec's summary, not a job's row
+        table.add_row(spec["name"], str(spec["routing_n"]), str(spec["depth"]), str(spec["gpus"]), spec["qos"],
+                      f"{spec['steps']:,}", f"{spec['effective_batch']:,}", spec["goal"] or "—", spec["hash"])
     console.print(table)
 
 

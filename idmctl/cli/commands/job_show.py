@@ -11,6 +11,7 @@ from idmctl.cli.commands import options
 from ground.errors import UserError
 from ground.tracking_spool import spool_status
 from idmctl.cli.output import console, emit_json
+from idmctl.core.job_state import JobState
 
 
 def show(
@@ -55,7 +56,7 @@ def show(
         from idmctl.ops.controller import controller_code_line  # start-up: only a job a controller follows
 
         console.print(f"controller: {controller_code_line(controller, code)}", markup=False)
-    if row.reason and str(row.state).startswith("PENDING"):
+    if row.reason and JobState.of(row.state) is JobState.PENDING:
         from idmctl.plan.pending import pending_line  # start-up: only a pending job reads it
 
         console.print(pending_line(row.reason, row.submitted_at), markup=False)
