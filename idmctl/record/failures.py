@@ -16,7 +16,6 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
-from ground.errors import UserError
 from idmctl.core.job_state import JobState, is_failed
 from idmctl.record.fast import stored_json_value
 from idmctl.record.stored_json import typed
@@ -25,7 +24,7 @@ from idmctl.record.url import shared_url
 
 if TYPE_CHECKING:
     from idmctl.record.db import Session
-    from idmctl.record.models import Chain, Failure, Fix, Job
+    from idmctl.record.models import Chain, Failure, Job
 
 IN_CHUNK = 500
 """Ids per ``IN (...)``: SQLite caps bound parameters per statement."""
@@ -198,79 +197,3 @@ def chain_of(db: "Session", job: "Job") -> "Chain | None":
     from idmctl.record.models import Chain  # start-up: SQLAlchemy; the caller's session loaded it already
 
     return db.get(Chain, job.chain_id) if job.chain_id is not None else None
-
-
-def find_jobs(db: "Session", job_ids: list[str]) -> list["Job"]:
-    """Jobs by Slurm id (``6054``) or store id (``#12``); a missing one is a UserError."""
-    from sqlmodel import select  # start-up: SQLAlchemy; the caller's session loaded it already
-
-    from idmctl.record.models import Job  # start-up: as above
-
-    found: list[Job] = []
-    for text in job_ids:
-        if text.startswith("#") and text[1:].isdigit():
-            job = db.get(Job, int(text[1:]))
-            matches = [job] if job else []
-        else:
-            matches = list(db.exec(select(Job).where(Job.scheduler_id == text)))
-        if not matches:
-            raise UserError(f"no job {text} in the store", field="JOB",
-                            hint="run `idmctl sync`, or `idmctl jobs import --since D` for jobs not submitted by idmctl")
-        found += matches
-    return found
-
-
-def attach_fix(db: "Session", jobs: list["Job"], note: str, commit: str | None) -> "Fix":
-    """One Fix row attached to every Failure of these jobs."""
-    from idmctl.record.models import Fix  # start-up: SQLAlchemy; the caller's session loaded it already
-
-    fix = Fix(note=note, commit=commit)
-    db.add(fix)
-    db.flush()
-    for failure in failures_of(db, [job.id for job in jobs if job.id is not None]):
-        failure.fix_id = fix.id
-        db.add(failure)
-    db.flush()
-    return fix
-
-
-def failures_with_jobs(db: "Session", experiment: str | None = None, cause: str | None = None,
-                       user: str | None = None, newest: int | None = None) -> list[tuple["Failure", "Job", "Fix | None"]]:
-    """(failure, job, fix or None) of every classified failure (or the ``newest`` N by the job's end),
-    filtered by experiment, cause and the job's user."""
-    from sqlalchemy import func  # start-up: SQLAlchemy; the caller's session loaded it already
-    from sqlmodel import select  # start-up: as above
-
-    from idmctl.record.models import Failure, Fix, Job  # start-up: as above
-
-    query = select(Failure, Job).where(Failure.job_id == Job.id)
-    if experiment:
-        query = query.where(Job.experiment == experiment)
-    if cause:
-        query = query.where(Failure.cause == cause)
-    if user:
-        query = query.where(Job.user == user)
-    if newest:
-        # Only the rows a table shows are loaded; the caller sorts them oldest first.
-        ended = func.coalesce(Job.ended_at, Job.submitted_at, Job.created_at)
-        query = query.order_by(ended.desc(), Job.id.desc()).limit(newest)  # type: ignore[union-attr]
-    fixes = {fix.id: fix for fix in db.exec(select(Fix))}
-    return [(failure, job, fixes.get(failure.fix_id) if failure.fix_id else None) for failure, job in db.exec(query)]
-
-
-def count_failures(db: "Session", experiment: str | None = None, cause: str | None = None,
-                   user: str | None = None) -> int:
-    """How many failed runs are recorded (for "showing N of M")."""
-    from sqlalchemy import func  # start-up: SQLAlchemy; the caller's session loaded it already
-    from sqlmodel import select  # start-up: as above
-
-    from idmctl.record.models import Failure, Job  # start-up: as above
-
-    query = select(func.count(Failure.id)).where(Failure.job_id == Job.id)
-    if experiment:
-        query = query.where(Job.experiment == experiment)
-    if cause:
-        query = query.where(Failure.cause == cause)
-    if user:
-        query = query.where(Job.user == user)
-    return int(db.exec(query).one())

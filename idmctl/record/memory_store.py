@@ -11,9 +11,9 @@ from dataclasses import replace
 from datetime import datetime, timezone
 
 from idmctl.core.job_state import JobState
-from idmctl.record.records import (ChainRecord, ChainStatus, EvalLink, FailureRecord, JobRecord, NewFailure,
+from idmctl.record.records import (ChainRecord, ChainStatus, EvalLink, FailureRecord, FixRecord, JobRecord, NewFailure,
                                    NodeExclusionRecord)
-from idmctl.record.moves import (Decision, FACTS, ImportedJob, NewJob, Observation, SpecVersionRecord,
+from idmctl.record.moves import (Decision, newest_first, FACTS, ImportedJob, NewJob, Observation, SpecVersionRecord,
                                  TransitionRefused, UnknownRecord, claimant, merged)
 
 
@@ -34,6 +34,7 @@ class MemoryStore:
         self._failures: dict[int, FailureRecord] = {}
         self._exclusions: list[NodeExclusionRecord] = []
         self._specs: dict[str, SpecVersionRecord] = {}
+        self._fixes: dict[int, FixRecord] = {}
         self._lock = threading.Lock()
 
     # --- reads --------------------------------------------------------------------------------------------
@@ -62,6 +63,27 @@ class MemoryStore:
 
     def exclusions(self, reason: str | None = None) -> list[NodeExclusionRecord]:
         return [e for e in self._exclusions if reason is None or e.reason == reason]
+
+    def with_scheduler_id(self, scheduler_id: str) -> list[JobRecord]:
+        return [j for j in sorted(self._jobs.values(), key=lambda j: j.id) if j.scheduler_id == scheduler_id]
+
+    def to_classify(self) -> list[JobRecord]:
+        def stale(job: JobRecord) -> bool:
+            times = [f.classified_at for f in self._failures.values() if f.job_id == job.id and f.classified_at]
+            return not times or job.updated_at is None or max(times) < job.updated_at
+        return [j for j in sorted(self._jobs.values(), key=lambda j: j.id)
+                if (j.state_text != JobState.COMPLETED.value or j.restarts > 0) and stale(j)]
+
+    def failure_table(self, experiment: str | None = None, cause: str | None = None, user: str | None = None,
+                      newest: int | None = None) -> tuple[list[tuple[FailureRecord, JobRecord, FixRecord | None]], int]:
+        pairs = [(f, self._jobs[f.job_id]) for _, f in sorted(self._failures.items())
+                 if (cause is None or f.cause == cause) and f.job_id in self._jobs
+                 and (not experiment or self._jobs[f.job_id].experiment == experiment)
+                 and (not user or self._jobs[f.job_id].user == user)]
+        total = len(pairs)
+        if newest:
+            pairs = newest_first(pairs, newest)
+        return [(f, j, self._fixes.get(f.fix_id) if f.fix_id else None) for f, j in pairs], total
 
     # --- transitions ----------------------------------------------------------------------------------------
     def open_chain(self, experiment: str, spec_hash: str, retries: int,
@@ -154,6 +176,21 @@ class MemoryStore:
             if job_id not in self._jobs:
                 raise UnknownRecord(f"no job {job_id} in the store")
             return self._write_failure(job_id, failure)
+
+    def classified(self, job_id: int, failures: Sequence[NewFailure]) -> list[FailureRecord]:
+        with self._lock:
+            if job_id not in self._jobs:
+                raise UnknownRecord(f"no job {job_id} in the store")
+            return [self._write_failure(job_id, failure) for failure in failures]
+
+    def fixed(self, job_ids: Sequence[int], note: str, commit: str | None) -> FixRecord:
+        with self._lock:
+            fix = FixRecord(id=len(self._fixes) + 1, note=note, commit=commit, created_at=_now())
+            self._fixes[fix.id] = fix
+            for failure_id, failure in list(self._failures.items()):
+                if failure.job_id in set(job_ids):
+                    self._failures[failure_id] = replace(failure, fix_id=fix.id)
+            return fix
 
     def decided(self, chain_id: int, decision: Decision) -> ChainRecord:
         with self._lock:

@@ -11,7 +11,8 @@ from datetime import datetime, timezone
 
 from ground.errors import CheckFailed
 from idmctl.core.job_state import JobState
-from idmctl.record.records import ChainStatus, EndClaim, EvalLink, JsonObject, NodeExclusionRecord
+from idmctl.record.records import (ChainStatus, EndClaim, EvalLink, FailureRecord, JobRecord, JsonObject,
+                                   NodeExclusionRecord)
 
 COMMITTED_STEP = "committed_step"
 CONTROLLER = "controller"
@@ -149,3 +150,13 @@ class ImportedJob:
     log_tail: str | None = None
     user: str | None = None
     """Who submitted it (the row's ``user``; None: whoever imports it)."""
+
+
+def ended_or_known(job: JobRecord) -> datetime:
+    """When a job counts as having happened: its end, else its submission, else its row's creation."""
+    return job.ended_at or job.submitted_at or job.created_at or datetime.min.replace(tzinfo=timezone.utc)
+
+
+def newest_first(pairs: list[tuple[FailureRecord, JobRecord]], newest: int) -> list[tuple[FailureRecord, JobRecord]]:
+    """The ``newest`` failures by their job's :func:`ended_or_known` (then the job's id), newest first."""
+    return sorted(pairs, key=lambda pair: (ended_or_known(pair[1]), pair[1].id), reverse=True)[:newest]

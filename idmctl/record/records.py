@@ -242,6 +242,20 @@ class FailureRecord:
 
 
 @dataclass(frozen=True)
+class FixRecord:
+    """A recorded fix; one fix may cover the failures of several jobs (6054/6108/6158 share one)."""
+
+    id: int
+    """The store's id."""
+    note: str
+    """What was changed."""
+    commit: str | None = None
+    """The commit that fixed it."""
+    created_at: datetime | None = None
+    """When it was recorded (stamped by the store)."""
+
+
+@dataclass(frozen=True)
 class NewFailure:
     """A failure to record (``ended`` with its failures, or a hang seen while the job runs)."""
 

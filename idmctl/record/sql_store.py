@@ -21,16 +21,18 @@ from typing import Protocol
 from ground.errors import UserError
 from idmctl.core.job_state import JobState
 from idmctl.record.fast import JOB_JSON_COLUMNS, connect, db_time, from_db_time, stored_json_value
-from idmctl.record.records import (ChainRecord, ChainStatus, EndClaim, EvalLink, FailureRecord, JobRecord, NewFailure,
+from idmctl.record.records import (ChainRecord, ChainStatus, EndClaim, EvalLink, FailureRecord, FixRecord, JobRecord,
+                                   NewFailure,
                                    NodeExclusionRecord)
-from idmctl.record.moves import (Decision, FACTS, ImportedJob, NewJob, Observation, SpecVersionRecord,
+from idmctl.record.moves import (Decision, newest_first, FACTS, ImportedJob, NewJob, Observation, SpecVersionRecord,
                                  TransitionRefused, UnknownRecord, claimant, merged)
 from idmctl.record.stored_json import EVAL_FIELDS, job_options, typed
 from idmctl.record.url import writer
 
 Value = object
 Condition = tuple[str, str, Value]
-"""(column, operator, value): operator ``=``, ``<``, ``in`` (a sequence), ``null`` or ``not null`` (value unused)."""
+"""(column, operator, value): operator ``=``, ``!=``, ``<``, ``>``, ``in`` (a sequence), ``null`` or ``not null``
+(value unused)."""
 
 NOT_OVER = tuple(state.value for state in JobState if not state.is_terminal)
 """The stored words of a job that may still change: the guard of every move of a running job."""
@@ -125,7 +127,8 @@ class _Alchemy:
         for column, op, value in where:
             target = columns[column]
             found.append(target.in_(list(value)) if op == "in" else target.is_(None) if op == "null"  # type: ignore[call-overload]
-                         else target.is_not(None) if op == "not null" else target < value if op == "<" else target == value)
+                         else target.is_not(None) if op == "not null" else target < value if op == "<"
+                         else target > value if op == ">" else target != value if op == "!=" else target == value)
         return found
 
     def select(self, table: str, where: Sequence[Condition], order: Sequence[str] = ()) -> list[dict[str, Value]]:
@@ -304,6 +307,49 @@ class SqlStore:
         return [NodeExclusionRecord(node=str(row["node"]), until=_aware(row["until"]) or _now(),
                                     reason=str(row.get("reason") or "")) for row in rows]
 
+    def with_scheduler_id(self, scheduler_id: str) -> list[JobRecord]:
+        with _transaction() as db:
+            return [job_record(row) for row in db.select("job", [("scheduler_id", "=", scheduler_id)], order=("id",))]
+
+    def to_classify(self) -> list[JobRecord]:
+        with _transaction() as db:
+            rows = {row["id"]: row for row in db.select("job", [("state", "!=", JobState.COMPLETED.value)])}
+            rows.update({row["id"]: row for row in db.select("job", [("restarts", ">", 0)])})
+            jobs = [job_record(row) for _, row in sorted(rows.items())]  # type: ignore[type-var]
+            ids = [job.id for job in jobs]
+            newest: dict[int, datetime] = {}
+            for start in range(0, len(ids), IN_CHUNK):
+                for row in db.select("failure", [("job_id", "in", ids[start:start + IN_CHUNK])]):
+                    failure = failure_record(row)
+                    if failure.classified_at is not None and (failure.job_id not in newest
+                                                             or failure.classified_at > newest[failure.job_id]):
+                        newest[failure.job_id] = failure.classified_at
+        return [job for job in jobs if job.id not in newest or job.updated_at is None
+                or newest[job.id] < job.updated_at]
+
+    def failure_table(self, experiment: str | None = None, cause: str | None = None, user: str | None = None,
+                      newest: int | None = None) -> tuple[list[tuple[FailureRecord, JobRecord, FixRecord | None]], int]:
+        job_filter: list[Condition] = [("experiment", "=", experiment)] if experiment else []
+        if user:
+            job_filter.append(("user", "=", user))
+        with _transaction() as db:
+            failures = [failure_record(row) for row in
+                        db.select("failure", [("cause", "=", cause)] if cause else [], order=("id",))]
+            ids = sorted({failure.job_id for failure in failures})
+            jobs: dict[int, JobRecord] = {}
+            for start in range(0, len(ids), IN_CHUNK):
+                jobs.update((job.id, job) for job in (job_record(row) for row in db.select(
+                    "job", [("id", "in", ids[start:start + IN_CHUNK]), *job_filter])))
+            pairs = [(failure, jobs[failure.job_id]) for failure in failures if failure.job_id in jobs]
+            if newest:
+                pairs = newest_first(pairs, newest)
+            fix_ids = sorted({failure.fix_id for failure, _ in pairs if failure.fix_id is not None})
+            fixes = {int(row["id"]): FixRecord(id=int(row["id"]), note=str(row["note"]),  # type: ignore[call-overload]
+                                               commit=_opt_str(row.get("commit")), created_at=_aware(row.get("created_at")))
+                     for row in (db.select("fix", [("id", "in", fix_ids)]) if fix_ids else [])}
+        total = len(failures) if not (experiment or user) else sum(1 for f in failures if f.job_id in jobs)
+        return [(failure, job, fixes.get(failure.fix_id) if failure.fix_id else None) for failure, job in pairs], total
+
     # --- transitions ------------------------------------------------------------------------------------------
     def open_chain(self, experiment: str, spec_hash: str, retries: int,
                    spec: SpecVersionRecord | None = None) -> ChainRecord:
@@ -398,6 +444,22 @@ class SqlStore:
         with _transaction() as db:
             self._row(db, job_id)
             return self._write_failure(db, job_id, failure, _now())
+
+    def classified(self, job_id: int, failures: Sequence[NewFailure]) -> list[FailureRecord]:
+        now = _now()
+        with _transaction() as db:
+            self._row(db, job_id)
+            return [self._write_failure(db, job_id, failure, now) for failure in failures]
+
+    def fixed(self, job_ids: Sequence[int], note: str, commit: str | None) -> FixRecord:
+        ids = list(job_ids)
+        with _transaction() as db:
+            fix_id = db.insert("fix", {"note": note, "commit": commit, "created_at": _now(), **_writer()})
+            for start in range(0, len(ids), IN_CHUNK):
+                db.update("failure", {"fix_id": fix_id}, [("job_id", "in", ids[start:start + IN_CHUNK])])
+            (row,) = db.select("fix", [("id", "=", fix_id)])
+        return FixRecord(id=fix_id, note=str(row["note"]), commit=_opt_str(row.get("commit")),
+                         created_at=_aware(row.get("created_at")))
 
     def decided(self, chain_id: int, decision: Decision) -> ChainRecord:
         if decision.close is not None and not decision.close.is_terminal():

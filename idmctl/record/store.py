@@ -29,7 +29,8 @@ from typing import Protocol
 # The face's vocabulary, re-exported: callers import the store's words from here.
 from idmctl.record.moves import (COMMITTED_STEP, CONTROLLER, FACTS, Decision, ImportedJob, NewJob,  # noqa: F401
                                  Observation, SpecVersionRecord, TransitionRefused, UnknownRecord, claimant, merged)
-from idmctl.record.records import ChainRecord, EvalLink, FailureRecord, JobRecord, NewFailure, NodeExclusionRecord
+from idmctl.record.records import (ChainRecord, EvalLink, FailureRecord, FixRecord, JobRecord, NewFailure,
+                                   NodeExclusionRecord)
 
 
 class JobStore(Protocol):
@@ -58,6 +59,18 @@ class JobStore(Protocol):
 
     def exclusions(self, reason: str | None = None) -> list[NodeExclusionRecord]:
         """Node exclusions (with exactly this reason, when given), expired ones too."""
+
+    def with_scheduler_id(self, scheduler_id: str) -> list[JobRecord]:
+        """The jobs with this scheduler id (a reused id names several), oldest first."""
+
+    def to_classify(self) -> list[JobRecord]:
+        """Jobs that can hold a failed run not classified since their record last changed: not completed, or
+        requeued at least once, with no failure classified at or after their last change."""
+
+    def failure_table(self, experiment: str | None = None, cause: str | None = None, user: str | None = None,
+                      newest: int | None = None) -> tuple[list[tuple[FailureRecord, JobRecord, FixRecord | None]], int]:
+        """Every recorded failure with its job and fix (or the ``newest`` N by the job's end, else submit,
+        else creation), filtered by the job's experiment and user and the cause; and how many there are."""
 
     # --- transitions (each one transaction) -----------------------------------------------------------
     def open_chain(self, experiment: str, spec_hash: str, retries: int,
@@ -96,6 +109,13 @@ class JobStore(Protocol):
 
     def record_failure(self, job_id: int, failure: NewFailure) -> FailureRecord:
         """A failure seen while the job still runs (a hang), before its end is recorded."""
+
+    def classified(self, job_id: int, failures: Sequence[NewFailure]) -> list[FailureRecord]:
+        """A job's failed runs (re)classified in one transaction: a run already recorded is replaced in
+        place (its fix kept), a new one added; ``classified_at`` stamped now."""
+
+    def fixed(self, job_ids: Sequence[int], note: str, commit: str | None) -> FixRecord:
+        """One fix attached to every recorded failure of these jobs."""
 
     def decided(self, chain_id: int, decision: Decision) -> ChainRecord:
         """What the policy decided after an attempt ended: close the chain, spend a retry, exclude nodes.

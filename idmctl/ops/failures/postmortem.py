@@ -1,8 +1,9 @@
-"""The postmortem log: classify failed jobs into ``Failure`` rows, record fixes, build card A's table.
+"""The postmortem log: classify failed jobs into failures, record fixes, build card A's table.
 
-``record_failures`` is idempotent and cheap, so ``sync`` can call it after every poll and
-``idmctl failures`` calls it before reporting: a job is (re)classified when it has no Failure yet or
-its record changed since (a fix already recorded stays attached).
+Sync records each end with its failures (:func:`classify_end`, the store's ``ended``). ``idmctl failures``
+classifies what is still pending first (:func:`classify_pending`: a job is (re)classified when it has no
+failure yet or its record changed since; a fix already recorded stays attached), then reads the table,
+all through the store's face. ``record_failures`` does the same in an ORM session the ledger holds.
 """
 
 from __future__ import annotations
@@ -19,13 +20,12 @@ from idmctl.ops.failures.progress import History, crash_loop, last_step, with_re
 from idmctl.ops.failures.rows import (PostmortemRow, _naive_utc, build_row, is_since, parse_since,  # noqa: F401 (re-exported)
                                   setting_of)
 from idmctl.core.notice import warn
-from idmctl.record.db import Session, session
-from idmctl.record.failures import (attach_fix, chain_of, count_failures, failures_of, failures_with_jobs,  # noqa: F401
-                                    find_jobs, jobs_to_classify, new_failure)  # (count_failures, find_jobs: re-exported)
-from idmctl.record.models import Failure, Fix, Job
-from idmctl.record.records import FailureRecord, JobRecord, NewFailure
+from idmctl.record.db import Session
+from idmctl.record.failures import chain_of, failures_of, jobs_to_classify, new_failure
+from idmctl.record.models import Failure, Job
+from idmctl.record.records import FailureRecord, FixRecord, JobRecord, NewFailure
 from idmctl.record.sql_store import failure_record, job_record
-from idmctl.record.store import JobStore
+from idmctl.record.store import JobStore, store
 from idmctl.ops.failures.mlflow_status import mark_run_failed
 from idmctl.ops.failures.logtail import LOG_TAIL_BYTES, read_log_tail  # noqa: F401 (re-exported: sync, importer)
 
@@ -132,7 +132,7 @@ def _session_history(db: Session, job: JobRecord) -> History:
 
 def record_failures(db: Session, jobs: list[Job] | None = None, mark_mlflow: bool = True) -> list[Failure]:
     """Classify every failed run of every job (or those given) that is new or changed, in the caller's
-    session (``idmctl failures``, ``ledger``, ``failures fix``, ``jobs import``); returns the rows written.
+    session (``idmctl ledger``); returns the rows written.
     Sync records an end with its failures through the store's ``ended`` instead (:func:`classify_end`)."""
     if jobs is None:
         jobs = jobs_to_classify(db)  # a job whose record has not changed since it was classified is skipped in SQL
@@ -190,48 +190,88 @@ def _mark_chain_run(db: Session, job: Job, cause: str) -> None:
         mark_ended_run(chain.mlflow_run_id, cause, job.state)
 
 
-def record_fix(db: Session, job_ids: list[str], note: str, commit: str | None = None) -> tuple[Fix, list[Job]]:
-    """One Fix attached to the failures of every job given (6054/6108/6158 share one)."""
+def classify_pending(records: JobStore) -> list[FailureRecord]:
+    """Classify every job whose failed runs are new or changed since they were last classified (each job's
+    failures in one transaction, the chain's MLflow run marked by its final run); returns what was written."""
+    return [failure for job in records.to_classify() for failure in _classify(records, job)]
+
+
+def _classify(records: JobStore, job: JobRecord) -> list[FailureRecord]:
+    found = classify_end(job, store_history(records, job))
+    if not found:
+        return []
+    written = records.classified(job.id, found)
+    final = next((failure for failure in found if failure.detail.get("final")), None)
+    if final is not None and job.chain_id is not None:
+        chain = records.chain(job.chain_id)
+        mark_ended_run(chain.mlflow_run_id if chain else None, final.cause, job.state_text)
+    return written
+
+
+def find_jobs(records: JobStore, job_ids: list[str]) -> list[JobRecord]:
+    """Jobs by Slurm id (``6054``) or store id (``#12``); a missing one is a UserError."""
+    found: list[JobRecord] = []
+    for text in job_ids:
+        if text.startswith("#") and text[1:].isdigit():
+            job = records.job(int(text[1:]))
+            matches = [job] if job else []
+        else:
+            matches = records.with_scheduler_id(text)
+        if not matches:
+            raise UserError(f"no job {text} in the store", field="JOB",
+                            hint="run `idmctl sync`, or `idmctl jobs import --since D` for jobs not submitted by idmctl")
+        found += matches
+    return found
+
+
+def record_fix(records: JobStore, job_ids: list[str], note: str,
+               commit: str | None = None) -> tuple[FixRecord, list[JobRecord]]:
+    """One fix attached to the failures of every job given (6054/6108/6158 share one)."""
     if not note.strip():
         raise UserError("the fix note is empty", field="--note", hint='say what changed, e.g. --note "use core-own"')
-    jobs = find_jobs(db, job_ids)
-    not_failed = [job for job in jobs if not is_failed(job.state)]
+    jobs = find_jobs(records, job_ids)
+    not_failed = [job for job in jobs if not is_failed(job.state_text)]
     if not_failed:
         job = not_failed[0]
-        raise UserError(f"job {job.scheduler_id} is {job.state}, not a failure", field="JOB",
+        raise UserError(f"job {job.scheduler_id} is {job.state_text}, not a failure", field="JOB",
                         hint="only jobs that did not complete take a fix")
-    record_failures(db, jobs)
-    return attach_fix(db, jobs, note.strip(), commit), jobs
+    pending = {job.id for job in records.to_classify()}
+    for job in jobs:
+        if job.id in pending:
+            _classify(records, job)
+    return records.fixed([job.id for job in jobs], note.strip(), commit), jobs
 
 
-def postmortem_rows(db: Session, experiment: str | None = None, since: datetime | None = None,
-                    cause: str | None = None, newest: int | None = None, user: str | None = None) -> list[PostmortemRow]:
+def table(records: JobStore, experiment: str | None = None, since: datetime | None = None, cause: str | None = None,
+          newest: int | None = None, user: str | None = None) -> tuple[list[PostmortemRow], int]:
     """Every classified failure (or the ``newest`` N), oldest first, filtered by experiment, time, cause and
-    the job's user."""
+    the job's user; and the count of failed runs (``--since`` aside): what ``idmctl failures`` shows."""
     if cause is not None:
         get_cause(cause)  # an unknown cause is bad input, not an empty table
-    rows: list[PostmortemRow] = []
-    for failure, job, fix in failures_with_jobs(db, experiment, cause, user, newest):
-        if not is_since(job.ended_at or job.submitted_at or job.created_at, since):
-            continue
-        rows.append(build_row(failure, job, fix))
+    found, total = records.failure_table(experiment, cause, user, newest)
+    rows = [build_row(failure, job, fix) for failure, job, fix in found
+            if is_since(job.ended_at or job.submitted_at or job.created_at, since)]
     rows.sort(key=lambda row: (_naive_utc(row.ended_at) or datetime.min, row.job_pk, row.detail.get("run", 1)))
-    return rows
+    return rows, total
+
+
+def postmortem_rows(records: JobStore, experiment: str | None = None, since: datetime | None = None,
+                    cause: str | None = None, newest: int | None = None, user: str | None = None) -> list[PostmortemRow]:
+    """:func:`table`'s rows."""
+    return table(records, experiment, since, cause, newest, user)[0]
 
 
 def classify_and_read(experiment: str | None = None, since: datetime | None = None, cause: str | None = None,
                       newest: int | None = None, user: str | None = None) -> tuple[list[PostmortemRow], int]:
-    """Classify any newly failed jobs, then read the table's rows and the count of failed runs, in one
-    transaction: the ``failures`` report when the plain sqlite3 read had to step aside."""
-    with session() as db:
-        record_failures(db)
-        rows = postmortem_rows(db, experiment=experiment, since=since, cause=cause, newest=newest, user=user)
-        return rows, count_failures(db, experiment=experiment, cause=cause, user=user)
+    """Classify any newly failed jobs, then read the table's rows and the count of failed runs: the
+    ``failures`` report when the plain sqlite3 read had to step aside."""
+    records = store()
+    classify_pending(records)
+    return table(records, experiment=experiment, since=since, cause=cause, newest=newest, user=user)
 
 
 def record_fix_in_store(job_ids: list[str], note: str, commit: str | None = None) -> dict[str, Any]:
-    """:func:`record_fix` in its own transaction; returns what ``failures fix`` reports."""
-    with session() as db:
-        fix, covered = record_fix(db, job_ids, note, commit)
-        return {"fix_id": fix.id, "note": fix.note, "commit": fix.commit,
-                "jobs": [job.scheduler_id or f"#{job.id}" for job in covered]}
+    """:func:`record_fix` on the configured store; returns what ``failures fix`` reports."""
+    fix, covered = record_fix(store(), job_ids, note, commit)
+    return {"fix_id": fix.id, "note": fix.note, "commit": fix.commit,
+            "jobs": [job.scheduler_id or f"#{job.id}" for job in covered]}

@@ -18,6 +18,8 @@ from ground.units import parse_duration
 from idmctl.ops.failures.classify import Classification, get_cause
 from idmctl.ops.failures.caught import caught_now_by
 from idmctl.record.failures import failure_rows_fast
+from idmctl.record.records import FailureRecord, FixRecord, JobRecord
+from idmctl.record.sql_store import job_record
 
 
 
@@ -92,18 +94,18 @@ class PostmortemRow:
         return data
 
 
-def build_row(failure: Any, job: Any, fix: Any | None) -> PostmortemRow:
-    """One table row from a Failure, its Job and its Fix (ORM objects or plain attribute bags)."""
-    detail = json.loads(failure.detail_json or "{}")
+def build_row(failure: FailureRecord, job: JobRecord, fix: FixRecord | None) -> PostmortemRow:
+    """One table row from a failure, its job and its fix."""
+    detail = dict(failure.detail)
     lines = failure.evidence.splitlines()
     info = get_cause(failure.cause)
     return PostmortemRow(
         job=_job_label(job, detail), job_pk=job.id, chain_id=job.chain_id, experiment=job.experiment,
-        setting=setting_of(job), state=job.state, cause=failure.cause,
+        setting=setting_of(job), state=job.state_text, cause=failure.cause,
         evidence=Classification(failure.cause, lines, detail).headline, evidence_lines=lines, detail=detail,
         caught_by=caught_now_by(info, detail), fix_id=failure.fix_id, fix=fix.note if fix else None,
-        commit=fix.commit if fix else None, suggested_fix=info.fix, ended_at=job.ended_at, imported=bool(job.imported),
-        user=getattr(job, "user", None))
+        commit=fix.commit if fix else None, suggested_fix=info.fix, ended_at=job.ended_at, imported=job.imported,
+        user=job.user)
 
 
 def _when(text: str | None) -> datetime | None:
@@ -117,8 +119,7 @@ def _when(text: str | None) -> datetime | None:
 def read_table_rows(db: Path, experiment: str | None, cause: str | None, newest: int | None,
                     since: datetime | None = None, user: str | None = None) -> tuple[list[PostmortemRow], int] | None:
     """The ``newest`` rows (None: all) ended since ``since``, oldest first, and the count of failed runs
-    (before ``since``), read with sqlite3: exactly what :func:`postmortem.postmortem_rows` and
-    ``count_failures`` return. None when the ORM path must run instead (no store, another schema
+    (before ``since``), read with sqlite3: exactly what :func:`postmortem.table` returns. None when the ORM path must run instead (no store, another schema
     revision, or jobs that still need classifying)."""
     found = failure_rows_fast(db, experiment, cause, newest, user)
     if found is None:
@@ -128,7 +129,10 @@ def read_table_rows(db: Path, experiment: str | None, cause: str | None, newest:
     for failure, job, fix in selected:
         if not is_since(_when(job.ended_at or job.submitted_at or job.created_at), since):
             continue
-        job.ended_at = _when(job.ended_at)
-        rows.append(build_row(failure, job, fix))
+        detail = json.loads(failure.detail_json or "{}")
+        rows.append(build_row(FailureRecord(id=0, job_id=job.id, cause=failure.cause, evidence=failure.evidence,
+                                            detail=detail if isinstance(detail, dict) else {}, fix_id=failure.fix_id),
+                              job_record(vars(job)), FixRecord(id=failure.fix_id, note=fix.note, commit=fix.commit)
+                              if fix is not None else None))
     rows.sort(key=lambda r: (_naive_utc(r.ended_at) or datetime.min, r.job_pk, r.detail.get("run", 1)))
     return rows, total

@@ -209,7 +209,8 @@ def test_table_shows_the_most_recent_rows_and_says_how_many_are_left(cli):
 
 
 def test_fast_table_read_matches_the_orm_rows_and_steps_aside_for_unclassified_jobs(cli, idmctl_home):
-    from idmctl.ops.failures.postmortem import count_failures, postmortem_rows
+    from idmctl.ops.failures.postmortem import table
+    from idmctl.record.store import store
     from idmctl.ops.failures.rows import read_table_rows
     from idmctl.record.failures import HEAD_REVISION
     from ground.paths import db_path
@@ -224,9 +225,7 @@ def test_fast_table_read_matches_the_orm_rows_and_steps_aside_for_unclassified_j
                                              ("latent_c_n12_dense", "preempted", 50, None), (None, None, None, None),
                                              (None, None, None, since), (None, "preempted", None, since)]:
         fast_rows, fast_total = read_table_rows(db_path(), experiment, cause, newest, after)
-        with session() as db:
-            orm_rows = postmortem_rows(db, experiment=experiment, cause=cause, newest=newest, since=after)
-            orm_total = count_failures(db, experiment=experiment, cause=cause)
+        orm_rows, orm_total = table(store(), experiment=experiment, cause=cause, newest=newest, since=after)
         assert [r.as_json() for r in fast_rows] == [r.as_json() for r in orm_rows]
         assert fast_total == orm_total
     assert [row.job for row in read_table_rows(db_path(), None, None, None, since)[0]] == ["6108", "6158", "6262", "6321"]
@@ -240,12 +239,12 @@ def test_json_and_markdown_take_the_fast_path_and_print_what_the_orm_rows_give(c
 
     from idmctl.ops.failures.postmortem import postmortem_rows
     from idmctl.ops.failures.report import markdown
+    from idmctl.record.store import store
 
     add_card_a_jobs()
     assert cli("failures").exit_code == 0  # the ORM path classifies them once
-    with session() as db:
-        orm_rows = postmortem_rows(db)
-        recent = postmortem_rows(db, since=datetime(2026, 11, 26, 12))
+    orm_rows = postmortem_rows(store())
+    recent = postmortem_rows(store(), since=datetime(2026, 11, 26, 12))
     fast_json = cli("failures", "--json")
     assert fast_json.exit_code == 0
     assert fast_json.output.startswith("[\n{") and fast_json.output.count("\n") == len(orm_rows) + 2

@@ -251,3 +251,23 @@ def test_imported_jobs_are_stored_once_with_their_failures(store: JobStore) -> N
     again = store.imported([oom, ImportedJob("6056", "card_a", "CANCELLED by 0")], classify)
     assert [job.state_text for job, _ in again] == ["CANCELLED by 0"] and seen == ["6054", "6055", "6056"]
     assert len(store.failures([oom_job.id])) == 1  # a known job is left alone (not classified again)
+
+
+def test_pending_classification_the_failure_table_and_a_fix(store: JobStore) -> None:
+    chain_id, job_id = _running(store)
+    other = store.submitting(_job(store, chain_id, attempt=2))
+    store.submitted(other.id, "6060", None, T0)
+    assert [j.id for j in store.to_classify()] == [job_id, other.id]  # not completed: may hold a failed run
+    store.ended(job_id, _seen(JobState.FAILED, exit_code="1:0", ended_at=T0 + timedelta(hours=2)))
+    assert job_id in [j.id for j in store.to_classify()]  # ended, no failure classified since
+    (written,) = store.classified(job_id, [NewFailure("python_exception", "Traceback", {"run": 1, "final": True})])
+    assert job_id not in [j.id for j in store.to_classify()]  # classified at or after its last change
+    assert [j.id for j in store.with_scheduler_id("6054")] == [job_id] and store.with_scheduler_id("nope") == []
+    rows, total = store.failure_table()
+    assert total == 1 and [(f.id, j.id, fix) for f, j, fix in rows] == [(written.id, job_id, None)]
+    assert store.failure_table(cause="oom_host") == ([], 0) and store.failure_table(experiment="other") == ([], 0)
+    fix = store.fixed([job_id], "use core-own", "abc123")
+    ((failure, job, shown),) = store.failure_table(newest=5)[0]
+    assert (shown, failure.fix_id, job.state_text) == (fix, fix.id, "FAILED") and fix.note == "use core-own"
+    (again,) = store.classified(job_id, [NewFailure("oom_host", "OOM", {"run": 1, "final": True})])
+    assert (again.id, again.cause, again.fix_id) == (written.id, "oom_host", fix.id)  # reclassified in place, fix kept
