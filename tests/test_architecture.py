@@ -195,6 +195,13 @@ def test_no_import_cycles_between_modules() -> None:
     assert not cycles, "modules that import each other (directly or round a circle):\n" + "\n".join(map(str, cycles))
 
 
+def test_no_import_cycles_in_the_ground_or_the_data_plane() -> None:
+    """The same for the shared ground and the data plane: ground.contract once imported four modules that
+    import it, and the spec loader, its overrides and its sweeps imported one another."""
+    cycles = [cycle for package in ("ground", "cache", "trainers") for cycle in import_cycles(module_graph(REPO / package))]
+    assert not cycles, "modules that import each other (directly or round a circle):\n" + "\n".join(map(str, cycles))
+
+
 def test_the_cycle_checker_sees_a_planted_circle(tmp_path: Path) -> None:
     package = tmp_path / "idmctl" / "gate"
     package.mkdir(parents=True)

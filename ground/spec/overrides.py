@@ -13,7 +13,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from ground.errors import UserError
-from ground.spec.loader import ResolvedSpec
+from ground.spec.resolved import ResolvedSpec
 from ground.spec.schema import ExperimentSpec
 
 SOURCE = "--what-if"

@@ -21,7 +21,7 @@ import re
 from typing import Any
 
 from ground.errors import UserError
-from ground.spec.loader import ResolvedSpec
+from ground.spec.resolved import ResolvedSpec
 from ground.spec.overrides import apply_overrides, check_path
 
 MODES = ("grid", "zip")
