@@ -19,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import pytest
@@ -224,34 +224,59 @@ def _job_row(db_url: str, job: int) -> dict:
         engine.dispose()
 
 
-def test_a_members_preempted_job_is_requeued_and_resumes_from_her_own_checkpoint(team: dict[str, Path]) -> None:
+@contextmanager
+def _controlled_profile() -> Iterator[Path]:
+    """local-slurm with its controller job on (as tests/idmctl/ops/test_slurm_controller.py turns it on), in a
+    folder every member can read."""
+    import yaml
+
+    folder = Path(tempfile.mkdtemp(prefix="idmctl-team-", dir="/home"))
+    folder.chmod(0o755)
+    profile = yaml.safe_load((REPO / "clusters" / "local-slurm.yaml").read_text())
+    profile["controller"] = {**profile["controller"], "enabled": True}
+    path = folder / "controlled.yaml"
+    path.write_text(yaml.safe_dump(profile))
+    path.chmod(0o644)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.mark.parametrize("controlled", [False, True], ids=["member-syncs", "controller-jobs-sync"])
+def test_a_members_preempted_job_is_requeued_and_resumes_from_her_own_checkpoint(team: dict[str, Path],
+                                                                                  controlled: bool) -> None:
     """alice's job on the preemptible `sub` is preempted by bob's `core-own` job (both want all of n1's CPUs):
     Slurm signals it, it checkpoints into alice's run directory and Slurm requeues it; the next run resumes as
-    alice from that checkpoint, and alice's sync records the preemption (the job's runs) and the resume."""
+    alice from that checkpoint, and the preemption (the job's runs) and the resume are recorded: by alice's and
+    bob's own syncs, or, with the controller on, by the controller jobs each attempt leaves behind, which run
+    as the member on a compute node and reach the team's store with the member's own URL."""
     alice, bob = USERS
     # 30 s of steps: bob's submit as a separate process takes ~10 s (snapshot, admission, sbatch --test-only),
     # and the preemption must land while alice's first run is still going (24 steps of 0.3 s finished first).
     total = 120
-    with fresh_database() as db_url:
+    with fresh_database() as db_url, (_controlled_profile() if controlled else nullcontext()) as profile:
+        env = {ENV_CLUSTER: str(profile)} if profile else {}
         done = _as(alice, team[alice], "submit", "quickstart", "--entry", "tests.jobs_entry", "--force", "--reason",
                    "to be preempted", "--qos", "sub", "-c", "2", "--mem", "400MB", "--exclude", "n2", "-J", "alice-low",
-                   "--json", db_url=db_url, IDMCTL_TEST_BEHAVIOR=f"steps:{total}:0.25")
+                   "--json", db_url=db_url, IDMCTL_TEST_BEHAVIOR=f"steps:{total}:0.25", **env)
         assert done.returncode == 0, done.stderr
         low = json.loads(done.stdout)
         log, run_dir = Path(low["log"]), Path(low["script"]).parent
         wait_until(lambda: "entry: step 3" in text_so_far(log), 120, f"3 steps of {alice}'s sub job {low['scheduler_id']}")
         done = _as(bob, team[bob], "submit", "quickstart", "--entry", "tests.jobs_entry", "--force", "--reason",
                    "preempts alice", "--qos", "core-own", "-c", "2", "--mem", "400MB", "--exclude", "n2", "-J", "bob-high",
-                   "--json", db_url=db_url, IDMCTL_TEST_BEHAVIOR="steps:2:0.2")
+                   "--json", db_url=db_url, IDMCTL_TEST_BEHAVIOR="steps:2:0.2", **env)
         assert done.returncode == 0, done.stderr
         high = json.loads(done.stdout)
 
         def ended() -> dict | None:
             release_requeued(low["scheduler_id"])
-            for user in (alice, bob):  # each member's sync records that member's jobs
-                synced = _as(user, team[user], "sync", db_url=db_url)
+            for user in () if controlled else (alice, bob):  # each member's sync records that member's jobs
+                synced = _as(user, team[user], "sync", db_url=db_url, **env)
                 assert synced.returncode == 0, f"{user}: {synced.stderr}"
-            rows = {r["job"]: r for r in json.loads(_as(alice, team[alice], "jobs", "--json", db_url=db_url).stdout)}
+            rows = {r["job"]: r for r in json.loads(_as(alice, team[alice], "jobs", "--json", db_url=db_url,
+                                                        **env).stdout)}
             finished = all(rows[j["job"]]["state"] in ("COMPLETED", "FAILED", "CANCELLED") for j in (low, high))
             return rows if finished else None
 
@@ -265,9 +290,19 @@ def test_a_members_preempted_job_is_requeued_and_resumes_from_her_own_checkpoint
         assert runs[0]["state"] in ("PREEMPTED", "REQUEUED") and runs[-1]["state"] == "COMPLETED", runs
         committed = record["committed_step"] if isinstance(record["committed_step"], dict) else json.loads(record["committed_step"])
         assert committed["step"] == total, committed  # the chain's checkpoint as her sync read it at the end
-        ledger = _as(alice, team[alice], "ledger", "--user", alice, "--json", db_url=db_url)
+        if controlled:  # every attempt's controller ran as its member and noted its run (after the sync it ran)
+            def noted() -> list[dict] | None:
+                now = {r["job"]: r for r in json.loads(_as(alice, team[alice], "jobs", "--json", db_url=db_url,
+                                                           **env).stdout)}
+                last = [(now[j["job"]]["controller"] or {}).get("last_run") for j in (low, high)]
+                return last if all(last) else None
+
+            notes = wait_until(noted, 60, "both members' controllers to note their runs", poll_s=1.0)
+            assert all(note["ok"] for note in notes), notes
+        ledger = _as(alice, team[alice], "ledger", "--user", alice, "--json", db_url=db_url, **env)
         assert ledger.returncode == 0, ledger.stderr
-        assert json.loads(ledger.stdout)["total"]["preemptions"] == 1, ledger.stdout
+        # at least bob's (the shared cluster's other core-own jobs on n1 may preempt it again)
+        assert json.loads(ledger.stdout)["total"]["preemptions"] >= 1, ledger.stdout
         text = log.read_text()
         assert re.search(r"entry: checkpointed at step \d+ on signal", text), text[-2000:]
         resumed = [int(s) for s in re.findall(r"entry: resumed from step (\d+)", text)]
