@@ -375,12 +375,11 @@ def test_only_the_record_floor_speaks_sql() -> None:
         f"{path}:{entry}" for path, spoken in speaking.items() for entry in spoken)
 
 
-ROW_HOLDERS = frozenset({"idmctl/cli/commands/jobs.py", "idmctl/cli/commands/ledger.py",
-                         "idmctl/ops/failures/postmortem.py"})
+ROW_HOLDERS = frozenset({"idmctl/cli/commands/jobs.py"})
 """Modules outside ``idmctl/record/`` that still import its models, its database module or its session
-(2026-12-08: ``failures``/``ledger``'s classify-and-read path, ``cancel``'s RowRefused). Every other module
-reads typed records and writes named transitions through ``idmctl.record.store``. This set only shrinks."""
-ANY_IN_RECORD_SIGNATURES = 28
+(2026-12-08: ``cancel``'s RowRefused). Every other module reads typed records and writes named transitions
+through ``idmctl.record.store``. This set only shrinks."""
+ANY_IN_RECORD_SIGNATURES = 22
 """Public functions of ``idmctl/record/`` with ``Any`` in their signature (31 before the store's face): only falls."""
 
 

@@ -1,11 +1,10 @@
 """Failures, fixes and the jobs they belong to, in the store: what ``failures``, ``failures fix``,
 ``jobs import``, the ledger and sync's classify → record step read and look up.
 
-Two kinds of query live here. The ``*_fast`` ones read with plain sqlite3, read-only, and return None
-where the ORM path must run instead (no store, another schema revision, jobs that still need
-classifying, or the team's PostgreSQL store): ``idmctl failures`` and ``idmctl ledger`` then never import
-the ORM (~0.45 s of a 0.8 s command). The others take an ORM session the caller holds, so classifying,
-writing Failure rows and reading them back commit together.
+The ``*_fast`` reads use plain sqlite3, read-only, and return None where the store's face must serve
+instead (no store, another schema revision, jobs that still need classifying, or the team's PostgreSQL
+store): ``idmctl failures`` and ``idmctl ledger`` then never import the ORM (~0.45 s of a 0.8 s command).
+Classifying, recording failures and fixes go through ``idmctl.record.store``.
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
-from idmctl.core.job_state import JobState, is_failed
+from idmctl.core.job_state import is_failed
 from idmctl.record.fast import stored_json_value
 from idmctl.record.stored_json import typed
 from idmctl.record.head import HEAD_REVISION  # the schema the fast reads understand
@@ -24,11 +23,7 @@ from idmctl.record.url import shared_url
 
 if TYPE_CHECKING:
     from idmctl.record.db import Session
-    from idmctl.record.models import Chain, Failure, Job
-
-IN_CHUNK = 500
-"""Ids per ``IN (...)``: SQLite caps bound parameters per statement."""
-
+    from idmctl.record.models import Failure, Job
 
 def open_classified(db: Path) -> sqlite3.Connection | None:
     """A read-only sqlite3 connection to the store (rows as ``sqlite3.Row``), or None when the ORM path
@@ -40,7 +35,7 @@ def open_classified(db: Path) -> sqlite3.Connection | None:
     connection.row_factory = sqlite3.Row
     try:
         revision = connection.execute("SELECT version_num FROM alembic_version").fetchone()
-        # The same candidates as jobs_to_classify: anything that may hold an unclassified failed run.
+        # The same candidates as JobStore.to_classify: anything that may hold an unclassified failed run.
         unclassified = [] if revision is None or revision[0] != HEAD_REVISION else connection.execute(
             "SELECT state, restarts FROM job WHERE (state != 'COMPLETED' OR restarts > 0) AND NOT EXISTS "
             "(SELECT 1 FROM failure f WHERE f.job_id = job.id AND f.classified_at >= job.updated_at)").fetchall()
@@ -159,41 +154,3 @@ def stored_ledger_inputs(user: str | None = None) -> tuple[list[LedgerJob], dict
 
     with session() as db:
         return ledger_inputs(db, user)
-
-
-def jobs_to_classify(db: "Session") -> list["Job"]:
-    """Jobs that can hold a failed run not classified since their record last changed: not completed, or
-    requeued at least once. A store of 10,000 mostly-completed jobs is not walked row by row."""
-    from sqlalchemy import exists, or_  # start-up: SQLAlchemy; the caller's session loaded it already
-    from sqlmodel import select  # start-up: as above
-
-    from idmctl.record.models import Failure, Job  # start-up: as above
-
-    classified_since_update = exists().where(Failure.job_id == Job.id, Failure.classified_at >= Job.updated_at)
-    return list(db.exec(select(Job).where(or_(Job.state != JobState.COMPLETED.value, Job.restarts > 0),
-                                          ~classified_since_update)))
-
-
-def failures_of(db: "Session", job_ids: list[int]) -> list["Failure"]:
-    """Every Failure row of these jobs."""
-    from sqlmodel import select  # start-up: SQLAlchemy; the caller's session loaded it already
-
-    from idmctl.record.models import Failure  # start-up: as above
-
-    found: list[Failure] = []
-    for start in range(0, len(job_ids), IN_CHUNK):
-        found += db.exec(select(Failure).where(Failure.job_id.in_(job_ids[start:start + IN_CHUNK])))  # type: ignore[attr-defined]
-    return found
-
-
-def new_failure(job_id: int, cause: str) -> "Failure":
-    """A Failure row to fill in and add to the session."""
-    from idmctl.record.models import Failure  # start-up: SQLAlchemy; the caller's session loaded it already
-
-    return Failure(job_id=job_id, cause=cause)
-
-
-def chain_of(db: "Session", job: "Job") -> "Chain | None":
-    from idmctl.record.models import Chain  # start-up: SQLAlchemy; the caller's session loaded it already
-
-    return db.get(Chain, job.chain_id) if job.chain_id is not None else None

@@ -88,7 +88,7 @@ class _Sqlite3:
         for row in self.connection.execute(f"SELECT * FROM {table}{clause}{ordered}", params).fetchall():
             values = dict(row)
             if table == "job":
-                for name in JOB_JSON_COLUMNS:
+                for name in sorted(JOB_JSON_COLUMNS):  # a row damaged in two columns names the same one each time
                     values[name] = stored_json_value(values[name], values["id"], name)  # type: ignore[arg-type]
             found.append(values)
         return found

@@ -25,12 +25,11 @@ def ledger(
     since_at = parse_since(since) if since else None
     costs = run_costs(db_path(), user)
     if costs is None:  # failed runs not classified yet, no store, or the shared store: through the ORM
-        from idmctl.ops.failures.postmortem import record_failures  # start-up: pulls sqlalchemy and pydantic
+        from idmctl.ops.failures.postmortem import classify_pending  # start-up: pulls the classifier's taxonomy
         from idmctl.ops.ledger import run_costs_stored  # start-up: pulls yaml
-        from idmctl.record import session  # start-up: record's session loads SQLAlchemy on first use
+        from idmctl.record.store import store  # start-up: the store's driver loads when it is used
 
-        with session() as db:  # classifying needs one until postmortem classifies through the store
-            record_failures(db)
+        classify_pending(store())
         costs = run_costs_stored(user)
     rows, total = build(costs, by, since_at)
     if as_json:

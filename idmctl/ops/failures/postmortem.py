@@ -3,14 +3,13 @@
 Sync records each end with its failures (:func:`classify_end`, the store's ``ended``). ``idmctl failures``
 classifies what is still pending first (:func:`classify_pending`: a job is (re)classified when it has no
 failure yet or its record changed since; a fix already recorded stays attached), then reads the table,
-all through the store's face. ``record_failures`` does the same in an ORM session the ledger holds.
+all through the store's face.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any
 
 from ground.errors import UserError
@@ -20,11 +19,7 @@ from idmctl.ops.failures.progress import History, crash_loop, last_step, with_re
 from idmctl.ops.failures.rows import (PostmortemRow, _naive_utc, build_row, is_since, parse_since,  # noqa: F401 (re-exported)
                                   setting_of)
 from idmctl.core.notice import warn
-from idmctl.record.db import Session
-from idmctl.record.failures import chain_of, failures_of, jobs_to_classify, new_failure
-from idmctl.record.models import Failure, Job
 from idmctl.record.records import FailureRecord, FixRecord, JobRecord, NewFailure
-from idmctl.record.sql_store import failure_record, job_record
 from idmctl.record.store import JobStore, store
 from idmctl.ops.failures.mlflow_status import mark_run_failed
 from idmctl.ops.failures.logtail import LOG_TAIL_BYTES, read_log_tail  # noqa: F401 (re-exported: sync, importer)
@@ -120,47 +115,6 @@ def store_history(records: JobStore, job: JobRecord) -> History:
     return read
 
 
-def _session_history(db: Session, job: JobRecord) -> History:
-    def read() -> tuple[list[JobRecord], dict[int, str]]:
-        from idmctl.record.chain_attempts import attempts_of  # here: only when a crash loop is possible
-
-        earlier = [job_record(row.model_dump()) for row in attempts_of(db, job.chain_id or 0, before=job.attempt)]
-        return earlier, recorded_causes([failure_record(row.model_dump())
-                                         for row in failures_of(db, [other.id for other in earlier])])
-    return read
-
-
-def record_failures(db: Session, jobs: list[Job] | None = None, mark_mlflow: bool = True) -> list[Failure]:
-    """Classify every failed run of every job (or those given) that is new or changed, in the caller's
-    session (``idmctl ledger``); returns the rows written.
-    Sync records an end with its failures through the store's ``ended`` instead (:func:`classify_end`)."""
-    if jobs is None:
-        jobs = jobs_to_classify(db)  # a job whose record has not changed since it was classified is skipped in SQL
-    candidates = [(job, record, runs) for job in jobs if (runs := failed_runs(record := job_record(job.model_dump())))]
-    by_job: dict[int, list[Failure]] = {}
-    for failure in failures_of(db, [job.id for job, _, _ in candidates]):
-        by_job.setdefault(failure.job_id, []).append(failure)
-    written: list[Failure] = []
-    for job, record, runs in candidates:
-        existing = {json.loads(f.detail_json or "{}").get("run", 1): f for f in by_job.get(job.id, [])}
-        fresh = existing and all(_naive_utc(f.classified_at) >= _naive_utc(job.updated_at) for f in existing.values())
-        if fresh and {run.run for run in runs} <= set(existing):
-            continue
-        for found in classify_end(record, _session_history(db, record)):
-            run, final = found.detail["run"], found.detail["final"]
-            failure = existing.get(run) or new_failure(job.id, found.cause)
-            failure.cause = found.cause
-            failure.evidence = found.evidence
-            failure.detail_json = json.dumps(dict(found.detail), sort_keys=True)
-            failure.classified_at = datetime.now(timezone.utc)
-            db.add(failure)
-            written.append(failure)
-            if mark_mlflow and final:
-                _mark_chain_run(db, job, found.cause)
-    db.flush()
-    return written
-
-
 def recorded_causes(failures: list[FailureRecord]) -> dict[int, str]:
     """Each job's recorded cause of how it ended: the failure of its final run (the latest run recorded
     as ``final``). A job with no such failure is absent: it has not been classified."""
@@ -182,12 +136,6 @@ def mark_ended_run(mlflow_run_id: str | None, cause: str, state: str) -> None:
         mark_run_failed(mlflow_run_id, cause=cause, slurm_state=state)
     except MlflowException as exc:
         warn(f"warning: could not mark MLflow run {mlflow_run_id}: {exc}")
-
-
-def _mark_chain_run(db: Session, job: Job, cause: str) -> None:
-    chain = chain_of(db, job)
-    if chain is not None:
-        mark_ended_run(chain.mlflow_run_id, cause, job.state)
 
 
 def classify_pending(records: JobStore) -> list[FailureRecord]:

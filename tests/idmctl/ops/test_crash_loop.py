@@ -11,7 +11,7 @@ from pathlib import Path
 from sqlmodel import select
 
 from ground.run_events import CHECKPOINT, CHECKPOINT_CORRUPT, append_event, event_line
-from idmctl.ops.failures.postmortem import record_failures, recorded_causes
+from idmctl.ops.failures.postmortem import classify_pending, recorded_causes
 from idmctl.ops.failures.progress import attempt_end, committed_step
 from idmctl.ops.retry import Decision, decide_for_job
 from idmctl.record import session
@@ -54,8 +54,8 @@ def _attempt(db, chain: Chain, attempt: int, run_dir: Path, job_id: str, node: s
               log_path=str(log_path), options_json=json.dumps({"retries": 3}))
     job.committed_step = attempt_end(job.script_path, log)  # what sync records when the attempt ends, before classifying it
     db.add(job)
-    db.flush()
-    record_failures(db, [job])
+    db.commit()  # the store classifies what is committed (its own connection)
+    classify_pending(store())
     return job
 
 
