@@ -176,7 +176,7 @@ def _follow(log_path: Path, offset: int, echo: Callable[[str], None]) -> int:
 
 def train_stage(job: "JobRecord", result: QuickstartResult, poll_s: float = 1.0) -> Path:
     """Wait for the job through ``idmctl sync`` (the same path for the local executor and Slurm)."""
-    from idmctl.ops.submit import runs_dir  # start-up: only this command needs it (23 more project modules)
+    from idmctl.ops.submit import chain_run_dir  # start-up: only this command needs it (23 more project modules)
     from idmctl.ops.sync import sync  # start-up: pulls sqlalchemy and pydantic
     from idmctl.record.store import store  # start-up: only this command needs it
 
@@ -201,7 +201,9 @@ def train_stage(job: "JobRecord", result: QuickstartResult, poll_s: float = 1.0)
         raise CheckFailed(f"quickstart stopped: job {job.id} ended {state} (log {log_path}; `idmctl failures`)")
     shown = f"loss {losses[0]:.4f} → {losses[-1]:.4f} ({len(losses)} logged windows)" if losses else "no loss lines"
     stage(6, "train", f"job {job.id} COMPLETED in {seconds:.0f} s, {shown}")
-    return runs_dir(EXPERIMENT, int(job.chain_id))
+    run_dir = chain_run_dir(job)
+    assert run_dir is not None  # a submitted job's script was written
+    return run_dir
 
 
 def evaluation_stage(resolved: ResolvedSpec, run_dir: Path, result: QuickstartResult) -> dict[str, float]:

@@ -185,7 +185,7 @@ def dry_run_evals(job: "EffectiveJob", choice: str, admitted: dict[str, Any],
         DRY_RUN_CHAIN_ID, DRY_RUN_JOB_ID, Attempt, render_attempt, runs_dir)
 
     out = []
-    run_dir = runs_dir(job.resolved.name, DRY_RUN_CHAIN_ID)
+    run_dir = runs_dir(job.resolved.name, DRY_RUN_CHAIN_ID, job.profile.runs_root)
     measured = measured_eval(job.declared.name, job.declared.hash)
     for step in plan(choice, job):
         options = _eval_options(job.options, step, DRY_RUN_JOB_ID, job.resolved.spec.eval.resources, measured)

@@ -34,7 +34,7 @@ from idmctl.ops.verdict import SchedulerRefused, Verdict, require_acceptance, ve
 from idmctl.record.preflights import latest_passing, preflight_run, require_pass, version_for
 from idmctl.record.records import ChainRecord, EvalLink, JobRecord
 from idmctl.record.store import Decision, JobStore, NewJob, SpecVersionRecord, store
-from ground.paths import atomic_write_text, home
+from ground.paths import atomic_write_text, home, runs_root
 from ground.spec.loader import ResolvedSpec, load_spec
 from ground.tracking import flatten
 
@@ -60,8 +60,15 @@ class Submitted:
     (so no second eval job was sent for it)."""
 
 
-def runs_dir(experiment: str, chain_id: int) -> Path:
-    return home() / "runs" / experiment / str(chain_id)
+def runs_dir(experiment: str, chain_id: int, root: str | None = None) -> Path:
+    """A new chain's run directory under the profile's ``runs_root`` (``root``; unset: ``$IDMCTL_HOME/runs``).
+    A chain keeps the directory its first attempt ran in (:func:`chain_run_dir`), whatever the profile says later."""
+    return runs_root(root) / experiment / str(chain_id)
+
+
+def chain_run_dir(attempt: JobRecord) -> Path | None:
+    """Where the chain of this attempt runs: the folder of the attempt's script (None: never rendered)."""
+    return Path(attempt.script_path).parent if attempt.script_path else None
 
 
 class Refused(CheckFailed):
@@ -115,11 +122,10 @@ def _judge(job: EffectiveJob, passing: StoredPreflight | None, version: str, mem
     return judge(job, passing, version, memo_only=memo_only)
 
 
-def _context(resolved: ResolvedSpec, chain_id: int, attempt: int, executor: str, extra_env: dict[str, str],
+def _context(run_dir: Path, chain_id: int, attempt: int, executor: str, extra_env: dict[str, str],
              admitted: dict[str, Any] | None = None, code: JobCode | None = None) -> RenderContext:
     """``code``: the snapshot the attempt runs from (None only for jobs submitted before snapshots existed,
     whose resubmissions keep running the live tree as they always did)."""
-    run_dir = runs_dir(resolved.name, chain_id)
     log_name = "slurm-%j.out" if executor == "slurm" else "local-%j.out"
     where = {"repo_root": Path(code.directory), "extra_env": {**code.env(), **extra_env}} if code else {"extra_env": extra_env}
     return RenderContext(run_dir=run_dir, chain_id=chain_id, attempt=attempt, idmctl_home=home(),
@@ -165,7 +171,8 @@ def dry_run(experiment: str, request: JobRequest, cluster: str | None) -> DryRun
     code = planned(snapshot, job.profile, job.declared.spec)
     admitted = {"admission": admission.as_dict()}
     script = render_attempt(Attempt(job.resolved, job.profile.scheduler, job.options, DRY_RUN_CHAIN_ID, 1,
-                                    job.declared.hash, None, None, admitted, code)).script
+                                    job.declared.hash, None, None, admitted, code,
+                                    run_dir=runs_dir(job.resolved.name, DRY_RUN_CHAIN_ID, job.profile.runs_root))).script
     return DryRun(script, job, admission, verdict_if_askable(job.profile.scheduler, script),
                   _controller_dry_run(job, cluster, code), admitted, code)
 
@@ -175,7 +182,7 @@ def _controller_dry_run(job: EffectiveJob, cluster: str | None, code: JobCode) -
     if not wanted(job.profile):
         return []
     settings = job.profile.controller
-    run_dir = runs_dir(job.resolved.name, DRY_RUN_CHAIN_ID)
+    run_dir = runs_dir(job.resolved.name, DRY_RUN_CHAIN_ID, job.profile.runs_root)
     ctx = ControllerContext(chain_id=DRY_RUN_CHAIN_ID, attempt=1, after=DRY_RUN_JOB_ID,
                             log_path=str(run_dir / CONTROLLER_LOG), idmctl_home=home(), cluster=cluster,
                             partition=settings.partition, repo_root=Path(code.directory))
@@ -201,7 +208,8 @@ def submit(experiment: str, request: JobRequest, cluster: str | None,
     try:
         rendered = asked(render_attempt(Attempt(
             job.resolved, job.profile.scheduler, job.options, chain_id, 1, declared.hash, admission.preflight_id,
-            _forced(force_reason), admitted, planned(snapshot, job.profile, declared.spec))))
+            _forced(force_reason), admitted, planned(snapshot, job.profile, declared.spec),
+            run_dir=runs_dir(job.resolved.name, chain_id, job.profile.runs_root))))
         _freeze_as_rendered(snapshot, job, rendered)
     except BaseException:
         jobs.withdrawn(chain_id)
@@ -268,7 +276,8 @@ def resume(experiment: str, chain_id: int, request: JobRequest, cluster: str | N
         raise UserError(f"chain {chain_id} runs {experiment_of} at spec {spec_hash[:12]}, not {job.declared.name} at "
                         f"{job.declared.hash[:12]}", file="command line", field="--resume",
                         hint="a changed spec is a new chain: submit it without --resume")
-    _require_same_run_spec(chain_id, job.resolved, runs_dir(job.resolved.name, chain_id) / SPEC_FILE)
+    run_dir = chain_run_dir(last) or runs_dir(job.resolved.name, chain_id, job.profile.runs_root)
+    _require_same_run_spec(chain_id, job.resolved, run_dir / SPEC_FILE)
     admission = admit(job, force_reason, version)
     if snapshot is not None:
         code = planned(snapshot, job.profile, job.declared.spec)
@@ -277,7 +286,7 @@ def resume(experiment: str, chain_id: int, request: JobRequest, cluster: str | N
     rendered = asked(render_attempt(Attempt(
         job.resolved, job.profile.scheduler, job.options, chain_id, last_attempt + 1, job.declared.hash,
         admission.preflight_id, _forced(force_reason), admitted, code,
-        {contract.ENV_RETRY_REASON: f"resumed by hand (--code {code_choice})"})))
+        {contract.ENV_RETRY_REASON: f"resumed by hand (--code {code_choice})"}, run_dir=run_dir)))
     if snapshot is not None:
         _freeze_as_rendered(snapshot, job, rendered)
     jobs.resumed(chain_id)
@@ -351,7 +360,8 @@ class Attempt:
     training attempt. An eval job runs in that chain's run directory (``run_dir``) under its own script and
     log names, and its row keeps its options as asked."""
     run_dir: Path | None = None
-    """Where an eval job runs (the training chain's run directory); a training attempt runs in its chain's."""
+    """The chain's run directory (an eval job runs in its training chain's); None: :func:`runs_dir` under
+    ``$IDMCTL_HOME/runs``, for a chain opened without a profile's ``runs_root``."""
 
     @property
     def version(self) -> str:
@@ -362,11 +372,11 @@ class Attempt:
         env = self.extra_env
         if self.eval_of is None and not self.code:  # the live tree says its version (an eval job never did)
             env = {contract.ENV_CODE_VERSION: self.version, **env}
-        ctx = _context(self.resolved, self.chain_id, self.number, self.scheduler, env, self.admitted, self.code)
+        run_dir = self.run_dir or runs_dir(self.resolved.name, self.chain_id)
+        ctx = _context(run_dir, self.chain_id, self.number, self.scheduler, env, self.admitted, self.code)
         if self.eval_of is None:
             return ctx
-        run_dir = self.run_dir or ctx.run_dir
-        return replace(ctx, run_dir=run_dir, log_path=str(run_dir / f"eval-step-{self.options.eval_step or 0}-%j.out"))
+        return replace(ctx, log_path=str(run_dir / f"eval-step-{self.options.eval_step or 0}-%j.out"))
 
 
 @dataclass(frozen=True)
@@ -468,7 +478,7 @@ def resubmit(job_id: int, extra_env: dict[str, str], reason: str, spends_retry: 
     code = JobCode.from_record(dict(old.code) if old.code is not None else None)
     env = {**extra_env, contract.ENV_RETRY_REASON: reason}
     planned_attempt = Attempt(resolved, scheduler, options, old.chain_id, old.attempt + 1, old.spec_hash or resolved.hash,
-                              old.preflight_id, old.forced_reason, first, code, env)
+                              old.preflight_id, old.forced_reason, first, code, env, run_dir=chain_run_dir(old))
     try:
         if code is not None:
             require_present(code)

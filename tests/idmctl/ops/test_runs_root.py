@@ -3,6 +3,7 @@ stays on the login node's disk), else ``$IDMCTL_HOME/runs``; the doctor row that
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ import yaml
 
 from ground.contract import ENV_CLUSTER, ENV_HOME
 from ground.paths import REPO_ROOT, runs_root
+from idmctl.ops.executors.local import LocalExecutor
 
 CLUSTERS = REPO_ROOT / "clusters"
 
@@ -77,3 +79,29 @@ def test_preflight_measures_and_scans_the_profiles_runs_root(idmctl_home: Path, 
     profile = load_profile(str(_profile(tmp_path, "local", runs_root="/proc/idmctl-runs")))[0]
     assert gather(load_spec("quickstart"), profile).runs_free_bytes == 0
     assert (gather(load_spec("quickstart"), load_profile("local")[0]).runs_free_bytes or 0) > 0
+
+
+def test_a_chain_runs_under_the_profiles_runs_root_and_keeps_its_folder_when_resumed(
+        cli, idmctl_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real local-executor job: its script, log and run directory are under the profile's runs_root, not
+    under $IDMCTL_HOME; resumed under a profile that names another root, the chain stays where its
+    checkpoints are."""
+    monkeypatch.setenv("IDMCTL_TEST_BEHAVIOR", "steps:3:0.05")
+    shared = tmp_path / "shared" / "runs"
+    first = cli("submit", "quickstart", "--cluster", str(_profile(tmp_path, "local", runs_root=str(shared))),
+                "--entry", "tests.jobs_entry", "--force", "--reason", "runs_root test", "--json")
+    assert first.exit_code == 0, first.output
+    job = json.loads(first.stdout)
+    run_dir = shared / "quickstart" / str(job["chain"])
+    assert Path(job["script"]).parent == run_dir and Path(job["log"]).parent == run_dir
+    assert not (idmctl_home / "runs").exists()
+    LocalExecutor().wait(job["scheduler_id"], timeout_s=60)
+    assert cli("sync").exit_code == 0
+    elsewhere = tmp_path / "elsewhere" / "runs"
+    again = cli("submit", "quickstart", "--resume", str(job["chain"]), "--cluster",
+                str(_profile(tmp_path, "local", runs_root=str(elsewhere))), "--entry", "tests.jobs_entry",
+                "--force", "--reason", "runs_root test", "--json")
+    assert again.exit_code == 0, again.output
+    resumed = json.loads(again.stdout)
+    assert Path(resumed["script"]).parent == run_dir and not elsewhere.exists()
+    LocalExecutor().wait(resumed["scheduler_id"], timeout_s=60)
