@@ -19,6 +19,7 @@ from datetime import datetime, timezone
 from typing import Protocol
 
 from ground.errors import UserError
+from ground.paths import db_path
 from idmctl.core.job_state import JobState
 from idmctl.record.fast import JOB_JSON_COLUMNS, connect, db_time, from_db_time, stored_json_value
 from idmctl.record.records import (ChainRecord, ChainStatus, EndClaim, EvalLink, FailureRecord, FixRecord, JobRecord,
@@ -27,7 +28,7 @@ from idmctl.record.records import (ChainRecord, ChainStatus, EndClaim, EvalLink,
 from idmctl.record.moves import (Decision, newest_first, FACTS, ImportedJob, NewJob, Observation, SpecVersionRecord,
                                  TransitionRefused, UnknownRecord, claimant, merged)
 from idmctl.record.stored_json import EVAL_FIELDS, job_options, typed
-from idmctl.record.url import writer
+from idmctl.record.url import shared_url, writer
 
 Value = object
 Condition = tuple[str, str, Value]
@@ -159,9 +160,30 @@ class _Alchemy:
         return int(self.connection.execute(sa.delete(source).where(*self._where(source, where))).rowcount)  # type: ignore[attr-defined]
 
 
+class _Absent:
+    """No store yet: every read finds nothing, and nothing is created by looking (a dry run, a refused
+    submit, a bad ``$IDMCTL_HOME`` leave no store behind)."""
+
+    def select(self, table: str, where: Sequence[Condition], order: Sequence[str] = ()) -> list[dict[str, Value]]:
+        return []
+
+    def insert(self, table: str, values: Mapping[str, Value]) -> int:
+        raise AssertionError("a read transaction writes nothing")
+
+    def update(self, table: str, values: Mapping[str, Value], where: Sequence[Condition]) -> int:
+        raise AssertionError("a read transaction writes nothing")
+
+    def delete(self, table: str, where: Sequence[Condition]) -> int:
+        raise AssertionError("a read transaction writes nothing")
+
+
 @contextmanager
-def _transaction() -> Iterator[_Driver]:
-    """One transaction on the configured store, committed on success and rolled back on any error."""
+def _transaction(read: bool = False) -> Iterator[_Driver]:
+    """One transaction on the configured store, committed on success and rolled back on any error. A
+    ``read`` of a SQLite store that does not exist yet finds nothing instead of creating it."""
+    if read and not shared_url() and not db_path().exists():
+        yield _Absent()
+        return
     with connect() as fast:
         if fast is not None:
             yield _Sqlite3(fast)
@@ -263,12 +285,12 @@ class SqlStore:
 
     # --- reads ------------------------------------------------------------------------------------------------
     def job(self, job_id: int) -> JobRecord | None:
-        with _transaction() as db:
+        with _transaction(read=True) as db:
             found = db.select("job", [("id", "=", job_id)])
         return job_record(found[0]) if found else None
 
     def chain(self, chain_id: int) -> ChainRecord | None:
-        with _transaction() as db:
+        with _transaction(read=True) as db:
             found = db.select("chain", [("id", "=", chain_id)])
         return chain_record(found[0]) if found else None
 
@@ -276,7 +298,7 @@ class SqlStore:
         where: list[Condition] = [("chain_id", "=", chain_id)]
         if before is not None:
             where.append(("attempt", "<", before))
-        with _transaction() as db:
+        with _transaction(read=True) as db:
             return [job_record(row) for row in db.select("job", where, order=("attempt", "id"))]
 
     def unfinished(self, chain_id: int | None = None, user: str | None = None) -> list[JobRecord]:
@@ -285,34 +307,34 @@ class SqlStore:
             where.append(("chain_id", "=", chain_id))
         if user is not None:
             where.append(("user", "=", user))
-        with _transaction() as db:
+        with _transaction(read=True) as db:
             return [job_record(row) for row in db.select("job", where, order=("id",))]
 
     def eval_jobs(self, chain_id: int) -> list[JobRecord]:
-        with _transaction() as db:
+        with _transaction(read=True) as db:
             return [job_record(row) for row in db.select("job", [("eval_of_chain", "=", chain_id)], order=("id",))]
 
     def failures(self, job_ids: Sequence[int]) -> list[FailureRecord]:
         ids = list(job_ids)
         found: list[FailureRecord] = []
-        with _transaction() as db:
+        with _transaction(read=True) as db:
             for start in range(0, len(ids), IN_CHUNK):
                 found += [failure_record(row) for row in
                           db.select("failure", [("job_id", "in", ids[start:start + IN_CHUNK])], order=("id",))]
         return sorted(found, key=lambda f: f.id)
 
     def exclusions(self, reason: str | None = None) -> list[NodeExclusionRecord]:
-        with _transaction() as db:
+        with _transaction(read=True) as db:
             rows = db.select("node_exclusion", [("reason", "=", reason)] if reason is not None else [], order=("id",))
         return [NodeExclusionRecord(node=str(row["node"]), until=_aware(row["until"]) or _now(),
                                     reason=str(row.get("reason") or "")) for row in rows]
 
     def with_scheduler_id(self, scheduler_id: str) -> list[JobRecord]:
-        with _transaction() as db:
+        with _transaction(read=True) as db:
             return [job_record(row) for row in db.select("job", [("scheduler_id", "=", scheduler_id)], order=("id",))]
 
     def to_classify(self) -> list[JobRecord]:
-        with _transaction() as db:
+        with _transaction(read=True) as db:
             rows = {row["id"]: row for row in db.select("job", [("state", "!=", JobState.COMPLETED.value)])}
             rows.update({row["id"]: row for row in db.select("job", [("restarts", ">", 0)])})
             jobs = [job_record(row) for _, row in sorted(rows.items())]  # type: ignore[type-var]
@@ -332,7 +354,7 @@ class SqlStore:
         job_filter: list[Condition] = [("experiment", "=", experiment)] if experiment else []
         if user:
             job_filter.append(("user", "=", user))
-        with _transaction() as db:
+        with _transaction(read=True) as db:
             failures = [failure_record(row) for row in
                         db.select("failure", [("cause", "=", cause)] if cause else [], order=("id",))]
             ids = sorted({failure.job_id for failure in failures})

@@ -271,3 +271,11 @@ def test_pending_classification_the_failure_table_and_a_fix(store: JobStore) -> 
     assert (shown, failure.fix_id, job.state_text) == (fix, fix.id, "FAILED") and fix.note == "use core-own"
     (again,) = store.classified(job_id, [NewFailure("oom_host", "OOM", {"run": 1, "final": True})])
     assert (again.id, again.cause, again.fix_id) == (written.id, "oom_host", fix.id)  # reclassified in place, fix kept
+
+
+def test_reading_a_store_that_is_not_there_finds_nothing_and_creates_nothing(store: JobStore) -> None:
+    from ground.paths import db_path
+
+    assert store.job(1) is None and store.chain(1) is None and store.unfinished() == [] and store.to_classify() == []
+    assert store.failure_table() == ([], 0) and store.exclusions() == [] and store.with_scheduler_id("6054") == []
+    assert not db_path().exists()  # SQLite: a dry run, a refused submit or a bad IDMCTL_HOME leave no store
