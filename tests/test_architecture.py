@@ -379,7 +379,7 @@ ROW_HOLDERS = frozenset({"idmctl/cli/commands/jobs.py"})
 """Modules outside ``idmctl/record/`` that still import its models, its database module or its session
 (2026-12-08: ``cancel``'s RowRefused). Every other module reads typed records and writes named transitions
 through ``idmctl.record.store``. This set only shrinks."""
-ANY_IN_RECORD_SIGNATURES = 22
+ANY_IN_RECORD_SIGNATURES = 14
 """Public functions of ``idmctl/record/`` with ``Any`` in their signature (31 before the store's face): only falls."""
 
 

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
 
 from ground.errors import UserError
 from ground.paths import db_path
@@ -115,7 +114,7 @@ def unusable_store(path: Path, text: str) -> UserError | None:
     return None
 
 
-def rows(connection: sqlite3.Connection, sql: str, params: tuple[Any, ...] = ()) -> list[SimpleNamespace]:
+def rows(connection: sqlite3.Connection, sql: str, params: tuple[object, ...] = ()) -> list[SimpleNamespace]:
     """Rows as attribute objects, like the ORM's (datetimes stay text: callers convert what they read; a
     job's JSON columns are parsed, as the ORM parses them)."""
     found = []
@@ -127,7 +126,7 @@ def rows(connection: sqlite3.Connection, sql: str, params: tuple[Any, ...] = ())
     return found
 
 
-def stored_json_value(text: str | None, job: object, column: str) -> Any:
+def stored_json_value(text: str | None, job: object, column: str) -> object:
     """One JSON column of a job row as sqlite3 hands it back: None for NULL; a hand-edited value that is
     not JSON is one line naming the job and the column."""
     if text is None:
@@ -142,7 +141,7 @@ def stored_json_value(text: str | None, job: object, column: str) -> Any:
                         hint="restore the store from a backup, or delete that job's row") from None
 
 
-def _stored(table: str, values: dict[str, Any]) -> dict[str, Any]:
+def _stored(table: str, values: Mapping[str, object]) -> dict[str, object]:
     """The values as sqlite3 takes them: a job's JSON columns as JSON text (None stays NULL)."""
     if table != "job":
         return values
@@ -150,7 +149,7 @@ def _stored(table: str, values: dict[str, Any]) -> dict[str, Any]:
             for name, value in values.items()}
 
 
-def insert(connection: sqlite3.Connection, table: str, values: dict[str, Any]) -> int:
+def insert(connection: sqlite3.Connection, table: str, values: Mapping[str, object]) -> int:
     if table in WRITER_TABLES:
         user, host = writer()
         values = {"user": user, "host": host, **values}
@@ -161,7 +160,7 @@ def insert(connection: sqlite3.Connection, table: str, values: dict[str, Any]) -
     return int(cursor.lastrowid or 0)
 
 
-def update(connection: sqlite3.Connection, table: str, row_id: int, values: dict[str, Any]) -> None:
+def update(connection: sqlite3.Connection, table: str, row_id: int, values: Mapping[str, object]) -> None:
     values = _stored(table, values)
     assignments = ", ".join(f'"{name}" = ?' for name in values)
     connection.execute(f"UPDATE {table} SET {assignments} WHERE id = ?", (*values.values(), row_id))

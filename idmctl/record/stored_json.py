@@ -11,14 +11,13 @@ the eval link's columns are read back as one dict here (:func:`eval_link`), with
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from ground.errors import UserError
 from idmctl.core.notice import warn
 from idmctl.record.fast import connect, rows
 
 
-def job_options(text: str | None, job: object) -> dict[str, Any]:
+def job_options(text: str | None, job: object) -> dict[str, object]:
     """A job row's ``options_json`` as a dict (``{}`` when empty)."""
     if not text:
         return {}
@@ -39,7 +38,7 @@ LIST_COLUMNS = frozenset({"runs"})
 _warned: set[tuple[object, str]] = set()
 
 
-def typed(value: Any, column: str, job: object) -> Any:
+def typed(value: object, column: str, job: object) -> dict[str, object] | list[dict[str, object]] | None:
     """A job's JSON ``column`` as its readers take it: an object (``runs``: a list of objects), or None.
     A value of another shape (a list or a number where an object belongs: a hand edit, a restore gone
     wrong) is one warning line naming the job and the column, once, and reads as never recorded: the
@@ -51,7 +50,7 @@ def typed(value: Any, column: str, job: object) -> Any:
     else:
         ok = isinstance(value, dict)
     if ok:
-        return value
+        return value  # type: ignore[return-value]  (checked just above: an object, or a list of objects)
     if (job, column) not in _warned:
         _warned.add((job, column))
         wanted = "a list of objects" if column in LIST_COLUMNS else "an object"
@@ -60,7 +59,7 @@ def typed(value: Any, column: str, job: object) -> Any:
     return None
 
 
-def newest_efficiency(experiment: str) -> Any:
+def newest_efficiency(experiment: str) -> dict[str, object] | None:
     """The efficiency report of ``experiment``'s newest job that has one (None when none does, or when
     only the ORM can read the store: the efficiency hint is advice, and submit imports no ORM for it)."""
     with connect() as db:
@@ -68,7 +67,8 @@ def newest_efficiency(experiment: str) -> Any:
             return None
         found = rows(db, "SELECT id, efficiency FROM job WHERE experiment = ? AND efficiency IS NOT NULL "
                          "ORDER BY id DESC LIMIT 1", (experiment,))
-    return typed(found[0].efficiency, "efficiency", found[0].id) if found else None
+    report = typed(found[0].efficiency, "efficiency", found[0].id) if found else None
+    return report if isinstance(report, dict) else None
 
 
 EVAL_FIELDS = ("of_chain", "step", "after", "choice", "replaces", "moved_to")
@@ -78,7 +78,7 @@ it waits on, "choice": the --eval value, "replaces": the eval job id it stands i
 that stands in for it}`` (the last two absent when None); each is the column ``eval_<field>``."""
 
 
-def eval_link(job: Any) -> dict[str, Any] | None:
+def eval_link(job: object) -> dict[str, object] | None:
     """The job's link to the training chain it evaluates (an ORM row or a fast-path row); None for any
     other job."""
     if getattr(job, "eval_of_chain", None) is None:
