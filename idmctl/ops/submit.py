@@ -29,7 +29,7 @@ from idmctl.ops.executors import executor_for
 from idmctl.job.code import JobCode, Tree, freeze, planned, require_present, tree_for
 from idmctl.job.effective import EffectiveJob, active_exclusions, build as build_effective
 from idmctl.core.job_options import JobOptions, JobRequest
-from idmctl.job.render import RenderContext, render_script, with_exclusions
+from idmctl.job.render import RenderContext, check_sbatch_path, render_script, with_exclusions
 from idmctl.ops.verdict import SchedulerRefused, Verdict, require_acceptance, verdict_if_askable
 from idmctl.record.preflights import latest_passing, preflight_run, require_pass, version_for
 from idmctl.record.records import ChainRecord, EvalLink, JobRecord
@@ -90,6 +90,10 @@ def prepare(experiment: str, request: JobRequest, cluster: str | None,
     """The effective job: bad flags and specs fail here, before anything is written (what only the script's
     values can refuse, the one render refuses before anything is sent or kept)."""
     job = build_effective(experiment, request, cluster, version)
+    # The job's log lives in its run directory, named in an #SBATCH line: a root that cannot be is refused
+    # here, before the gate reads (and so creates) a store under it.
+    check_sbatch_path(runs_dir(job.resolved.name, DRY_RUN_CHAIN_ID, job.profile.runs_root), "log path",
+                      "cluster profile runs_root" if job.profile.runs_root else contract.ENV_HOME)
     if job.options.build:
         from idmctl.gate.build import sized  # here: only a --build job is sized from its build smoke
 

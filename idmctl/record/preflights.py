@@ -10,6 +10,7 @@ from ground.errors import CheckFailed
 from ground.code_snapshot import code_version
 from idmctl.core.checks import CheckResult, Status
 from ground.paths import db_path
+from idmctl.record.url import shared_url
 
 if TYPE_CHECKING:
     from idmctl.core.profile import ClusterProfile
@@ -68,6 +69,12 @@ def smoke_flags_of(run: "PreflightRun") -> dict[str, str]:
     return dict(json.loads(run.result_json or "{}").get("smoke_flags") or {})
 
 
+def _no_store_yet() -> bool:
+    """No shared store and no SQLite file: nothing is recorded, and a read must not create the store (a dry
+    run or a refused submit, a bad ``$IDMCTL_HOME``, leaves nothing behind)."""
+    return not shared_url() and not db_path().exists()
+
+
 def latest_run(spec_hash: str, code_version: str, profile_hash: str,
                with_smoke: bool | None = None, smoke_flags: dict[str, str] | None = None) -> "PreflightRun | None":
     """The newest preflight of exactly this key (optionally only full / only static ones).
@@ -87,6 +94,8 @@ def latest_run(spec_hash: str, code_version: str, profile_hash: str,
             for run in runs:
                 run.with_smoke, run.passed = bool(run.with_smoke), bool(run.passed)
             return next((run for run in runs if smoke_flags_of(run) == wanted), None)  # type: ignore[return-value]
+    if _no_store_yet():
+        return None
     from sqlmodel import col, select
 
     from idmctl.record import session  # start-up: record's session loads SQLAlchemy on first use
@@ -143,12 +152,14 @@ def _why_no_match(resolved: "ResolvedSpec", profile_name: str, profile_hash: str
     from idmctl.record import session  # start-up: record's session loads SQLAlchemy on first use
     from idmctl.record.models import PreflightRun  # start-up: pulls sqlalchemy and pydantic
 
-    with session() as db:
-        newest = db.exec(select(PreflightRun).where(PreflightRun.experiment == resolved.name)
-                         .order_by(col(PreflightRun.id).desc())).first()
-        same_profile = db.exec(select(PreflightRun).where(PreflightRun.experiment == resolved.name,
-                                                          PreflightRun.profile_hash == profile_hash)
-                               .order_by(col(PreflightRun.id).desc())).first()
+    newest = same_profile = None
+    if not _no_store_yet():
+        with session() as db:
+            newest = db.exec(select(PreflightRun).where(PreflightRun.experiment == resolved.name)
+                             .order_by(col(PreflightRun.id).desc())).first()
+            same_profile = db.exec(select(PreflightRun).where(PreflightRun.experiment == resolved.name,
+                                                              PreflightRun.profile_hash == profile_hash)
+                                   .order_by(col(PreflightRun.id).desc())).first()
     run_it = f"run `idmctl preflight {resolved.name} --cluster {profile_name}{flags_text(smoke_flags)}`"
     if newest is not None and same_profile is not None and same_profile.spec_hash == resolved.hash \
             and same_profile.code_version == version and smoke_flags_of(same_profile) != smoke_flags:

@@ -11,6 +11,10 @@
 # 1), IDMCTL_SLURM_DBD=0 (no accounting: no QoS, no sacct), IDMCTL_SLURM_CGROUP=no. A second cluster on
 # the same host (scripts/test.sh starts one per pytest worker) takes its own root and port, and job ids
 # of its own: both clusters' nodes are named n1/n2, and slurmd's cgroups are per node name and job id.
+set -euo pipefail
+
+HERE="$(cd "$(dirname "$0")" && pwd)"
+source "$HERE/../daemon_fds.sh"
 # The cluster's own settings that idmctl judges (`idmctl doctor`'s "cluster settings" row, the qos check),
 # so that a test can bring a cluster up with each one off and on (tests/idmctl/ops/test_cluster_settings_live.py);
 # the defaults are the settings the suite's shared clusters have always had:
@@ -23,10 +27,6 @@
 #   IDMCTL_SLURM_JOB_CONTAINER=none (default) or tmpfs: job_container/tmpfs, each job a private /tmp and
 #     /dev/shm under /var/tmp/<root's name>-job_container (job_container.conf beside slurm.conf); needs root and mount
 #     namespaces. A change of it takes a restart of slurmctld and the slurmds (down.sh, then up.sh).
-set -euo pipefail
-
-HERE="$(cd "$(dirname "$0")" && pwd)"
-source "$HERE/../daemon_fds.sh"
 ROOT="${IDMCTL_SLURM_ROOT:-/tmp/idmctl-slurm}"
 PORT="${IDMCTL_SLURM_PORT:-17010}"
 WITH_DBD="${IDMCTL_SLURM_DBD:-1}"

@@ -80,10 +80,16 @@ def test_every_spec_field_that_reaches_the_script(cli, idmctl_home: Path, tmp_pa
     base = SPEC_FIELDS[field]
     clean = cli("submit", str(_spec(tmp_path, section, key, base)), "--dry-run")
     assert clean.exit_code == 0, clean.output
+    # A stage.dest that starts with a variable is the node's to expand: its script has the block that says so
+    # (the variable unset on the node is one line), the same block for any variable.
+    node_named = cli("submit", str(_spec(tmp_path, section, key, "${SLURM_TMPDIR}/stage")), "--dry-run") \
+        if field == ("stage", "dest") else clean
+    assert node_named.exit_code == 0, node_named.output
     for payload in PAYLOADS:
         for value in ([base[0] + payload] if isinstance(base, list) else [base + payload, payload + base]):
             result = cli("submit", str(_spec(tmp_path, section, key, value)), "--dry-run")
-            _refused_or_same(result, clean.stdout, f"{section}.{key} {value!r}")
+            reference = node_named if isinstance(value, str) and value.startswith("${") else clean
+            _refused_or_same(result, reference.stdout, f"{section}.{key} {value!r}")
 
 
 @pytest.mark.parametrize("payload", ["\n", ";id", "$(id)", "`id`", "'"])

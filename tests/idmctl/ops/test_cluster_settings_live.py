@@ -1,9 +1,12 @@
 """The cluster's own settings judged on a cluster of this module's own, brought up with them off, then on.
 
 scripts/slurm/up.sh's knobs pick the settings: ``off`` has no preempt_send_user_signal and no job container,
-``on`` has SlurmctldParameters=preempt_send_user_signal, job_container/tmpfs and a MinJobAge of 30 s; both give
-QoS ``sub`` a GraceTime of 60 s. For each: `idmctl doctor`'s "cluster settings" row, the qos check on the
-preemptible tier ``sub``, and what a real idmctl job on ``sub`` goes through when ``core-own`` preempts it.
+``on`` has SlurmctldParameters=preempt_send_user_signal and a MinJobAge of 30 s; both give QoS ``sub`` a
+GraceTime of 60 s. For each: `idmctl doctor`'s "cluster settings" row, the qos check on the preemptible tier
+``sub``, and what a real idmctl job on ``sub`` goes through when ``core-own`` preempts it. A third state,
+``private_tmp``, is ``on`` with job_container/tmpfs, for doctor's row only: it runs no job, because each job's
+/tmp is private there, and a checkout under /tmp (as a CI clone may be) would be hidden from the job (the
+batch script: "…/.venv/bin/python: No such file or directory").
 
 The cluster is this module's alone (its own root under /var/tmp, ports 17200-17209, MariaDB 3497, job ids from 20001; the
 suite's shared clusters use 17010 + 20·K and 1 + 3000·K), stopped with scripts/slurm/down.sh after each
@@ -40,8 +43,12 @@ CLUSTER_ENV = {"IDMCTL_SLURM_ROOT": str(ROOT), "IDMCTL_SLURM_PORT": "17200", "ID
                "IDMCTL_SLURM_SUB_GRACE": "60"}
 STATES = {
     "off": {"IDMCTL_SLURM_PREEMPT_SIGNAL": "0", "IDMCTL_SLURM_JOB_CONTAINER": "none", "IDMCTL_SLURM_MIN_JOB_AGE": "300"},
-    "on": {"IDMCTL_SLURM_PREEMPT_SIGNAL": "1", "IDMCTL_SLURM_JOB_CONTAINER": "tmpfs", "IDMCTL_SLURM_MIN_JOB_AGE": "30"},
+    "on": {"IDMCTL_SLURM_PREEMPT_SIGNAL": "1", "IDMCTL_SLURM_JOB_CONTAINER": "none", "IDMCTL_SLURM_MIN_JOB_AGE": "30"},
+    "private_tmp": {"IDMCTL_SLURM_PREEMPT_SIGNAL": "1", "IDMCTL_SLURM_JOB_CONTAINER": "tmpfs",
+                    "IDMCTL_SLURM_MIN_JOB_AGE": "30"},
 }
+OFF_AND_ON = pytest.mark.parametrize("cluster_state", ["off", "on"], indirect=True)
+"""The tests that run jobs or judge preemption: the two states whose jobs see the checkout."""
 UP_S = 180  # up.sh's own waits: 30 s for each daemon and for the nodes
 
 
@@ -73,7 +80,7 @@ def own_root() -> Iterator[Path]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-@pytest.fixture(scope="module", params=list(STATES))
+@pytest.fixture(scope="module")
 def cluster_state(request: pytest.FixtureRequest, own_root: Path) -> Iterator[str]:
     """The cluster up with one state's settings; its jobs cancelled and its daemons stopped afterwards
     (job_container/tmpfs comes and goes only with a restart)."""
@@ -96,7 +103,7 @@ def state(cluster_state: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     monkeypatch.setenv("SLURM_CONF", str(CONF))
     monkeypatch.setenv(ENV_CLUSTER, "local-slurm")
     cluster_texts.cache_clear()
-    wanted = "preempt_send_user_signal" if cluster_state == "on" else "(null)"
+    wanted = "(null)" if cluster_state == "off" else "preempt_send_user_signal"
     wait_until(lambda: f"SlurmctldParameters     = {wanted}" in sh("scontrol", "show", "config", check=False), 30,
                f"slurmctld of {ROOT} to report SlurmctldParameters = {wanted}")
     yield cluster_state
@@ -109,6 +116,7 @@ def _doctor_row(cli) -> dict:
     return rows["cluster settings"]
 
 
+@pytest.mark.parametrize("cluster_state", list(STATES), indirect=True)
 def test_doctor_says_whether_a_preempted_job_hears_its_usr1(cli, state: str) -> None:
     row = _doctor_row(cli)
     detail = row["detail"]
@@ -124,7 +132,10 @@ def test_doctor_says_whether_a_preempted_job_hears_its_usr1(cli, state: str) -> 
         assert row["status"] == "OK", row
         assert "preemption notice SlurmctldParameters=preempt_send_user_signal: the job's USR1 arrives" in detail
         assert "MinJobAge 30.0 s" in detail
-        assert "JobContainerType job_container/tmpfs: each job has a private /tmp and /dev/shm" in detail
+        if state == "on":
+            assert "JobContainerType job_container/none: /tmp and /dev/shm are the node's" in detail
+        else:
+            assert "JobContainerType job_container/tmpfs: each job has a private /tmp and /dev/shm" in detail
 
 
 def _notice(**limits: float) -> tuple:
@@ -141,6 +152,7 @@ def _notice(**limits: float) -> tuple:
     return status, text, fix, numbers
 
 
+@OFF_AND_ON
 def test_the_qos_check_fails_a_long_job_that_would_hear_only_term(state: str) -> None:
     from idmctl.core.checks import Status
 
@@ -162,6 +174,7 @@ def test_the_qos_check_fails_a_long_job_that_would_hear_only_term(state: str) ->
                                            "GraceTime 60 s (qos sub))")
 
 
+@OFF_AND_ON
 def test_the_gate_fails_the_quickstart_on_sub_only_where_preemption_sends_term(state: str) -> None:
     """The whole qos check, as preflight runs it, on the quickstart spec moved to ``sub``: its 30 min time
     limit is longer than the tier's 60 s preempt cycle, and nothing else in the check objects."""
@@ -185,6 +198,7 @@ def test_the_gate_fails_the_quickstart_on_sub_only_where_preemption_sends_term(s
         assert "a preemption sends its USR1 and leaves 60.0 s to save" in result.summary
 
 
+@OFF_AND_ON
 def test_a_job_within_one_cycle_keeps_a_warn_and_a_grace_shorter_than_the_save_warns_either_way(state: str) -> None:
     from idmctl.core.checks import Status
 
@@ -208,6 +222,7 @@ def _sacct_run(job_id: str) -> tuple[str, str]:
     return (rows[-1][0], rows[-1][1]) if rows else ("", "")
 
 
+@OFF_AND_ON
 def test_a_preempted_job_hears_its_usr1_and_requeues_or_hears_term_and_ends_failed_75(cli, state: str,
                                                                                      monkeypatch) -> None:
     """A real idmctl job (the job script and its entry contract; tests.jobs_entry as the trainer) on ``sub``,
