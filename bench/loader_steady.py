@@ -171,8 +171,8 @@ def run(fast: bool) -> list[Figure] | str:
             disk.append(read)
             cpu_per_gb.append(cpu / (useful / 1e9))
             user_per_gb.append(user / (useful / 1e9))
-            # Again with every range now in the page cache: the CPU of a hit (what the smoke, reading a cache
-            # its steps warmed, mostly measures), against the miss above.
+            # Again with every range now in the page cache: the CPU of a hit, against the miss above (the
+            # smoke drops the cache before it measures, so its figure is the miss's: an upper bound).
             _, read, cpu, _, _ = _loader_pass(dataset, order, all_files, cold=False)
             hit_cpu.append(cpu / (useful / 1e9))
             hit_disk.append(read)
@@ -206,8 +206,8 @@ def run(fast: bool) -> list[Figure] | str:
                hit_cpu, "numpy.copyto of the same bytes, same run", copy_per_gb,
                note=(f"the pass right after a cold one, nothing evicted ({statistics.median(hit_disk):,.0f} B from "
                      "disk): the copy out of the page cache alone. A job's page-cache path costs hits × this + "
-                     "misses × the cold row (card A: 67 % hits); the smoke measures the loader on a cache its "
-                     f"steps warmed, so mostly this; {load}")),
+                     "misses × the cold row (card A: 67 % hits); the smoke measures the cold row's path (an upper "
+                     f"bound for the hits); {load}")),
         Figure(f"{SPEC} batch loader, O_DIRECT (direct=True): useful throughput", "MB/s", direct_rates,
                f"fio io_uring O_DIRECT depth {depth}, the same ranges in the same order", fio_rates,
                higher_is_better=True, target="≥ 0.85× fio on the same ranges",
