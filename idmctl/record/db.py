@@ -22,9 +22,10 @@ from sqlalchemy.orm.exc import StaleDataError
 from sqlmodel import Session, create_engine
 
 from ground.contract import ENV_HOME
-from ground.errors import CheckFailed, UserError
+from ground.errors import UserError
 from ground.paths import db_path
 from idmctl.record.migrate import known_revisions, seed_new_store, upgrade
+from idmctl.record.moves import RowRefused
 from idmctl.record.url import shared_url
 
 from idmctl.record.head import HEAD_REVISION  # noqa: E402  (re-exported: store_db.HEAD_REVISION)
@@ -155,11 +156,6 @@ def open_store(path: Path | None = None) -> Engine:
         if url:
             return _shared_engine(url)
     return _engine_for(str(path or db_path()))
-
-
-class RowRefused(CheckFailed):
-    """A write the store matched to no row: in a team's store with one role per member, row-level security
-    keeps a colleague's job and chain rows theirs (runbook: One role per member); else the row went meanwhile."""
 
 
 @contextmanager

@@ -8,15 +8,19 @@ from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, TypeAlias
 
-from ground.errors import CheckFailed, UserError
 from idmctl.core.job_state import JobState, is_terminal
 from idmctl.record.fast import connect, from_db_time, rows
-from idmctl.record.records import ChainStatus
 
 if TYPE_CHECKING:
-    from idmctl.record.models import Job
+    from idmctl.record.models import Chain, Job
+
+JobRow: TypeAlias = "Job | SimpleNamespace"
+"""A job's row as a listing reads it: the ORM's, or plain sqlite3's attribute row with the same column names."""
+ChainRow: TypeAlias = "Chain | SimpleNamespace"
+"""A chain's row, likewise."""
 
 JOB_COLUMNS = ("id", "chain_id", "attempt", "experiment", "executor", "scheduler_id", "state", "reason", "exit_code",
                "restarts", "qos", "node_list", "submitted_at", "started_at", "ended_at", "forced_reason",
@@ -27,7 +31,7 @@ CHAIN_COLUMNS = ("id", "mlflow_run_id", "retries_budget", "retries_used")
 _DATES = ("submitted_at", "started_at", "ended_at")
 
 
-def read_jobs_fast(db: Path, limit: int, user: str | None = None) -> tuple[list[Any], dict[int, Any]] | None:
+def read_jobs_fast(db: Path, limit: int, user: str | None = None) -> tuple[list[SimpleNamespace], dict[int, SimpleNamespace]] | None:
     """The newest ``limit`` jobs (of ``user`` only, when given) and their chains, as attribute rows like
     the ORM's, read with sqlite3; None where only the ORM can read the store."""
     try:
@@ -49,7 +53,7 @@ def read_jobs_fast(db: Path, limit: int, user: str | None = None) -> tuple[list[
     return jobs, {chain.id: chain for chain in chains}
 
 
-def newest_jobs(db: Path, limit: int, user: str | None = None) -> tuple[list[Any], dict[int, Any]]:
+def newest_jobs(db: Path, limit: int, user: str | None = None) -> tuple[list[JobRow], dict[int, ChainRow]]:
     """The newest ``limit`` jobs (of ``user`` only, when given), newest first, and their chains by id."""
     fast = read_jobs_fast(db, limit, user)
     if fast is not None:
@@ -67,7 +71,7 @@ def newest_jobs(db: Path, limit: int, user: str | None = None) -> tuple[list[Any
     return list(jobs), chains
 
 
-def job_by_id(job_id: int) -> Any:
+def job_by_id(job_id: int) -> JobRow | None:
     """The job row with this store id, or None. Read with sqlite3 when the store is at head (its datetimes
     then stay text, as ``jobs show`` prints them), else through the ORM (no store yet, or one to migrate)."""
     with connect() as fast:
@@ -81,7 +85,7 @@ def job_by_id(job_id: int) -> Any:
         return orm.get(Job, job_id)
 
 
-def running_jobs() -> tuple[list[Any], dict[int, Any]]:
+def running_jobs() -> tuple[list["Job"], dict[int, "Chain"]]:
     """The jobs recorded RUNNING and their chains by id."""
     from sqlmodel import select  # start-up: SQLAlchemy; only `watch` asks, after a sync loaded it anyway
 
@@ -94,7 +98,7 @@ def running_jobs() -> tuple[list[Any], dict[int, Any]]:
     return list(running), chains
 
 
-def submitted_with_gpus(gpus: int) -> list[Any]:
+def submitted_with_gpus(gpus: int) -> list[JobRow]:
     """Every submitted job with this GPU count (all QoS tiers), datetimes UTC-aware: the queue history."""
     with connect() as fast:
         if fast is not None:  # plain sqlite3: submit re-runs the queue check without importing the ORM
@@ -134,25 +138,6 @@ def unfinished_job_rows() -> list[str]:
     return found
 
 
-def stop_chain_of(job_id: int) -> "Job":
-    """Mark the chain of a submitted, unfinished job CANCELLED (so it is not retried) and return the job;
-    UserError for an unknown or never-submitted job, CheckFailed for one already ended."""
-    from idmctl.record.db import session  # start-up: SQLAlchemy; only `cancel` asks
-    from idmctl.record.models import Chain, Job  # start-up: SQLAlchemy, as above
-
-    with session() as orm:
-        row = orm.get(Job, job_id)
-        if row is None or row.scheduler_id is None:
-            raise UserError(f"no submitted job {job_id}", field="JOB", hint="see `idmctl jobs`")
-        if is_terminal(row.state):
-            raise CheckFailed(f"job {job_id} already ended {row.state}")
-        chain = orm.get(Chain, row.chain_id) if row.chain_id else None
-        if chain is not None:
-            chain.status = ChainStatus.CANCELLED.value
-            orm.add(chain)
-    return row
-
-
 def unfinished_jobs(chain_id: int | None = None, user: str | None = None) -> list["Job"]:
     """Every submitted job not in a final state (of chain ``chain_id`` only, when given; submitted by
     ``user`` only, when given): what sync asks the scheduler about."""
@@ -168,29 +153,3 @@ def unfinished_jobs(chain_id: int | None = None, user: str | None = None) -> lis
         if user is not None:
             query = query.where(Job.user == user)
         return [job for job in orm.exec(query).all() if not is_terminal(job.state)]
-
-
-def update_chain(chain_id: int, values: dict[str, Any]) -> None:
-    """Set these columns of the chain (nothing for an unknown chain)."""
-    from idmctl.record.db import session  # start-up: SQLAlchemy; only `submit --resume` asks
-    from idmctl.record.models import Chain  # start-up: SQLAlchemy, as above
-
-    with session() as orm:
-        chain = orm.get(Chain, chain_id)
-        if chain is not None:
-            for key, value in values.items():
-                setattr(chain, key, value)
-            orm.add(chain)
-
-
-def chain_and_attempts(chain_id: int) -> tuple[Any, list[Any]]:
-    """The chain (None when unknown) and its job rows, oldest attempt first."""
-    from sqlmodel import select  # start-up: SQLAlchemy; only `submit --resume` asks
-
-    from idmctl.record.db import session  # start-up: SQLAlchemy, as above
-    from idmctl.record.models import Chain, Job  # start-up: SQLAlchemy, as above
-
-    with session() as orm:
-        chain = orm.get(Chain, chain_id)
-        attempts = list(orm.exec(select(Job).where(Job.chain_id == chain_id).order_by(Job.attempt)).all()) if chain else []
-    return chain, attempts

@@ -209,16 +209,22 @@ class MemoryStore:
         with self._lock:
             self._exclusions.extend(exclusions)
 
-    def cancelled(self, job_id: int) -> JobRecord:
+    def cancelling(self, job_id: int) -> tuple[JobRecord, ChainRecord | None]:
         with self._lock:
-            job = self._running(job_id, "cancelled")
+            job = self._running(job_id, "cancelling")
             if job.scheduler_id is None:
                 raise TransitionRefused(f"job {job_id} was never submitted")
-            if job.chain_id is not None:
-                chain = self._chains.get(job.chain_id)
-                if chain is not None and not chain.status.is_terminal():
-                    self._chains[chain.id] = replace(chain, status=ChainStatus.CANCELLED)
-            return job
+            chain = self._chains.get(job.chain_id) if job.chain_id is not None else None
+            if chain is not None and chain.status is ChainStatus.ACTIVE:
+                self._chains[chain.id] = replace(chain, status=ChainStatus.CANCELLED)
+            return job, chain
+
+    def cancel_refused(self, chain_id: int, previous: ChainStatus) -> ChainRecord | None:
+        with self._lock:
+            chain = self._chains.get(chain_id)
+            if chain is not None and chain.status is ChainStatus.CANCELLED:
+                self._chains[chain_id] = replace(chain, status=previous)
+            return self._chains.get(chain_id)
 
     def note(self, job_id: int, key: str, value: object) -> JobRecord:
         if key not in FACTS:

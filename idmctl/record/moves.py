@@ -35,6 +35,11 @@ class TransitionRefused(CheckFailed):
     """A transition its starting state forbids (a terminal job or chain is never left); nothing was written."""
 
 
+class RowRefused(TransitionRefused):
+    """A write the store matched to no row: in a team's store with one role per member, row-level security
+    keeps a colleague's job and chain rows theirs (runbook: One role per member); else the row went meanwhile."""
+
+
 class UnknownRecord(CheckFailed):
     """A transition named a job or chain the store does not hold; nothing was written."""
 

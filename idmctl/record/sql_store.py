@@ -25,8 +25,8 @@ from idmctl.record.fast import JOB_JSON_COLUMNS, connect, db_time, from_db_time,
 from idmctl.record.records import (ChainRecord, ChainStatus, EndClaim, EvalLink, FailureRecord, FixRecord, JobRecord,
                                    NewFailure,
                                    NodeExclusionRecord)
-from idmctl.record.moves import (Decision, newest_first, FACTS, ImportedJob, NewJob, Observation, SpecVersionRecord,
-                                 TransitionRefused, UnknownRecord, claimant, merged)
+from idmctl.record.moves import (Decision, newest_first, FACTS, ImportedJob, NewJob, Observation, RowRefused,
+                                 SpecVersionRecord, TransitionRefused, UnknownRecord, claimant, merged)
 from idmctl.record.stored_json import EVAL_FIELDS, job_options, typed
 from idmctl.record.url import shared_url, writer
 
@@ -503,17 +503,30 @@ class SqlStore:
         with _transaction() as db:
             self._exclude(db, exclusions)
 
-    def cancelled(self, job_id: int) -> JobRecord:
+    def cancelling(self, job_id: int) -> tuple[JobRecord, ChainRecord | None]:
         with _transaction() as db:
             job = self._row(db, job_id)
             if job.scheduler_id is None:
                 raise TransitionRefused(f"job {job_id} was never submitted")
             if job.is_terminal:
-                raise TransitionRefused(f"job {job_id} already ended {job.state_text}: `cancelled` never leaves a terminal state")
-            if job.chain_id is not None:
-                db.update("chain", {"status": ChainStatus.CANCELLED.value},
-                          [("id", "=", job.chain_id), ("status", "=", ChainStatus.ACTIVE.value)])
-            return job
+                raise TransitionRefused(f"job {job_id} already ended {job.state_text}: `cancelling` never leaves a terminal state")
+            found = db.select("chain", [("id", "=", job.chain_id)]) if job.chain_id is not None else []
+            chain = chain_record(found[0]) if found else None
+            if chain is not None and chain.status is ChainStatus.ACTIVE and db.update(
+                    "chain", {"status": ChainStatus.CANCELLED.value},
+                    [("id", "=", chain.id), ("status", "=", ChainStatus.ACTIVE.value)]) != 1:
+                # read ACTIVE in this transaction, yet the UPDATE matched nothing: the team store's row-level
+                # security hides a colleague's chain from this member's writes
+                raise RowRefused(f"error: the store changed nothing (chain {chain.id} of job {job_id}); in a team's store "
+                                 "a member changes only their own jobs and chains (row-level security)")
+            return job, chain
+
+    def cancel_refused(self, chain_id: int, previous: ChainStatus) -> ChainRecord | None:
+        with _transaction() as db:
+            db.update("chain", {"status": previous.value},
+                      [("id", "=", chain_id), ("status", "=", ChainStatus.CANCELLED.value)])
+            found = db.select("chain", [("id", "=", chain_id)])
+            return chain_record(found[0]) if found else None
 
     def note(self, job_id: int, key: str, value: object) -> JobRecord:
         if key not in FACTS:

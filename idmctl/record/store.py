@@ -28,8 +28,9 @@ from typing import Protocol
 
 # The face's vocabulary, re-exported: callers import the store's words from here.
 from idmctl.record.moves import (COMMITTED_STEP, CONTROLLER, FACTS, Decision, ImportedJob, NewJob,  # noqa: F401
-                                 Observation, SpecVersionRecord, TransitionRefused, UnknownRecord, claimant, merged)
-from idmctl.record.records import (ChainRecord, EvalLink, FailureRecord, FixRecord, JobRecord, NewFailure,
+                                 Observation, RowRefused, SpecVersionRecord, TransitionRefused, UnknownRecord,
+                                 claimant, merged)
+from idmctl.record.records import (ChainRecord, ChainStatus, EvalLink, FailureRecord, FixRecord, JobRecord, NewFailure,
                                    NodeExclusionRecord)
 
 
@@ -124,9 +125,16 @@ class JobStore(Protocol):
     def exclude_nodes(self, exclusions: Sequence[NodeExclusionRecord]) -> None:
         """Leave these nodes out of later submissions (a requeued job's failed node, while it runs on)."""
 
-    def cancelled(self, job_id: int) -> JobRecord:
-        """A person stops a submitted, unfinished job's chain (CANCELLED, never retried); refused for an
-        unsubmitted or ended job."""
+    def cancelling(self, job_id: int) -> tuple[JobRecord, ChainRecord | None]:
+        """A person cancels a submitted, unfinished job: its chain ACTIVE → CANCELLED first, so no sync between
+        this mark and the scheduler's cancel retries it. Returns the job and its chain as it was before (None
+        when it has none). Refused for an unsubmitted or ended job; :class:`RowRefused` where the team store's
+        row-level security keeps the chain its owner's (nothing written)."""
+
+    def cancel_refused(self, chain_id: int, previous: ChainStatus) -> ChainRecord | None:
+        """The scheduler refused the cancel :meth:`cancelling` announced: the chain goes back from CANCELLED
+        to ``previous`` (the one move out of a terminal status: undoing a mark no scheduler acted on). A chain
+        no longer CANCELLED is left as it is. Returns the chain (None when unknown)."""
 
     def note(self, job_id: int, key: str, value: object) -> JobRecord:
         """Record a fact (:data:`FACTS`) on the job; a dict merges into what is there."""

@@ -368,29 +368,31 @@ def watch(
 def cancel(job: Annotated[int, typer.Argument(**options.JOB_ID, help="idmctl job id (see `idmctl jobs`).")]) -> None:
     """Cancel a job and stop its chain from retrying."""
     from idmctl.ops.executors import executor_for
-    from idmctl.record.db import RowRefused  # start-up: SQLAlchemy; only cancel writes through it here
-    from idmctl.record.jobs import chain_and_attempts, job_by_id, stop_chain_of, update_chain
+    from idmctl.record.store import RowRefused, store  # start-up: only cancel writes; its driver loads when used
 
-    found = job_by_id(job)
-    chain_id = found.chain_id if found is not None else None
-    before = chain_and_attempts(chain_id)[0].status if chain_id is not None else None
-    owner = (found.user if found is not None else None) or "another user"
+    jobs_store = store()
+    found = jobs_store.job(job)
+    if found is None or found.scheduler_id is None:
+        raise UserError(f"no submitted job {job}", field="JOB", hint="see `idmctl jobs`")
+    if found.is_terminal:
+        raise CheckFailed(f"job {job} already ended {found.state_text}")
+    owner, scheduler_id = found.user or "another user", found.scheduler_id
     try:
-        row = stop_chain_of(job)  # first: a sync between scancel and this mark would retry the chain
+        row, chain = jobs_store.cancelling(job)  # first: a sync between scancel and this mark would retry the chain
     except RowRefused:  # the team store's policies: a colleague's chain is theirs to change
         raise CheckFailed(f"error: cannot cancel job {job}: it is {owner}'s, and the team's store lets only its owner "
                           f"change its chain (row-level security); nothing cancelled or recorded") from None
     try:
-        executor_for(row.executor).cancel(row.scheduler_id)
+        executor_for(row.executor).cancel(scheduler_id)
     except CheckFailed as exc:  # Slurm refused: the chain goes back to what it was, nothing recorded
-        if chain_id is not None and before is not None:
-            update_chain(chain_id, {"status": before})
+        if chain is not None:
+            jobs_store.cancel_refused(chain.id, chain.status)
         if "Access/permission denied" not in str(exc):
             raise
-        raise CheckFailed(f"error: cannot cancel job {job} (Slurm job {row.scheduler_id}): it is {owner}'s, and Slurm "
+        raise CheckFailed(f"error: cannot cancel job {job} (Slurm job {scheduler_id}): it is {owner}'s, and Slurm "
                           f"lets only its owner or an operator cancel it (scancel: Access/permission denied); "
                           f"nothing recorded") from None
-    console.print(f"cancelled job {job} ({row.executor} {row.scheduler_id})", markup=False)
+    console.print(f"cancelled job {job} ({row.executor} {scheduler_id})", markup=False)
 
 
 def register(app: typer.Typer, names: "Collection[str] | None" = None) -> None:

@@ -190,14 +190,29 @@ def test_decided_closes_spends_and_excludes_and_a_closed_chain_stays_closed(stor
         store.decided(999, Decision(close=ChainStatus.COMPLETED))
 
 
-def test_cancelled_stops_the_chain_of_a_running_job_only(store: JobStore) -> None:
+def test_cancelling_stops_the_chain_of_a_running_job_and_a_refused_cancel_puts_it_back(store: JobStore) -> None:
     chain_id, job_id = _running(store)
-    store.cancelled(job_id)
+    job, before = store.cancelling(job_id)
+    assert job.id == job_id and before is not None and before.status is ChainStatus.ACTIVE
     assert store.chain(chain_id).status is ChainStatus.CANCELLED  # type: ignore[union-attr]
+    assert store.cancel_refused(chain_id, before.status).status is ChainStatus.ACTIVE  # type: ignore[union-attr]
+    assert store.job(job_id).state is JobState.RUNNING  # type: ignore[union-attr]  # the job itself never moved
+    # a chain that is over stays as it is: cancelling marks only an ACTIVE chain, and the undo leaves a
+    # chain no longer CANCELLED alone
+    store.decided(chain_id, Decision(close=ChainStatus.FAILED))
+    assert store.cancelling(job_id)[1].status is ChainStatus.FAILED  # type: ignore[union-attr]
+    assert store.chain(chain_id).status is ChainStatus.FAILED  # type: ignore[union-attr]
+    assert store.cancel_refused(chain_id, ChainStatus.ACTIVE).status is ChainStatus.FAILED  # type: ignore[union-attr]
+    assert store.cancel_refused(999, ChainStatus.ACTIVE) is None
     other = store.open_chain("exp", "h1", 0)
     unsent = store.submitting(_job(store, other.id))
     with pytest.raises(TransitionRefused, match="never submitted"):
-        store.cancelled(unsent.id)
+        store.cancelling(unsent.id)
+    with pytest.raises(UnknownRecord):
+        store.cancelling(999)
+    store.ended(job_id, _seen(JobState.CANCELLED, ended_at=T0 + timedelta(hours=1)))
+    with pytest.raises(TransitionRefused, match="already ended CANCELLED"):
+        store.cancelling(job_id)
 
 
 def test_facts_merge_the_run_is_kept_once_and_a_notice_is_claimed_once(store: JobStore) -> None:
