@@ -375,14 +375,6 @@ def test_only_the_record_floor_speaks_sql() -> None:
         f"{path}:{entry}" for path, spoken in speaking.items() for entry in spoken)
 
 
-ROW_HOLDERS = frozenset({"idmctl/cli/commands/jobs.py"})
-"""Modules outside ``idmctl/record/`` that still import its models, its database module or its session
-(2026-12-08: ``cancel``'s RowRefused). Every other module reads typed records and writes named transitions
-through ``idmctl.record.store``. This set only shrinks."""
-ANY_IN_RECORD_SIGNATURES = 14
-"""Public functions of ``idmctl/record/`` with ``Any`` in their signature (31 before the store's face): only falls."""
-
-
 def _store_figures() -> Any:
     spec = importlib.util.spec_from_file_location("store_figures", REPO / "scripts" / "dev" / "store_figures.py")
     assert spec is not None and spec.loader is not None
@@ -416,14 +408,14 @@ def test_outside_the_record_floor_no_new_module_holds_orm_rows_or_sessions() -> 
                if not path.is_relative_to(SQL_HOME) and any(name.startswith((
                    "idmctl.record.models", "idmctl.record.db", "idmctl.record.session"))
                    for _, name in imported_modules(path))}
-    assert holding <= ROW_HOLDERS, ("read records and write transitions through idmctl.record.store "
-                                    f"(JobStore), not ORM rows or sessions: {sorted(holding - ROW_HOLDERS)}")
+    assert not holding, ("read records and write transitions through idmctl.record.store "
+                         f"(JobStore), not ORM rows or sessions: {sorted(holding)}")
 
 
 def test_record_signatures_gain_no_any_and_the_records_load_no_sql_library() -> None:
     figures = _store_figures().figures(REPO)
     typed_any = figures["public record functions with Any in their signature"]
-    assert len(typed_any) <= ANY_IN_RECORD_SIGNATURES, f"type these with records (idmctl.record.records): {typed_any}"
+    assert not typed_any, f"type these with records (idmctl.record.records) or precise types, not Any: {typed_any}"
     for face in ("records.py", "store.py", "moves.py"):  # the CLI imports them: no SQL library behind them
         assert not sql_spoken(SQL_HOME / face) and not any(
             name.split(".")[0] in SQL_LIBRARIES for _, name in imported_modules(SQL_HOME / face)), face

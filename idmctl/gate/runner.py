@@ -95,7 +95,7 @@ def _inspections(resolved: ResolvedSpec, tree_digest: str, code_version: str | N
     data = resolved.spec.data
     key = memo.cache_key(resolved, code_version, tree_digest, expand_path(data.episodes)) if code_version else None
     stored = memo.load("cache", key)
-    if stored is not None:
+    if isinstance(stored, list):  # what `memo.store` wrote below; anything else is inspected anew
         return [CacheInspection(**found) for found in stored]
     if memo_only:
         return None
@@ -112,7 +112,7 @@ NOT_RERUN = ("not re-run: nothing remembered for this code version, and without 
 def _remembered_introspection(resolved: ResolvedSpec, code_version: str | None) -> CheckResult | None:
     key = memo.introspection_key(resolved, code_version) if code_version else None
     stored = memo.load("introspection", key)
-    if stored is None:
+    if not isinstance(stored, dict):  # nothing remembered (or not what was written): run it
         return None
     return CheckResult(stored["name"], Status(stored["status"]), stored["summary"], stored["numbers"], stored["fix"])
 

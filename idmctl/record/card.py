@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from sqlmodel import col, select
 
 from idmctl.record.db import session
@@ -19,7 +17,7 @@ def jobs_of(experiments: list[str]) -> list[JobRecord]:
     return sorted(jobs, key=lambda j: (j.submitted_at is None, j.submitted_at, j.id))
 
 
-def newest_preflight(experiment: str) -> tuple[Any, list[Any]] | None:
+def newest_preflight(experiment: str) -> tuple[PreflightRun, list[PreflightCheck]] | None:
     """The experiment's newest preflight run and its checks (detached); None when it has none."""
     with session() as db:
         run = db.exec(select(PreflightRun).where(PreflightRun.experiment == experiment)

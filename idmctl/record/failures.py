@@ -50,7 +50,7 @@ def open_classified(db: Path) -> sqlite3.Connection | None:
 
 
 def failure_rows_fast(db: Path, experiment: str | None, cause: str | None, newest: int | None,
-                      user: str | None = None) -> tuple[list[tuple[Any, Any, Any]], int] | None:
+                      user: str | None = None) -> tuple[list[tuple[SimpleNamespace, SimpleNamespace, SimpleNamespace | None]], int] | None:
     """(failure, job, fix or None) of the ``newest`` failed runs (None: all), newest first, as attribute
     rows like the ORM's (the job's ``ended_at`` and ``submitted_at``/``created_at`` stay text), and the count
     of failed runs; None where the ORM path must run (:func:`open_classified`)."""

@@ -22,7 +22,6 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Any
 
 from ground.paths import atomic_write_text, home
 from ground.spec.loader import ResolvedSpec, canonical_json
@@ -34,7 +33,7 @@ def _path(kind: str, key: str) -> Path:
     return home() / DIRECTORY / f"{kind}-{key}.json"
 
 
-def load(kind: str, key: str | None) -> Any:
+def load(kind: str, key: str | None) -> object:
     if key is None:
         return None
     try:
@@ -43,7 +42,7 @@ def load(kind: str, key: str | None) -> Any:
         return None
 
 
-def store(kind: str, key: str | None, value: Any) -> None:
+def store(kind: str, key: str | None, value: object) -> None:
     if key is None:
         return
     try:

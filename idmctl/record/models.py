@@ -3,11 +3,13 @@ history must survive upgrades (``tests/idmctl/record/test_store.py`` checks the 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime, timezone
 
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.engine import Dialect
 from sqlmodel import Field, SQLModel
 
 from ground.errors import UserError
@@ -42,13 +44,13 @@ class StoredJSON(sa.types.TypeDecorator):
         super().__init__(none_as_null=True)
         self.column = column
 
-    def result_processor(self, dialect: Any, coltype: Any) -> Any:
+    def result_processor(self, dialect: Dialect, coltype: object) -> Callable[[object], object] | None:
         decode = super().result_processor(dialect, coltype)
         if decode is None:  # the driver decodes (PostgreSQL's json type refuses damaged text on write)
             return None
         column = self.column
 
-        def checked(value: Any) -> Any:
+        def checked(value: object) -> object:
             if isinstance(value, (int, float)):  # a bare JSON number: SQLite's NUMERIC affinity stored it as one
                 return value
             try:

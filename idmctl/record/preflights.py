@@ -4,7 +4,8 @@ gate ``submit`` calls: :func:`require_pass`."""
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from ground.errors import CheckFailed
 from ground.code_snapshot import code_version
@@ -27,7 +28,7 @@ def version_for(spec: "ExperimentSpec") -> str:
 
 def record_run(resolved: "ResolvedSpec", profile_name: str, profile_hash: str, version: str,
                results: list[CheckResult], with_smoke: bool, seconds: float,
-               job: dict[str, Any] | None = None) -> "PreflightRun":
+               job: Mapping[str, object] | None = None) -> "PreflightRun":
     """Store one preflight and its checks in one transaction; returns the run (with its id).
 
     ``job`` is :meth:`EffectiveJob.record` when preflight was given submit's flags; its ``smoke_flags``

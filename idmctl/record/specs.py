@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from ground.spec.loader import ResolvedSpec
 from ground.spec.schema import ExperimentSpec
 from idmctl.record.models import utcnow
@@ -12,7 +10,7 @@ from idmctl.record.models import SpecVersion
 from idmctl.record.url import writer
 
 
-def derived_values(spec: ExperimentSpec) -> dict[str, Any]:
+def derived_values(spec: ExperimentSpec) -> dict[str, object]:
     """Values computed from the spec: shown by ``exp show``, never settable in YAML."""
     return {
         "routing_n": spec.data.routing_n,
