@@ -186,6 +186,11 @@ def _transaction(read: bool = False) -> Iterator[_Driver]:
         return
     with connect() as fast:
         if fast is not None:
+            if not read and not fast.in_transaction:
+                # A transition reads the state it may move and then writes: taken with the write lock from
+                # its first read, two processes cannot both see "not there yet" (two submits of one spec
+                # both inserting its spec_version: UNIQUE failed) or both move the same state.
+                fast.execute("BEGIN IMMEDIATE")
             yield _Sqlite3(fast)
             return
     from idmctl.record.db import open_store  # heavy: SQLAlchemy, only where plain sqlite3 cannot serve

@@ -10,6 +10,7 @@ traversable to others (o+x, never readable) and restored afterwards.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -28,7 +29,10 @@ from ground.contract import ENV_CLUSTER, ENV_DB_URL, ENV_HOME
 from pg_support import fresh_database
 from slurm_support import cluster_changing, release_requeued, squeue_state, text_so_far, wait_until
 
-pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("local_slurm")]
+pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("local_slurm"), pytest.mark.xdist_group("unprivileged")]
+OPENED_LOCK = Path("/tmp/idmctl-unprivileged.lock")
+"""Held while the interpreter's ancestors are opened to others: a second session (or worker) that restored
+/root's mode under a running module made its members' ``python`` "Permission denied"."""
 REPO = Path(__file__).resolve().parents[3]
 USERS = ("idmctl-alice", "idmctl-bob")
 ACCOUNT = "team"
@@ -49,6 +53,15 @@ def _ancestors_to_open() -> list[tuple[Path, int]]:
 def team_users() -> Iterator[None]:
     if os.geteuid() != 0 or shutil.which("useradd") is None or shutil.which("runuser") is None:
         pytest.skip("making unprivileged users needs root, useradd and runuser")
+    with open(OPENED_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one module at a time on this host opens and restores the modes
+        try:
+            yield from _team_users()
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _team_users() -> Iterator[None]:
     for user in USERS:
         if subprocess.run(["id", user], capture_output=True).returncode != 0:
             subprocess.run(["useradd", "-m", "-s", "/bin/bash", user], check=True)
