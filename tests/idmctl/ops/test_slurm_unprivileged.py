@@ -27,7 +27,7 @@ import pytest
 
 from ground.contract import ENV_CLUSTER, ENV_DB_URL, ENV_HOME
 from pg_support import fresh_database
-from slurm_support import cluster_changing, release_requeued, squeue_state, text_so_far, wait_until
+from slurm_support import cluster_changing, release_requeued, sh, squeue_state, text_so_far, wait_until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("local_slurm"), pytest.mark.xdist_group("unprivileged")]
 OPENED_LOCK = Path("/tmp/idmctl-unprivileged.lock")
@@ -47,6 +47,12 @@ def _ancestors_to_open() -> list[tuple[Path, int]]:
             if not mode & stat.S_IXOTH:
                 closed.append((folder, mode))
     return list(dict.fromkeys(closed))
+
+
+def _on_node(node: str) -> str:
+    """The jobs squeue shows running or ending on ``node`` (id, user, name, state), for a wait's deadline line."""
+    return "; ".join(sh("squeue", "-h", "-w", node, "-t", "RUNNING,COMPLETING", "-o", "%i %u %j %T",
+                        check=False).splitlines())
 
 
 @pytest.fixture(scope="module")
@@ -276,7 +282,10 @@ def test_a_members_preempted_job_is_requeued_and_resumes_from_her_own_checkpoint
         assert done.returncode == 0, done.stderr
         low = json.loads(done.stdout)
         log, run_dir = Path(low["log"]), Path(low["script"]).parent
-        wait_until(lambda: "entry: step 3" in text_so_far(log), 120, f"3 steps of {alice}'s sub job {low['scheduler_id']}")
+        # It starts once n1 is free: an earlier test's job on this worker's cluster may still be ending.
+        wait_until(lambda: "entry: step 3" in text_so_far(log), 300,
+                   lambda: f"3 steps of {alice}'s sub job {low['scheduler_id']} (squeue: "
+                           f"{squeue_state(low['scheduler_id']) or 'gone'}; on n1: {_on_node('n1') or 'nothing'})")
         done = _as(bob, team[bob], "submit", "quickstart", "--entry", "tests.jobs_entry", "--force", "--reason",
                    "preempts alice", "--qos", "core-own", "-c", "2", "--mem", "400MB", "--exclude", "n2", "-J", "bob-high",
                    "--json", db_url=db_url, IDMCTL_TEST_BEHAVIOR="steps:2:0.2", **env)
